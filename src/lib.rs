@@ -1,0 +1,22 @@
+//! gpkit scaffolds Rust backend services in which a transactional outbox is
+//! the default way to publish events.
+//!
+//! [`run`] is the one entry point: it takes the parsed command line and
+//! executes it. Each command plans its changes ([`plan`]) from the project's
+//! [`blueprint`] and [`manifest`] before it writes anything.
+
+pub mod blueprint;
+pub mod cli;
+pub mod commands;
+pub mod manifest;
+pub mod names;
+pub mod plan;
+pub mod prompt;
+pub mod templates;
+
+use std::process::ExitCode;
+
+/// Runs one command line.
+pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    commands::run(cli)
+}

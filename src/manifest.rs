@@ -1,0 +1,150 @@
+//! The project manifest `gpkit.toml`: what gpkit generated, and for whom.
+//!
+//! It records the gpkit and template-set versions, the answers the project
+//! was generated with, the components present, and for every generated file
+//! its owner and a hash of what gpkit last wrote. The exact bytes gpkit last
+//! wrote are kept beside it under `.gpkit/base/`, so that `gpkit upgrade
+//! templates` can do a 3-way merge without git.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The manifest's file name, at the project root.
+pub const MANIFEST_FILE: &str = "gpkit.toml";
+
+/// Where the last-written content of each generated file is kept.
+pub const BASE_DIR: &str = ".gpkit/base";
+
+/// Who owns a generated file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Owner {
+    /// The kit's machinery: gpkit keeps it up to date with 3-way merges.
+    Kit,
+    /// Written once for the user to change; gpkit edits only its managed
+    /// regions and dependency tables.
+    User,
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Owner::Kit => "kit",
+            Owner::User => "user",
+        })
+    }
+}
+
+/// The whole manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub gpkit: Versions,
+    pub answers: Answers,
+    #[serde(default)]
+    pub components: Components,
+    #[serde(default)]
+    pub files: BTreeMap<String, FileRecord>,
+}
+
+/// Which gpkit and which template set last wrote the project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Versions {
+    pub version: String,
+    pub template_set: u32,
+}
+
+/// The answers the project was generated with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answers {
+    pub name: String,
+}
+
+/// The optional parts of the project.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Components {
+    #[serde(default)]
+    pub worker: bool,
+}
+
+/// What gpkit knows of one generated file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    pub owner: Owner,
+    /// SHA-256 of the bytes gpkit last wrote (kept in `.gpkit/base/`).
+    pub sha256: String,
+}
+
+impl Manifest {
+    /// Reads the manifest of the project at `root`, or explains that `root`
+    /// is not a gpkit project.
+    pub fn load(root: &Path) -> Result<Self> {
+        let path = root.join(MANIFEST_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
+                "`{}` is not a gpkit project: it has no `{MANIFEST_FILE}`\n\
+                 help: run this command inside a project made by `gpkit new project`, \
+                 or point at one with `-C <dir>`",
+                root.display()
+            ),
+            Err(err) => {
+                return Err(err).with_context(|| format!("failed to read `{}`", path.display()));
+            }
+        };
+        toml_edit::de::from_str(&text)
+            .with_context(|| format!("`{}` is not a valid gpkit manifest", path.display()))
+    }
+
+    /// The manifest as TOML text, with a header that says what it is.
+    pub fn to_toml(&self) -> String {
+        let body = toml_edit::ser::to_string_pretty(self).expect("the manifest serialises");
+        format!(
+            "# Written by gpkit: what it generated in this project, so that `gpkit add` and\n\
+             # `gpkit upgrade templates` can change the project without losing your edits.\n\
+             # The exact content gpkit last wrote to each file is kept in `.gpkit/base/`.\n\
+             # Commit this file and `.gpkit/`; do not edit them by hand.\n\n{body}"
+        )
+    }
+}
+
+/// SHA-256 of `bytes`, as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_toml() {
+        let mut files = BTreeMap::new();
+        files.insert(
+            "src/config.rs".to_string(),
+            FileRecord { owner: Owner::Kit, sha256: sha256_hex(b"x") },
+        );
+        let manifest = Manifest {
+            gpkit: Versions { version: "0.1.0".into(), template_set: 1 },
+            answers: Answers { name: "shop".into() },
+            components: Components { worker: true },
+            files,
+        };
+        let text = manifest.to_toml();
+        assert!(text.starts_with("# Written by gpkit"));
+        let back: Manifest = toml_edit::de::from_str(&text).unwrap();
+        assert_eq!(back, manifest);
+    }
+
+    #[test]
+    fn hashes_are_sha256_hex() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

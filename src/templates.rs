@@ -1,0 +1,100 @@
+//! The embedded template tree and the one minijinja environment that renders it.
+//!
+//! Templates live under `templates/` in the gpkit repository and are compiled
+//! into the binary with `include_dir`. A file whose name ends in `.jinja` is
+//! rendered (and loses the suffix); every other file is copied byte for byte,
+//! so Rust braces and `${{ }}` in plain files never need escaping.
+
+use anyhow::{Context, Result, anyhow};
+use include_dir::{Dir, DirEntry, include_dir};
+use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
+
+static TEMPLATES: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/templates");
+
+/// The suffix that marks a file as a template to render.
+const TEMPLATE_SUFFIX: &str = ".jinja";
+
+/// One file of a template set, before rendering.
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateFile {
+    /// Path inside the template set, e.g. `src/config.rs.jinja`.
+    pub source: &'static str,
+    /// Path in the generated project, e.g. `src/config.rs`.
+    pub output: &'static str,
+    contents: &'static [u8],
+}
+
+impl TemplateFile {
+    /// Whether the file is rendered by minijinja (rather than copied).
+    pub fn is_template(&self) -> bool {
+        self.source.ends_with(TEMPLATE_SUFFIX)
+    }
+}
+
+/// Lists the files of one template set (a top-level folder of `templates/`),
+/// sorted by output path.
+pub fn template_set(set: &str) -> Result<Vec<TemplateFile>> {
+    let dir = TEMPLATES
+        .get_dir(set)
+        .ok_or_else(|| anyhow!("gpkit has no template set `{set}` (this is a bug in gpkit)"))?;
+    let mut files = Vec::new();
+    collect(dir, set, &mut files);
+    files.sort_by(|a, b| a.output.cmp(b.output));
+    Ok(files)
+}
+
+fn collect(dir: &'static Dir<'static>, set: &str, files: &mut Vec<TemplateFile>) {
+    for entry in dir.entries() {
+        match entry {
+            DirEntry::Dir(sub) => collect(sub, set, files),
+            DirEntry::File(file) => {
+                let full = file.path().to_str().expect("template paths are UTF-8");
+                let source = full
+                    .strip_prefix(set)
+                    .and_then(|p| p.strip_prefix('/'))
+                    .expect("file lies inside its template set");
+                let output = source.strip_suffix(TEMPLATE_SUFFIX).unwrap_or(source);
+                files.push(TemplateFile { source, output, contents: file.contents() });
+            }
+        }
+    }
+}
+
+/// Renders template files with one strict environment.
+pub struct Renderer {
+    env: Environment<'static>,
+}
+
+impl Renderer {
+    /// The environment every gpkit template is rendered with: undefined
+    /// variables are errors, no HTML escaping, and whitespace control that
+    /// suits source code (blocks don't leave blank lines behind).
+    pub fn new() -> Self {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_keep_trailing_newline(true);
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+        Self { env }
+    }
+
+    /// Renders (or copies) `file` with `context`.
+    pub fn render(&self, file: &TemplateFile, context: &Value) -> Result<Vec<u8>> {
+        if !file.is_template() {
+            return Ok(file.contents.to_vec());
+        }
+        let source = std::str::from_utf8(file.contents)
+            .with_context(|| format!("template `{}` is not UTF-8", file.source))?;
+        self.env
+            .render_str(source, context)
+            .map(String::into_bytes)
+            .map_err(|err| anyhow!("failed to render template `{}`: {err:#}", file.source))
+    }
+}
+
+impl Default for Renderer {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,34 @@
+//! The SQL on `outbox_events`. Every function takes the executor to run on,
+//! so an insert joins whatever transaction the caller is in.
+
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+
+use super::Envelope;
+
+/// Access to the `outbox_events` table.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Store;
+
+impl Store {
+    /// Inserts `envelope` as an unpublished row and returns the row id. On a
+    /// transaction, the row is visible to the relay only after commit.
+    pub async fn insert<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        envelope: &Envelope,
+    ) -> Result<i64, sqlx::Error> {
+        let (id,): (i64,) = sqlx::query_as(
+            "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        )
+        .bind(envelope.id)
+        .bind(&envelope.name)
+        .bind(Json(&envelope.payload))
+        .bind(Json(&envelope.metadata))
+        .bind(envelope.occurred_at)
+        .fetch_one(executor)
+        .await?;
+        Ok(id)
+    }
+}

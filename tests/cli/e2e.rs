@@ -1,0 +1,160 @@
+//! End to end: generate a project, build it, run its checks and its own
+//! tests, and run its `migrate` binary against a real Postgres.
+//!
+//! Generated projects share one cargo target directory
+//! (`target/generated`), so dependencies compile once per machine. Postgres
+//! comes from `DATABASE_URL`, by default the local server.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::support::{gpkit, repo};
+
+/// The Postgres server the tests use (any database on it; tests create their own).
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// `server_url()` with its database replaced by `database`.
+pub fn database_url(database: &str) -> String {
+    let server = server_url();
+    let base = server.rsplit_once('/').map(|(b, _)| b).unwrap_or(&server);
+    format!("{base}/{database}")
+}
+
+/// Runs SQL with psql on `url` and returns its unaligned output.
+pub fn psql(url: &str, sql: &str) -> String {
+    let output = Command::new("psql").args([url, "-v", "ON_ERROR_STOP=1", "-Atc", sql]).output().unwrap();
+    assert!(output.status.success(), "psql failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
+}
+
+/// The shared target directory for generated projects.
+pub fn shared_target() -> PathBuf {
+    repo().join("target/generated")
+}
+
+/// `cargo <args>` in `project`, with the shared target directory.
+pub fn cargo(project: &Path, args: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO"))
+        .args(args)
+        .current_dir(project)
+        .env("CARGO_TARGET_DIR", shared_target())
+        .env("DATABASE_URL", server_url())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "`cargo {}` failed in {}:\n{}\n{}",
+        args.join(" "),
+        project.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A database that is dropped when the value goes out of scope.
+pub struct Database {
+    pub name: String,
+}
+
+impl Database {
+    pub fn create(prefix: &str) -> Self {
+        let name = format!("{prefix}_{}_{}", std::process::id(), rand_suffix());
+        psql(&server_url(), &format!("CREATE DATABASE \"{name}\""));
+        Self { name }
+    }
+
+    pub fn url(&self) -> String {
+        database_url(&self.name)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([&server_url(), "-Atc", &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name)])
+            .output();
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() % 1_000_000_000
+}
+
+fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
+    let output = Command::new(shared_target().join("debug/migrate"))
+        .args(args)
+        .current_dir(project)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "`migrate {}` failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+#[test]
+fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
+    // Arrange: a fresh project.
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path()).args(["--no-input", "new", "project", "shop"]).assert().success();
+    let project = dir.path().join("shop");
+
+    // Build with zero warnings, then the project's own quality gates.
+    let build = cargo(&project, &["build", "--all-targets"]);
+    let stderr = String::from_utf8_lossy(&build.stderr);
+    assert!(!stderr.contains("warning"), "the build has warnings:\n{stderr}");
+    cargo(&project, &["clippy", "--all-targets", "--", "-D", "warnings"]);
+    cargo(&project, &["fmt", "--check"]);
+    cargo(&project, &["test"]);
+
+    // migrate up on a fresh database creates exactly the outbox schema.
+    let db = Database::create("gpkit_e2e");
+    migrate(&project, &db, &["up"]);
+    let columns = psql(
+        &db.url(),
+        "SELECT column_name || ' ' || data_type || ' ' || is_nullable || ' ' || \
+         coalesce(column_default, '-') || ' ' || is_identity || ' ' || coalesce(identity_generation, '-') \
+         FROM information_schema.columns WHERE table_name = 'outbox_events' ORDER BY ordinal_position",
+    );
+    assert_eq!(
+        columns,
+        "id bigint NO - YES ALWAYS\n\
+         event_id uuid NO - NO -\n\
+         event_name text NO - NO -\n\
+         payload jsonb NO - NO -\n\
+         metadata jsonb NO '{}'::jsonb NO -\n\
+         created_at timestamp with time zone NO now() NO -\n\
+         published_at timestamp with time zone YES - NO -"
+    );
+    let indexes = psql(
+        &db.url(),
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox_events' ORDER BY indexname",
+    );
+    assert_eq!(
+        indexes,
+        "CREATE UNIQUE INDEX outbox_events_event_id_key ON public.outbox_events USING btree (event_id)\n\
+         CREATE UNIQUE INDEX outbox_events_pkey ON public.outbox_events USING btree (id)\n\
+         CREATE INDEX outbox_events_unpublished_idx ON public.outbox_events USING btree (id) WHERE (published_at IS NULL)"
+    );
+    let versions = psql(&db.url(), "SELECT version_id, is_applied FROM goose_db_version ORDER BY id");
+    assert_eq!(versions, "0|t\n20200101000100|t");
+    let status = String::from_utf8(migrate(&project, &db, &["status"]).stderr).unwrap();
+    assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
+    let version = String::from_utf8(migrate(&project, &db, &["version"]).stderr).unwrap();
+    assert!(version.contains("goose: version 20200101000100"), "{version}");
+
+    // migrate down removes it again and keeps the version-0 row.
+    migrate(&project, &db, &["down"]);
+    assert_eq!(psql(&db.url(), "SELECT to_regclass('outbox_events') IS NULL"), "t");
+    assert_eq!(psql(&db.url(), "SELECT version_id FROM goose_db_version ORDER BY id"), "0");
+}

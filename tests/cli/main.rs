@@ -1,0 +1,7 @@
+//! gpkit's command-line tests: one binary, one module per area.
+
+mod e2e;
+mod help;
+mod new_project;
+mod support;
+mod template_set;

@@ -1,0 +1,103 @@
+//! Shared test helpers: a clean `gpkit` command in a temp directory, and
+//! directory-tree snapshots under `snapshots/`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+/// A `gpkit` command with a clean environment, run in `dir`.
+pub fn gpkit(dir: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("gpkit").unwrap();
+    cmd.current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env_remove("CI")
+        .env_remove("NO_COLOR")
+        .env("CLICOLOR", "0")
+        .env("COLUMNS", "100");
+    cmd
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file under `root` (relative path to bytes), skipping `skip`ped
+/// top-level entries.
+pub fn read_tree(root: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            if skip.iter().any(|s| rel == *s || rel.starts_with(&format!("{s}/"))) {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// Compares `actual` with the snapshot directory `snapshots/<name>/`, file by
+/// file. With `GPKIT_UPDATE_SNAPSHOTS=1` the snapshot is rewritten instead.
+pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
+    let dir = repo().join("snapshots").join(name);
+    if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+        let _ = std::fs::remove_dir_all(&dir);
+        for (path, contents) in actual {
+            let dest = dir.join(path);
+            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            std::fs::write(dest, contents).unwrap();
+        }
+        return;
+    }
+    let expected = if dir.exists() { read_tree(&dir, &[]) } else { BTreeMap::new() };
+    let mut problems = Vec::new();
+    for path in expected.keys().filter(|p| !actual.contains_key(*p)) {
+        problems.push(format!("missing file: {path}"));
+    }
+    for (path, contents) in actual {
+        match expected.get(path) {
+            None => problems.push(format!("new file: {path}")),
+            Some(old) if old != contents => problems.push(format!(
+                "changed: {path}\n{}",
+                similar::TextDiff::from_lines(
+                    String::from_utf8_lossy(old).as_ref(),
+                    String::from_utf8_lossy(contents).as_ref()
+                )
+                .unified_diff()
+                .header("snapshot", "actual")
+            )),
+            Some(_) => {}
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "snapshot `snapshots/{name}` differs (review, then rerun with GPKIT_UPDATE_SNAPSHOTS=1):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Compares `actual` text with `snapshots/<name>`, or rewrites it with
+/// `GPKIT_UPDATE_SNAPSHOTS=1`.
+pub fn assert_text_snapshot(name: &str, actual: &str) {
+    let path = repo().join("snapshots").join(name);
+    if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        expected == actual,
+        "snapshot `snapshots/{name}` differs (review, then rerun with GPKIT_UPDATE_SNAPSHOTS=1):\n{}",
+        similar::TextDiff::from_lines(expected.as_str(), actual).unified_diff().header("snapshot", "actual")
+    );
+}

@@ -1,0 +1,60 @@
+//! The template-set version must change whenever rendered output changes:
+//! `snapshots/template-set.lock` pins a hash of everything the templates
+//! render for each option combination, per version.
+
+use gpkit::blueprint::{self, TEMPLATE_SET_VERSION};
+use gpkit::manifest::{Answers, Components, sha256_hex};
+
+use crate::support::repo;
+
+/// A hash over every rendered file of every option combination.
+fn rendered_hash() -> String {
+    let mut all = Vec::new();
+    for worker in [false, true] {
+        let tree = blueprint::render(
+            &Answers { name: "shop".into() },
+            &Components { worker },
+        )
+        .unwrap();
+        for (path, file) in tree {
+            all.extend_from_slice(format!("{worker} {path} {} ", file.owner).as_bytes());
+            all.extend_from_slice(sha256_hex(&file.contents).as_bytes());
+            all.push(b'\n');
+        }
+    }
+    sha256_hex(&all)
+}
+
+#[test]
+fn rendered_output_changes_only_with_a_new_template_set_version() {
+    let lock_path = repo().join("snapshots/template-set.lock");
+    let hash = rendered_hash();
+    let lock = format!(
+        "# Written by gpkit's tests: the template-set version and a hash of all it renders.\n\
+         # A change to rendered output without a version bump fails the tests.\n\
+         template_set = {TEMPLATE_SET_VERSION}\nsha256 = \"{hash}\"\n"
+    );
+    let recorded = std::fs::read_to_string(&lock_path).unwrap_or_default();
+    if recorded == lock {
+        return;
+    }
+    let recorded_version = recorded
+        .lines()
+        .find_map(|l| l.strip_prefix("template_set = "))
+        .and_then(|v| v.parse::<u32>().ok());
+    if recorded_version == Some(TEMPLATE_SET_VERSION) {
+        panic!(
+            "the templates render differently, but TEMPLATE_SET_VERSION is still \
+             {TEMPLATE_SET_VERSION}: bump it in src/blueprint.rs, then run the tests with \
+             GPKIT_UPDATE_SNAPSHOTS=1"
+        );
+    }
+    if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&lock_path, lock).unwrap();
+        return;
+    }
+    panic!(
+        "TEMPLATE_SET_VERSION is {TEMPLATE_SET_VERSION} but snapshots/template-set.lock records \
+         {recorded_version:?}: run the tests with GPKIT_UPDATE_SNAPSHOTS=1 to record the new set"
+    );
+}
