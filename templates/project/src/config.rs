@@ -91,7 +91,10 @@ pub struct ConfigError(String);
 impl Config {
     /// Loads the configuration from the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::builder().env().load().map_err(|err| ConfigError(explain(&err.to_string())))
+        Self::builder()
+            .env()
+            .load()
+            .map_err(|err| ConfigError(explain(&err.to_string())))
     }
 }
 
@@ -180,7 +183,9 @@ impl<'de> Deserialize<'de> for DatabaseUrl {
 
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("DatabaseUrl").field(&self.redacted()).finish()
+        f.debug_tuple("DatabaseUrl")
+            .field(&self.redacted())
+            .finish()
     }
 }
 
@@ -214,7 +219,9 @@ mod tests {
 
     #[test]
     fn a_bad_database_url_is_explained_without_repeating_it() {
-        let err = "mysql://app:hunter2@db/shop".parse::<DatabaseUrl>().unwrap_err();
+        let err = "mysql://app:hunter2@db/shop"
+            .parse::<DatabaseUrl>()
+            .unwrap_err();
         assert!(err.contains("scheme is `mysql`"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
     }

@@ -31,13 +31,17 @@ impl Application {
         let listener = TcpListener::bind(config.http.addr)
             .await
             .with_context(|| format!("failed to listen on {}", config.http.addr))?;
-        let state = AppState { pool: database::connect_lazy(&config.database) };
+        let state = AppState {
+            pool: database::connect_lazy(&config.database),
+        };
         Ok(Self { listener, state })
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     /// Serves requests until `shutdown` completes, then lets in-flight

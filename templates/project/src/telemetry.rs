@@ -48,7 +48,9 @@ where
                     .with_writer(sink),
             ),
         ),
-        LogFormat::Text => Box::new(registry.with(tracing_subscriber::fmt::layer().with_writer(sink))),
+        LogFormat::Text => {
+            Box::new(registry.with(tracing_subscriber::fmt::layer().with_writer(sink)))
+        }
     }
 }
 

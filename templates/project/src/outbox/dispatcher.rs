@@ -24,13 +24,18 @@ impl Dispatcher for OutboxDispatcher {
         E: Event,
         X: PgExecutor<'e>,
     {
-        let payload = serde_json::to_value(event)
-            .map_err(|source| DispatchError::Serialize { name: E::NAME, source })?;
+        let payload = serde_json::to_value(event).map_err(|source| DispatchError::Serialize {
+            name: E::NAME,
+            source,
+        })?;
         let envelope = Envelope::new(E::NAME, payload);
         self.store
             .insert(executor, &envelope)
             .await
-            .map_err(|source| DispatchError::Store { name: E::NAME, source })?;
+            .map_err(|source| DispatchError::Store {
+                name: E::NAME,
+                source,
+            })?;
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }
