@@ -19,6 +19,9 @@ use crate::templates::{Renderer, template_set};
 /// changes; a test compares the rendered snapshots against this number.
 pub const TEMPLATE_SET_VERSION: u32 = 1;
 
+/// The outbox migration, which the relay cannot work without.
+pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
+
 /// Files that are the user's from the moment they are written. gpkit never
 /// rewrites them; it only edits managed regions and dependency tables.
 /// Every other file of the template set is kit-owned.
@@ -44,7 +47,10 @@ pub struct BlueprintFile {
 /// The desired tree: output path to file, sorted by path.
 pub type Tree = BTreeMap<String, BlueprintFile>;
 
-/// Renders the files that a project with `answers` and `components` has.
+/// Renders the files that a project with `answers` and `components` has:
+/// the `project` template set, plus the `worker` set when the worker is on.
+/// Files shared by both (configuration, `lib.rs`, `Cargo.toml`) switch on
+/// the `worker` variable.
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let ctx = context! {
@@ -55,11 +61,33 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     };
     let renderer = Renderer::new();
     let mut tree = Tree::new();
-    for file in template_set("project")? {
-        let contents = renderer.render(&file, &ctx)?;
-        let owner = if USER_OWNED.contains(&file.output) { Owner::User } else { Owner::Kit };
-        let purpose = purpose(file.output, &contents);
-        tree.insert(file.output.to_string(), BlueprintFile { owner, contents, purpose });
+    let mut sets = vec!["project"];
+    if components.worker {
+        sets.push("worker");
+    }
+    for set in sets {
+        for file in template_set(set)? {
+            let contents = renderer.render(&file, &ctx)?;
+            let owner = if USER_OWNED.contains(&file.output) {
+                Owner::User
+            } else {
+                Owner::Kit
+            };
+            let purpose = purpose(file.output, &contents);
+            let previous = tree.insert(
+                file.output.to_string(),
+                BlueprintFile {
+                    owner,
+                    contents,
+                    purpose,
+                },
+            );
+            anyhow::ensure!(
+                previous.is_none(),
+                "template sets overlap at `{}` (this is a bug in gpkit)",
+                file.output
+            );
+        }
     }
     Ok(tree)
 }

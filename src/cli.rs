@@ -19,6 +19,7 @@ pub struct Cli {
 const EXAMPLES: &str = "\
 Examples:
   gpkit new project shop
+  gpkit -C shop add worker
   gpkit --dry-run --diff new project shop
   gpkit -C shop new migration add_orders";
 
@@ -50,6 +51,25 @@ pub enum Command {
     /// Create a new project, or a new migration in this project
     #[command(subcommand)]
     New(NewCommand),
+    /// Add a component to this project
+    #[command(subcommand)]
+    Add(AddCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AddCommand {
+    /// Add the worker: queue consumer, listener fan-out and the outbox relay
+    ///
+    /// Adds the `worker` binary, the queue module (asynq wire format on
+    /// Valkey), the outbox relay and cleanup loop, the listener registry,
+    /// the `WORKER_*` configuration and the Cargo dependencies. Running it
+    /// again changes nothing.
+    #[command(after_help = "\
+Examples:
+  gpkit add worker
+  gpkit --dry-run --diff add worker
+  gpkit -C shop add worker")]
+    Worker,
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,9 +78,31 @@ pub enum NewCommand {
     #[command(after_help = "\
 Examples:
   gpkit new project shop
+  gpkit new project shop --no-worker
   gpkit -C ~/src new project order-service
   gpkit --dry-run --diff new project shop")]
     Project(NewProjectArgs),
+    /// Create a goose migration in `migrations/`
+    ///
+    /// The file is named `<UTC YYYYMMDDhhmmss>_<snake_case_name>.sql` (or
+    /// `<%05d>_<name>.sql` with `--sequential`) and holds goose's template
+    /// with `-- +goose Up` and `-- +goose Down` sections.
+    #[command(after_help = "\
+Examples:
+  gpkit new migration add_orders
+  gpkit new migration \"add index on users.email\"
+  gpkit new migration add_orders --sequential")]
+    Migration(NewMigrationArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NewMigrationArgs {
+    /// What the migration does, in any spelling; it becomes snake_case
+    pub name: String,
+
+    /// Number sequentially (00001, 00002, ...) instead of by timestamp
+    #[arg(long, short = 's')]
+    pub sequential: bool,
 }
 
 #[derive(Debug, Args)]
@@ -70,6 +112,10 @@ pub struct NewProjectArgs {
     /// Lowercase letters, digits, `-` and `_`, starting with a letter. Asked
     /// for when missing and standard input is a terminal.
     pub name: Option<String>,
+
+    /// Leave out the worker (add it later with `gpkit add worker`)
+    #[arg(long)]
+    pub no_worker: bool,
 }
 
 #[cfg(test)]
@@ -84,8 +130,9 @@ mod tests {
 
     #[test]
     fn global_flags_go_anywhere() {
-        let cli = Cli::try_parse_from(["gpkit", "new", "project", "shop", "--dry-run", "-C", "/tmp"])
-            .unwrap();
+        let cli =
+            Cli::try_parse_from(["gpkit", "new", "project", "shop", "--dry-run", "-C", "/tmp"])
+                .unwrap();
         assert!(cli.global.dry_run);
         assert_eq!(cli.global.directory, Some(PathBuf::from("/tmp")));
     }

@@ -6,13 +6,19 @@
 //! [`blueprint`] and [`manifest`] before it writes anything.
 
 pub mod blueprint;
+pub mod cargo_toml;
 pub mod cli;
 pub mod commands;
 pub mod manifest;
+pub mod migration;
 pub mod names;
 pub mod plan;
+pub mod project;
 pub mod prompt;
+pub mod reconcile;
+pub mod regions;
 pub mod templates;
+pub mod update;
 
 use std::process::ExitCode;
 

@@ -114,7 +114,10 @@ impl Manifest {
 
 /// SHA-256 of `bytes`, as lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -126,11 +129,19 @@ mod tests {
         let mut files = BTreeMap::new();
         files.insert(
             "src/config.rs".to_string(),
-            FileRecord { owner: Owner::Kit, sha256: sha256_hex(b"x") },
+            FileRecord {
+                owner: Owner::Kit,
+                sha256: sha256_hex(b"x"),
+            },
         );
         let manifest = Manifest {
-            gpkit: Versions { version: "0.1.0".into(), template_set: 1 },
-            answers: Answers { name: "shop".into() },
+            gpkit: Versions {
+                version: "0.1.0".into(),
+                template_set: 1,
+            },
+            answers: Answers {
+                name: "shop".into(),
+            },
             components: Components { worker: true },
             files,
         };

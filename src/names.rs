@@ -19,8 +19,18 @@ const RUST_KEYWORDS: &[&str] = &[
 /// Names that clash with the standard library's crates, with Cargo's own
 /// build directories, or with the generated project's binaries.
 const RESERVED_PACKAGE_NAMES: &[&str] = &[
-    "alloc", "core", "proc_macro", "std", "test", "build", "deps", "examples", "incremental",
-    "server", "migrate", "worker",
+    "alloc",
+    "core",
+    "proc_macro",
+    "std",
+    "test",
+    "build",
+    "deps",
+    "examples",
+    "incremental",
+    "server",
+    "migrate",
+    "worker",
 ];
 
 /// A validated Cargo package name, with the Rust crate identifier derived
@@ -67,7 +77,9 @@ impl PackageName {
                  directory or one of the generated binaries\n{help}"
             );
         }
-        Ok(Self { name: raw.to_string() })
+        Ok(Self {
+            name: raw.to_string(),
+        })
     }
 
     /// The Cargo package name, as the user typed it.
@@ -156,7 +168,10 @@ mod tests {
         for name in ["shop", "order-service", "order_service", "a1"] {
             assert_eq!(PackageName::parse(name).unwrap().as_str(), name);
         }
-        assert_eq!(PackageName::parse("order-service").unwrap().crate_name(), "order_service");
+        assert_eq!(
+            PackageName::parse("order-service").unwrap().crate_name(),
+            "order_service"
+        );
     }
 
     #[test]
@@ -187,7 +202,13 @@ mod tests {
 
     #[test]
     fn converts_between_cases() {
-        for raw in ["OrderPlaced", "order_placed", "orderPlaced", "order-placed", "ORDER_PLACED"] {
+        for raw in [
+            "OrderPlaced",
+            "order_placed",
+            "orderPlaced",
+            "order-placed",
+            "ORDER_PLACED",
+        ] {
             assert_eq!(snake_case(raw), "order_placed", "{raw}");
             assert_eq!(pascal_case(raw), "OrderPlaced", "{raw}");
             assert_eq!(lower_camel_case(raw), "orderPlaced", "{raw}");

@@ -42,7 +42,12 @@ impl Plan {
         Self::default()
     }
 
-    pub fn create(&mut self, path: impl Into<String>, contents: Vec<u8>, reason: impl Into<String>) {
+    pub fn create(
+        &mut self,
+        path: impl Into<String>,
+        contents: Vec<u8>,
+        reason: impl Into<String>,
+    ) {
         self.push(path.into(), Action::Create { contents }, reason.into());
     }
 
@@ -68,7 +73,11 @@ impl Plan {
             !self.changes.iter().any(|c| c.path == path),
             "{path} is planned twice"
         );
-        self.changes.push(Change { path, action, reason });
+        self.changes.push(Change {
+            path,
+            action,
+            reason,
+        });
     }
 
     pub fn is_empty(&self) -> bool {
@@ -78,8 +87,11 @@ impl Plan {
     /// The plan as text: one line per change (the `.gpkit/base/` copies are
     /// summarised in one line), and unified diffs when `diff` is set.
     pub fn render(&self, diff: bool) -> String {
-        let shown: Vec<&Change> =
-            self.changes.iter().filter(|c| !is_base_copy(&c.path)).collect();
+        let shown: Vec<&Change> = self
+            .changes
+            .iter()
+            .filter(|c| !is_base_copy(&c.path))
+            .collect();
         let width = shown.iter().map(|c| c.path.len()).max().unwrap_or(0);
         let mut out = String::new();
         for change in &shown {
@@ -88,7 +100,11 @@ impl Plan {
                 Action::Update { .. } => "update",
                 Action::Delete { .. } => "delete",
             };
-            let _ = writeln!(out, "  {verb:<6}  {:<width$}  {}", change.path, change.reason);
+            let _ = writeln!(
+                out,
+                "  {verb:<6}  {:<width$}  {}",
+                change.path, change.reason
+            );
         }
         let bases = self.changes.len() - shown.len();
         if bases > 0 {
@@ -125,9 +141,18 @@ impl Plan {
     /// `dest` and renamed into place at the end, so an interrupted run leaves
     /// no half-made tree.
     pub fn apply_to_new_dir(&self, dest: &Path) -> Result<()> {
-        let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = dest.file_name().context("the destination has no file name")?;
-        let staging = parent.join(format!(".{}.gpkit-staging-{}", name.to_string_lossy(), std::process::id()));
+        let parent = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = dest
+            .file_name()
+            .context("the destination has no file name")?;
+        let staging = parent.join(format!(
+            ".{}.gpkit-staging-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
         let result = (|| {
             std::fs::create_dir(&staging).with_context(|| {
                 format!("failed to create a directory in `{}`", parent.display())
@@ -163,7 +188,10 @@ impl Plan {
                 let new = match &change.action {
                     Action::Create { contents } => {
                         if dest.exists() {
-                            bail!("`{}` appeared while gpkit was running; nothing was changed", change.path);
+                            bail!(
+                                "`{}` appeared while gpkit was running; nothing was changed",
+                                change.path
+                            );
                         }
                         contents
                     }
@@ -202,7 +230,10 @@ fn is_base_copy(path: &str) -> bool {
 }
 
 fn staging_path(dest: &Path) -> PathBuf {
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     dest.with_file_name(format!(".{name}.gpkit-new-{}", std::process::id()))
 }
 
@@ -250,7 +281,11 @@ mod tests {
         let mut plan = Plan::new();
         plan.create("src/a.rs", b"fn a() {}\n".to_vec(), "a new file");
         plan.update("b.txt", b"one\n".to_vec(), b"two\n".to_vec(), "changed");
-        plan.create(format!("{BASE_DIR}/src/a.rs"), b"fn a() {}\n".to_vec(), "base");
+        plan.create(
+            format!("{BASE_DIR}/src/a.rs"),
+            b"fn a() {}\n".to_vec(),
+            "base",
+        );
         let text = plan.render(true);
         assert!(text.contains("  create  src/a.rs  a new file\n"), "{text}");
         assert!(text.contains("  update  b.txt     changed\n"), "{text}");
@@ -270,7 +305,10 @@ mod tests {
         plan.update("keep.txt", b"old".to_vec(), b"new".to_vec(), "r");
         plan.create("blocker/inner.txt", b"x".to_vec(), "r");
         assert!(plan.apply_in_place(dir.path()).is_err());
-        assert_eq!(std::fs::read_to_string(dir.path().join("keep.txt")).unwrap(), "old");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("keep.txt")).unwrap(),
+            "old"
+        );
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

@@ -25,5 +25,7 @@ pub fn text(
     if !interactive(no_input) {
         bail!("missing {what}\nhelp: pass it as `{how_to_pass}`");
     }
-    Ok(dialoguer::Input::<String>::new().with_prompt(question).interact_text()?)
+    Ok(dialoguer::Input::<String>::new()
+        .with_prompt(question)
+        .interact_text()?)
 }

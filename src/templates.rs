@@ -54,7 +54,11 @@ fn collect(dir: &'static Dir<'static>, set: &str, files: &mut Vec<TemplateFile>)
                     .and_then(|p| p.strip_prefix('/'))
                     .expect("file lies inside its template set");
                 let output = source.strip_suffix(TEMPLATE_SUFFIX).unwrap_or(source);
-                files.push(TemplateFile { source, output, contents: file.contents() });
+                files.push(TemplateFile {
+                    source,
+                    output,
+                    contents: file.contents(),
+                });
             }
         }
     }

@@ -1,6 +1,8 @@
 //! Command dispatch and what every command shares: where it runs, whether it
 //! may write, and how a plan is shown or applied.
 
+mod add_worker;
+mod new_migration;
 mod new_project;
 
 use std::path::{Path, PathBuf};
@@ -8,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
-use crate::cli::{Cli, Command, GlobalArgs, NewCommand};
+use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand};
 use crate::plan::Plan;
 
 /// The resolved global flags.
@@ -35,7 +37,12 @@ impl Context {
                 dir.display()
             ),
         };
-        Ok(Self { dir, dry_run: global.dry_run, diff: global.diff, no_input: global.no_input })
+        Ok(Self {
+            dir,
+            dry_run: global.dry_run,
+            diff: global.diff,
+            no_input: global.no_input,
+        })
     }
 
     /// Prints the plan for a dry run and returns true, or returns false when
@@ -56,11 +63,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     let ctx = Context::new(&cli.global)?;
     match cli.command {
         Command::New(NewCommand::Project(args)) => new_project::run(&ctx, args),
+        Command::New(NewCommand::Migration(args)) => new_migration::run(&ctx, args),
+        Command::Add(AddCommand::Worker) => add_worker::run(&ctx),
     }
 }
 
 /// `path` for messages: relative paths as given, without a leading `./`.
 fn display(path: &Path) -> String {
     let shown = path.display().to_string();
-    shown.strip_prefix("./").map(str::to_string).unwrap_or(shown)
+    shown
+        .strip_prefix("./")
+        .map(str::to_string)
+        .unwrap_or(shown)
 }

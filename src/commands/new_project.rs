@@ -7,7 +7,9 @@ use anyhow::{Context as _, Result, bail};
 use super::{Context, display};
 use crate::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::cli::NewProjectArgs;
-use crate::manifest::{Answers, BASE_DIR, Components, FileRecord, MANIFEST_FILE, Manifest, Versions, sha256_hex};
+use crate::manifest::{
+    Answers, BASE_DIR, Components, FileRecord, MANIFEST_FILE, Manifest, Versions, sha256_hex,
+};
 use crate::names::PackageName;
 use crate::plan::Plan;
 use crate::prompt;
@@ -24,11 +26,19 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
     let dest = ctx.dir.join(name.as_str());
     check_destination(&dest)?;
 
-    let answers = Answers { name: name.as_str().to_string() };
-    let components = Components::default();
+    let answers = Answers {
+        name: name.as_str().to_string(),
+    };
+    let components = Components {
+        worker: !args.no_worker,
+    };
     let plan = plan(answers, components)?;
 
-    let title = format!("Plan for `gpkit new project {}` in `{}`", name.as_str(), display(&dest));
+    let title = format!(
+        "Plan for `gpkit new project {}` in `{}`",
+        name.as_str(),
+        display(&dest)
+    );
     if ctx.preview(&plan, &title) {
         return Ok(ExitCode::SUCCESS);
     }
@@ -40,7 +50,11 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
             display(&dest)
         );
     }
-    eprintln!("     Created project `{}` at `{}`", name.as_str(), display(&dest));
+    eprintln!(
+        "     Created project `{}` at `{}`",
+        name.as_str(),
+        display(&dest)
+    );
     eprintln!(
         "\nNext steps:\n  cd {}\n  export DATABASE_URL=postgres://postgres@localhost:5432/{}\n  \
          cargo run --bin migrate -- up\n  cargo run --bin server",
@@ -68,10 +82,17 @@ fn plan(answers: Answers, components: Components) -> Result<Plan> {
         plan.create(path.clone(), file.contents.clone(), file.purpose.clone());
         manifest.files.insert(
             path.clone(),
-            FileRecord { owner: file.owner, sha256: sha256_hex(&file.contents) },
+            FileRecord {
+                owner: file.owner,
+                sha256: sha256_hex(&file.contents),
+            },
         );
     }
-    plan.create(MANIFEST_FILE, manifest.to_toml().into_bytes(), "what gpkit generated, and who owns each file");
+    plan.create(
+        MANIFEST_FILE,
+        manifest.to_toml().into_bytes(),
+        "what gpkit generated, and who owns each file",
+    );
     for (path, file) in tree {
         plan.create(format!("{BASE_DIR}/{path}"), file.contents, "base copy");
     }
@@ -98,8 +119,17 @@ fn check_destination(dest: &std::path::Path) -> Result<()> {
         return Ok(());
     }
     entries.sort();
-    let shown = entries.iter().take(10).map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n");
-    let more = if entries.len() > 10 { format!("\n  ... and {} more", entries.len() - 10) } else { String::new() };
+    let shown = entries
+        .iter()
+        .take(10)
+        .map(|e| format!("  {e}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let more = if entries.len() > 10 {
+        format!("\n  ... and {} more", entries.len() - 10)
+    } else {
+        String::new()
+    };
     bail!(
         "`{}` already exists and is not empty; nothing was written. It contains:\n{shown}{more}\n\
          help: choose another name, or remove the directory first",

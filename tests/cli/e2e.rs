@@ -25,8 +25,15 @@ pub fn database_url(database: &str) -> String {
 
 /// Runs SQL with psql on `url` and returns its unaligned output.
 pub fn psql(url: &str, sql: &str) -> String {
-    let output = Command::new("psql").args([url, "-v", "ON_ERROR_STOP=1", "-Atc", sql]).output().unwrap();
-    assert!(output.status.success(), "psql failed: {}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-Atc", sql])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "psql failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8(output.stdout).unwrap().trim().to_string()
 }
 
@@ -77,13 +84,21 @@ impl Database {
 impl Drop for Database {
     fn drop(&mut self) {
         let _ = Command::new("psql")
-            .args([&server_url(), "-Atc", &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name)])
+            .args([
+                &server_url(),
+                "-Atc",
+                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name),
+            ])
             .output();
     }
 }
 
 fn rand_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() % 1_000_000_000
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        % 1_000_000_000
 }
 
 fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
@@ -106,14 +121,23 @@ fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
 fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     // Arrange: a fresh project.
     let dir = tempfile::tempdir().unwrap();
-    gpkit(dir.path()).args(["--no-input", "new", "project", "shop"]).assert().success();
+    gpkit(dir.path())
+        .args(["--no-input", "new", "project", "shop"])
+        .assert()
+        .success();
     let project = dir.path().join("shop");
 
     // Build with zero warnings, then the project's own quality gates.
     let build = cargo(&project, &["build", "--all-targets"]);
     let stderr = String::from_utf8_lossy(&build.stderr);
-    assert!(!stderr.contains("warning"), "the build has warnings:\n{stderr}");
-    cargo(&project, &["clippy", "--all-targets", "--", "-D", "warnings"]);
+    assert!(
+        !stderr.contains("warning"),
+        "the build has warnings:\n{stderr}"
+    );
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
     cargo(&project, &["fmt", "--check"]);
     cargo(&project, &["test"]);
 
@@ -146,15 +170,30 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
          CREATE UNIQUE INDEX outbox_events_pkey ON public.outbox_events USING btree (id)\n\
          CREATE INDEX outbox_events_unpublished_idx ON public.outbox_events USING btree (id) WHERE (published_at IS NULL)"
     );
-    let versions = psql(&db.url(), "SELECT version_id, is_applied FROM goose_db_version ORDER BY id");
+    let versions = psql(
+        &db.url(),
+        "SELECT version_id, is_applied FROM goose_db_version ORDER BY id",
+    );
     assert_eq!(versions, "0|t\n20200101000100|t");
     let status = String::from_utf8(migrate(&project, &db, &["status"]).stderr).unwrap();
     assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
     let version = String::from_utf8(migrate(&project, &db, &["version"]).stderr).unwrap();
-    assert!(version.contains("goose: version 20200101000100"), "{version}");
+    assert!(
+        version.contains("goose: version 20200101000100"),
+        "{version}"
+    );
 
     // migrate down removes it again and keeps the version-0 row.
     migrate(&project, &db, &["down"]);
-    assert_eq!(psql(&db.url(), "SELECT to_regclass('outbox_events') IS NULL"), "t");
-    assert_eq!(psql(&db.url(), "SELECT version_id FROM goose_db_version ORDER BY id"), "0");
+    assert_eq!(
+        psql(&db.url(), "SELECT to_regclass('outbox_events') IS NULL"),
+        "t"
+    );
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT version_id FROM goose_db_version ORDER BY id"
+        ),
+        "0"
+    );
 }

@@ -26,8 +26,15 @@ fn generates_the_snapshotted_tree() {
     // manifest entry with its hash.
     let manifest = std::fs::read_to_string(root.join("gpkit.toml")).unwrap();
     for (path, contents) in tree.iter().filter(|(p, _)| p.as_str() != "gpkit.toml") {
-        assert_eq!(&std::fs::read(root.join(".gpkit/base").join(path)).unwrap(), contents, "{path}");
-        assert!(manifest.contains(&format!("[files.\"{path}\"]")), "{path} missing from the manifest");
+        assert_eq!(
+            &std::fs::read(root.join(".gpkit/base").join(path)).unwrap(),
+            contents,
+            "{path}"
+        );
+        assert!(
+            manifest.contains(&format!("[files.\"{path}\"]")),
+            "{path} missing from the manifest"
+        );
     }
 }
 
@@ -35,17 +42,33 @@ fn generates_the_snapshotted_tree() {
 fn output_is_deterministic() {
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    gpkit(a.path()).args(["new", "project", "shop"]).assert().success();
-    gpkit(b.path()).args(["new", "project", "shop"]).assert().success();
-    assert_eq!(read_tree(&a.path().join("shop"), &[]), read_tree(&b.path().join("shop"), &[]));
+    gpkit(a.path())
+        .args(["new", "project", "shop"])
+        .assert()
+        .success();
+    gpkit(b.path())
+        .args(["new", "project", "shop"])
+        .assert()
+        .success();
+    assert_eq!(
+        read_tree(&a.path().join("shop"), &[]),
+        read_tree(&b.path().join("shop"), &[])
+    );
 }
 
 #[test]
 fn the_crate_name_follows_the_package_name() {
     let dir = tempfile::tempdir().unwrap();
-    gpkit(dir.path()).args(["new", "project", "order-service"]).assert().success();
-    let server = std::fs::read_to_string(dir.path().join("order-service/src/bin/server.rs")).unwrap();
-    assert!(server.contains("use order_service::config::Config;"), "{server}");
+    gpkit(dir.path())
+        .args(["new", "project", "order-service"])
+        .assert()
+        .success();
+    let server =
+        std::fs::read_to_string(dir.path().join("order-service/src/bin/server.rs")).unwrap();
+    assert!(
+        server.contains("use order_service::config::Config;"),
+        "{server}"
+    );
     let cargo = std::fs::read_to_string(dir.path().join("order-service/Cargo.toml")).unwrap();
     assert!(cargo.contains("name = \"order-service\""), "{cargo}");
 }
@@ -63,10 +86,19 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
         .clone();
 
     let text = String::from_utf8(output).unwrap();
-    assert!(text.starts_with("Plan for `gpkit new project shop` in `shop`:\n"), "{text}");
+    assert!(
+        text.starts_with("Plan for `gpkit new project shop` in `shop`:\n"),
+        "{text}"
+    );
     assert!(text.contains("  create  src/config.rs "), "{text}");
-    assert!(text.contains("Typed configuration, loaded from the environment"), "{text}");
-    assert!(text.contains("  create  migrations/20200101000100_outbox.sql "), "{text}");
+    assert!(
+        text.contains("Typed configuration, loaded from the environment"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  create  migrations/20200101000100_outbox.sql "),
+        "{text}"
+    );
     assert!(text.contains("Nothing was written (--dry-run)."), "{text}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
@@ -79,8 +111,14 @@ fn dry_run_with_diff_shows_the_contents() {
         .output()
         .unwrap();
     let text = String::from_utf8(output.stdout).unwrap();
-    assert!(text.contains("--- /dev/null\n+++ b/src/outbox/store.rs\n"), "{text}");
-    assert!(text.contains("+CREATE INDEX outbox_events_unpublished_idx"), "{text}");
+    assert!(
+        text.contains("--- /dev/null\n+++ b/src/outbox/store.rs\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("+CREATE INDEX outbox_events_unpublished_idx"),
+        "{text}"
+    );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
@@ -96,9 +134,19 @@ fn assert_refused(args: &[&str], setup: impl Fn(&Path), message: &str) {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
-    assert!(stderr.contains(message), "{args:?}: expected {message:?} in:\n{stderr}");
-    assert!(stderr.contains("help: "), "{args:?} gives no help: {stderr}");
-    assert_eq!(read_tree(dir.path(), &[]), before, "{args:?} changed the disk");
+    assert!(
+        stderr.contains(message),
+        "{args:?}: expected {message:?} in:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("help: "),
+        "{args:?} gives no help: {stderr}"
+    );
+    assert_eq!(
+        read_tree(dir.path(), &[]),
+        before,
+        "{args:?} changed the disk"
+    );
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -153,20 +201,31 @@ fn a_file_at_the_destination_is_refused() {
 fn an_empty_destination_directory_is_used() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("shop")).unwrap();
-    gpkit(dir.path()).args(["new", "project", "shop"]).assert().success();
+    gpkit(dir.path())
+        .args(["new", "project", "shop"])
+        .assert()
+        .success();
     assert!(dir.path().join("shop/gpkit.toml").is_file());
 }
 
 #[test]
 fn a_missing_name_without_input_is_an_error() {
-    assert_refused(&["--no-input", "new", "project"], nothing, "missing the project name");
+    assert_refused(
+        &["--no-input", "new", "project"],
+        nothing,
+        "missing the project name",
+    );
     // Standard input is not a terminal in tests, so gpkit must not prompt.
     assert_refused(&["new", "project"], nothing, "missing the project name");
 }
 
 #[test]
 fn dash_c_must_name_a_directory() {
-    assert_refused(&["-C", "nowhere", "new", "project", "shop"], nothing, "`-C nowhere`: no such directory");
+    assert_refused(
+        &["-C", "nowhere", "new", "project", "shop"],
+        nothing,
+        "`-C nowhere`: no such directory",
+    );
     assert_refused(
         &["-C", "file", "new", "project", "shop"],
         |dir| std::fs::write(dir.join("file"), "").unwrap(),
@@ -178,7 +237,10 @@ fn dash_c_must_name_a_directory() {
 fn dash_c_creates_the_project_there() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("work")).unwrap();
-    gpkit(dir.path()).args(["-C", "work", "new", "project", "shop"]).assert().success();
+    gpkit(dir.path())
+        .args(["-C", "work", "new", "project", "shop"])
+        .assert()
+        .success();
     assert!(dir.path().join("work/shop/Cargo.toml").is_file());
 }
 
@@ -197,22 +259,34 @@ fn an_unwritable_parent_is_refused() {
     let gpkit_bin = assert_cmd::cargo::cargo_bin("gpkit");
     let mut command = if is_root() {
         let mut c = std::process::Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&gpkit_bin);
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&gpkit_bin);
         c
     } else {
         std::process::Command::new(&gpkit_bin)
     };
-    let output = command.current_dir(dir.path()).args(["-C", "locked", "new", "project", "shop"]).output().unwrap();
+    let output = command
+        .current_dir(dir.path())
+        .args(["-C", "locked", "new", "project", "shop"])
+        .output()
+        .unwrap();
 
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("Permission denied"), "{stderr}");
     assert!(stderr.contains("nothing was written"), "{stderr}");
-    assert!(stderr.contains("help: check that you can write"), "{stderr}");
+    assert!(
+        stderr.contains("help: check that you can write"),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read_dir(&locked).unwrap().count(), 0);
 }
 
 #[cfg(unix)]
 fn is_root() -> bool {
-    std::process::Command::new("id").arg("-u").output().map(|o| o.stdout == b"0\n").unwrap_or(false)
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false)
 }

@@ -31,8 +31,15 @@ pub fn read_tree(root: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
-            if skip.iter().any(|s| rel == *s || rel.starts_with(&format!("{s}/"))) {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if skip
+                .iter()
+                .any(|s| rel == *s || rel.starts_with(&format!("{s}/")))
+            {
                 continue;
             }
             if path.is_dir() {
@@ -58,7 +65,11 @@ pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
         }
         return;
     }
-    let expected = if dir.exists() { read_tree(&dir, &[]) } else { BTreeMap::new() };
+    let expected = if dir.exists() {
+        read_tree(&dir, &[])
+    } else {
+        BTreeMap::new()
+    };
     let mut problems = Vec::new();
     for path in expected.keys().filter(|p| !actual.contains_key(*p)) {
         problems.push(format!("missing file: {path}"));
@@ -98,6 +109,8 @@ pub fn assert_text_snapshot(name: &str, actual: &str) {
     assert!(
         expected == actual,
         "snapshot `snapshots/{name}` differs (review, then rerun with GPKIT_UPDATE_SNAPSHOTS=1):\n{}",
-        similar::TextDiff::from_lines(expected.as_str(), actual).unified_diff().header("snapshot", "actual")
+        similar::TextDiff::from_lines(expected.as_str(), actual)
+            .unified_diff()
+            .header("snapshot", "actual")
     );
 }

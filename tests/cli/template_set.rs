@@ -12,7 +12,9 @@ fn rendered_hash() -> String {
     let mut all = Vec::new();
     for worker in [false, true] {
         let tree = blueprint::render(
-            &Answers { name: "shop".into() },
+            &Answers {
+                name: "shop".into(),
+            },
             &Components { worker },
         )
         .unwrap();

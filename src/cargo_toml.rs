@@ -1,0 +1,312 @@
+//! Structural updates of a project's `Cargo.toml` with toml_edit: the kit's
+//! dependencies and binaries are added, bumped or removed, while the user's
+//! own dependencies, comments, order and formatting stay as they were.
+//!
+//! The rule for each kit-managed entry, with base = what gpkit last wrote,
+//! ours = the file now, theirs = what the templates render now: an entry the
+//! user never changed follows the templates; an entry the user changed or
+//! removed is left alone and reported.
+
+use anyhow::{Context, Result};
+use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
+
+/// The dependency tables gpkit manages entries in.
+const DEPENDENCY_TABLES: &[&str] = &["dependencies", "dev-dependencies", "build-dependencies"];
+
+/// The merged manifest, and notes on entries left as the user had them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Merged {
+    pub text: String,
+    pub notes: Vec<String>,
+}
+
+/// Merges the kit's changes (base → theirs) into `ours`.
+pub fn merge(base: &str, ours: &str, theirs: &str) -> Result<Merged> {
+    let base: DocumentMut = base
+        .parse()
+        .context("gpkit's base copy of Cargo.toml does not parse")?;
+    let theirs: DocumentMut = theirs
+        .parse()
+        .context("the rendered Cargo.toml does not parse")?;
+    let mut doc: DocumentMut = ours
+        .parse()
+        .context("`Cargo.toml` is not valid TOML; fix it before running gpkit")?;
+    let mut notes = Vec::new();
+    for table in DEPENDENCY_TABLES {
+        merge_table(&base, &mut doc, &theirs, table, &mut notes);
+    }
+    merge_bins(&base, &mut doc, &theirs, &mut notes);
+    Ok(Merged {
+        text: doc.to_string(),
+        notes,
+    })
+}
+
+fn table<'a>(doc: &'a DocumentMut, name: &str) -> Option<&'a Table> {
+    doc.get(name).and_then(Item::as_table)
+}
+
+/// An entry's value without its surrounding whitespace and comments.
+fn normalized(item: &Item) -> String {
+    let mut item = item.clone();
+    if let Some(value) = item.as_value_mut() {
+        value.decor_mut().clear();
+    }
+    item.to_string().trim().to_string()
+}
+
+fn is_sorted(table: &Table) -> bool {
+    let keys: Vec<&str> = table.iter().map(|(k, _)| k).collect();
+    keys.windows(2).all(|w| w[0] <= w[1])
+}
+
+fn merge_table(
+    base: &DocumentMut,
+    doc: &mut DocumentMut,
+    theirs: &DocumentMut,
+    name: &str,
+    notes: &mut Vec<String>,
+) {
+    let empty = Table::new();
+    let base_table = table(base, name).unwrap_or(&empty);
+    let Some(theirs_table) = table(theirs, name) else {
+        // The kit has no entries here now: remove those it wrote, unchanged.
+        if let Some(ours) = doc.get_mut(name).and_then(Item::as_table_mut) {
+            for (key, old) in base_table.iter() {
+                if ours
+                    .get(key)
+                    .is_some_and(|item| normalized(item) == normalized(old))
+                {
+                    ours.remove(key);
+                }
+            }
+        }
+        return;
+    };
+    if doc.get(name).is_none() {
+        doc.insert(name, Item::Table(Table::new()));
+    }
+    let Some(ours) = doc.get_mut(name).and_then(Item::as_table_mut) else {
+        notes.push(format!("[{name}] is not a table; left as it is"));
+        return;
+    };
+    let was_sorted = is_sorted(ours);
+    for (key, wanted) in theirs_table.iter() {
+        let old = base_table.get(key);
+        match (ours.get(key), old) {
+            (None, None) => {
+                ours.insert(key, wanted.clone());
+            }
+            (None, Some(_)) => notes.push(format!("[{name}] `{key}`: you removed it; left out")),
+            (Some(current), _) if normalized(current) == normalized(wanted) => {}
+            (Some(current), Some(old)) if normalized(current) == normalized(old) => {
+                let decor = current.as_value().map(|v| v.decor().clone());
+                let mut new = wanted.clone();
+                if let (Some(decor), Some(value)) = (decor, new.as_value_mut()) {
+                    *value.decor_mut() = decor;
+                }
+                ours.insert(key, new);
+            }
+            (Some(_), _) => notes.push(format!(
+                "[{name}] `{key}`: you changed it; kept yours (gpkit's is `{}`)",
+                normalized(wanted)
+            )),
+        }
+    }
+    for (key, old) in base_table.iter() {
+        if theirs_table.contains_key(key) {
+            continue;
+        }
+        match ours.get(key) {
+            Some(current) if normalized(current) == normalized(old) => {
+                ours.remove(key);
+            }
+            Some(_) => notes.push(format!(
+                "[{name}] `{key}`: no longer needed by the kit; kept your version"
+            )),
+            None => {}
+        }
+    }
+    if was_sorted {
+        ours.sort_values();
+    }
+}
+
+fn bins(doc: &DocumentMut) -> Option<&ArrayOfTables> {
+    doc.get("bin").and_then(Item::as_array_of_tables)
+}
+
+fn bin_name(table: &Table) -> Option<&str> {
+    table.get("name").and_then(Item::as_str)
+}
+
+fn merge_bins(
+    base: &DocumentMut,
+    doc: &mut DocumentMut,
+    theirs: &DocumentMut,
+    notes: &mut Vec<String>,
+) {
+    let base_names: Vec<&str> = bins(base)
+        .into_iter()
+        .flatten()
+        .filter_map(bin_name)
+        .collect();
+    let wanted: Vec<Table> = bins(theirs).into_iter().flatten().cloned().collect();
+    let wanted_names: Vec<&str> = wanted.iter().filter_map(bin_name).collect();
+    if doc.get("bin").is_none() && !wanted.is_empty() {
+        doc.insert("bin", Item::ArrayOfTables(ArrayOfTables::new()));
+    }
+    let Some(ours) = doc.get_mut("bin").and_then(Item::as_array_of_tables_mut) else {
+        notes.push("`bin` is not an array of tables; binaries left as they are".into());
+        return;
+    };
+    for bin in &wanted {
+        let name = bin_name(bin).unwrap_or_default();
+        let present = ours.iter().any(|t| bin_name(t) == Some(name));
+        if !present && base_names.contains(&name) {
+            notes.push(format!("[[bin]] `{name}`: you removed it; left out"));
+        } else if !present {
+            ours.push(bin.clone());
+        }
+    }
+    let removed: Vec<&str> = base_names
+        .iter()
+        .copied()
+        .filter(|n| !wanted_names.contains(n))
+        .collect();
+    ours.retain(|t| !bin_name(t).is_some_and(|n| removed.contains(&n)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"[package]
+name = "shop"
+
+[[bin]]
+name = "server"
+path = "src/bin/server.rs"
+
+[dependencies]
+anyhow = "1"
+serde = { version = "1", features = ["derive"] }
+tokio = "1"
+"#;
+
+    const THEIRS: &str = r#"[package]
+name = "shop"
+
+[[bin]]
+name = "server"
+path = "src/bin/server.rs"
+
+[[bin]]
+name = "worker"
+path = "src/bin/worker.rs"
+
+[dependencies]
+anyhow = "1"
+redis = "1"
+serde = { version = "1.0.200", features = ["derive"] }
+tokio = "1"
+"#;
+
+    #[test]
+    fn preserves_comments_order_and_the_users_own_dependencies() {
+        let ours = r#"[package]
+name = "shop"
+
+[[bin]]
+name = "server"
+path = "src/bin/server.rs"
+
+[dependencies]
+# errors everywhere
+anyhow = "1"
+serde = { version = "1", features = ["derive"] } # serialisation
+tokio = "1"
+# ours: money maths
+rust_decimal = "1.36"
+"#;
+        let merged = merge(BASE, ours, THEIRS).unwrap();
+        assert_eq!(
+            merged.text,
+            r#"[package]
+name = "shop"
+
+[[bin]]
+name = "server"
+path = "src/bin/server.rs"
+
+[[bin]]
+name = "worker"
+path = "src/bin/worker.rs"
+
+[dependencies]
+# errors everywhere
+anyhow = "1"
+serde = { version = "1.0.200", features = ["derive"] } # serialisation
+tokio = "1"
+# ours: money maths
+rust_decimal = "1.36"
+redis = "1"
+"#
+        );
+        assert!(merged.notes.is_empty(), "{:?}", merged.notes);
+    }
+
+    #[test]
+    fn a_sorted_table_stays_sorted() {
+        let merged = merge(BASE, BASE, THEIRS).unwrap();
+        let deps = merged.text.split("[dependencies]").nth(1).unwrap();
+        assert_eq!(
+            deps.lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| l.split(' ').next().unwrap())
+                .collect::<Vec<_>>(),
+            ["anyhow", "redis", "serde", "tokio"]
+        );
+    }
+
+    #[test]
+    fn a_dependency_the_user_changed_is_kept_and_reported() {
+        let ours = BASE.replace(
+            r#"serde = { version = "1", features = ["derive"] }"#,
+            r#"serde = { version = "1", features = ["derive", "rc"] }"#,
+        );
+        let merged = merge(BASE, &ours, THEIRS).unwrap();
+        assert!(merged.text.contains(r#"features = ["derive", "rc"]"#));
+        assert!(
+            merged.notes[0].contains("`serde`: you changed it; kept yours"),
+            "{:?}",
+            merged.notes
+        );
+    }
+
+    #[test]
+    fn a_dependency_the_user_removed_stays_removed() {
+        let ours = BASE.replace("tokio = \"1\"\n", "");
+        let merged = merge(BASE, &ours, THEIRS).unwrap();
+        assert!(!merged.text.contains("tokio"));
+        assert!(
+            merged.notes[0].contains("`tokio`: you removed it"),
+            "{:?}",
+            merged.notes
+        );
+    }
+
+    #[test]
+    fn dependencies_the_kit_dropped_are_removed_when_unchanged() {
+        let merged = merge(THEIRS, THEIRS, BASE).unwrap();
+        assert!(!merged.text.contains("redis"));
+        assert!(!merged.text.contains("worker"));
+        assert_eq!(merged.text.matches("[[bin]]").count(), 1);
+    }
+
+    #[test]
+    fn merging_twice_changes_nothing() {
+        let once = merge(BASE, BASE, THEIRS).unwrap().text;
+        assert_eq!(merge(THEIRS, &once, THEIRS).unwrap().text, once);
+    }
+}

@@ -1,0 +1,282 @@
+//! Bringing an existing project to a desired blueprint tree, file by file,
+//! without losing a user's edit.
+//!
+//! For each file, with base = what gpkit last wrote, ours = the file on
+//! disk and theirs = what the templates render now:
+//! - kit-owned: ours = base → take theirs; theirs = base → keep ours; both
+//!   changed → 3-way merge (conflict markers where the changes overlap);
+//! - user-owned: only managed regions and `Cargo.toml`'s kit entries change;
+//! - a kit file the user deleted stays deleted unless restoring is asked for;
+//! - a file the templates dropped is deleted only if the user never changed it;
+//! - a new template file never overwrites a file the user already has.
+
+use std::fmt;
+
+use anyhow::Result;
+use diffy::{ConflictStyle, MergeOptions};
+
+use crate::blueprint::Tree;
+use crate::manifest::Owner;
+use crate::project::Project;
+use crate::{cargo_toml, regions};
+
+/// What happened, or will happen, to one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Already as the templates want it.
+    UpToDate,
+    /// New in the templates; created.
+    Created,
+    /// Unchanged by the user; replaced by the templates' version.
+    Updated,
+    /// Changed by both; merged without conflict.
+    Merged,
+    /// Changed by the user only; kept.
+    Kept,
+    /// Changed by both where the changes overlap; written with conflict markers.
+    Conflicted,
+    /// Dropped by the templates and unchanged by the user; deleted.
+    Deleted,
+    /// Deleted by the user; left deleted.
+    DeletedByUser,
+    /// Dropped by the templates but changed by the user; kept.
+    KeptRemoved,
+    /// A file the user already has stands where the templates want a new file.
+    Blocked,
+    /// A managed region is gone or was edited by hand; nothing written.
+    RegionProblem(String),
+}
+
+impl Outcome {
+    /// Whether the file needs the user's attention before (or after) the
+    /// change can be called done.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Conflicted | Outcome::Blocked | Outcome::RegionProblem(_)
+        )
+    }
+
+    /// The report's word for this outcome.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::UpToDate => "up to date",
+            Outcome::Created => "created",
+            Outcome::Updated => "updated",
+            Outcome::Merged => "merged",
+            Outcome::Kept => "kept",
+            Outcome::Conflicted => "conflicted",
+            Outcome::Deleted => "deleted",
+            Outcome::DeletedByUser => "deleted by you",
+            Outcome::KeptRemoved => "kept (no longer in the kit)",
+            Outcome::Blocked => "conflicted (file exists)",
+            Outcome::RegionProblem(_) => "conflicted (region)",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// The decision for one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileChange {
+    pub path: String,
+    pub owner: Owner,
+    pub outcome: Outcome,
+    /// The file's new content; `None` when the file is left as it is or deleted.
+    pub write: Option<Vec<u8>>,
+    /// Whether the file is deleted from disk.
+    pub delete: bool,
+    /// The new base (what the templates render now); `None` drops the record.
+    pub base: Option<Vec<u8>>,
+    /// Why a user-owned file was not changed as the templates wanted.
+    pub notes: Vec<String>,
+}
+
+/// Options of a reconciliation.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Recreate kit files the user deleted.
+    pub restore_deleted: bool,
+    /// Kit files to recreate even without `restore_deleted` (a component's
+    /// essentials, such as the outbox migration for the worker).
+    pub required: Vec<String>,
+}
+
+/// Decides, for every file of the project and of `desired`, what to do.
+pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
+    let mut changes = Vec::new();
+    for (path, file) in desired {
+        let ours = project.current(path)?;
+        let base = project.base(path)?;
+        let recorded = project.manifest.files.contains_key(path);
+        let theirs = file.contents.clone();
+        let mut change = FileChange {
+            path: path.clone(),
+            owner: file.owner,
+            outcome: Outcome::UpToDate,
+            write: None,
+            delete: false,
+            base: Some(theirs.clone()),
+            notes: Vec::new(),
+        };
+        match (ours, recorded) {
+            (None, false) => {
+                change.outcome = Outcome::Created;
+                change.write = Some(theirs);
+            }
+            (None, true) => {
+                if options.restore_deleted || options.required.contains(path) {
+                    change.outcome = Outcome::Created;
+                    change.write = Some(theirs);
+                } else {
+                    change.outcome = Outcome::DeletedByUser;
+                }
+            }
+            (Some(ours), false) => {
+                change.outcome = if ours == theirs {
+                    Outcome::UpToDate
+                } else {
+                    Outcome::Blocked
+                };
+                if ours != theirs {
+                    change.base = None;
+                }
+            }
+            (Some(ours), true) => match file.owner {
+                Owner::Kit => merge_kit_file(&mut change, base, ours, theirs),
+                Owner::User => merge_user_file(&mut change, base, ours, theirs)?,
+            },
+        }
+        changes.push(change);
+    }
+    for path in project
+        .manifest
+        .files
+        .keys()
+        .filter(|p| !desired.contains_key(*p))
+    {
+        let owner = project.manifest.files[path].owner;
+        let ours = project.current(path)?;
+        let base = project.base(path)?;
+        let (outcome, delete) = match ours {
+            None => (Outcome::Deleted, false),
+            Some(ours) if Some(&ours) == base.as_ref() && owner == Owner::Kit => {
+                (Outcome::Deleted, true)
+            }
+            Some(_) => (Outcome::KeptRemoved, false),
+        };
+        changes.push(FileChange {
+            path: path.clone(),
+            owner,
+            outcome,
+            write: None,
+            delete,
+            base: None,
+            notes: Vec::new(),
+        });
+    }
+    Ok(changes)
+}
+
+fn merge_kit_file(change: &mut FileChange, base: Option<Vec<u8>>, ours: Vec<u8>, theirs: Vec<u8>) {
+    if ours == theirs {
+        change.outcome = Outcome::UpToDate;
+    } else if base.as_ref() == Some(&ours) {
+        change.outcome = Outcome::Updated;
+        change.write = Some(theirs);
+    } else if base.as_ref() == Some(&theirs) {
+        change.outcome = Outcome::Kept;
+    } else {
+        let base = base.unwrap_or_default();
+        let (merged, clean) = merge3(&base, &ours, &theirs);
+        change.outcome = if clean {
+            Outcome::Merged
+        } else {
+            Outcome::Conflicted
+        };
+        change.write = Some(merged);
+    }
+}
+
+fn merge_user_file(
+    change: &mut FileChange,
+    base: Option<Vec<u8>>,
+    ours: Vec<u8>,
+    theirs: Vec<u8>,
+) -> Result<()> {
+    let base = String::from_utf8_lossy(&base.unwrap_or_default()).into_owned();
+    let ours_text = String::from_utf8_lossy(&ours).into_owned();
+    let theirs_text = String::from_utf8_lossy(&theirs).into_owned();
+    let merged = if change.path == "Cargo.toml" {
+        let merged = cargo_toml::merge(&base, &ours_text, &theirs_text)?;
+        change.notes = merged.notes;
+        merged.text
+    } else if regions::has_regions(&theirs_text) {
+        match regions::merge(&base, &ours_text, &theirs_text)? {
+            Ok(text) => text,
+            Err(problems) => {
+                let explained: Vec<String> =
+                    problems.iter().map(|p| p.explain(&change.path)).collect();
+                change.outcome = Outcome::RegionProblem(explained.join("\n"));
+                // Keep the old base: the region still holds gpkit's old lines.
+                change.base = Some(base.into_bytes());
+                return Ok(());
+            }
+        }
+    } else {
+        ours_text.clone()
+    };
+    if merged == ours_text {
+        change.outcome = if ours == theirs {
+            Outcome::UpToDate
+        } else {
+            Outcome::Kept
+        };
+    } else {
+        change.outcome = Outcome::Merged;
+        change.write = Some(merged.into_bytes());
+    }
+    Ok(())
+}
+
+/// A line-based 3-way merge; overlapping changes get standard conflict
+/// markers. Returns the text and whether it merged cleanly.
+pub fn merge3(base: &[u8], ours: &[u8], theirs: &[u8]) -> (Vec<u8>, bool) {
+    let mut options = MergeOptions::new();
+    options.set_conflict_style(ConflictStyle::Merge);
+    match options.merge_bytes(base, ours, theirs) {
+        Ok(merged) => (merged, true),
+        Err(conflicted) => (conflicted, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_changes_to_different_lines() {
+        let base = b"a\nb\nc\nd\ne\n";
+        let ours = b"a\nB\nc\nd\ne\n";
+        let theirs = b"a\nb\nc\nd\nE\n";
+        assert_eq!(
+            merge3(base, ours, theirs),
+            (b"a\nB\nc\nd\nE\n".to_vec(), true)
+        );
+    }
+
+    #[test]
+    fn overlapping_changes_get_conflict_markers() {
+        let (text, clean) = merge3(b"a\nb\nc\n", b"a\nours\nc\n", b"a\ntheirs\nc\n");
+        assert!(!clean);
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            "a\n<<<<<<< ours\nours\n=======\ntheirs\n>>>>>>> theirs\nc\n"
+        );
+    }
+}

@@ -1,0 +1,76 @@
+//! Turning reconciled file changes into a plan: the files to write or
+//! delete, their new base copies, and the manifest that records them.
+
+use anyhow::Result;
+
+use crate::blueprint::TEMPLATE_SET_VERSION;
+use crate::manifest::{BASE_DIR, Components, FileRecord, MANIFEST_FILE, sha256_hex};
+use crate::plan::Plan;
+use crate::project::Project;
+use crate::reconcile::{FileChange, Outcome};
+
+/// The plan that applies `changes` to `project` and records `components`
+/// and the current template set in the manifest.
+pub fn plan(project: &Project, changes: &[FileChange], components: Components) -> Result<Plan> {
+    let mut plan = Plan::new();
+    let mut manifest = project.manifest.clone();
+    manifest.components = components;
+    manifest.gpkit.version = env!("CARGO_PKG_VERSION").to_string();
+    manifest.gpkit.template_set = TEMPLATE_SET_VERSION;
+
+    for change in changes {
+        let reason = reason(change);
+        match (&change.write, project.current(&change.path)?) {
+            (Some(new), Some(old)) => plan.update(&change.path, old, new.clone(), reason),
+            (Some(new), None) => plan.create(&change.path, new.clone(), reason),
+            (None, Some(old)) if change.delete => plan.delete(&change.path, old, reason),
+            _ => {}
+        }
+        let base_path = format!("{BASE_DIR}/{}", change.path);
+        let old_base = project.base(&change.path)?;
+        match &change.base {
+            Some(base) => {
+                manifest.files.insert(
+                    change.path.clone(),
+                    FileRecord {
+                        owner: change.owner,
+                        sha256: sha256_hex(base),
+                    },
+                );
+                match old_base {
+                    Some(old) => plan.update(base_path, old, base.clone(), "base copy"),
+                    None => plan.create(base_path, base.clone(), "base copy"),
+                }
+            }
+            None => {
+                manifest.files.remove(&change.path);
+                if let Some(old) = old_base {
+                    plan.delete(base_path, old, "base copy");
+                }
+            }
+        }
+    }
+
+    let old_manifest = project.current(MANIFEST_FILE)?.unwrap_or_default();
+    plan.update(
+        MANIFEST_FILE,
+        old_manifest,
+        manifest.to_toml().into_bytes(),
+        "records the components, template set and file bases",
+    );
+    Ok(plan)
+}
+
+fn reason(change: &FileChange) -> String {
+    match &change.outcome {
+        Outcome::Created => "new kit file".into(),
+        Outcome::Updated => "kit file, unchanged by you: replaced with the current template".into(),
+        Outcome::Merged if change.owner == crate::manifest::Owner::User => {
+            "your file: gpkit's managed entries updated, the rest kept".into()
+        }
+        Outcome::Merged => "kit file you edited: merged, your edits kept".into(),
+        Outcome::Conflicted => "CONFLICT: overlapping edits, resolve the markers".into(),
+        Outcome::Deleted => "no longer part of the kit, and unchanged by you".into(),
+        other => other.label().into(),
+    }
+}
