@@ -33,6 +33,7 @@ const USER_OWNED: &[&str] = &[
     "src/startup.rs",
     "src/routes/mod.rs",
     "src/bin/server.rs",
+    "src/listeners/mod.rs",
 ];
 
 /// One file of the desired project tree.

@@ -102,3 +102,37 @@ impl Default for Renderer {
         Self::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variables templates may print. Anything else that looks like an
+    /// expression is most likely Rust (`format!("{{{x}}}")`) that minijinja
+    /// would swallow: keep such code in a plain (non-`.jinja`) file.
+    const VARIABLES: &[&str] = &["name", "crate_name", "gpkit_version"];
+
+    #[test]
+    fn templates_print_only_known_variables() {
+        for set in ["project", "worker"] {
+            for file in template_set(set)
+                .unwrap()
+                .iter()
+                .filter(|f| f.is_template())
+            {
+                let mut text = String::from_utf8(file.contents.to_vec()).unwrap();
+                for var in VARIABLES {
+                    text = text.replace(&format!("{{{{ {var} }}}}"), "");
+                }
+                for (number, line) in text.lines().enumerate() {
+                    assert!(
+                        !line.contains("{{") && !line.contains("}}"),
+                        "{set}/{}:{}: an expression minijinja would evaluate: {line}",
+                        file.source,
+                        number + 1
+                    );
+                }
+            }
+        }
+    }
+}

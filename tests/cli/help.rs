@@ -3,7 +3,14 @@
 
 use crate::support::{assert_text_snapshot, gpkit};
 
-const COMMANDS: &[&[&str]] = &[&[], &["new"], &["new", "project"]];
+const COMMANDS: &[&[&str]] = &[
+    &[],
+    &["new"],
+    &["new", "project"],
+    &["new", "migration"],
+    &["add"],
+    &["add", "worker"],
+];
 
 #[test]
 fn help_output_matches_the_snapshots() {

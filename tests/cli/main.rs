@@ -1,7 +1,9 @@
 //! gpkit's command-line tests: one binary, one module per area.
 
+mod add_worker;
 mod e2e;
 mod help;
+mod new_migration;
 mod new_project;
 mod support;
 mod template_set;

@@ -1,0 +1,123 @@
+//! `gpkit new migration`: goose file names, versions that never clash, and
+//! refusals that leave the project unchanged.
+
+use predicates::str::contains;
+
+use crate::support::{gpkit, read_tree};
+
+/// A project without the worker, generated into a temp dir.
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        .args(["new", "project", "shop", "--no-worker"])
+        .assert()
+        .success();
+    dir
+}
+
+fn migrations(dir: &tempfile::TempDir) -> Vec<String> {
+    read_tree(&dir.path().join("shop/migrations"), &[])
+        .into_keys()
+        .collect()
+}
+
+#[test]
+fn writes_a_timestamped_goose_file() {
+    let dir = project();
+
+    gpkit(&dir.path().join("shop"))
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .args(["new", "migration", "Add orders table"])
+        .assert()
+        .success()
+        .stderr(contains(
+            "Created migrations/20231114221320_add_orders_table.sql",
+        ));
+
+    let text = std::fs::read_to_string(
+        dir.path()
+            .join("shop/migrations/20231114221320_add_orders_table.sql"),
+    )
+    .unwrap();
+    assert_eq!(
+        text,
+        "-- +goose Up\nSELECT 'up SQL query';\n\n-- +goose Down\nSELECT 'down SQL query';\n"
+    );
+}
+
+#[test]
+fn a_second_migration_in_the_same_second_gets_a_later_version() {
+    let dir = project();
+    for name in ["first", "second"] {
+        gpkit(&dir.path().join("shop"))
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .args(["new", "migration", name])
+            .assert()
+            .success();
+    }
+    assert_eq!(
+        migrations(&dir),
+        [
+            "20200101000100_outbox.sql",
+            "20231114221320_first.sql",
+            "20231114221321_second.sql"
+        ]
+    );
+}
+
+#[test]
+fn sequential_numbering_counts_up() {
+    let dir = project();
+    for name in ["a", "b"] {
+        gpkit(dir.path())
+            .args(["-C", "shop", "new", "migration", name, "--sequential"])
+            .assert()
+            .success();
+    }
+    assert_eq!(
+        migrations(&dir),
+        ["00001_a.sql", "00002_b.sql", "20200101000100_outbox.sql"]
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_nothing_changes() {
+    let dir = project();
+    let before = read_tree(dir.path(), &[]);
+
+    gpkit(&dir.path().join("shop"))
+        .args(["new", "migration", "!!!"])
+        .assert()
+        .code(1)
+        .stderr(contains("has no letters or digits"))
+        .stderr(contains("help:"));
+    gpkit(dir.path())
+        .args(["new", "migration", "add_orders"])
+        .assert()
+        .code(1)
+        .stderr(contains("is not a gpkit project"))
+        .stderr(contains("help:"));
+    assert_eq!(read_tree(dir.path(), &[]), before);
+
+    std::fs::write(dir.path().join("shop/migrations/oops.sql"), "").unwrap();
+    gpkit(&dir.path().join("shop"))
+        .args(["new", "migration", "add_orders"])
+        .assert()
+        .code(1)
+        .stderr(
+            contains("`oops.sql` is not a valid goose migration name").or(contains("oops.sql")),
+        );
+}
+
+#[test]
+fn dry_run_writes_nothing() {
+    let dir = project();
+    let before = read_tree(dir.path(), &[]);
+    gpkit(&dir.path().join("shop"))
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .args(["--dry-run", "new", "migration", "add_orders"])
+        .assert()
+        .success()
+        .stdout(contains("create  migrations/20231114221320_add_orders.sql"));
+    assert_eq!(read_tree(dir.path(), &[]), before);
+}
