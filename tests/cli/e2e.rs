@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use crate::support::{gpkit, repo};
 
@@ -101,8 +102,8 @@ fn rand_suffix() -> u128 {
         % 1_000_000_000
 }
 
-fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
-    let output = Command::new(shared_target().join("debug/migrate"))
+pub fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
+    let output = Command::new(binary("migrate"))
         .args(args)
         .current_dir(project)
         .env("DATABASE_URL", db.url())
@@ -118,16 +119,13 @@ fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
 }
 
 #[test]
-fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
-    // Arrange: a fresh project.
+fn a_project_without_the_worker_builds_cleanly_too() {
     let dir = tempfile::tempdir().unwrap();
     gpkit(dir.path())
-        .args(["--no-input", "new", "project", "shop"])
+        .args(["new", "project", "lean", "--no-worker"])
         .assert()
         .success();
-    let project = dir.path().join("shop");
-
-    // Build with zero warnings, then the project's own quality gates.
+    let project = dir.path().join("lean");
     let build = cargo(&project, &["build", "--all-targets"]);
     let stderr = String::from_utf8_lossy(&build.stderr);
     assert!(
@@ -139,11 +137,53 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         &["clippy", "--all-targets", "--", "-D", "warnings"],
     );
     cargo(&project, &["fmt", "--check"]);
-    cargo(&project, &["test"]);
+}
+
+/// The default project (with the worker), generated and built once per
+/// test run under `target/e2e/shop` and shared by the end-to-end tests.
+pub fn built_project() -> &'static Path {
+    static PROJECT: OnceLock<PathBuf> = OnceLock::new();
+    PROJECT.get_or_init(|| {
+        let parent = repo().join("target/e2e");
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        gpkit(&parent)
+            .args(["--no-input", "new", "project", "shop"])
+            .assert()
+            .success();
+        let project = parent.join("shop");
+        let build = cargo(&project, &["build", "--all-targets"]);
+        let stderr = String::from_utf8_lossy(&build.stderr);
+        assert!(
+            !stderr.contains("warning"),
+            "the build has warnings:\n{stderr}"
+        );
+        project
+    })
+}
+
+/// A binary of the built project.
+pub fn binary(name: &str) -> PathBuf {
+    built_project();
+    shared_target().join("debug").join(name)
+}
+
+#[test]
+fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
+    // Arrange: the project, built with zero warnings.
+    let project = built_project();
+
+    // Its own quality gates.
+    cargo(
+        project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(project, &["fmt", "--check"]);
+    cargo(project, &["test"]);
 
     // migrate up on a fresh database creates exactly the outbox schema.
     let db = Database::create("gpkit_e2e");
-    migrate(&project, &db, &["up"]);
+    migrate(project, &db, &["up"]);
     let columns = psql(
         &db.url(),
         "SELECT column_name || ' ' || data_type || ' ' || is_nullable || ' ' || \
@@ -175,16 +215,16 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         "SELECT version_id, is_applied FROM goose_db_version ORDER BY id",
     );
     assert_eq!(versions, "0|t\n20200101000100|t");
-    let status = String::from_utf8(migrate(&project, &db, &["status"]).stderr).unwrap();
+    let status = String::from_utf8(migrate(project, &db, &["status"]).stderr).unwrap();
     assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
-    let version = String::from_utf8(migrate(&project, &db, &["version"]).stderr).unwrap();
+    let version = String::from_utf8(migrate(project, &db, &["version"]).stderr).unwrap();
     assert!(
         version.contains("goose: version 20200101000100"),
         "{version}"
     );
 
     // migrate down removes it again and keeps the version-0 row.
-    migrate(&project, &db, &["down"]);
+    migrate(project, &db, &["down"]);
     assert_eq!(
         psql(&db.url(), "SELECT to_regclass('outbox_events') IS NULL"),
         "t"

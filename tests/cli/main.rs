@@ -7,3 +7,4 @@ mod new_migration;
 mod new_project;
 mod support;
 mod template_set;
+mod worker_e2e;

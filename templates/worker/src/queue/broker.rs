@@ -168,7 +168,11 @@ impl Client {
 
     /// Failure without retries left: the task moves to `:archived`, where
     /// asynqmon can show it and run it again.
-    pub(super) async fn archive(&self, message: &TaskMessage, error: &str) -> Result<(), QueueError> {
+    pub(super) async fn archive(
+        &self,
+        message: &TaskMessage,
+        error: &str,
+    ) -> Result<(), QueueError> {
         let queue = &message.queue;
         let now = Utc::now();
         let mut archived = message.clone();
@@ -282,7 +286,11 @@ impl Client {
 pub fn default_retry_delay(retried: u32) -> Duration {
     let n = u64::from(retried);
     let jitter = fastrand::u64(0..30) * (n + 1);
-    Duration::from_secs(n.saturating_pow(4).saturating_add(15).saturating_add(jitter))
+    Duration::from_secs(
+        n.saturating_pow(4)
+            .saturating_add(15)
+            .saturating_add(jitter),
+    )
 }
 
 #[cfg(test)]

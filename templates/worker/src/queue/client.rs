@@ -249,7 +249,9 @@ impl Client {
 fn split_addr(addr: &str) -> Result<(String, u16), QueueError> {
     let invalid = || QueueError::Address(addr.to_string());
     let (host, port) = match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && (!host.contains(':') || host.starts_with('[')) => {
+        Some((host, port))
+            if !host.is_empty() && (!host.contains(':') || host.starts_with('[')) =>
+        {
             (host, port.parse().map_err(|_| invalid())?)
         }
         None if !addr.is_empty() => (addr, 6379),

@@ -253,7 +253,10 @@ impl Consumer {
         tracing::info!(running = running.len(), "consumer stopping");
         maintenance.cancel();
         let drain = async { while running.join_next().await.is_some() {} };
-        if tokio::time::timeout(options.shutdown_timeout, drain).await.is_err() {
+        if tokio::time::timeout(options.shutdown_timeout, drain)
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 running = running.len(),
                 "shutdown timeout reached; putting unfinished tasks back to pending"
@@ -281,7 +284,10 @@ struct Worker {
 /// How one run of a task ended.
 enum Outcome {
     Succeeded,
-    Failed { error: String, skip_retry: bool },
+    Failed {
+        error: String,
+        skip_retry: bool,
+    },
     /// The lease ran out (Valkey unreachable): the recoverer owns the task.
     LeaseLost,
     /// Cut short by shutdown.
@@ -362,7 +368,8 @@ impl Worker {
                     let retried = u32::try_from(message.retried).unwrap_or(0);
                     let delay = (self.options.retry_delay)(retried);
                     tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed; will retry");
-                    let retry_at = Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    let retry_at =
+                        Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
                     self.client.retry(message, retry_at, &error).await
                 }
             }

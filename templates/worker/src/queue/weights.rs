@@ -80,7 +80,9 @@ impl FromStr for QueueWeights {
                 None => Ok((part.to_string(), 1)),
                 Some((name, weight)) => {
                     let weight = weight.trim().parse().map_err(|_| {
-                        format!("`{part}` has no valid weight; expected name=weight such as critical=6")
+                        format!(
+                            "`{part}` has no valid weight; expected name=weight such as critical=6"
+                        )
                     })?;
                     Ok((name.trim().to_string(), weight))
                 }

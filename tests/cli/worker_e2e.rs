@@ -1,0 +1,431 @@
+//! The generated worker as a process, against real Postgres and a Redis
+//! server of the test's own (so it can be stopped): several replicas, a
+//! SIGKILL between enqueue and mark, a 10-second queue outage, and SIGTERM
+//! during a busy batch.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::e2e::{Database, binary, built_project, migrate, psql};
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `done` every 50 ms until it holds or `limit` passes.
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+/// A redis-server of the test's own, persisting to a temp dir so that a
+/// restart keeps what was queued.
+struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    fn start() -> Self {
+        let mut server = Self {
+            port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        wait_until(Duration::from_secs(10), "redis-server answers", || {
+            self.ping()
+        });
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn ping(&self) -> bool {
+        self.cli(&["PING"]).is_some_and(|out| out == "PONG")
+    }
+
+    fn cli(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The ids waiting in the `default` queue.
+    fn pending_ids(&self) -> Vec<String> {
+        let out = self
+            .cli(&["LRANGE", "asynq:{default}:pending", "0", "-1"])
+            .unwrap_or_default();
+        out.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A worker process of the generated project. Its consumer serves the
+/// queue `idle`, so the event tasks the relay writes stay in `default` to
+/// be counted.
+struct Worker {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Worker {
+    fn start(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Self {
+        let log = redis.dir.path().join(format!("worker-{}.log", free_port()));
+        let mut command = Command::new(binary("worker"));
+        command
+            .current_dir(built_project())
+            .env_clear()
+            .env("DATABASE_URL", db.url())
+            .env("VALKEY_ADDR", redis.addr())
+            .env("WORKER_QUEUES", "idle=1")
+            .env("WORKER_METRICS_ADDR", "127.0.0.1:0")
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::inherit());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        Self {
+            child: command.spawn().unwrap(),
+            log,
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `limit`; its exit code.
+    fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the worker did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A migrated database with `count` committed events; returns their ids.
+fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
+    let db = Database::create("gpkit_worker");
+    migrate(built_project(), &db, &["up"]);
+    insert_events(&db, count);
+    let ids = event_ids(&db);
+    (db, ids)
+}
+
+fn insert_events(db: &Database, count: u32) {
+    psql(
+        &db.url(),
+        &format!(
+            "INSERT INTO outbox_events (event_id, event_name, payload) \
+             SELECT gen_random_uuid(), 'orderPlaced', jsonb_build_object('order_id', g, 'note', repeat('x', 64)) \
+             FROM generate_series(1, {count}) g"
+        ),
+    );
+}
+
+fn event_ids(db: &Database) -> BTreeSet<String> {
+    psql(&db.url(), "SELECT event_id FROM outbox_events")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn unpublished(db: &Database) -> u64 {
+    psql(
+        &db.url(),
+        "SELECT count(*) FROM outbox_events WHERE published_at IS NULL",
+    )
+    .parse()
+    .unwrap()
+}
+
+/// Asserts that the queue holds every id of `expected` exactly once.
+fn assert_queued_exactly_once(redis: &RedisServer, expected: &BTreeSet<String>) {
+    let queued = redis.pending_ids();
+    let unique: BTreeSet<String> = queued.iter().cloned().collect();
+    assert_eq!(queued.len(), unique.len(), "some event was queued twice");
+    assert_eq!(queued.len(), expected.len(), "queued vs committed events");
+    assert!(&unique == expected, "the queued ids are not the event ids");
+}
+
+#[test]
+fn three_workers_publish_ten_thousand_events_each_exactly_once() {
+    let redis = RedisServer::start();
+    let (db, ids) = database_with_events(10_000);
+
+    let start = Instant::now();
+    let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&db, &redis, &[])).collect();
+    wait_until(Duration::from_secs(120), "every event is published", || {
+        unpublished(&db) == 0
+    });
+    let elapsed = start.elapsed();
+
+    assert_queued_exactly_once(&redis, &ids);
+    eprintln!(
+        "three workers published 10000 events in {elapsed:.2?} (including start-up): {:.0} events/s",
+        10_000.0 / elapsed.as_secs_f64()
+    );
+    for worker in &mut workers {
+        worker.signal("-TERM");
+        assert_eq!(worker.wait(Duration::from_secs(30)), Some(0));
+    }
+}
+
+#[test]
+fn a_worker_killed_between_enqueue_and_mark_causes_no_second_task() {
+    // Arrange: a lock that lets the relay claim and enqueue, but blocks its
+    // UPDATE, so it is stopped exactly between enqueue and mark.
+    let redis = RedisServer::start();
+    let (db, ids) = database_with_events(100);
+    let mut blocker = Command::new("psql")
+        .args([&db.url(), "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut blocker_input = blocker.stdin.take().unwrap();
+    writeln!(
+        blocker_input,
+        "BEGIN; LOCK TABLE outbox_events IN SHARE MODE;"
+    )
+    .unwrap();
+    wait_until(Duration::from_secs(10), "the lock is held", || {
+        psql(
+            &db.url(),
+            "SELECT count(*) FROM pg_locks WHERE relation = 'outbox_events'::regclass AND mode = 'ShareLock' AND granted",
+        ) == "1"
+    });
+    let mut worker = Worker::start(&db, &redis, &[]);
+    wait_until(Duration::from_secs(30), "the batch is queued", || {
+        redis.pending_ids().len() == 100
+    });
+
+    // Act: kill it before it can mark, release the lock, start another.
+    worker.signal("-KILL");
+    worker.wait(Duration::from_secs(10));
+    assert_eq!(unpublished(&db), 100, "the marks died with the worker");
+    writeln!(blocker_input, "COMMIT;").unwrap();
+    drop(blocker_input);
+    blocker.wait().unwrap();
+    let metrics_port = free_port();
+    let mut second = Worker::start(
+        &db,
+        &redis,
+        &[("WORKER_METRICS_ADDR", &format!("127.0.0.1:{metrics_port}"))],
+    );
+    wait_until(Duration::from_secs(30), "every event is published", || {
+        unpublished(&db) == 0
+    });
+
+    // Assert: each event once in the queue; the second worker saw duplicates.
+    assert_queued_exactly_once(&redis, &ids);
+    let metrics = http_get(metrics_port, "/metrics");
+    assert!(metrics.contains("outbox_duplicates_total 100"), "{metrics}");
+    assert!(metrics.contains("outbox_published_total 100"), "{metrics}");
+    second.signal("-TERM");
+    assert_eq!(second.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn a_ten_second_queue_outage_loses_nothing_and_backs_off() {
+    let mut redis = RedisServer::start();
+    let (db, _) = database_with_events(0);
+    let mut worker = Worker::start(&db, &redis, &[]);
+
+    // Events keep arriving for 20 s; the queue is down from 5 s to 15 s.
+    let start = Instant::now();
+    let mut restarted_at = None;
+    while start.elapsed() < Duration::from_secs(20) {
+        insert_events(&db, 1);
+        let t = start.elapsed();
+        if t >= Duration::from_secs(5) && redis.child.is_some() && restarted_at.is_none() {
+            redis.stop();
+        }
+        if t >= Duration::from_secs(15) && redis.child.is_none() {
+            redis.restart();
+            restarted_at = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let restarted_at = restarted_at.expect("the queue was restarted");
+    wait_until(Duration::from_secs(60), "every event is published", || {
+        unpublished(&db) == 0
+    });
+    let delivered_after = restarted_at.elapsed();
+
+    // Nothing lost, nothing doubled, delivered within 30 s + one poll.
+    assert_queued_exactly_once(&redis, &event_ids(&db));
+    assert!(
+        delivered_after <= Duration::from_secs(31),
+        "delivered {delivered_after:?} after the restart"
+    );
+    worker.signal("-TERM");
+    assert_eq!(worker.wait(Duration::from_secs(30)), Some(0));
+
+    // The retry intervals doubled (with jitter) while the queue was down.
+    let waits: Vec<f64> = worker
+        .log()
+        .lines()
+        .filter(|l| l.contains("outbox round failed"))
+        .filter_map(|l| {
+            l.split("\"retry_in\":\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(str::to_string)
+        })
+        .filter_map(|w| humantime_secs(&w))
+        .collect();
+    assert!(waits.len() >= 3, "too few failed rounds logged: {waits:?}");
+    for pair in waits.windows(2) {
+        assert!(
+            pair[1] >= pair[0] * 1.4 || pair[1] >= 22.0,
+            "the backoff did not double: {waits:?}"
+        );
+    }
+}
+
+#[test]
+fn sigterm_during_a_busy_batch_exits_cleanly_and_holds_nothing() {
+    let redis = RedisServer::start();
+    let (db, _) = database_with_events(30_000);
+    let mut worker = Worker::start(&db, &redis, &[("WORKER_SHUTDOWN_TIMEOUT", "5s")]);
+    wait_until(Duration::from_secs(30), "the relay is busy", || {
+        !redis.pending_ids().is_empty()
+    });
+
+    worker.signal("-TERM");
+    let code = worker.wait(Duration::from_secs(6));
+
+    assert_eq!(code, Some(0));
+    let sessions = psql(
+        &db.url(),
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
+            db.name
+        ),
+    );
+    assert_eq!(sessions, "0", "the worker left a database session behind");
+    // Every row marked published reached the queue.
+    let published: BTreeSet<String> = psql(
+        &db.url(),
+        "SELECT event_id FROM outbox_events WHERE published_at IS NOT NULL",
+    )
+    .lines()
+    .map(str::to_string)
+    .collect();
+    let queued: BTreeSet<String> = redis.pending_ids().into_iter().collect();
+    assert!(!published.is_empty());
+    assert!(
+        published.is_subset(&queued),
+        "a published event is missing from the queue"
+    );
+}
+
+/// `GET path` on 127.0.0.1:`port`; the response body.
+fn http_get(port: u16, path: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// Seconds in a humantime/Debug duration such as `1.9s`, `750ms` or `16.2s`.
+fn humantime_secs(text: &str) -> Option<f64> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse::<f64>().ok().map(|v| v / 1000.0);
+    }
+    text.strip_suffix('s')?.parse().ok()
+}
