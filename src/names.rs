@@ -33,6 +33,10 @@ const RESERVED_PACKAGE_NAMES: &[&str] = &[
     "worker",
 ];
 
+/// The longest project name gpkit accepts. Generated `use` lines start with
+/// the crate name; past this length rustfmt would wrap them differently.
+pub const MAX_NAME_LEN: usize = 40;
+
 /// A validated Cargo package name, with the Rust crate identifier derived
 /// from it (`my-shop` gives `my_shop`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +70,13 @@ impl PackageName {
         }
         if !raw.starts_with(|c: char| c.is_ascii_alphabetic()) {
             bail!("`{raw}` is not a valid Cargo package name: it must start with a letter\n{help}");
+        }
+        if raw.len() > MAX_NAME_LEN {
+            bail!(
+                "`{raw}` is {} characters long; gpkit takes names of up to {MAX_NAME_LEN}, \
+                 so that generated code stays readable and formatted\n{help}",
+                raw.len()
+            );
         }
         let ident = raw.replace('-', "_");
         if RUST_KEYWORDS.contains(&raw) || RUST_KEYWORDS.contains(&ident.as_str()) {
@@ -191,6 +202,7 @@ mod tests {
             ("core", "reserved"),
             ("proc-macro", "reserved"),
             ("ünï", "not a valid Cargo package name"),
+            ("a-name-that-is-longer-than-forty-characters", "gpkit takes names of up to 40"),
         ];
         for (name, expected) in cases {
             let err = PackageName::parse(name).unwrap_err().to_string();

@@ -6,7 +6,6 @@ use anyhow::{Result, bail};
 
 use super::Context;
 use crate::blueprint::{self, OUTBOX_MIGRATION};
-use crate::manifest::Components;
 use crate::project::Project;
 use crate::reconcile::{self, Options};
 use crate::update;

@@ -101,11 +101,10 @@ fn the_users_edits_survive_and_the_changed_files_match_the_snapshots() {
         "// gpkit:end modules\n\npub mod orders;\n",
     );
     std::fs::write(project.join("src/orders.rs"), "//! Orders.\n").unwrap();
-    edit(
-        &project.join("src/config.rs"),
-        "/// Why the configuration could not be loaded.",
-        "/// The shop's own constant.\npub const SHOP_CURRENCY: &str = \"EUR\";\n\n/// Why the configuration could not be loaded.",
-    );
+    let config = project.join("src/config.rs");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n/// The shop's own constant.\npub const SHOP_CURRENCY: &str = \"EUR\";\n");
+    std::fs::write(&config, text).unwrap();
     let before = read_tree(&project, &[".gpkit"]);
 
     gpkit(&project).args(["add", "worker"]).assert().success();

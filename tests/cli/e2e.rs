@@ -237,3 +237,29 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         "0"
     );
 }
+
+/// rustfmt's line breaks depend on line length, so the crate name must not
+/// decide whether generated code is formatted: check a short and a long one.
+#[test]
+fn generated_code_is_formatted_whatever_the_name_length() {
+    for name in ["a", "a-long-service-name-of-forty-characterss"] {
+        for flags in [&[][..], &["--no-worker"][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            gpkit(dir.path())
+                .args(["new", "project", name])
+                .args(flags)
+                .assert()
+                .success();
+            let output = Command::new(env!("CARGO"))
+                .args(["fmt", "--check"])
+                .current_dir(dir.path().join(name))
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "`cargo fmt --check` fails for `{name}` {flags:?}:\n{}",
+                String::from_utf8_lossy(&output.stdout)
+            );
+        }
+    }
+}

@@ -17,7 +17,9 @@ pub const CLEANUP_BATCH: u32 = 1_000;
 pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
     let mut total = 0;
     loop {
-        let deleted = Store.delete_published(pool, retention, CLEANUP_BATCH).await?;
+        let deleted = Store
+            .delete_published(pool, retention, CLEANUP_BATCH)
+            .await?;
         total += deleted;
         if deleted < u64::from(CLEANUP_BATCH) {
             return Ok(total);
@@ -27,7 +29,12 @@ pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, s
 
 /// Runs [`delete_expired`] at start and then every `interval`, until
 /// `shutdown` is cancelled.
-pub async fn run(pool: PgPool, retention: Duration, interval: Duration, shutdown: CancellationToken) {
+pub async fn run(
+    pool: PgPool,
+    retention: Duration,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
     loop {
         match delete_expired(&pool, retention).await {
             Ok(0) => {}

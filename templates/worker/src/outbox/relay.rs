@@ -36,9 +36,12 @@ pub const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// The longest wait between failed rounds.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// What every event's task type starts with.
+pub const EVENT_TASK_PREFIX: &str = "event:";
+
 /// The asynq task type of an event: `event:<name>`.
 pub fn event_task_type(event_name: &str) -> String {
-    format!("event:{event_name}")
+    format!("{EVENT_TASK_PREFIX}{event_name}")
 }
 
 /// What one round did.
@@ -113,7 +116,10 @@ impl Relay {
         let claimed = self
             .store
             .claim(&mut tx, self.batch_size)
-            .instrument(tracing::debug_span!("outbox.claim", limit = self.batch_size))
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                limit = self.batch_size
+            ))
             .await?;
         if claimed.is_empty() {
             tx.commit().await?;
@@ -127,7 +133,11 @@ impl Relay {
                 // Nothing is known to have reached the queue; the rows stay
                 // unpublished and the next round retries them.
                 tx.rollback().await?;
-                return Err(RelayError::Queue { claimed: claimed.len(), published: 0, source });
+                return Err(RelayError::Queue {
+                    claimed: claimed.len(),
+                    published: 0,
+                    source,
+                });
             }
         };
         let mut published = Vec::with_capacity(claimed.len());
@@ -153,20 +163,32 @@ impl Relay {
         tx.commit().await?;
         self.metrics.published.inc_by(marked);
         self.metrics.duplicates.inc_by(duplicates as u64);
-        let round = Round { claimed: claimed.len(), published: published.len(), duplicates };
+        let round = Round {
+            claimed: claimed.len(),
+            published: published.len(),
+            duplicates,
+        };
         match first_error {
             None => Ok(round),
-            Some(source) => Err(RelayError::Queue { claimed: round.claimed, published: round.published, source }),
+            Some(source) => Err(RelayError::Queue {
+                claimed: round.claimed,
+                published: round.published,
+                source,
+            }),
         }
     }
 
     fn task_for(&self, event: &ClaimedEvent) -> NewTask {
         let payload = serde_json::to_vec(&event.envelope).expect("an envelope serialises");
-        NewTask::new(event_task_type(&event.envelope.name), event.envelope.id.to_string(), payload)
-            .queue(self.queue_name.as_str())
-            .max_retry(MAX_RETRY)
-            .timeout(TASK_TIMEOUT)
-            .retention(self.task_retention)
+        NewTask::new(
+            event_task_type(&event.envelope.name),
+            event.envelope.id.to_string(),
+            payload,
+        )
+        .queue(self.queue_name.as_str())
+        .max_retry(MAX_RETRY)
+        .timeout(TASK_TIMEOUT)
+        .retention(self.task_retention)
     }
 
     /// Runs rounds until `shutdown` is cancelled. The round in hand is
@@ -179,7 +201,11 @@ impl Relay {
                 Ok(round) => {
                     backoff.reset();
                     if round.claimed > 0 {
-                        tracing::debug!(published = round.published, duplicates = round.duplicates, "outbox round");
+                        tracing::debug!(
+                            published = round.published,
+                            duplicates = round.duplicates,
+                            "outbox round"
+                        );
                     }
                     if round.claimed as u32 >= self.batch_size {
                         continue;
@@ -227,12 +253,18 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(base: Duration, cap: Duration) -> Self {
-        Self { base: base.max(Duration::from_millis(10)).min(cap), cap, failures: 0 }
+        Self {
+            base: base.max(Duration::from_millis(10)).min(cap),
+            cap,
+            failures: 0,
+        }
     }
 
     /// The ceiling of the next delay, without jitter.
     pub fn ceiling(&self) -> Duration {
-        self.base.saturating_mul(1 << self.failures.min(20)).min(self.cap)
+        self.base
+            .saturating_mul(1 << self.failures.min(20))
+            .min(self.cap)
     }
 
     /// The delay before the next attempt, and one more failure counted.
@@ -259,7 +291,10 @@ mod tests {
         for _ in 0..8 {
             let ceiling = backoff.ceiling();
             let delay = backoff.next_delay();
-            assert!(delay <= ceiling && delay >= ceiling.mul_f64(0.75), "{delay:?} vs {ceiling:?}");
+            assert!(
+                delay <= ceiling && delay >= ceiling.mul_f64(0.75),
+                "{delay:?} vs {ceiling:?}"
+            );
             ceilings.push(ceiling.as_secs());
         }
         assert_eq!(ceilings, [1, 2, 4, 8, 16, 30, 30, 30]);

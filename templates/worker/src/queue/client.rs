@@ -193,7 +193,10 @@ impl Client {
                 message?;
                 match replies.next() {
                     Some(Ok(1)) => Ok(EnqueueOutcome::Enqueued),
-                    Some(Ok(_)) => Ok(EnqueueOutcome::Duplicate),
+                    Some(Ok(0)) => Ok(EnqueueOutcome::Duplicate),
+                    Some(Ok(other)) => Err(QueueError::UnexpectedReply(format!(
+                        "the enqueue script returned {other}"
+                    ))),
                     Some(Err(err)) => Err(QueueError::Redis(err)),
                     None => Err(QueueError::UnexpectedReply(
                         "fewer replies than tasks".into(),

@@ -184,8 +184,11 @@ impl Consumer {
         }
     }
 
-    /// Registers the handler of one task type, replacing any earlier one.
-    /// A task whose type has no handler fails (and is retried), as in Go.
+    /// Registers the handler of a task type pattern, replacing any earlier
+    /// one. As with Go asynq's `ServeMux`, a pattern matches every task type
+    /// it is a prefix of, and the longest matching pattern wins: `event:`
+    /// handles every event, `event:orderPlaced` only that one. A task no
+    /// pattern matches fails (and is retried), as in Go.
     pub fn handle<F, Fut>(&mut self, task_type: impl Into<String>, handler: F) -> &mut Self
     where
         F: Fn(Task) -> Fut + Send + Sync + 'static,
@@ -217,7 +220,11 @@ impl Consumer {
             abort: CancellationToken::new(),
         });
         let options = &worker.options;
-        tracing::info!(queues = %options.queues, concurrency = options.concurrency, "consumer started");
+        tracing::info!(
+            queues = %options.queues,
+            concurrency = options.concurrency,
+            "consumer started"
+        );
 
         let maintenance = CancellationToken::new();
         let heartbeat = CancellationToken::new();
@@ -232,7 +239,7 @@ impl Consumer {
             let slot = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+                slot = slots.clone().acquire_owned() => slot.expect("never closed"),
             };
             while running.try_join_next().is_some() {}
             let pause = match worker.dequeue(slot, &mut running).await {
@@ -322,13 +329,18 @@ impl Worker {
     /// Runs the handler, bounded by the task's deadline, its lease and the
     /// shutdown timeout.
     async fn execute(&self, message: &TaskMessage, lease: watch::Receiver<Instant>) -> Outcome {
-        let Some(handler) = self.handlers.get(&message.r#type) else {
+        let Some(handler) = handler_for(&self.handlers, &message.r#type) else {
             return Outcome::Failed {
                 error: format!("handler not found for task {:?}", message.r#type),
                 skip_retry: false,
             };
         };
-        let span = tracing::info_span!("task", id = %message.id, r#type = %message.r#type, queue = %message.queue);
+        let span = tracing::info_span!(
+            "task",
+            id = %message.id,
+            task_type = %message.r#type,
+            queue = %message.queue
+        );
         let mut run = tokio::spawn(tracing::Instrument::instrument(
             handler(Task::from(message)),
             span,
@@ -336,7 +348,10 @@ impl Worker {
         let outcome = tokio::select! {
             joined = &mut run => match joined {
                 Ok(Ok(())) => return Outcome::Succeeded,
-                Ok(Err(err)) => Outcome::Failed { error: err.to_string(), skip_retry: err.skip_retry },
+                Ok(Err(err)) => Outcome::Failed {
+                    error: err.to_string(),
+                    skip_retry: err.skip_retry,
+                },
                 Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
             },
             () = sleep_until(deadline(message)) => Outcome::Failed {
@@ -362,12 +377,12 @@ impl Worker {
             }
             Outcome::Failed { error, skip_retry } => {
                 if skip_retry || message.retried >= message.retry {
-                    tracing::warn!(%id, %task_type, %error, "task failed; archiving it, retries spent");
+                    tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
                     self.client.archive(message, &error).await
                 } else {
                     let retried = u32::try_from(message.retried).unwrap_or(0);
                     let delay = (self.options.retry_delay)(retried);
-                    tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed; will retry");
+                    tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
                     let retry_at =
                         Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
                     self.client.retry(message, retry_at, &error).await
@@ -448,7 +463,11 @@ impl Worker {
     async fn recover(&self, queue: &str) -> Result<(), QueueError> {
         let cutoff = Utc::now() - LEASE_GRACE;
         for message in self.client.lease_expired(queue, cutoff).await? {
-            tracing::warn!(id = %message.id, task_type = %message.r#type, "recovering a task whose lease expired");
+            tracing::warn!(
+                id = %message.id,
+                task_type = %message.r#type,
+                "recovering a task whose lease expired"
+            );
             if message.retried >= message.retry {
                 self.client.archive(&message, LEASE_EXPIRED).await?;
             } else {
@@ -537,7 +556,7 @@ fn deadline(message: &TaskMessage) -> Instant {
         (Some(a), Some(b)) => a.min(b),
         (Some(at), None) | (None, Some(at)) => at,
         (None, None) => {
-            tracing::error!(id = %message.id, "task has neither timeout nor deadline; using 30 min");
+            tracing::error!(id = %message.id, "task has no timeout nor deadline; using 30 min");
             now + super::DEFAULT_TIMEOUT
         }
     }
@@ -566,4 +585,37 @@ fn panic_message(err: tokio::task::JoinError) -> String {
 /// `interval` ± 50 %, so that idle workers do not poll in step.
 fn jittered(interval: Duration) -> Duration {
     interval / 2 + interval.mul_f64(fastrand::f64())
+}
+
+/// The entry whose pattern is the longest prefix of `task_type` (the
+/// handler of a task, as Go asynq's `ServeMux` picks it).
+fn handler_for<'a, H>(handlers: &'a HashMap<String, H>, task_type: &str) -> Option<&'a H> {
+    handlers
+        .iter()
+        .filter(|(pattern, _)| task_type.starts_with(pattern.as_str()))
+        .max_by_key(|(pattern, _)| pattern.len())
+        .map(|(_, handler)| handler)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_matching_pattern_handles_a_task() {
+        let handlers: HashMap<String, &str> =
+            [("event:", "fan-out"), ("event:orderPlaced", "special")]
+                .into_iter()
+                .map(|(pattern, name)| (pattern.to_string(), name))
+                .collect();
+        assert_eq!(
+            handler_for(&handlers, "event:orderPlaced"),
+            Some(&"special")
+        );
+        assert_eq!(
+            handler_for(&handlers, "event:orderShipped"),
+            Some(&"fan-out")
+        );
+        assert_eq!(handler_for(&handlers, "listener:orderPlaced:audit"), None);
+    }
 }

@@ -79,7 +79,10 @@ impl Listener {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").field("event", &self.event).field("name", &self.name).finish()
+        f.debug_struct("Listener")
+            .field("event", &self.event)
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -116,23 +119,29 @@ impl Listeners {
             let handler = Arc::clone(&handler);
             Box::pin(async move {
                 let event: E = serde_json::from_value(envelope.payload).map_err(|err| {
-                    anyhow::anyhow!("the payload of `{}` {} does not decode: {err}", E::NAME, envelope.id)
+                    anyhow::anyhow!(
+                        "the payload of `{}` {} does not decode: {err}",
+                        E::NAME,
+                        envelope.id
+                    )
                 })?;
                 handler(event, context).await
             })
         });
-        listeners.push(Listener { event: E::NAME, name: name.to_string(), run });
+        listeners.push(Listener {
+            event: E::NAME,
+            name: name.to_string(),
+            run,
+        });
         self
     }
 
     /// The listeners of the event called `event`.
     pub fn of(&self, event: &str) -> &[Listener] {
-        self.by_event.get(event).map(Vec::as_slice).unwrap_or_default()
-    }
-
-    /// The names of the events that have listeners.
-    pub fn events(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.by_event.keys().copied()
+        self.by_event
+            .get(event)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
     }
 
     /// Every listener.
@@ -159,13 +168,25 @@ mod tests {
     #[test]
     fn listener_task_ids_are_stable_and_distinct() {
         let event = Uuid::now_v7();
-        assert_eq!(listener_task_id(event, "audit"), listener_task_id(event, "audit"));
-        assert_ne!(listener_task_id(event, "audit"), listener_task_id(event, "email"));
-        assert_ne!(listener_task_id(event, "audit"), listener_task_id(Uuid::now_v7(), "audit"));
+        assert_eq!(
+            listener_task_id(event, "audit"),
+            listener_task_id(event, "audit")
+        );
+        assert_ne!(
+            listener_task_id(event, "audit"),
+            listener_task_id(event, "email")
+        );
+        assert_ne!(
+            listener_task_id(event, "audit"),
+            listener_task_id(Uuid::now_v7(), "audit")
+        );
     }
 
     #[test]
     fn listener_task_types_follow_the_go_kit() {
-        assert_eq!(listener_task_type("orderPlaced", "audit"), "listener:orderPlaced:audit");
+        assert_eq!(
+            listener_task_type("orderPlaced", "audit"),
+            "listener:orderPlaced:audit"
+        );
     }
 }

@@ -48,8 +48,16 @@ impl Metrics {
     pub fn new() -> Self {
         let relay = RelayMetrics::default();
         let mut registry = Registry::with_prefix("outbox");
-        registry.register("published", "Events published to the queue", relay.published.clone());
-        registry.register("duplicates", "Events the queue already had", relay.duplicates.clone());
+        registry.register(
+            "published",
+            "Events published to the queue",
+            relay.published.clone(),
+        );
+        registry.register(
+            "duplicates",
+            "Events the queue already had",
+            relay.duplicates.clone(),
+        );
         registry.register("relay_errors", "Failed relay rounds", relay.errors.clone());
         registry.register("backlog", "Unpublished events", relay.backlog.clone());
         registry.register(
@@ -57,7 +65,10 @@ impl Metrics {
             "Age of the oldest unpublished event",
             relay.oldest_unpublished_age.clone(),
         );
-        Self { relay, registry: Arc::new(registry) }
+        Self {
+            relay,
+            registry: Arc::new(registry),
+        }
     }
 
     /// The metrics in the Prometheus text format.
@@ -74,7 +85,10 @@ impl Metrics {
             get(move || {
                 let metrics = self.clone();
                 async move {
-                    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render())
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics.render(),
+                    )
                         .into_response()
                 }
             }),

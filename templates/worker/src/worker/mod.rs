@@ -26,7 +26,7 @@ use self::listeners::{Listener, Listeners, listener_task_id};
 use self::metrics::Metrics;
 use crate::config::Config;
 use crate::database;
-use crate::outbox::relay::{MAX_RETRY, Relay, TASK_TIMEOUT, event_task_type};
+use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
 use crate::outbox::{Envelope, cleanup};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 
@@ -63,7 +63,11 @@ pub async fn run(
         config.outbox.cleanup_interval,
         stop.clone(),
     ));
-    tasks.spawn(metrics::watch_backlog(pool.clone(), metrics.relay.clone(), stop.clone()));
+    tasks.spawn(metrics::watch_backlog(
+        pool.clone(),
+        metrics.relay.clone(),
+        stop.clone(),
+    ));
     let metrics_server = axum::serve(metrics_listener, metrics.router())
         .with_graceful_shutdown(stop.clone().cancelled_owned());
     tasks.spawn(async move {
@@ -84,7 +88,7 @@ pub async fn run(
     Ok(())
 }
 
-/// The consumer with a fan-out handler per event that has listeners, and a
+/// The consumer with the fan-out handler for every `event:` task and a
 /// handler per listener.
 fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listeners>) -> Consumer {
     let options = ConsumerOptions {
@@ -95,13 +99,15 @@ fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listene
     };
     let task_retention = config.outbox.task_retention;
     let mut consumer = Consumer::new(queue.clone(), options);
-    for event in listeners.events() {
+    // Every event, with listeners or not, is fanned out (to none, for an
+    // event nobody listens to), so no event task is left to fail.
+    consumer.handle(EVENT_TASK_PREFIX, {
         let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
-        consumer.handle(event_task_type(event), move |task| {
+        move |task| {
             let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
             async move { fan_out(&queue, &listeners, task, task_retention).await }
-        });
-    }
+        }
+    });
     for listener in listeners.all() {
         let (listener, pool) = (listener.clone(), pool.clone());
         consumer.handle(listener.task_type(), move |task| {
@@ -121,8 +127,12 @@ pub async fn fan_out(
     task: Task,
     retention: std::time::Duration,
 ) -> Result<(), HandlerError> {
-    let envelope: Envelope = serde_json::from_slice(&task.payload)
-        .map_err(|err| HandlerError::skip_retry(anyhow::anyhow!("task {} is not an event envelope: {err}", task.id)))?;
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
@@ -147,8 +157,12 @@ pub async fn fan_out(
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
 /// listener, inside a span that carries the dispatch's trace context.
 async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
-    let envelope: Envelope = serde_json::from_slice(&task.payload)
-        .map_err(|err| HandlerError::skip_retry(anyhow::anyhow!("task {} is not an event envelope: {err}", task.id)))?;
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
     let span = tracing::info_span!(
         "listener",
         event = listener.event(),

@@ -1,0 +1,192 @@
+//! Listeners: the functions that react to events, and the fan-out that
+//! gives each its own task.
+//!
+//! The relay queues one `event:<name>` task per event. Its handler (the
+//! fan-out) queues one `listener:<name>:<listener>` task per listener
+//! registered for that event, with a task id derived from the event id and
+//! the listener's name, so a retried fan-out never queues a second copy.
+//! Each listener task then retries on its own.
+//!
+//! Delivery is at least once: a listener can see the same event again (after
+//! a crash, a timeout or a retry), so it must be idempotent on
+//! [`ListenerContext::event_id`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::dispatch::Event;
+use crate::outbox::{Envelope, Metadata};
+
+/// What a listener returns on failure; the task is retried.
+pub type ListenerError = anyhow::Error;
+
+/// What a listener gets besides the event.
+#[derive(Debug, Clone)]
+pub struct ListenerContext {
+    /// The envelope id: the idempotency key for this event.
+    pub event_id: Uuid,
+    pub occurred_at: DateTime<Utc>,
+    /// Trace context (`traceparent`, `tracestate`) from the dispatch.
+    pub metadata: Metadata,
+    /// The database, for listeners that write.
+    pub pool: PgPool,
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<(), ListenerError>> + Send>>;
+type Run = Arc<dyn Fn(Envelope, ListenerContext) -> BoxFuture + Send + Sync>;
+
+/// One registered listener.
+#[derive(Clone)]
+pub struct Listener {
+    event: &'static str,
+    name: String,
+    run: Run,
+}
+
+impl Listener {
+    /// The wire name of the event it listens to.
+    pub fn event(&self) -> &'static str {
+        self.event
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `listener:<event>:<listener>`.
+    pub fn task_type(&self) -> String {
+        listener_task_type(self.event, &self.name)
+    }
+
+    /// Decodes the event in `envelope` and runs the listener on it.
+    pub async fn call(&self, envelope: Envelope, pool: PgPool) -> Result<(), ListenerError> {
+        let context = ListenerContext {
+            event_id: envelope.id,
+            occurred_at: envelope.occurred_at,
+            metadata: envelope.metadata.clone(),
+            pool,
+        };
+        (self.run)(envelope, context).await
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("event", &self.event)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// The listeners of the service, by event.
+#[derive(Debug, Clone, Default)]
+pub struct Listeners {
+    by_event: BTreeMap<&'static str, Vec<Listener>>,
+}
+
+impl Listeners {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `handler` as the listener `name` of the event `E`.
+    ///
+    /// # Panics
+    /// When `E` already has a listener called `name`: task ids are derived
+    /// from the name, so two listeners must not share one.
+    pub fn listen<E, F, Fut>(&mut self, name: &str, handler: F) -> &mut Self
+    where
+        E: Event + DeserializeOwned + 'static,
+        F: Fn(E, ListenerContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), ListenerError>> + Send + 'static,
+    {
+        let listeners = self.by_event.entry(E::NAME).or_default();
+        assert!(
+            listeners.iter().all(|l| l.name != name),
+            "event `{}` already has a listener called `{name}`",
+            E::NAME
+        );
+        let handler = Arc::new(handler);
+        let run: Run = Arc::new(move |envelope: Envelope, context: ListenerContext| {
+            let handler = Arc::clone(&handler);
+            Box::pin(async move {
+                let event: E = serde_json::from_value(envelope.payload).map_err(|err| {
+                    anyhow::anyhow!(
+                        "the payload of `{}` {} does not decode: {err}",
+                        E::NAME,
+                        envelope.id
+                    )
+                })?;
+                handler(event, context).await
+            })
+        });
+        listeners.push(Listener {
+            event: E::NAME,
+            name: name.to_string(),
+            run,
+        });
+        self
+    }
+
+    /// The listeners of the event called `event`.
+    pub fn of(&self, event: &str) -> &[Listener] {
+        self.by_event
+            .get(event)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// Every listener.
+    pub fn all(&self) -> impl Iterator<Item = &Listener> {
+        self.by_event.values().flatten()
+    }
+}
+
+/// `listener:<event>:<listener>`, the task type of one listener's work.
+pub fn listener_task_type(event: &str, listener: &str) -> String {
+    format!("listener:{event}:{listener}")
+}
+
+/// The task id of `listener`'s task for the event `event_id`: a UUIDv5 of
+/// the listener's name in the event id's namespace, the same on every retry.
+pub fn listener_task_id(event_id: Uuid, listener: &str) -> Uuid {
+    Uuid::new_v5(&event_id, listener.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listener_task_ids_are_stable_and_distinct() {
+        let event = Uuid::now_v7();
+        assert_eq!(
+            listener_task_id(event, "audit"),
+            listener_task_id(event, "audit")
+        );
+        assert_ne!(
+            listener_task_id(event, "audit"),
+            listener_task_id(event, "email")
+        );
+        assert_ne!(
+            listener_task_id(event, "audit"),
+            listener_task_id(Uuid::now_v7(), "audit")
+        );
+    }
+
+    #[test]
+    fn listener_task_types_follow_the_go_kit() {
+        assert_eq!(
+            listener_task_type("orderPlaced", "audit"),
+            "listener:orderPlaced:audit"
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! The relay against real Postgres and Valkey/Redis: committed events become
+//! tasks exactly once, rolled-back ones never do.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use support::{TestDatabase, TestQueue};
+
+use shop::database::Transactor;
+use shop::dispatch::{Dispatcher, Event};
+use shop::outbox::cleanup;
+use shop::outbox::relay::{Relay, Round};
+use shop::outbox::{Envelope, OutboxDispatcher};
+use shop::worker::metrics::Metrics;
+
+#[derive(Debug, Serialize)]
+struct OrderPlaced {
+    order_id: u32,
+}
+
+impl Event for OrderPlaced {
+    const NAME: &'static str = "orderPlaced";
+}
+
+fn relay(db: &TestDatabase, queue: &TestQueue) -> Relay {
+    let config = support::test_config("postgres://unused@localhost/unused");
+    Relay::new(
+        db.pool.clone(),
+        queue.client.clone(),
+        &config.outbox,
+        Metrics::new().relay,
+    )
+    .with_queue(queue.name.clone())
+}
+
+/// Runs rounds until one claims nothing; returns the rounds that did work.
+async fn drain(relay: &Relay) -> Vec<Round> {
+    let mut rounds = Vec::new();
+    loop {
+        let round = relay.publish_batch().await.expect("a relay round");
+        if round.claimed == 0 {
+            return rounds;
+        }
+        rounds.push(round);
+    }
+}
+
+async fn dispatch_events(db: &TestDatabase, count: u32) -> Vec<Envelope> {
+    let dispatcher = OutboxDispatcher::new();
+    let transactor = Transactor::new(db.pool.clone());
+    transactor
+        .run(async |tx| {
+            let mut envelopes = Vec::new();
+            for order_id in 0..count {
+                envelopes.push(
+                    dispatcher
+                        .dispatch(&mut *tx, &OrderPlaced { order_id })
+                        .await?,
+                );
+            }
+            Ok::<_, anyhow::Error>(envelopes)
+        })
+        .await
+        .expect("dispatch the events")
+}
+
+async fn unpublished(db: &TestDatabase) -> i64 {
+    let (count,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    count
+}
+
+#[tokio::test]
+async fn a_thousand_committed_events_become_a_thousand_tasks() {
+    // Arrange
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let envelopes = dispatch_events(&db, 1_000).await;
+
+    // Act
+    let rounds = drain(&relay(&db, &queue)).await;
+
+    // Assert: full batches of 100, each id queued once, in commit order.
+    assert_eq!(rounds.len(), 10);
+    assert!(
+        rounds
+            .iter()
+            .all(|r| r.claimed == 100 && r.published == 100 && r.duplicates == 0)
+    );
+    let expected: Vec<String> = envelopes.iter().map(|e| e.id.to_string()).collect();
+    let queued = queue.pending_ids().await;
+    assert_eq!(queued.len(), expected.len());
+    assert!(queued == expected, "the tasks are not in commit order");
+    assert_eq!(unpublished(&db).await, 0);
+}
+
+#[tokio::test]
+async fn a_rolled_back_dispatch_leaves_no_row_and_no_task() {
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let dispatcher = OutboxDispatcher::new();
+    let result: Result<(), anyhow::Error> = Transactor::new(db.pool.clone())
+        .run(async |tx| {
+            dispatcher
+                .dispatch(&mut *tx, &OrderPlaced { order_id: 1 })
+                .await?;
+            anyhow::bail!("out of stock")
+        })
+        .await;
+    assert!(result.is_err());
+
+    let rounds = drain(&relay(&db, &queue)).await;
+
+    assert!(rounds.is_empty());
+    assert!(queue.pending_ids().await.is_empty());
+}
+
+#[tokio::test]
+async fn an_event_queued_before_a_crash_is_not_queued_twice() {
+    // Arrange: the task reached the queue, but the mark was lost (as when
+    // the relay dies between enqueue and commit).
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let envelopes = dispatch_events(&db, 3).await;
+    let relay = relay(&db, &queue);
+    drain(&relay).await;
+    sqlx::query("UPDATE outbox_events SET published_at = NULL")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    // Act
+    let rounds = drain(&relay).await;
+
+    // Assert: the second round saw duplicates, marked them, queued nothing new.
+    assert_eq!(
+        rounds,
+        vec![Round {
+            claimed: 3,
+            published: 3,
+            duplicates: 3
+        }]
+    );
+    assert_eq!(queue.pending_ids().await.len(), envelopes.len());
+    assert_eq!(unpublished(&db).await, 0);
+}
+
+#[tokio::test]
+async fn concurrent_relays_never_queue_an_event_twice() {
+    // Arrange
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let envelopes = dispatch_events(&db, 3_000).await;
+
+    // Act: three relays drain the same table at once.
+    let relays: Vec<_> = (0..3)
+        .map(|_| {
+            let relay = relay(&db, &queue);
+            tokio::spawn(async move { drain(&relay).await })
+        })
+        .collect();
+    let mut published = 0;
+    for relay in relays {
+        published += relay
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.published)
+            .sum::<usize>();
+    }
+
+    // Assert
+    assert_eq!(published, envelopes.len());
+    let ids = queue.pending_ids().await;
+    assert_eq!(ids.len(), envelopes.len());
+    let unique: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), envelopes.len());
+    assert_eq!(unpublished(&db).await, 0);
+}
+
+#[tokio::test]
+async fn cleanup_deletes_only_published_rows_past_the_retention() {
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    dispatch_events(&db, 5).await;
+    drain(&relay(&db, &queue)).await;
+    dispatch_events(&db, 2).await;
+    sqlx::query("UPDATE outbox_events SET published_at = now() - interval '2 hours' WHERE id <= 3")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let deleted = cleanup::delete_expired(&db.pool, std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+
+    assert_eq!(deleted, 3);
+    let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left, 4,
+        "2 recently published and 2 unpublished rows remain"
+    );
+}

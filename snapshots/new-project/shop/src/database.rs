@@ -1,0 +1,80 @@
+//! The Postgres pool and the [`Transactor`], which runs a unit of work in one
+//! transaction.
+
+use std::fmt;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{PgConnection, Postgres, Transaction};
+
+use crate::config::DatabaseConfig;
+
+/// A lazily connecting pool: building it needs no live database, so the
+/// server starts (and reports not ready) while Postgres is still coming up.
+pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(config.max_connections)
+        .connect_lazy_with(config.url.connect_options())
+}
+
+/// Runs closures in a database transaction: commit when the closure returns
+/// `Ok`, roll back when it returns `Err` or panics.
+///
+/// Everything the closure does through the transaction it is handed,
+/// including `Dispatcher::dispatch`, commits or rolls back together.
+///
+/// ```no_run
+/// # async fn example(transactor: &shop::database::Transactor) -> Result<(), sqlx::Error> {
+/// let id: i64 = transactor
+///     .run(async |tx| {
+///         let (id,): (i64,) = sqlx::query_as("SELECT 1").fetch_one(&mut *tx).await?;
+///         Ok::<_, sqlx::Error>(id)
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Transactor {
+    pool: PgPool,
+}
+
+impl Transactor {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Runs `work` in a new transaction. If `work` panics, the transaction
+    /// is dropped unfinished, and sqlx rolls it back before the connection
+    /// is used again.
+    pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+        E: From<sqlx::Error>,
+    {
+        let mut tx: Transaction<'static, Postgres> = self.pool.begin().await?;
+        match work(&mut *tx).await {
+            Ok(value) => {
+                tx.commit().await?;
+                Ok(value)
+            }
+            Err(err) => {
+                // A failed rollback leaves nothing committed either; the
+                // caller's error is the one worth reporting.
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::warn!(error = %rollback, "rollback failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// The pool the transactions are taken from.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl fmt::Debug for Transactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transactor").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,309 @@
+//! The relay: moves committed outbox rows to the queue, at least once.
+//!
+//! One round, in one short transaction:
+//! 1. claim up to `OUTBOX_BATCH_SIZE` unpublished rows in id order with
+//!    `FOR UPDATE SKIP LOCKED`, so replicas never claim the same row;
+//! 2. enqueue each as an asynq task `event:<name>` whose id is the event id,
+//!    all in one pipelined round trip (an id the queue already has is a
+//!    duplicate, which counts as published);
+//! 3. mark the rows that reached the queue with one `UPDATE` and commit.
+//!
+//! A crash between 2 and 3 rolls the marks back; the next round enqueues the
+//! same ids again, which the queue reports as duplicates, so no event is
+//! lost and none is queued twice. A full batch re-polls at once; a short one
+//! waits for the poll interval or a wake-up; a failed round backs off
+//! exponentially with jitter, up to 30 seconds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{ClaimedEvent, Store};
+use crate::config::OutboxConfig;
+use crate::queue::{self, Client, EnqueueOutcome, NewTask};
+use crate::worker::metrics::RelayMetrics;
+
+/// The queue events are published to.
+pub const EVENT_QUEUE: &str = "default";
+/// How often a task may be retried before it is archived (Go asynq's default).
+pub const MAX_RETRY: u32 = 25;
+/// How long one handler run may take before asynq considers it failed.
+pub const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// The longest wait between failed rounds.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What every event's task type starts with.
+pub const EVENT_TASK_PREFIX: &str = "event:";
+
+/// The asynq task type of an event: `event:<name>`.
+pub fn event_task_type(event_name: &str) -> String {
+    format!("{EVENT_TASK_PREFIX}{event_name}")
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows marked published (new tasks and duplicates).
+    pub published: usize,
+    /// Of those, tasks the queue already had.
+    pub duplicates: usize,
+}
+
+/// Why a round failed. Rows of the round that did reach the queue are
+/// marked published before the error is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("outbox database error")]
+    Database(#[from] sqlx::Error),
+    #[error("queue error after {published} of {claimed} events were published")]
+    Queue {
+        claimed: usize,
+        published: usize,
+        #[source]
+        source: queue::QueueError,
+    },
+}
+
+/// The relay for one worker process.
+pub struct Relay {
+    pool: PgPool,
+    queue: Client,
+    store: Store,
+    batch_size: u32,
+    poll_interval: Duration,
+    task_retention: Duration,
+    wake: Arc<Notify>,
+    metrics: RelayMetrics,
+    queue_name: String,
+}
+
+impl Relay {
+    pub fn new(pool: PgPool, queue: Client, config: &OutboxConfig, metrics: RelayMetrics) -> Self {
+        Self {
+            pool,
+            queue,
+            store: Store,
+            batch_size: config.batch_size.max(1),
+            poll_interval: config.poll_interval,
+            task_retention: config.task_retention,
+            wake: Arc::new(Notify::new()),
+            metrics,
+            queue_name: EVENT_QUEUE.to_string(),
+        }
+    }
+
+    /// Publishes to `queue` instead of [`EVENT_QUEUE`] (tests use their own).
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue_name = queue.into();
+        self
+    }
+
+    /// A handle that wakes the relay at once (for example right after a
+    /// commit that stored events); wake-ups are coalesced.
+    pub fn waker(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
+    }
+
+    /// One round: claim, enqueue, mark, commit.
+    pub async fn publish_batch(&self) -> Result<Round, RelayError> {
+        let mut tx = self.pool.begin().await?;
+        let claimed = self
+            .store
+            .claim(&mut tx, self.batch_size)
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                limit = self.batch_size
+            ))
+            .await?;
+        if claimed.is_empty() {
+            tx.commit().await?;
+            return Ok(Round::default());
+        }
+        let tasks: Vec<NewTask> = claimed.iter().map(|event| self.task_for(event)).collect();
+        let span = tracing::debug_span!("outbox.enqueue", rows = tasks.len());
+        let results = match self.queue.enqueue(&tasks).instrument(span).await {
+            Ok(results) => results,
+            Err(source) => {
+                // Nothing is known to have reached the queue; the rows stay
+                // unpublished and the next round retries them.
+                tx.rollback().await?;
+                return Err(RelayError::Queue {
+                    claimed: claimed.len(),
+                    published: 0,
+                    source,
+                });
+            }
+        };
+        let mut published = Vec::with_capacity(claimed.len());
+        let mut duplicates = 0;
+        let mut first_error = None;
+        for (event, result) in claimed.iter().zip(results) {
+            match result {
+                Ok(EnqueueOutcome::Enqueued) => published.push(event.row_id),
+                Ok(EnqueueOutcome::Duplicate) => {
+                    duplicates += 1;
+                    published.push(event.row_id);
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        let marked = self
+            .store
+            .mark_published(&mut tx, &published)
+            .instrument(tracing::debug_span!("outbox.mark", rows = published.len()))
+            .await?;
+        tx.commit().await?;
+        self.metrics.published.inc_by(marked);
+        self.metrics.duplicates.inc_by(duplicates as u64);
+        let round = Round {
+            claimed: claimed.len(),
+            published: published.len(),
+            duplicates,
+        };
+        match first_error {
+            None => Ok(round),
+            Some(source) => Err(RelayError::Queue {
+                claimed: round.claimed,
+                published: round.published,
+                source,
+            }),
+        }
+    }
+
+    fn task_for(&self, event: &ClaimedEvent) -> NewTask {
+        let payload = serde_json::to_vec(&event.envelope).expect("an envelope serialises");
+        NewTask::new(
+            event_task_type(&event.envelope.name),
+            event.envelope.id.to_string(),
+            payload,
+        )
+        .queue(self.queue_name.as_str())
+        .max_retry(MAX_RETRY)
+        .timeout(TASK_TIMEOUT)
+        .retention(self.task_retention)
+    }
+
+    /// Runs rounds until `shutdown` is cancelled. The round in hand is
+    /// finished (or rolled back) before it returns; no transaction is held
+    /// while it waits.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
+        while !shutdown.is_cancelled() {
+            let wait = match self.publish_batch().await {
+                Ok(round) => {
+                    backoff.reset();
+                    if round.claimed > 0 {
+                        tracing::debug!(
+                            published = round.published,
+                            duplicates = round.duplicates,
+                            "outbox round"
+                        );
+                    }
+                    if round.claimed as u32 >= self.batch_size {
+                        continue;
+                    }
+                    self.poll_interval
+                }
+                Err(err) => {
+                    self.metrics.errors.inc();
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %error_chain(&err), retry_in = ?wait, "outbox round failed");
+                    wait
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+        tracing::info!("outbox relay stopped");
+    }
+}
+
+/// An error and its causes on one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Exponential backoff with jitter: the ceiling doubles from `base` with
+/// every failure up to `cap`; each delay is drawn between 3/4 of the ceiling
+/// and the ceiling, so replicas that failed together do not retry together.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base: base.max(Duration::from_millis(10)).min(cap),
+            cap,
+            failures: 0,
+        }
+    }
+
+    /// The ceiling of the next delay, without jitter.
+    pub fn ceiling(&self) -> Duration {
+        self.base
+            .saturating_mul(1 << self.failures.min(20))
+            .min(self.cap)
+    }
+
+    /// The delay before the next attempt, and one more failure counted.
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = self.ceiling();
+        self.failures = self.failures.saturating_add(1);
+        ceiling.mul_f64(0.75 + 0.25 * fastrand::f64())
+    }
+
+    /// Back to the normal cadence after a good round.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_bounded_jitter() {
+        let mut backoff = Backoff::new(Duration::from_secs(1), MAX_BACKOFF);
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            let ceiling = backoff.ceiling();
+            let delay = backoff.next_delay();
+            assert!(
+                delay <= ceiling && delay >= ceiling.mul_f64(0.75),
+                "{delay:?} vs {ceiling:?}"
+            );
+            ceilings.push(ceiling.as_secs());
+        }
+        assert_eq!(ceilings, [1, 2, 4, 8, 16, 30, 30, 30]);
+        backoff.reset();
+        assert_eq!(backoff.ceiling(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn event_tasks_are_typed_by_event_name() {
+        assert_eq!(event_task_type("orderPlaced"), "event:orderPlaced");
+    }
+}

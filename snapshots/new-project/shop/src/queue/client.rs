@@ -1,0 +1,303 @@
+//! The connection to Valkey and the producer side: [`Client::enqueue`]
+//! writes a batch of [`NewTask`]s in one pipelined round trip.
+//!
+//! A [`Client`] wraps one multiplexed, self-reconnecting connection
+//! (`redis::aio::ConnectionManager`); clones share it, so the relay, the
+//! consumer and every handler use one socket, never one per task.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use prost::Message as _;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+use secrecy::{ExposeSecret, SecretString};
+
+use super::message::TaskMessage;
+use super::{QueueError, keys, scripts};
+use crate::config::ValkeyConfig;
+
+/// Go asynq's default queue.
+pub const DEFAULT_QUEUE: &str = "default";
+/// Go asynq's default number of retries.
+pub const DEFAULT_MAX_RETRY: u32 = 25;
+/// Go asynq's default timeout of one run.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A handle on Valkey for enqueuing tasks and running a
+/// [`Consumer`](super::Consumer). Cheap to clone; clones share the
+/// connection.
+#[derive(Clone)]
+pub struct Client {
+    conn: ConnectionManager,
+}
+
+/// A task to enqueue. The id is the deduplication key: while a task with
+/// the same id exists in the queue (pending, running, waiting for a retry,
+/// archived, or completed within its retention), enqueuing it again reports
+/// [`EnqueueOutcome::Duplicate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    /// `event:<name>`, `listener:<event>:<listener>`, `job:<name>` ...
+    pub task_type: String,
+    pub id: String,
+    pub payload: Vec<u8>,
+    pub queue: String,
+    /// Retries after the first run fails; the task is archived after that.
+    pub max_retry: u32,
+    /// How long one run may take. Stored in whole seconds (rounded up),
+    /// never zero, since a Go worker rejects tasks without a timeout.
+    pub timeout: Duration,
+    /// How long the task stays in `:completed` after success, deduplicating
+    /// its id. Zero deletes it at once. Whole seconds.
+    pub retention: Duration,
+}
+
+/// What happened to one task of a batch that reached Valkey.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// The task was added to its queue's pending list.
+    Enqueued,
+    /// A task with this id is already in the queue; nothing was written.
+    /// For the outbox relay and the fan-out this counts as delivered.
+    Duplicate,
+}
+
+impl NewTask {
+    /// A task for the default queue, with Go asynq's defaults: 25 retries,
+    /// a 30-minute timeout and no retention.
+    pub fn new(task_type: impl Into<String>, id: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self {
+            task_type: task_type.into(),
+            id: id.into(),
+            payload,
+            queue: DEFAULT_QUEUE.to_string(),
+            max_retry: DEFAULT_MAX_RETRY,
+            timeout: DEFAULT_TIMEOUT,
+            retention: Duration::ZERO,
+        }
+    }
+
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    pub fn max_retry(mut self, max_retry: u32) -> Self {
+        self.max_retry = max_retry;
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The message as Go asynq's `Client.Enqueue` would store it.
+    fn to_message(&self) -> Result<TaskMessage, QueueError> {
+        for (what, value) in [
+            ("type", &self.task_type),
+            ("id", &self.id),
+            ("queue", &self.queue),
+        ] {
+            if value.trim().is_empty() {
+                return Err(QueueError::InvalidTask(format!("the task {what} is empty")));
+            }
+        }
+        Ok(TaskMessage {
+            r#type: self.task_type.clone(),
+            payload: self.payload.clone(),
+            id: self.id.clone(),
+            queue: self.queue.clone(),
+            retry: i32::try_from(self.max_retry).unwrap_or(i32::MAX),
+            timeout: whole_seconds(self.timeout).max(1),
+            retention: whole_seconds(self.retention),
+            ..TaskMessage::default()
+        })
+    }
+}
+
+/// Seconds, rounded up.
+fn whole_seconds(duration: Duration) -> i64 {
+    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    i64::try_from(seconds).unwrap_or(i64::MAX)
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port`) and PINGs, so that a wrong address
+    /// or password fails at start-up rather than at the first enqueue.
+    pub async fn connect(
+        addr: &str,
+        password: Option<&SecretString>,
+        db: u32,
+    ) -> Result<Self, QueueError> {
+        let (host, port) = split_addr(addr)?;
+        let mut redis = RedisConnectionInfo::default().set_db(i64::from(db));
+        if let Some(password) = password {
+            redis = redis.set_password(password.expose_secret());
+        }
+        let info = ConnectionAddr::Tcp(host, port)
+            .into_connection_info()?
+            .set_redis_settings(redis);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_secs(2));
+        let connect = async {
+            let client = redis::Client::open(info)?;
+            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await?;
+            Ok(conn)
+        };
+        let conn = connect.await.map_err(|source| QueueError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
+        Ok(Self { conn })
+    }
+
+    /// [`Client::connect`] with the project's `VALKEY_*` settings.
+    pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
+        Self::connect(&config.addr, config.password.as_ref(), config.db).await
+    }
+
+    /// Enqueues a batch of tasks in one pipelined round trip, each with Go
+    /// asynq's enqueue script, and registers their queues in `asynq:queues`.
+    ///
+    /// The outer error means the round trip failed and nothing is known.
+    /// Otherwise there is one result per task, in order: an invalid task or
+    /// a command the server refused is an `Err` for that task alone.
+    pub async fn enqueue(
+        &self,
+        tasks: &[NewTask],
+    ) -> Result<Vec<Result<EnqueueOutcome, QueueError>>, QueueError> {
+        let messages: Vec<Result<TaskMessage, QueueError>> =
+            tasks.iter().map(NewTask::to_message).collect();
+        let valid: Vec<&TaskMessage> = messages.iter().filter_map(|m| m.as_ref().ok()).collect();
+        let replies = if valid.is_empty() {
+            Vec::new()
+        } else {
+            self.run_enqueue_scripts(&valid).await?
+        };
+
+        let mut replies = replies.into_iter();
+        Ok(messages
+            .into_iter()
+            .map(|message| {
+                message?;
+                match replies.next() {
+                    Some(Ok(1)) => Ok(EnqueueOutcome::Enqueued),
+                    Some(Ok(0)) => Ok(EnqueueOutcome::Duplicate),
+                    Some(Ok(other)) => Err(QueueError::UnexpectedReply(format!(
+                        "the enqueue script returned {other}"
+                    ))),
+                    Some(Err(err)) => Err(QueueError::Redis(err)),
+                    None => Err(QueueError::UnexpectedReply(
+                        "fewer replies than tasks".into(),
+                    )),
+                }
+            })
+            .collect())
+    }
+
+    /// One pipeline: the enqueue script for each message, in order.
+    async fn run_enqueue_scripts(
+        &self,
+        messages: &[&TaskMessage],
+    ) -> redis::RedisResult<Vec<redis::RedisResult<i64>>> {
+        let now_ns = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+        let mut queues: Vec<&str> = messages.iter().map(|m| m.queue.as_str()).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let invocations: Vec<_> = messages
+            .iter()
+            .map(|message| {
+                let mut invocation = scripts::ENQUEUE.prepare_invoke();
+                invocation
+                    .key(keys::task(&message.queue, &message.id))
+                    .key(keys::pending(&message.queue))
+                    .arg(message.encode_to_vec())
+                    .arg(&message.id)
+                    .arg(now_ns);
+                invocation
+            })
+            .collect();
+
+        // SCRIPT LOAD first, in the same pipeline, so that the EVALSHAs
+        // after it never meet NOSCRIPT (a restarted or flushed server):
+        // always exactly one round trip.
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.load_script(&scripts::ENQUEUE).ignore();
+        pipe.sadd(keys::ALL_QUEUES, &queues).ignore();
+        for invocation in &invocations {
+            pipe.invoke_script(invocation);
+        }
+        pipe.query_async(&mut self.conn.clone()).await
+    }
+
+    /// The shared connection, for the consumer's commands.
+    pub(super) fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+}
+
+/// `host:port`, `[v6]:port`, or a bare host (port 6379).
+fn split_addr(addr: &str) -> Result<(String, u16), QueueError> {
+    let invalid = || QueueError::Address(addr.to_string());
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty() && (!host.contains(':') || host.starts_with('[')) =>
+        {
+            (host, port.parse().map_err(|_| invalid())?)
+        }
+        None if !addr.is_empty() => (addr, 6379),
+        _ => return Err(invalid()),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_host_and_port() {
+        assert_eq!(
+            split_addr("localhost:6379").unwrap(),
+            ("localhost".into(), 6379)
+        );
+        assert_eq!(split_addr("[::1]:7000").unwrap(), ("::1".into(), 7000));
+        assert_eq!(split_addr("valkey").unwrap(), ("valkey".into(), 6379));
+        assert!(split_addr("valkey:port").is_err());
+        assert!(split_addr(":6379").is_err());
+    }
+
+    #[test]
+    fn a_new_task_has_go_asynq_defaults_and_a_timeout() {
+        let message = NewTask::new("event:orderPlaced", "id-1", b"{}".to_vec())
+            .timeout(Duration::from_millis(1500))
+            .to_message()
+            .unwrap();
+        assert_eq!(message.queue, "default");
+        assert_eq!(message.retry, 25);
+        assert_eq!(message.timeout, 2, "rounded up to whole seconds");
+        assert_eq!(message.retention, 0);
+
+        let zero = NewTask::new("t", "id", vec![]).timeout(Duration::ZERO);
+        assert_eq!(zero.to_message().unwrap().timeout, 1, "never zero");
+    }
+
+    #[test]
+    fn blank_ids_are_refused() {
+        let err = NewTask::new("t", " ", vec![]).to_message().unwrap_err();
+        assert!(err.to_string().contains("id is empty"), "{err}");
+    }
+}

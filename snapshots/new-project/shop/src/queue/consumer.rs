@@ -1,0 +1,621 @@
+//! The worker's task loop: [`Consumer`] dequeues tasks by queue weight,
+//! runs the handler registered for each task type, and moves each task on
+//! as a Go asynq server does.
+//!
+//! - A dequeued task is leased for 30 s; a heartbeat extends the leases of
+//!   running tasks every 5 s, so a long handler keeps its task while a
+//!   crashed worker's tasks are recovered (retried) about a minute later.
+//! - Success: the task is deleted, or kept in `:completed` for its
+//!   retention. Failure: retried with Go's default backoff, archived once
+//!   its retries are spent. A handler that exceeds the task's timeout, or
+//!   panics, has failed.
+//! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
+//!   to finish, then are dropped and their tasks put back at the head of
+//!   pending, so the next worker runs them at once.
+//! - In the background, as Go asynq: due retries and scheduled tasks are
+//!   forwarded to pending, expired leases recovered, and completed tasks
+//!   past their retention deleted.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::message::TaskMessage;
+use super::{Client, QueueError, QueueWeights, default_retry_delay};
+
+/// Recovery waits this long past a lease's expiry, to allow for clock skew
+/// between workers (Go asynq's value).
+const LEASE_GRACE: TimeDelta = TimeDelta::seconds(30);
+/// The error recorded on a task whose worker stopped extending its lease.
+const LEASE_EXPIRED: &str = "asynq: task lease expired";
+
+/// A task as a handler receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    pub task_type: String,
+    pub id: String,
+    pub payload: Vec<u8>,
+    pub queue: String,
+    /// Failed runs before this one.
+    pub retried: u32,
+    pub max_retry: u32,
+}
+
+impl From<&TaskMessage> for Task {
+    fn from(message: &TaskMessage) -> Self {
+        Self {
+            task_type: message.r#type.clone(),
+            id: message.id.clone(),
+            payload: message.payload.clone(),
+            queue: message.queue.clone(),
+            retried: u32::try_from(message.retried).unwrap_or(0),
+            max_retry: u32::try_from(message.retry).unwrap_or(0),
+        }
+    }
+}
+
+/// Why a handler failed. Any error converts into it with `?`; the task is
+/// retried, unless the error was made with [`HandlerError::skip_retry`].
+pub struct HandlerError {
+    error: anyhow::Error,
+    skip_retry: bool,
+}
+
+impl HandlerError {
+    /// A failure that retrying cannot fix (Go's `asynq.SkipRetry`): the
+    /// task is archived at once.
+    pub fn skip_retry(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            error: error.into(),
+            skip_retry: true,
+        }
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self {
+            error: error.into(),
+            skip_retry: false,
+        }
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("error", &self.error)
+            .field("skip_retry", &self.skip_retry)
+            .finish()
+    }
+}
+
+/// How a [`Consumer`] runs. `Default` gives Go asynq's values; the worker
+/// sets `queues` and `concurrency` from `WORKER_QUEUES` and
+/// `WORKER_CONCURRENCY`. Tests shorten the intervals.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// The queues served, with their weights. Default `default=1`.
+    pub queues: QueueWeights,
+    /// Tasks run at the same time. Default: the number of CPUs.
+    pub concurrency: usize,
+    /// How long running handlers may take to finish at shutdown before
+    /// their tasks are put back to pending. Default 8 s.
+    pub shutdown_timeout: Duration,
+    /// Pause between dequeues while every queue is empty (jittered ±50%).
+    /// Default 1 s.
+    pub poll_interval: Duration,
+    /// How long a dequeued task stays leased without a heartbeat. Default 30 s.
+    pub lease_duration: Duration,
+    /// How often leases of running tasks are extended. Default 5 s.
+    pub heartbeat_interval: Duration,
+    /// How often due retries and scheduled tasks move to pending. Default 5 s.
+    pub forward_interval: Duration,
+    /// How often expired leases are looked for. Default 1 min.
+    pub recover_interval: Duration,
+    /// How often completed tasks past their retention are deleted. Default 8 s.
+    pub cleanup_interval: Duration,
+    /// Delay before retry n + 1, given n failures so far.
+    /// Default [`default_retry_delay`], Go asynq's.
+    pub retry_delay: fn(u32) -> Duration,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        Self {
+            queues: QueueWeights::default(),
+            concurrency: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            shutdown_timeout: Duration::from_secs(8),
+            poll_interval: Duration::from_secs(1),
+            lease_duration: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            forward_interval: Duration::from_secs(5),
+            recover_interval: Duration::from_secs(60),
+            cleanup_interval: Duration::from_secs(8),
+            retry_delay: default_retry_delay,
+        }
+    }
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
+
+/// Runs handlers for the tasks of its queues until shut down.
+///
+/// ```ignore
+/// let mut consumer = Consumer::new(client.clone(), options);
+/// consumer.handle("event:orderPlaced", move |task: Task| {
+///     let client = client.clone();
+///     async move {
+///         let envelope: Envelope = serde_json::from_slice(&task.payload)?;
+///         client.enqueue(&listener_tasks(&envelope)).await?;
+///         Ok(())
+///     }
+/// });
+/// consumer.run(shutdown.cancelled_owned()).await?;
+/// ```
+pub struct Consumer {
+    client: Client,
+    options: ConsumerOptions,
+    handlers: HashMap<String, BoxedHandler>,
+}
+
+impl Consumer {
+    pub fn new(client: Client, options: ConsumerOptions) -> Self {
+        Self {
+            client,
+            options,
+            handlers: HashMap::new(),
+        }
+    }
+
+    /// Registers the handler of a task type pattern, replacing any earlier
+    /// one. As with Go asynq's `ServeMux`, a pattern matches every task type
+    /// it is a prefix of, and the longest matching pattern wins: `event:`
+    /// handles every event, `event:orderPlaced` only that one. A task no
+    /// pattern matches fails (and is retried), as in Go.
+    pub fn handle<F, Fut>(&mut self, task_type: impl Into<String>, handler: F) -> &mut Self
+    where
+        F: Fn(Task) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        let boxed: BoxedHandler = Arc::new(move |task| Box::pin(handler(task)));
+        self.handlers.insert(task_type.into(), boxed);
+        self
+    }
+
+    /// Processes tasks until `shutdown` completes, then stops as described
+    /// in the module docs and returns. Valkey errors while running are
+    /// logged and retried; only invalid options are an error.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), QueueError> {
+        let options = &self.options;
+        if options.concurrency == 0 {
+            return Err(QueueError::Options("concurrency must be at least 1".into()));
+        }
+        if options.heartbeat_interval >= options.lease_duration {
+            return Err(QueueError::Options(
+                "the heartbeat interval must be shorter than the lease".into(),
+            ));
+        }
+        let worker = Arc::new(Worker {
+            client: self.client,
+            handlers: self.handlers,
+            options: self.options,
+            leases: Leases::default(),
+            abort: CancellationToken::new(),
+        });
+        let options = &worker.options;
+        tracing::info!(
+            queues = %options.queues,
+            concurrency = options.concurrency,
+            "consumer started"
+        );
+
+        let maintenance = CancellationToken::new();
+        let heartbeat = CancellationToken::new();
+        let mut background = JoinSet::new();
+        background.spawn(worker.clone().heartbeat(heartbeat.clone()));
+        background.spawn(worker.clone().maintain(maintenance.clone()));
+
+        let mut running = JoinSet::new();
+        let slots = Arc::new(Semaphore::new(options.concurrency));
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let slot = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+            };
+            while running.try_join_next().is_some() {}
+            let pause = match worker.dequeue(slot, &mut running).await {
+                Ok(true) => continue,
+                Ok(false) => jittered(options.poll_interval),
+                Err(err) => {
+                    tracing::error!(error = %err, "dequeue failed; retrying in 1s");
+                    Duration::from_secs(1)
+                }
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                () = sleep(pause) => {}
+            }
+        }
+
+        tracing::info!(running = running.len(), "consumer stopping");
+        maintenance.cancel();
+        let drain = async { while running.join_next().await.is_some() {} };
+        if tokio::time::timeout(options.shutdown_timeout, drain)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = running.len(),
+                "shutdown timeout reached; putting unfinished tasks back to pending"
+            );
+            worker.abort.cancel();
+            while running.join_next().await.is_some() {}
+        }
+        heartbeat.cancel();
+        while background.join_next().await.is_some() {}
+        tracing::info!("consumer stopped");
+        Ok(())
+    }
+}
+
+/// The state shared by the loop, the running tasks and the background jobs.
+struct Worker {
+    client: Client,
+    handlers: HashMap<String, BoxedHandler>,
+    options: ConsumerOptions,
+    leases: Leases,
+    /// Cancelled when the shutdown timeout is reached.
+    abort: CancellationToken,
+}
+
+/// How one run of a task ended.
+enum Outcome {
+    Succeeded,
+    Failed {
+        error: String,
+        skip_retry: bool,
+    },
+    /// The lease ran out (Valkey unreachable): the recoverer owns the task.
+    LeaseLost,
+    /// Cut short by shutdown.
+    Interrupted,
+}
+
+impl Worker {
+    /// Dequeues one task and starts it on `running`, holding `slot` until
+    /// it is done. Returns whether there was a task.
+    async fn dequeue(
+        self: &Arc<Self>,
+        slot: OwnedSemaphorePermit,
+        running: &mut JoinSet<()>,
+    ) -> Result<bool, QueueError> {
+        let order = self.options.queues.dequeue_order();
+        let lease_until = Instant::now() + self.options.lease_duration;
+        let lease_until_utc = Utc::now() + self.options.lease_duration;
+        let Some(message) = self.client.dequeue(&order, lease_until_utc).await? else {
+            return Ok(false);
+        };
+        let lease = self.leases.start(&message, lease_until);
+        let worker = self.clone();
+        running.spawn(async move {
+            let outcome = worker.execute(&message, lease).await;
+            worker.settle(&message, outcome).await;
+            worker.leases.finish(&message);
+            drop(slot);
+        });
+        Ok(true)
+    }
+
+    /// Runs the handler, bounded by the task's deadline, its lease and the
+    /// shutdown timeout.
+    async fn execute(&self, message: &TaskMessage, lease: watch::Receiver<Instant>) -> Outcome {
+        let Some(handler) = handler_for(&self.handlers, &message.r#type) else {
+            return Outcome::Failed {
+                error: format!("handler not found for task {:?}", message.r#type),
+                skip_retry: false,
+            };
+        };
+        let span = tracing::info_span!(
+            "task",
+            id = %message.id,
+            task_type = %message.r#type,
+            queue = %message.queue
+        );
+        let mut run = tokio::spawn(tracing::Instrument::instrument(
+            handler(Task::from(message)),
+            span,
+        ));
+        let outcome = tokio::select! {
+            joined = &mut run => match joined {
+                Ok(Ok(())) => return Outcome::Succeeded,
+                Ok(Err(err)) => Outcome::Failed {
+                    error: err.to_string(),
+                    skip_retry: err.skip_retry,
+                },
+                Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
+            },
+            () = sleep_until(deadline(message)) => Outcome::Failed {
+                error: "context deadline exceeded".into(),
+                skip_retry: false,
+            },
+            () = lease_lost(lease) => Outcome::LeaseLost,
+            () = self.abort.cancelled() => Outcome::Interrupted,
+        };
+        run.abort();
+        outcome
+    }
+
+    /// Moves the task on according to the outcome of its run. A Valkey
+    /// error leaves it active; once its lease expires it is recovered and
+    /// runs again.
+    async fn settle(&self, message: &TaskMessage, outcome: Outcome) {
+        let (id, task_type) = (&message.id, &message.r#type);
+        let result = match outcome {
+            Outcome::Succeeded => {
+                tracing::debug!(%id, %task_type, "task succeeded");
+                self.client.complete(message).await
+            }
+            Outcome::Failed { error, skip_retry } => {
+                if skip_retry || message.retried >= message.retry {
+                    tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
+                    self.client.archive(message, &error).await
+                } else {
+                    let retried = u32::try_from(message.retried).unwrap_or(0);
+                    let delay = (self.options.retry_delay)(retried);
+                    tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
+                    let retry_at =
+                        Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    self.client.retry(message, retry_at, &error).await
+                }
+            }
+            Outcome::LeaseLost => {
+                tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
+                return;
+            }
+            Outcome::Interrupted => {
+                tracing::info!(%id, %task_type, "task interrupted by shutdown; back to pending");
+                self.client.requeue(message).await
+            }
+        };
+        if let Err(err) = result {
+            tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey");
+        }
+    }
+
+    /// Extends the leases of running tasks until `stop`.
+    async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep(self.options.heartbeat_interval) => {}
+            }
+            let leased = self.leases.by_queue();
+            if leased.is_empty() {
+                continue;
+            }
+            let until = Instant::now() + self.options.lease_duration;
+            let until_utc = Utc::now() + self.options.lease_duration;
+            match self.client.extend_leases(&leased, until_utc).await {
+                Ok(()) => self.leases.extend(&leased, until),
+                Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
+            }
+        }
+    }
+
+    /// Forwards due tasks, recovers expired leases and deletes expired
+    /// completed tasks, each at its own interval, until `stop`.
+    async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        let options = &self.options;
+        let start = Instant::now();
+        let (mut forward, mut recover, mut cleanup) = (start, start, start);
+        loop {
+            let now = Instant::now();
+            for queue in options.queues.names() {
+                if now >= forward {
+                    log_failure(queue, "forward", self.client.forward_due(queue).await);
+                }
+                if now >= recover {
+                    log_failure(queue, "recover", self.recover(queue).await);
+                }
+                if now >= cleanup {
+                    let result = self.client.delete_expired_completed(queue).await;
+                    log_failure(queue, "cleanup", result);
+                }
+            }
+            for (next, interval) in [
+                (&mut forward, options.forward_interval),
+                (&mut recover, options.recover_interval),
+                (&mut cleanup, options.cleanup_interval),
+            ] {
+                if now >= *next {
+                    *next = now + interval;
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep_until(forward.min(recover).min(cleanup)) => {}
+            }
+        }
+    }
+
+    /// Go asynq's recoverer: a task whose lease expired (its worker died)
+    /// is retried, or archived if its retries are spent.
+    async fn recover(&self, queue: &str) -> Result<(), QueueError> {
+        let cutoff = Utc::now() - LEASE_GRACE;
+        for message in self.client.lease_expired(queue, cutoff).await? {
+            tracing::warn!(
+                id = %message.id,
+                task_type = %message.r#type,
+                "recovering a task whose lease expired"
+            );
+            if message.retried >= message.retry {
+                self.client.archive(&message, LEASE_EXPIRED).await?;
+            } else {
+                let retried = u32::try_from(message.retried).unwrap_or(0);
+                let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
+                    .unwrap_or(TimeDelta::MAX);
+                self.client
+                    .retry(&message, Utc::now() + delay, LEASE_EXPIRED)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The leases of the tasks this consumer runs, by (queue, id), each with
+/// the local instant it is valid until.
+#[derive(Default)]
+struct Leases(Mutex<HashMap<(String, String), watch::Sender<Instant>>>);
+
+impl Leases {
+    fn start(&self, message: &TaskMessage, until: Instant) -> watch::Receiver<Instant> {
+        let (sender, receiver) = watch::channel(until);
+        let key = (message.queue.clone(), message.id.clone());
+        self.0.lock().expect("lease map").insert(key, sender);
+        receiver
+    }
+
+    fn finish(&self, message: &TaskMessage) {
+        let key = (message.queue.clone(), message.id.clone());
+        self.0.lock().expect("lease map").remove(&key);
+    }
+
+    /// The leased ids, grouped by queue.
+    fn by_queue(&self) -> Vec<(String, Vec<String>)> {
+        let mut grouped: HashMap<String, Vec<String>> = HashMap::new();
+        for (queue, id) in self.0.lock().expect("lease map").keys() {
+            grouped.entry(queue.clone()).or_default().push(id.clone());
+        }
+        grouped.into_iter().collect()
+    }
+
+    fn extend(&self, leased: &[(String, Vec<String>)], until: Instant) {
+        let map = self.0.lock().expect("lease map");
+        for (queue, ids) in leased {
+            for id in ids {
+                if let Some(lease) = map.get(&(queue.clone(), id.clone())) {
+                    lease.send_replace(until);
+                }
+            }
+        }
+    }
+}
+
+/// Completes once the lease is past its (possibly extended) expiry.
+async fn lease_lost(mut lease: watch::Receiver<Instant>) {
+    loop {
+        let until = *lease.borrow_and_update();
+        tokio::select! {
+            () = sleep_until(until) => {
+                if *lease.borrow() <= Instant::now() {
+                    return;
+                }
+            }
+            changed = lease.changed() => {
+                if changed.is_err() {
+                    // The lease was dropped: the task is being settled.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+/// When the current run must end: now + timeout, or the task's deadline,
+/// whichever is first (Go asynq's `computeDeadline`).
+fn deadline(message: &TaskMessage) -> Instant {
+    let now = Instant::now();
+    let timeout = u64::try_from(message.timeout).unwrap_or(0);
+    let by_timeout = (timeout > 0).then(|| now + Duration::from_secs(timeout));
+    let by_deadline = (message.deadline > 0).then(|| {
+        let left = message.deadline.saturating_sub(Utc::now().timestamp());
+        now + Duration::from_secs(u64::try_from(left).unwrap_or(0))
+    });
+    match (by_timeout, by_deadline) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(at), None) | (None, Some(at)) => at,
+        (None, None) => {
+            tracing::error!(id = %message.id, "task has no timeout nor deadline; using 30 min");
+            now + super::DEFAULT_TIMEOUT
+        }
+    }
+}
+
+fn log_failure(queue: &str, job: &str, result: Result<(), QueueError>) {
+    if let Err(err) = result {
+        tracing::warn!(%queue, job, error = %err, "queue maintenance failed");
+    }
+}
+
+fn panic_message(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string payload".into());
+            format!("panic: {text}")
+        }
+        Err(err) => format!("handler task failed: {err}"),
+    }
+}
+
+/// `interval` ± 50 %, so that idle workers do not poll in step.
+fn jittered(interval: Duration) -> Duration {
+    interval / 2 + interval.mul_f64(fastrand::f64())
+}
+
+/// The entry whose pattern is the longest prefix of `task_type` (the
+/// handler of a task, as Go asynq's `ServeMux` picks it).
+fn handler_for<'a, H>(handlers: &'a HashMap<String, H>, task_type: &str) -> Option<&'a H> {
+    handlers
+        .iter()
+        .filter(|(pattern, _)| task_type.starts_with(pattern.as_str()))
+        .max_by_key(|(pattern, _)| pattern.len())
+        .map(|(_, handler)| handler)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_matching_pattern_handles_a_task() {
+        let handlers: HashMap<String, &str> =
+            [("event:", "fan-out"), ("event:orderPlaced", "special")]
+                .into_iter()
+                .map(|(pattern, name)| (pattern.to_string(), name))
+                .collect();
+        assert_eq!(
+            handler_for(&handlers, "event:orderPlaced"),
+            Some(&"special")
+        );
+        assert_eq!(
+            handler_for(&handlers, "event:orderShipped"),
+            Some(&"fan-out")
+        );
+        assert_eq!(handler_for(&handlers, "listener:orderPlaced:audit"), None);
+    }
+}

@@ -1,0 +1,107 @@
+//! The names of asynq's keys in Valkey.
+//!
+//! Every key of a queue carries the queue name in braces, `asynq:{<queue>}:`,
+//! so that all of them hash to one cluster slot and one Lua script may touch
+//! them together. The layout is Go asynq's (`internal/base/base.go`).
+
+use chrono::{DateTime, Utc};
+
+/// The set of all queue names, read by asynqmon and the asynq CLI.
+pub const ALL_QUEUES: &str = "asynq:queues";
+
+/// `asynq:{<queue>}:`, the prefix of every key of a queue.
+pub fn queue_prefix(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:")
+}
+
+/// `asynq:{<queue>}:t:`, the prefix of the task hashes.
+pub fn task_prefix(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:t:")
+}
+
+/// `asynq:{<queue>}:t:<id>`, the hash holding a task's `msg` and `state`.
+pub fn task(queue: &str, id: &str) -> String {
+    format!("asynq:{{{queue}}}:t:{id}")
+}
+
+/// The list of pending task ids (pushed left, popped right).
+pub fn pending(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:pending")
+}
+
+/// The list of ids being processed.
+pub fn active(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:active")
+}
+
+/// Sorted set of active ids, scored by lease expiry (Unix seconds).
+pub fn lease(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:lease")
+}
+
+/// Exists while the queue is paused (by asynqmon or the CLI).
+pub fn paused(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:paused")
+}
+
+/// Sorted set of ids scheduled for later, scored by when they are due.
+pub fn scheduled(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:scheduled")
+}
+
+/// Sorted set of ids waiting for a retry, scored by when they are due.
+pub fn retry(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:retry")
+}
+
+/// Sorted set of ids that ran out of retries, scored by when they died.
+pub fn archived(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:archived")
+}
+
+/// Sorted set of succeeded ids kept for their retention, scored by expiry.
+pub fn completed(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:completed")
+}
+
+/// The prefix of the group sets (task aggregation, not used by this kit).
+pub fn group_prefix(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:g:")
+}
+
+/// Count of tasks processed on a day (UTC), as asynqmon charts them.
+pub fn processed_on(queue: &str, day: DateTime<Utc>) -> String {
+    format!("asynq:{{{queue}}}:processed:{}", day.format("%Y-%m-%d"))
+}
+
+/// Count of tasks that failed on a day (UTC).
+pub fn failed_on(queue: &str, day: DateTime<Utc>) -> String {
+    format!("asynq:{{{queue}}}:failed:{}", day.format("%Y-%m-%d"))
+}
+
+/// Count of tasks processed since the queue existed.
+pub fn processed_total(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:processed")
+}
+
+/// Count of tasks that failed since the queue existed.
+pub fn failed_total(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_go_asynq() {
+        assert_eq!(task("default", "abc"), "asynq:{default}:t:abc");
+        assert_eq!(pending("default"), "asynq:{default}:pending");
+        assert_eq!(lease("critical"), "asynq:{critical}:lease");
+        let day = "2026-01-02T03:04:05Z".parse().unwrap();
+        assert_eq!(
+            processed_on("default", day),
+            "asynq:{default}:processed:2026-01-02"
+        );
+    }
+}

@@ -1,0 +1,176 @@
+//! The worker chassis: one call, [`run`], starts everything a worker
+//! process does and stops it cleanly.
+//!
+//! - the consumer, with the event fan-out and every listener registered by
+//!   task type;
+//! - the outbox relay and the cleanup loop;
+//! - the metrics endpoint and the backlog gauges.
+//!
+//! On shutdown (SIGTERM or Ctrl-C in the binary) the relay stops claiming
+//! and finishes or rolls back the batch in hand; running handlers get
+//! `WORKER_SHUTDOWN_TIMEOUT` to finish and unfinished tasks go back to the
+//! head of their queue; the database pool is closed, so no Postgres session
+//! (and no lock) outlives the process.
+
+pub mod listeners;
+pub mod metrics;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use self::listeners::{Listener, Listeners, listener_task_id};
+use self::metrics::Metrics;
+use crate::config::Config;
+use crate::database;
+use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
+use crate::outbox::{Envelope, cleanup};
+use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
+
+/// Runs the worker until `shutdown` completes.
+pub async fn run(
+    config: &Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let pool = database::connect_lazy(&config.database);
+    let queue = Client::from_config(&config.valkey)
+        .await
+        .context("the worker needs Valkey at start-up")?;
+    let metrics = Metrics::new();
+    let stop = CancellationToken::new();
+
+    let consumer = consumer(config, queue.clone(), pool.clone(), Arc::new(listeners));
+    let relay = Relay::new(pool.clone(), queue, &config.outbox, metrics.relay.clone());
+    let metrics_listener = tokio::net::TcpListener::bind(config.worker.metrics_addr)
+        .await
+        .with_context(|| format!("failed to listen on {}", config.worker.metrics_addr))?;
+    tracing::info!(
+        metrics = %metrics_listener.local_addr()?,
+        queues = ?config.worker.queues,
+        concurrency = config.worker.concurrency,
+        "worker started"
+    );
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(relay.run(stop.clone()));
+    tasks.spawn(cleanup::run(
+        pool.clone(),
+        config.outbox.retention,
+        config.outbox.cleanup_interval,
+        stop.clone(),
+    ));
+    tasks.spawn(metrics::watch_backlog(
+        pool.clone(),
+        metrics.relay.clone(),
+        stop.clone(),
+    ));
+    let metrics_server = axum::serve(metrics_listener, metrics.router())
+        .with_graceful_shutdown(stop.clone().cancelled_owned());
+    tasks.spawn(async move {
+        if let Err(err) = metrics_server.await {
+            tracing::error!(error = %err, "metrics endpoint failed");
+        }
+    });
+    let consuming = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop.cancel();
+    let consumed = consuming.await;
+    while tasks.join_next().await.is_some() {}
+    pool.close().await;
+    consumed.context("the consumer panicked")??;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// The consumer with the fan-out handler for every `event:` task and a
+/// handler per listener.
+fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listeners>) -> Consumer {
+    let options = ConsumerOptions {
+        queues: config.worker.queues.clone(),
+        concurrency: config.worker.concurrency,
+        shutdown_timeout: config.worker.shutdown_timeout,
+        ..ConsumerOptions::default()
+    };
+    let task_retention = config.outbox.task_retention;
+    let mut consumer = Consumer::new(queue.clone(), options);
+    // Every event, with listeners or not, is fanned out (to none, for an
+    // event nobody listens to), so no event task is left to fail.
+    consumer.handle(EVENT_TASK_PREFIX, {
+        let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+        move |task| {
+            let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+            async move { fan_out(&queue, &listeners, task, task_retention).await }
+        }
+    });
+    for listener in listeners.all() {
+        let (listener, pool) = (listener.clone(), pool.clone());
+        consumer.handle(listener.task_type(), move |task| {
+            let (listener, pool) = (listener.clone(), pool.clone());
+            async move { run_listener(&listener, pool, task).await }
+        });
+    }
+    consumer
+}
+
+/// The `event:<name>` handler: one `listener:<name>:<listener>` task per
+/// listener, in the event task's queue, with ids derived from the event id,
+/// so a retried fan-out queues nothing twice (duplicates count as done).
+pub async fn fan_out(
+    queue: &Client,
+    listeners: &Listeners,
+    task: Task,
+    retention: std::time::Duration,
+) -> Result<(), HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    let tasks: Vec<NewTask> = listeners
+        .of(&envelope.name)
+        .iter()
+        .map(|listener| {
+            NewTask::new(
+                listener.task_type(),
+                listener_task_id(envelope.id, listener.name()).to_string(),
+                task.payload.clone(),
+            )
+            .queue(task.queue.as_str())
+            .max_retry(MAX_RETRY)
+            .timeout(TASK_TIMEOUT)
+            .retention(retention)
+        })
+        .collect();
+    for result in queue.enqueue(&tasks).await? {
+        result?;
+    }
+    Ok(())
+}
+
+/// A `listener:<name>:<listener>` handler: decodes the event and runs the
+/// listener, inside a span that carries the dispatch's trace context.
+async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    let span = tracing::info_span!(
+        "listener",
+        event = listener.event(),
+        listener = listener.name(),
+        event_id = %envelope.id,
+        traceparent = envelope.metadata.get("traceparent").map(String::as_str),
+        retried = task.retried,
+    );
+    tracing::Instrument::instrument(listener.call(envelope, pool), span).await?;
+    Ok(())
+}
