@@ -202,7 +202,10 @@ mod tests {
             ("core", "reserved"),
             ("proc-macro", "reserved"),
             ("ünï", "not a valid Cargo package name"),
-            ("a-name-that-is-longer-than-forty-characters", "gpkit takes names of up to 40"),
+            (
+                "a-name-that-is-longer-than-forty-characters",
+                "gpkit takes names of up to 40",
+            ),
         ];
         for (name, expected) in cases {
             let err = PackageName::parse(name).unwrap_err().to_string();

@@ -16,10 +16,8 @@ pub fn run(ctx: &Context) -> Result<ExitCode> {
         eprintln!("The worker is already there; nothing to do.");
         return Ok(ExitCode::SUCCESS);
     }
-    let components = Components {
-        worker: true,
-        ..project.manifest.components.clone()
-    };
+    let mut components = project.manifest.components.clone();
+    components.worker = true;
     let desired = blueprint::render(&project.manifest.answers, &components)?;
     let options = Options {
         required: vec![OUTBOX_MIGRATION.to_string()],
