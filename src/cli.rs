@@ -21,7 +21,8 @@ Examples:
   gpkit new project shop
   gpkit -C shop add worker
   gpkit --dry-run --diff new project shop
-  gpkit -C shop new migration add_orders";
+  gpkit -C shop new migration add_orders
+  gpkit -C shop upgrade templates";
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
@@ -54,6 +55,58 @@ pub enum Command {
     /// Add a component to this project
     #[command(subcommand)]
     Add(AddCommand),
+    /// Bring this project up to date with gpkit's current templates
+    #[command(subcommand)]
+    Upgrade(UpgradeCommand),
+    /// The same as `gpkit upgrade templates`
+    #[command(name = "upgrade-templates", hide = true)]
+    UpgradeTemplates(UpgradeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UpgradeCommand {
+    /// Refresh the kit's files to the current templates, keeping your edits
+    ///
+    /// For every file gpkit generated, it compares what it last wrote (kept
+    /// in `.gpkit/base/`), the file now, and what the current templates
+    /// render: files you did not change are replaced, files you changed are
+    /// merged 3-way (overlapping edits get conflict markers), and
+    /// `Cargo.toml` is merged entry by entry. Works without git.
+    ///
+    /// Exit codes: 0 up to date or upgraded cleanly, 2 with `--check` when an
+    /// upgrade is available, 3 when conflicts were left to resolve.
+    #[command(after_help = "\
+Examples:
+  gpkit upgrade templates --dry-run --diff
+  gpkit upgrade templates
+  gpkit upgrade templates --check --format json")]
+    Templates(UpgradeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// Only check: exit 2 when an upgrade is available, 0 when up to date
+    #[arg(long)]
+    pub check: bool,
+
+    /// Report format
+    #[arg(long, value_enum, default_value_t = ReportFormat::Text)]
+    pub format: ReportFormat,
+
+    /// Recreate kit files you deleted
+    #[arg(long)]
+    pub restore_deleted: bool,
+
+    /// Run even when files it would change have uncommitted git changes
+    #[arg(long)]
+    pub allow_dirty: bool,
+}
+
+/// How a report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

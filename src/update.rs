@@ -51,6 +51,14 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
         }
     }
 
+    // A project whose files are all current keeps its manifest as it is,
+    // even when this gpkit's version string differs.
+    let nothing_new = plan.is_empty()
+        && manifest.components == project.manifest.components
+        && manifest.gpkit.template_set == project.manifest.gpkit.template_set;
+    if nothing_new {
+        return Ok(plan);
+    }
     let old_manifest = project.current(MANIFEST_FILE)?.unwrap_or_default();
     plan.update(
         MANIFEST_FILE,

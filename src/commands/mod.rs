@@ -4,13 +4,14 @@
 mod add_worker;
 mod new_migration;
 mod new_project;
+mod upgrade;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
-use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand};
+use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand, UpgradeCommand};
 use crate::plan::Plan;
 
 /// The resolved global flags.
@@ -65,6 +66,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::New(NewCommand::Project(args)) => new_project::run(&ctx, args),
         Command::New(NewCommand::Migration(args)) => new_migration::run(&ctx, args),
         Command::Add(AddCommand::Worker) => add_worker::run(&ctx),
+        Command::Upgrade(UpgradeCommand::Templates(args)) | Command::UpgradeTemplates(args) => {
+            upgrade::run(&ctx, args)
+        }
     }
 }
 

@@ -263,3 +263,34 @@ fn generated_code_is_formatted_whatever_the_name_length() {
         }
     }
 }
+
+/// After a clean upgrade of a project from an older template set (with user
+/// edits), the project builds, passes its checks and its own tests.
+#[test]
+fn an_upgraded_project_builds_and_passes_its_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("legacy-shop");
+    let fixture = repo().join("tests/fixtures/upgrade/synthetic-0-clean");
+    for (path, contents) in crate::support::read_tree(&fixture, &[]) {
+        let dest = project.join(path);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::write(dest, contents).unwrap();
+    }
+    gpkit(&project)
+        .args(["upgrade", "templates"])
+        .assert()
+        .code(0);
+
+    let build = cargo(&project, &["build", "--all-targets"]);
+    let stderr = String::from_utf8_lossy(&build.stderr);
+    assert!(
+        !stderr.contains("warning"),
+        "the build has warnings:\n{stderr}"
+    );
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(&project, &["fmt", "--check"]);
+    cargo(&project, &["test"]);
+}

@@ -7,4 +7,5 @@ mod new_migration;
 mod new_project;
 mod support;
 mod template_set;
+mod upgrade;
 mod worker_e2e;

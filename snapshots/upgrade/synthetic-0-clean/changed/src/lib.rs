@@ -1,0 +1,15 @@
+//! The service as a library, so that binaries and tests share one code path.
+
+// The kit's modules. gpkit keeps the lines between the markers up to date
+// (`gpkit add`, `gpkit upgrade templates`); declare your own modules below.
+// gpkit:begin modules
+pub mod config;
+pub mod database;
+pub mod dispatch;
+pub mod migrate;
+pub mod outbox;
+pub mod routes;
+pub mod signals;
+pub mod startup;
+pub mod telemetry;
+// gpkit:end modules

@@ -1,0 +1,42 @@
+//! The outbox implementation of the project's `Dispatcher`: dispatching an
+//! event inserts it into `outbox_events` on the executor it is given.
+
+use sqlx::PgExecutor;
+
+use super::{Envelope, Store};
+use crate::dispatch::{DispatchError, Dispatcher, Event};
+
+/// Dispatches events by storing them in the outbox.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxDispatcher {
+    store: Store,
+}
+
+impl OutboxDispatcher {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Dispatcher for OutboxDispatcher {
+    async fn dispatch<'e, E, X>(&self, executor: X, event: &E) -> Result<Envelope, DispatchError>
+    where
+        E: Event,
+        X: PgExecutor<'e>,
+    {
+        let payload = serde_json::to_value(event).map_err(|source| DispatchError::Serialize {
+            name: E::NAME,
+            source,
+        })?;
+        let envelope = Envelope::new(E::NAME, payload);
+        self.store
+            .insert(executor, &envelope)
+            .await
+            .map_err(|source| DispatchError::Store {
+                name: E::NAME,
+                source,
+            })?;
+        tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
+        Ok(envelope)
+    }
+}

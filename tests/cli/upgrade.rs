@@ -1,0 +1,305 @@
+//! `gpkit upgrade templates` on fixtures made by earlier template sets (with
+//! typical user edits) and on fresh projects: the report, the files, the
+//! exit codes, and that nothing changes when nothing should.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use predicates::str::contains;
+
+use crate::support::{assert_text_snapshot, assert_tree_snapshot, gpkit, read_tree, repo};
+
+/// A copy of `tests/fixtures/upgrade/<name>` in a temp dir.
+fn fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("legacy-shop");
+    copy_dir(&repo().join("tests/fixtures/upgrade").join(name), &project);
+    (dir, project)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for (path, contents) in read_tree(from, &[]) {
+        let dest = to.join(path);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::write(dest, contents).unwrap();
+    }
+}
+
+/// Runs the upgrade in `project`; its exit code and standard output.
+fn upgrade(project: &Path, args: &[&str]) -> (i32, String) {
+    let output = gpkit(project)
+        .args(["upgrade", "templates"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.is_empty() || output.status.code() == Some(1),
+        "unexpected stderr: {stderr}"
+    );
+    (
+        output.status.code().unwrap(),
+        String::from_utf8(output.stdout).unwrap(),
+    )
+}
+
+/// The files that differ between two trees (new content), `.gpkit` left out.
+fn changed(
+    before: &std::collections::BTreeMap<String, Vec<u8>>,
+    project: &Path,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    read_tree(project, &[".gpkit"])
+        .into_iter()
+        .filter(|(path, contents)| before.get(path) != Some(contents))
+        .collect()
+}
+
+#[test]
+fn a_clean_upgrade_merges_everything_and_reports_each_file() {
+    let (_dir, project) = fixture("synthetic-0-clean");
+    let before = read_tree(&project, &[".gpkit"]);
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 0, "{report}");
+    assert_text_snapshot("upgrade/synthetic-0-clean/report.txt", &report);
+    assert_tree_snapshot(
+        "upgrade/synthetic-0-clean/changed",
+        &changed(&before, &project),
+    );
+    let deleted: Vec<&String> = before
+        .keys()
+        .filter(|p| !project.join(p).exists())
+        .collect();
+    assert_eq!(deleted, ["src/version.rs"]);
+    // The manifest now records template set 1, and a second run finds nothing to do.
+    let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
+    assert!(manifest.contains("template_set = 1"), "{manifest}");
+    let after = read_tree(&project, &[]);
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 0);
+    assert!(
+        report.starts_with("Up to date with template set 1.\n"),
+        "{report}"
+    );
+    assert_eq!(
+        read_tree(&project, &[]),
+        after,
+        "a second upgrade changed files"
+    );
+}
+
+#[test]
+fn overlapping_edits_leave_conflict_markers_and_exit_3() {
+    let (_dir, project) = fixture("synthetic-0-conflict");
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 3, "{report}");
+    assert_text_snapshot("upgrade/synthetic-0-conflict/report.txt", &report);
+    let dispatcher = std::fs::read_to_string(project.join("src/outbox/dispatcher.rs")).unwrap();
+    assert!(
+        dispatcher.contains(
+            "<<<<<<< ours\n        tracing::info!(event = E::NAME, id = %envelope.id, \"stored (audited)\");\n=======\n"
+        ),
+        "{dispatcher}"
+    );
+    assert!(
+        dispatcher.contains("\"event stored in the outbox\");\n>>>>>>> theirs\n"),
+        "{dispatcher}"
+    );
+}
+
+#[test]
+fn dry_run_and_check_change_nothing_byte_for_byte() {
+    let (_dir, project) = fixture("synthetic-0-conflict");
+    let before_dry = read_tree(&project, &[]);
+    let output = gpkit(&project)
+        .args(["--dry-run", "--diff", "upgrade", "templates"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("Plan for `gpkit upgrade templates`:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-//! Logs are plain text by default"),
+        "{text}"
+    );
+    assert!(
+        text.contains("An upgrade from template set 0 to 1 is available; nothing was written."),
+        "{text}"
+    );
+    assert_eq!(
+        read_tree(&project, &[]),
+        before_dry,
+        "--dry-run changed the disk"
+    );
+
+    let (code, _) = upgrade(&project, &["--check"]);
+    assert_eq!(code, 2, "--check exits 2 when an upgrade is available");
+    assert_eq!(
+        read_tree(&project, &[]),
+        before_dry,
+        "--check changed the disk"
+    );
+}
+
+#[test]
+fn the_json_report_lists_every_file() {
+    let (_dir, project) = fixture("synthetic-0-clean");
+
+    let (code, json) = upgrade(&project, &["--check", "--format", "json"]);
+
+    assert_eq!(code, 2);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["status"], "available");
+    assert_eq!(report["from_template_set"], 0);
+    assert_eq!(report["to_template_set"], 1);
+    let outcome = |path: &str| {
+        report["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .map(|f| f["outcome"].clone())
+    };
+    assert_eq!(outcome("src/telemetry.rs"), Some("merged".into()));
+    assert_eq!(outcome("src/signals.rs"), Some("created".into()));
+    assert_eq!(outcome("src/version.rs"), Some("deleted".into()));
+    assert_eq!(outcome(".env.example"), Some("deleted by you".into()));
+    assert_eq!(outcome("src/config.rs"), Some("up to date".into()));
+}
+
+#[test]
+fn a_fresh_project_is_already_up_to_date() {
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        .args(["new", "project", "shop"])
+        .assert()
+        .success();
+    let project = dir.path().join("shop");
+    let before = read_tree(&project, &[]);
+
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(
+        (code, report.as_str()),
+        (0, "Up to date with template set 1.\n")
+    );
+    let (code, _) = upgrade(&project, &["--check"]);
+    assert_eq!(code, 0);
+    assert_eq!(read_tree(&project, &[]), before);
+}
+
+#[test]
+fn deleted_kit_files_come_back_only_when_asked() {
+    let (_dir, project) = fixture("synthetic-0-clean");
+    upgrade(&project, &[]);
+    assert!(!project.join(".env.example").exists());
+
+    let (code, report) = upgrade(&project, &["--restore-deleted"]);
+
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        report.contains("created         .env.example") || report.contains("created  .env.example"),
+        "{report}"
+    );
+    assert!(project.join(".env.example").is_file());
+}
+
+#[test]
+fn a_project_from_a_newer_template_set_is_refused() {
+    let (_dir, project) = fixture("synthetic-0-clean");
+    let manifest = project.join("gpkit.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("template_set = 0", "template_set = 99");
+    std::fs::write(&manifest, text).unwrap();
+    let before = read_tree(&project, &[]);
+
+    gpkit(&project)
+        .args(["upgrade", "templates"])
+        .assert()
+        .code(1)
+        .stderr(contains(
+            "template set 99, newer than this gpkit's template set 1",
+        ))
+        .stderr(contains("help: install gpkit 0.0.9 or later"));
+    assert_eq!(read_tree(&project, &[]), before);
+}
+
+#[test]
+fn uncommitted_changes_to_files_it_would_touch_stop_it_in_a_git_repository() {
+    let (_dir, project) = fixture("synthetic-0-clean");
+    let git = |args: &[&str]| {
+        let status = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-qm", "generated"]);
+    let telemetry = project.join("src/telemetry.rs");
+    let edited = std::fs::read_to_string(&telemetry).unwrap() + "\n// work in progress\n";
+    std::fs::write(&telemetry, &edited).unwrap();
+    let before = read_tree(&project, &[".git"]);
+
+    gpkit(&project)
+        .args(["upgrade", "templates"])
+        .assert()
+        .code(1)
+        .stderr(contains("uncommitted changes"))
+        .stderr(contains("src/telemetry.rs"))
+        .stderr(contains("--allow-dirty"));
+    assert_eq!(read_tree(&project, &[".git"]), before);
+
+    let (code, _) = upgrade(&project, &["--allow-dirty"]);
+    assert_eq!(code, 0);
+    assert!(
+        std::fs::read_to_string(&telemetry)
+            .unwrap()
+            .ends_with("// work in progress\n")
+    );
+}
+
+#[test]
+fn the_hyphenated_spelling_works_too() {
+    let (_dir, project) = fixture("synthetic-0-clean");
+    let output = gpkit(&project)
+        .args(["upgrade-templates", "--check"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
+
+/// Every released template set has a fixture with typical user edits; its
+/// upgrade to the current set is pinned by a report snapshot.
+#[test]
+fn release_fixtures_upgrade_to_the_current_templates() {
+    let fixtures = repo().join("tests/fixtures/upgrade");
+    let mut releases: Vec<String> = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('v') && n.ends_with("-edited"))
+        .collect();
+    releases.sort();
+    assert!(releases.contains(&"v1-edited".to_string()), "{releases:?}");
+    for release in releases {
+        let (_dir, project) = fixture(&release);
+        let (code, report) = upgrade(&project, &[]);
+        assert!(code == 0 || code == 3, "{release}: exit {code}\n{report}");
+        assert_text_snapshot(&format!("upgrade/{release}/report.txt"), &report);
+        let (code, _) = upgrade(&project, &["--check"]);
+        assert_eq!(code, 0, "{release}: not up to date after the upgrade");
+    }
+}
