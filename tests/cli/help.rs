@@ -10,6 +10,8 @@ const COMMANDS: &[&[&str]] = &[
     &["new", "migration"],
     &["add"],
     &["add", "worker"],
+    &["upgrade"],
+    &["upgrade", "templates"],
 ];
 
 #[test]
