@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use minijinja::context;
 
+use crate::events::EventView;
 use crate::manifest::{Answers, Components, Owner};
 use crate::names::PackageName;
-use crate::templates::{Renderer, template_set};
+use crate::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
@@ -34,6 +35,7 @@ const USER_OWNED: &[&str] = &[
     "src/routes/mod.rs",
     "src/bin/server.rs",
     "src/listeners/mod.rs",
+    "src/events/mod.rs",
 ];
 
 /// One file of the desired project tree.
@@ -54,11 +56,17 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// the `worker` variable.
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
+    let events = components
+        .events
+        .iter()
+        .map(EventView::new)
+        .collect::<Result<Vec<_>>>()?;
     let ctx = context! {
         name => name.as_str(),
         crate_name => name.crate_name(),
         gpkit_version => env!("CARGO_PKG_VERSION"),
         worker => components.worker,
+        events => &events,
     };
     let renderer = Renderer::new();
     let mut tree = Tree::new();
@@ -90,7 +98,65 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
             );
         }
     }
+    for event in &events {
+        render_event(&renderer, &ctx, event, components.worker, &mut tree)?;
+    }
     Ok(tree)
+}
+
+/// The files of one event: its type, and with the worker its listeners.
+/// All are the user's: written once, never rewritten.
+fn render_event(
+    renderer: &Renderer,
+    ctx: &minijinja::Value,
+    event: &EventView,
+    worker: bool,
+    tree: &mut Tree,
+) -> Result<()> {
+    let templates = template_set("event")?;
+    let template = |name: &str| {
+        templates
+            .iter()
+            .find(|t| t.output == name)
+            .copied()
+            .ok_or_else(|| {
+                anyhow::anyhow!("gpkit has no event template `{name}` (this is a bug in gpkit)")
+            })
+    };
+    let mut add = |path: String, file: TemplateFile, ctx: minijinja::Value| -> Result<()> {
+        let contents = renderer.render(&file, &ctx)?;
+        let purpose = purpose(&path, &contents);
+        tree.insert(
+            path,
+            BlueprintFile {
+                owner: Owner::User,
+                contents,
+                purpose,
+            },
+        );
+        Ok(())
+    };
+    let event_ctx = context! { event => event, ..ctx.clone() };
+    add(
+        format!("src/events/{}.rs", event.names.module),
+        template("event.rs")?,
+        event_ctx.clone(),
+    )?;
+    if worker && !event.listeners.is_empty() {
+        add(
+            format!("src/listeners/{}/mod.rs", event.names.module),
+            template("listeners_mod.rs")?,
+            event_ctx.clone(),
+        )?;
+        for listener in &event.listeners {
+            add(
+                format!("src/listeners/{}/{listener}.rs", event.names.module),
+                template("listener.rs")?,
+                context! { listener => listener, ..event_ctx.clone() },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// A Rust file's purpose is the first line of its `//!` doc comment; other

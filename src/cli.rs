@@ -123,6 +123,36 @@ Examples:
   gpkit --dry-run --diff add worker
   gpkit -C shop add worker")]
     Worker,
+    /// Add a typed event, and listeners for it
+    ///
+    /// The name may be spelled `OrderPlaced`, `order_placed` or `orderPlaced`:
+    /// the Rust type is `OrderPlaced`, the module `order_placed` and the wire
+    /// name `orderPlaced`. The first event also puts the `Transactor` and the
+    /// outbox `Dispatcher` into the server's `AppState`. On an existing
+    /// event, `--listener` adds just the listeners.
+    #[command(after_help = "\
+Examples:
+  gpkit add event orderPlaced --field order_id:uuid --field total_cents:i64
+  gpkit add event order_placed --field note:Option<string> --listener audit --listener email
+  gpkit add event orderPlaced --listener shipping")]
+    Event(AddEventArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AddEventArgs {
+    /// The event's name, in any spelling
+    pub name: String,
+
+    /// A field, as name:type (repeatable)
+    ///
+    /// Types: string, bool, i32, i64, f64, uuid, datetime, json, and
+    /// Option<...> or Vec<...> of these.
+    #[arg(long = "field", value_name = "NAME:TYPE")]
+    pub fields: Vec<String>,
+
+    /// A listener to add, run by the worker for each event (repeatable)
+    #[arg(long = "listener", value_name = "NAME")]
+    pub listeners: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

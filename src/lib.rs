@@ -9,6 +9,7 @@ pub mod blueprint;
 pub mod cargo_toml;
 pub mod cli;
 pub mod commands;
+pub mod events;
 pub mod manifest;
 pub mod migration;
 pub mod names;

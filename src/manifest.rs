@@ -69,6 +69,28 @@ pub struct Answers {
 pub struct Components {
     #[serde(default)]
     pub worker: bool,
+    /// Events added with `gpkit add event`, in the order they were added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<EventSpec>,
+}
+
+/// An event as `gpkit add event` recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventSpec {
+    /// The wire name, lowerCamelCase (`orderPlaced`).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<String>,
+}
+
+/// One field of an event: its name and its gpkit type (`i64`, `Option<uuid>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldSpec {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: String,
 }
 
 /// What gpkit knows of one generated file.
@@ -142,7 +164,17 @@ mod tests {
             answers: Answers {
                 name: "shop".into(),
             },
-            components: Components { worker: true },
+            components: Components {
+                worker: true,
+                events: vec![EventSpec {
+                    name: "orderPlaced".into(),
+                    fields: vec![FieldSpec {
+                        name: "order_id".into(),
+                        ty: "i64".into(),
+                    }],
+                    listeners: vec!["audit".into()],
+                }],
+            },
             files,
         };
         let text = manifest.to_toml();

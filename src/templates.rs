@@ -107,24 +107,46 @@ impl Default for Renderer {
 mod tests {
     use super::*;
 
-    /// The variables templates may print. Anything else that looks like an
+    /// Templates print only plain variables and their attributes, written
+    /// `{{ name }}` or `{{ event.module }}`. Anything else that looks like an
     /// expression is most likely Rust (`format!("{{{x}}}")`) that minijinja
     /// would swallow: keep such code in a plain (non-`.jinja`) file.
-    const VARIABLES: &[&str] = &["name", "crate_name", "gpkit_version"];
+    fn strip_variables(line: &str) -> String {
+        let mut out = String::new();
+        let mut rest = line;
+        while let Some(start) = rest.find("{{ ") {
+            let after = &rest[start + 3..];
+            let Some(end) = after.find(" }}") else { break };
+            let path = &after[..end];
+            let plain = path.split('.').all(|part| {
+                !part.is_empty() && part.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            });
+            if !plain {
+                break;
+            }
+            out.push_str(&rest[..start]);
+            rest = &after[end + 3..];
+        }
+        out.push_str(rest);
+        out
+    }
 
     #[test]
-    fn templates_print_only_known_variables() {
-        for set in ["project", "worker"] {
+    fn templates_print_only_plain_variables() {
+        assert_eq!(strip_variables("pub mod {{ event.module }};"), "pub mod ;");
+        assert_eq!(
+            strip_variables("format!(\"{{{x}}}\")"),
+            "format!(\"{{{x}}}\")"
+        );
+        for set in ["project", "worker", "event"] {
             for file in template_set(set)
                 .unwrap()
                 .iter()
                 .filter(|f| f.is_template())
             {
-                let mut text = String::from_utf8(file.contents.to_vec()).unwrap();
-                for var in VARIABLES {
-                    text = text.replace(&format!("{{{{ {var} }}}}"), "");
-                }
+                let text = String::from_utf8(file.contents.to_vec()).unwrap();
                 for (number, line) in text.lines().enumerate() {
+                    let line = strip_variables(line);
                     assert!(
                         !line.contains("{{") && !line.contains("}}"),
                         "{set}/{}:{}: an expression minijinja would evaluate: {line}",

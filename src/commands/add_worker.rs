@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::Context;
 use crate::blueprint::{self, OUTBOX_MIGRATION};
@@ -25,45 +25,14 @@ pub fn run(ctx: &Context) -> Result<ExitCode> {
     };
     let changes = reconcile::reconcile(&project, &desired, &options)?;
 
-    let conflicts: Vec<String> = changes
-        .iter()
-        .filter(|c| c.outcome.is_conflict())
-        .map(|c| match &c.outcome {
-            reconcile::Outcome::RegionProblem(explained) => explained.clone(),
-            other => format!("`{}`: {other}", c.path),
-        })
-        .collect();
-    if !conflicts.is_empty() {
-        bail!(
-            "cannot add the worker without overwriting your changes; nothing was written:\n{}\n\
-             help: resolve the files above (or move them away), then run `gpkit add worker` again",
-            conflicts.join("\n")
-        );
-    }
+    super::refuse_conflicts(&changes, "gpkit add worker")?;
 
     let plan = update::plan(&project, &changes, components)?;
     if ctx.preview(&plan, "Plan for `gpkit add worker`") {
         return Ok(ExitCode::SUCCESS);
     }
     plan.apply_in_place(&project.root)?;
-    for change in changes.iter().filter(|c| c.write.is_some()) {
-        eprintln!(
-            "{:>12} {}",
-            capitalised(change.outcome.label()),
-            change.path
-        );
-    }
-    for note in changes.iter().flat_map(|c| &c.notes) {
-        eprintln!("note: {note}");
-    }
+    super::report_applied(&changes);
     eprintln!("\nThe worker is added. Run it with `cargo run --bin worker`.");
     Ok(ExitCode::SUCCESS)
-}
-
-fn capitalised(word: &str) -> String {
-    let mut chars = word.chars();
-    chars
-        .next()
-        .map(|c| c.to_uppercase().chain(chars).collect())
-        .unwrap_or_default()
 }

@@ -1,6 +1,7 @@
 //! Command dispatch and what every command shares: where it runs, whether it
 //! may write, and how a plan is shown or applied.
 
+mod add_event;
 mod add_worker;
 mod new_migration;
 mod new_project;
@@ -10,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+
+use crate::reconcile::{FileChange, Outcome};
 
 use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand, UpgradeCommand};
 use crate::plan::Plan;
@@ -66,9 +69,53 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::New(NewCommand::Project(args)) => new_project::run(&ctx, args),
         Command::New(NewCommand::Migration(args)) => new_migration::run(&ctx, args),
         Command::Add(AddCommand::Worker) => add_worker::run(&ctx),
+        Command::Add(AddCommand::Event(args)) => add_event::run(&ctx, args),
         Command::Upgrade(UpgradeCommand::Templates(args)) | Command::UpgradeTemplates(args) => {
             upgrade::run(&ctx, args)
         }
+    }
+}
+
+/// Stops an `add` command before anything is written when applying it would
+/// overwrite something of the user's: a file in the way, a kit file whose
+/// edits overlap, or a managed region that is gone or edited.
+fn refuse_conflicts(changes: &[FileChange], command: &str) -> Result<()> {
+    let conflicts: Vec<String> = changes
+        .iter()
+        .filter(|c| c.outcome.is_conflict())
+        .map(|c| match &c.outcome {
+            Outcome::RegionProblem(explained) => explained.clone(),
+            Outcome::Blocked => format!(
+                "`{}` already exists and gpkit did not write it, so it cannot create it",
+                c.path
+            ),
+            other => format!("`{}`: {other}: your edits overlap the kit's change", c.path),
+        })
+        .collect();
+    if conflicts.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "`{command}` would overwrite your changes; nothing was written:\n{}\n\
+         help: resolve the files above (or move them away), then run `{command}` again",
+        conflicts.join("\n")
+    )
+}
+
+/// Prints what an `add` command did to each file, and the notes on entries
+/// it left as the user had them.
+fn report_applied(changes: &[FileChange]) {
+    for change in changes.iter().filter(|c| c.write.is_some() || c.delete) {
+        let label = change.outcome.label();
+        let mut chars = label.chars();
+        let label: String = chars
+            .next()
+            .map(|c| c.to_uppercase().chain(chars).collect())
+            .unwrap_or_default();
+        eprintln!("{label:>12} {}", change.path);
+    }
+    for note in changes.iter().flat_map(|c| &c.notes) {
+        eprintln!("note: {note}");
     }
 }
 

@@ -30,6 +30,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         name: name.as_str().to_string(),
     };
     let components = Components {
+        events: Vec::new(),
         worker: !args.no_worker,
     };
     let plan = plan(answers, components)?;

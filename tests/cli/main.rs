@@ -1,5 +1,6 @@
 //! gpkit's command-line tests: one binary, one module per area.
 
+mod add_event;
 mod add_worker;
 mod e2e;
 mod help;

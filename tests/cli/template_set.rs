@@ -15,7 +15,10 @@ fn rendered_hash() -> String {
             &Answers {
                 name: "shop".into(),
             },
-            &Components { worker },
+            &Components {
+                worker,
+                events: Vec::new(),
+            },
         )
         .unwrap();
         for (path, file) in tree {

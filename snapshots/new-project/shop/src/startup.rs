@@ -15,6 +15,8 @@ use crate::{database, routes};
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    // gpkit:begin state-fields
+    // gpkit:end state-fields
 }
 
 /// A built, not yet running, HTTP server.
@@ -31,8 +33,11 @@ impl Application {
         let listener = TcpListener::bind(config.http.addr)
             .await
             .with_context(|| format!("failed to listen on {}", config.http.addr))?;
+        let pool = database::connect_lazy(&config.database);
         let state = AppState {
-            pool: database::connect_lazy(&config.database),
+            // gpkit:begin state-init
+            // gpkit:end state-init
+            pool,
         };
         Ok(Self { listener, state })
     }

@@ -7,6 +7,9 @@
 
 use crate::worker::listeners::Listeners;
 
+// gpkit:begin modules
+// gpkit:end modules
+
 /// Registers every listener of the service.
 pub fn register(listeners: &mut Listeners) {
     // gpkit:begin registrations

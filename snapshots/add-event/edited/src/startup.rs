@@ -15,6 +15,15 @@ use crate::{database, routes};
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// Ours: the shop's display name.
+    pub shop_name: String,
+    // gpkit:begin state-fields
+    /// Runs a unit of work in one transaction (commit on `Ok`).
+    pub transactor: crate::database::Transactor,
+    /// Publishes events through the outbox: dispatch inside `transactor.run`
+    /// and the event commits or rolls back with your writes.
+    pub dispatcher: crate::outbox::OutboxDispatcher,
+    // gpkit:end state-fields
 }
 
 /// A built, not yet running, HTTP server.
@@ -31,8 +40,14 @@ impl Application {
         let listener = TcpListener::bind(config.http.addr)
             .await
             .with_context(|| format!("failed to listen on {}", config.http.addr))?;
+        let pool = database::connect_lazy(&config.database);
         let state = AppState {
-            pool: database::connect_lazy(&config.database),
+            // gpkit:begin state-init
+            transactor: crate::database::Transactor::new(pool.clone()),
+            dispatcher: crate::outbox::OutboxDispatcher::new(),
+            // gpkit:end state-init
+            pool,
+            shop_name: "Ours".into(),
         };
         Ok(Self { listener, state })
     }

@@ -7,10 +7,17 @@
 
 use crate::worker::listeners::Listeners;
 
+// gpkit:begin modules
+pub mod order_placed;
+// gpkit:end modules
+
 /// Registers every listener of the service.
 pub fn register(listeners: &mut Listeners) {
     // gpkit:begin registrations
+    listeners.listen("audit", order_placed::audit::handle);
+    listeners.listen("email", order_placed::email::handle);
     // gpkit:end registrations
+    // Ours: listeners registered by hand go here.
     // Keeps the parameter in use while no listener is registered.
     let _ = listeners;
 }

@@ -1,0 +1,20 @@
+//! The `orderPlaced` event.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dispatch::Event;
+
+/// The wire name, shared with Go services on the same queue.
+pub const NAME: &str = "orderPlaced";
+
+/// Describe what happened; the fields travel as the event's JSON payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderPlaced {
+    pub order_id: uuid::Uuid,
+    pub total_cents: i64,
+    pub note: Option<String>,
+}
+
+impl Event for OrderPlaced {
+    const NAME: &'static str = NAME;
+}

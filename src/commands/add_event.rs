@@ -1,0 +1,126 @@
+//! `gpkit add event <name>`: a typed event, its listeners, and the first
+//! time the outbox dispatcher wiring in the server's state.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+
+use super::Context;
+use crate::blueprint;
+use crate::cli::AddEventArgs;
+use crate::events::{self, EventNames};
+use crate::manifest::{EventSpec, FieldSpec};
+use crate::project::Project;
+use crate::reconcile::{self, Options};
+use crate::update;
+
+pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
+    let project = Project::open(&ctx.dir)?;
+    let names = EventNames::parse(&args.name)?;
+    let fields = parse_fields(&args.fields)?;
+    let listeners = parse_listeners(&args.listeners)?;
+    if !listeners.is_empty() && !project.manifest.components.worker {
+        bail!(
+            "listeners run in the worker, and this project has none; nothing was changed\n\
+             help: run `gpkit add worker` first, or leave out `--listener`"
+        );
+    }
+
+    let mut components = project.manifest.components.clone();
+    let existing = components
+        .events
+        .iter_mut()
+        .find(|e| EventNames::parse(&e.name).is_ok_and(|n| n.module == names.module));
+    let new_event = existing.is_none();
+    let what = match existing {
+        Some(event) => {
+            let path = format!("src/events/{}.rs", names.module);
+            if listeners.is_empty() {
+                bail!(
+                    "the event `{}` already exists (`{path}`); nothing was changed\n\
+                     help: to add listeners to it, pass `--listener <name>`",
+                    event.name
+                );
+            }
+            if !fields.is_empty() {
+                bail!(
+                    "the event `{}` already exists; its fields are yours to edit in `{path}`; \
+                     nothing was changed\nhelp: leave out `--field` to add only the listeners",
+                    event.name
+                );
+            }
+            if let Some(taken) = listeners.iter().find(|l| event.listeners.contains(l)) {
+                bail!(
+                    "`{}` already has a listener `{taken}`; nothing was changed\n\
+                     help: choose another listener name",
+                    event.name
+                );
+            }
+            event.listeners.extend(listeners.iter().cloned());
+            format!(
+                "listener{} of `{}`",
+                if listeners.len() == 1 { "" } else { "s" },
+                event.name
+            )
+        }
+        None => {
+            components.events.push(EventSpec {
+                name: names.wire.clone(),
+                fields,
+                listeners: listeners.clone(),
+            });
+            format!("event `{}`", names.wire)
+        }
+    };
+
+    let desired = blueprint::render(&project.manifest.answers, &components)?;
+    let changes = reconcile::reconcile(&project, &desired, &Options::default())?;
+    super::refuse_conflicts(&changes, "gpkit add event")?;
+    let plan = update::plan(&project, &changes, components)?;
+    if ctx.preview(&plan, &format!("Plan for `gpkit add event {}`", args.name)) {
+        return Ok(ExitCode::SUCCESS);
+    }
+    plan.apply_in_place(&project.root)?;
+    super::report_applied(&changes);
+    eprintln!("\nAdded the {what}.");
+    if new_event {
+        eprintln!(
+            "Dispatch it inside a transaction, in a handler with `State(state): State<AppState>`:"
+        );
+        eprintln!(
+            "  state.transactor.run(async |tx| {{ state.dispatcher.dispatch(&mut *tx, &{} {{ .. }}).await?; Ok(()) }})",
+            names.type_name
+        );
+    }
+    for listener in &listeners {
+        eprintln!("Fill in `src/listeners/{}/{listener}.rs`.", names.module);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_fields(raw: &[String]) -> Result<Vec<FieldSpec>> {
+    let mut fields: Vec<FieldSpec> = Vec::new();
+    for field in raw {
+        let field = events::parse_field(field)?;
+        if fields.iter().any(|f| f.name == field.name) {
+            bail!(
+                "the field `{}` is given twice\nhelp: give each field once",
+                field.name
+            );
+        }
+        fields.push(field);
+    }
+    Ok(fields)
+}
+
+fn parse_listeners(raw: &[String]) -> Result<Vec<String>> {
+    let mut listeners: Vec<String> = Vec::new();
+    for listener in raw {
+        events::check_listener(listener)?;
+        if listeners.contains(listener) {
+            bail!("the listener `{listener}` is given twice\nhelp: give each listener once");
+        }
+        listeners.push(listener.clone());
+    }
+    Ok(listeners)
+}

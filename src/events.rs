@@ -1,0 +1,255 @@
+//! Events as `gpkit add event` takes them: names in any spelling, fields
+//! with gpkit's types, listener names; all validated before anything is
+//! planned, and turned into what the templates print.
+
+use anyhow::{Result, bail};
+use serde::Serialize;
+
+use crate::manifest::{EventSpec, FieldSpec};
+use crate::names::{self, is_rust_keyword};
+
+/// The field types an event may have, and their Rust types.
+const SCALARS: &[(&str, &str)] = &[
+    ("string", "String"),
+    ("bool", "bool"),
+    ("i32", "i32"),
+    ("i64", "i64"),
+    ("f64", "f64"),
+    ("uuid", "uuid::Uuid"),
+    ("datetime", "chrono::DateTime<chrono::Utc>"),
+    ("json", "serde_json::Value"),
+];
+
+fn allowed_types() -> String {
+    let scalars: Vec<&str> = SCALARS.iter().map(|(t, _)| *t).collect();
+    format!(
+        "{}, and Option<...> or Vec<...> of these",
+        scalars.join(", ")
+    )
+}
+
+/// The Rust type of a gpkit field type such as `Option<Vec<uuid>>`.
+pub fn rust_type(ty: &str) -> Result<String> {
+    let ty = ty.trim();
+    for (wrapper, rust) in [("Option<", "Option"), ("Vec<", "Vec")] {
+        if let Some(inner) = ty.strip_prefix(wrapper).and_then(|t| t.strip_suffix('>')) {
+            return Ok(format!("{rust}<{}>", rust_type(inner)?));
+        }
+    }
+    match SCALARS.iter().find(|(name, _)| *name == ty) {
+        Some((_, rust)) => Ok((*rust).to_string()),
+        None => bail!(
+            "`{ty}` is not a field type gpkit knows\nhelp: use one of {}",
+            allowed_types()
+        ),
+    }
+}
+
+/// A `snake_case` Rust identifier that is not a keyword, for fields and
+/// listeners.
+fn check_identifier(raw: &str, what: &str) -> Result<()> {
+    let valid = raw.starts_with(|c: char| c.is_ascii_lowercase())
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid {
+        bail!(
+            "`{raw}` is not a valid {what} name: use snake_case (lowercase letters, digits and `_`, \
+             starting with a letter)\nhelp: for example `{}`",
+            names::snake_case(raw).trim_start_matches(|c: char| !c.is_ascii_lowercase())
+        );
+    }
+    if is_rust_keyword(raw) {
+        bail!(
+            "`{raw}` is a Rust keyword and cannot name a {what}\nhelp: pick another name, such as `{raw}_value`"
+        );
+    }
+    Ok(())
+}
+
+/// Parses `--field name:type`.
+pub fn parse_field(raw: &str) -> Result<FieldSpec> {
+    let Some((name, ty)) = raw.split_once(':') else {
+        bail!("`--field {raw}` has no type\nhelp: write it as name:type, such as `order_id:uuid`");
+    };
+    let name = name.trim();
+    check_identifier(name, "field")?;
+    rust_type(ty).map_err(|err| anyhow::anyhow!("field `{name}`: {err:#}"))?;
+    Ok(FieldSpec {
+        name: name.to_string(),
+        ty: ty.trim().to_string(),
+    })
+}
+
+/// Checks a listener name.
+pub fn check_listener(raw: &str) -> Result<()> {
+    check_identifier(raw, "listener")
+}
+
+/// An event name in its three spellings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EventNames {
+    /// `orderPlaced`, the wire name shared with Go services.
+    pub wire: String,
+    /// `OrderPlaced`, the Rust type.
+    pub type_name: String,
+    /// `order_placed`, the module.
+    pub module: String,
+}
+
+impl EventNames {
+    /// Any spelling (`OrderPlaced`, `order_placed`, `orderPlaced`) of a name.
+    pub fn parse(raw: &str) -> Result<Self> {
+        let help =
+            "help: name the event for what happened, such as `orderPlaced` or `user_signed_up`";
+        if raw.is_empty() {
+            bail!("the event name is empty\n{help}");
+        }
+        if let Some(bad) = raw
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        {
+            bail!(
+                "`{raw}` is not a valid event name: `{bad}` is not allowed (only ASCII letters, digits, `_` and `-`)\n{help}"
+            );
+        }
+        let module = names::snake_case(raw);
+        if !module.starts_with(|c: char| c.is_ascii_lowercase()) {
+            bail!("`{raw}` is not a valid event name: it must start with a letter\n{help}");
+        }
+        if is_rust_keyword(&module) || ["mod", "self", "super", "crate"].contains(&module.as_str())
+        {
+            bail!("`{raw}` is a Rust keyword and cannot name an event module\n{help}");
+        }
+        Ok(Self {
+            wire: names::lower_camel_case(raw),
+            type_name: names::pascal_case(raw),
+            module,
+        })
+    }
+}
+
+/// What the templates print for one event.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventView {
+    #[serde(flatten)]
+    pub names: EventNames,
+    pub fields: Vec<FieldView>,
+    pub listeners: Vec<String>,
+    /// Whether the struct can derive `Eq` (no `f64` or `json` inside).
+    pub eq: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FieldView {
+    pub name: String,
+    pub rust_type: String,
+}
+
+impl EventView {
+    pub fn new(spec: &EventSpec) -> Result<Self> {
+        let names = EventNames::parse(&spec.name)?;
+        let fields = spec
+            .fields
+            .iter()
+            .map(|f| {
+                Ok(FieldView {
+                    name: f.name.clone(),
+                    rust_type: rust_type(&f.ty)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let eq = !fields
+            .iter()
+            .any(|f| f.rust_type.contains("f64") || f.rust_type.contains("serde_json::Value"));
+        Ok(Self {
+            names,
+            fields,
+            listeners: spec.listeners.clone(),
+            eq,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_spelling_gives_the_same_three_names() {
+        for raw in ["OrderPlaced", "order_placed", "orderPlaced", "order-placed"] {
+            let names = EventNames::parse(raw).unwrap();
+            assert_eq!(names.wire, "orderPlaced");
+            assert_eq!(names.type_name, "OrderPlaced");
+            assert_eq!(names.module, "order_placed");
+        }
+    }
+
+    #[test]
+    fn bad_event_names_are_explained() {
+        for (raw, message) in [
+            ("", "empty"),
+            ("order placed", "not allowed"),
+            ("1st", "start with a letter"),
+            ("Match", "keyword"),
+        ] {
+            let err = EventNames::parse(raw).unwrap_err().to_string();
+            assert!(
+                err.contains(message) && err.contains("help:"),
+                "{raw:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn field_types_map_to_rust() {
+        assert_eq!(rust_type("uuid").unwrap(), "uuid::Uuid");
+        assert_eq!(
+            rust_type("Option<Vec<datetime>>").unwrap(),
+            "Option<Vec<chrono::DateTime<chrono::Utc>>>"
+        );
+        let err = rust_type("u8").unwrap_err().to_string();
+        assert!(
+            err.contains("`u8` is not a field type") && err.contains("string, bool, i32"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn fields_and_listeners_must_be_snake_case_identifiers() {
+        assert_eq!(
+            parse_field("order_id:uuid").unwrap(),
+            FieldSpec {
+                name: "order_id".into(),
+                ty: "uuid".into()
+            }
+        );
+        assert!(
+            parse_field("order_id")
+                .unwrap_err()
+                .to_string()
+                .contains("has no type")
+        );
+        assert!(
+            parse_field("OrderId:uuid")
+                .unwrap_err()
+                .to_string()
+                .contains("snake_case")
+        );
+        assert!(
+            parse_field("type:string")
+                .unwrap_err()
+                .to_string()
+                .contains("keyword")
+        );
+        assert!(
+            parse_field("total:u8")
+                .unwrap_err()
+                .to_string()
+                .contains("field `total`")
+        );
+        assert!(check_listener("audit_log").is_ok());
+        assert!(check_listener("Audit").is_err());
+        assert!(check_listener("fn").is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! `gpkit add event`: typed events and listeners added to fresh and to
+//! hand-edited projects, every changed file snapshotted, and every refusal
+//! leaving the project as it was.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use predicates::str::contains;
+
+use crate::support::{assert_tree_snapshot, gpkit, read_tree};
+
+fn new_project(dir: &Path, args: &[&str]) -> PathBuf {
+    gpkit(dir)
+        .args(["new", "project", "shop"])
+        .args(args)
+        .assert()
+        .success();
+    dir.join("shop")
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{} has no {from:?}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+/// The files `act` creates or changes, `.gpkit` left out.
+fn changed_by(project: &Path, act: impl FnOnce()) -> BTreeMap<String, Vec<u8>> {
+    let before = read_tree(project, &[".gpkit"]);
+    act();
+    read_tree(project, &[".gpkit"])
+        .into_iter()
+        .filter(|(path, contents)| before.get(path) != Some(contents))
+        .collect()
+}
+
+const ORDER_PLACED: &[&str] = &[
+    "add",
+    "event",
+    "orderPlaced",
+    "--field",
+    "order_id:uuid",
+    "--field",
+    "total_cents:i64",
+    "--field",
+    "note:Option<string>",
+    "--listener",
+    "audit",
+    "--listener",
+    "email",
+];
+
+#[test]
+fn a_fresh_project_gets_the_event_its_listeners_and_the_dispatcher_wiring() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+
+    let changed = changed_by(&project, || {
+        gpkit(&project)
+            .args(ORDER_PLACED)
+            .assert()
+            .success()
+            .stderr(contains("Added the event `orderPlaced`."));
+    });
+
+    assert_tree_snapshot("add-event/fresh", &changed);
+}
+
+#[test]
+fn a_hand_edited_project_keeps_every_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    // Code around and inside the files gpkit manages regions in.
+    edit(
+        &project.join("src/startup.rs"),
+        "    pub pool: PgPool,\n",
+        "    pub pool: PgPool,\n    /// Ours: the shop's display name.\n    pub shop_name: String,\n",
+    );
+    edit(
+        &project.join("src/startup.rs"),
+        "            pool,\n        };",
+        "            pool,\n            shop_name: \"Ours\".into(),\n        };",
+    );
+    edit(
+        &project.join("src/lib.rs"),
+        "// gpkit:end modules\n",
+        "// gpkit:end modules\n\npub mod pricing;\n",
+    );
+    std::fs::write(
+        project.join("src/pricing.rs"),
+        "//! Ours.\n\npub const VAT_PERCENT: u32 = 20;\n",
+    )
+    .unwrap();
+    edit(
+        &project.join("src/listeners/mod.rs"),
+        "    // Keeps the parameter in use",
+        "    // Ours: listeners registered by hand go here.\n    // Keeps the parameter in use",
+    );
+
+    let changed = changed_by(&project, || {
+        gpkit(&project).args(ORDER_PLACED).assert().success();
+    });
+
+    assert_tree_snapshot("add-event/edited", &changed);
+    let startup = String::from_utf8(changed["src/startup.rs"].clone()).unwrap();
+    assert!(
+        startup.contains("pub shop_name: String,")
+            && startup.contains("shop_name: \"Ours\".into(),")
+    );
+    assert!(startup.contains("pub dispatcher: crate::outbox::OutboxDispatcher,"));
+}
+
+#[test]
+fn adding_a_listener_to_an_existing_event_adds_just_the_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    gpkit(&project).args(ORDER_PLACED).assert().success();
+
+    let changed = changed_by(&project, || {
+        gpkit(&project)
+            .args(["add", "event", "OrderPlaced", "--listener", "shipping"])
+            .assert()
+            .success();
+    });
+
+    let paths: Vec<&String> = changed.keys().collect();
+    assert_eq!(
+        paths,
+        [
+            "gpkit.toml",
+            "src/listeners/mod.rs",
+            "src/listeners/order_placed/mod.rs",
+            "src/listeners/order_placed/shipping.rs"
+        ]
+    );
+}
+
+/// Runs `args` in `project` and checks it fails with `message` (and a
+/// `help:` line) and changes nothing.
+fn assert_refused(project: &Path, args: &[&str], message: &str) {
+    let before = read_tree(project, &[]);
+    let output = gpkit(project).args(args).output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(message),
+        "{args:?}: expected {message:?} in:\n{stderr}"
+    );
+    assert!(stderr.contains("help:"), "{args:?}: no help in:\n{stderr}");
+    assert_eq!(
+        read_tree(project, &[]),
+        before,
+        "{args:?} changed the project"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    gpkit(&project)
+        .args(["add", "event", "orderPlaced"])
+        .assert()
+        .success();
+
+    assert_refused(
+        &project,
+        &["add", "event", "order_placed"],
+        "the event `orderPlaced` already exists",
+    );
+    assert_refused(&project, &["add", "event", "match"], "is a Rust keyword");
+    assert_refused(
+        &project,
+        &["add", "event", "order placed"],
+        "is not a valid event name",
+    );
+    assert_refused(
+        &project,
+        &["add", "event", "shipped", "--field", "at:instant"],
+        "`instant` is not a field type",
+    );
+    assert_refused(
+        &project,
+        &["add", "event", "shipped", "--field", "type:string"],
+        "is a Rust keyword",
+    );
+    assert_refused(
+        &project,
+        &["add", "event", "shipped", "--listener", "Audit"],
+        "snake_case",
+    );
+    assert_refused(
+        &project,
+        &[
+            "add", "event", "shipped", "--field", "a:i32", "--field", "a:i64",
+        ],
+        "given twice",
+    );
+    assert_refused(
+        &project,
+        &[
+            "add",
+            "event",
+            "orderPlaced",
+            "--field",
+            "a:i32",
+            "--listener",
+            "x",
+        ],
+        "its fields are yours to edit",
+    );
+    // A module of the user's where the event's module would go.
+    std::fs::write(project.join("src/events/refunded.rs"), "//! Ours.\n").unwrap();
+    assert_refused(
+        &project,
+        &["add", "event", "refunded"],
+        "`src/events/refunded.rs` already exists and gpkit did not write it",
+    );
+}
+
+#[test]
+fn listeners_need_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &["--no-worker"]);
+    assert_refused(
+        &project,
+        &["add", "event", "orderPlaced", "--listener", "audit"],
+        "run `gpkit add worker` first",
+    );
+}
+
+#[test]
+fn a_missing_region_stops_it_with_the_code_to_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    edit(
+        &project.join("src/startup.rs"),
+        "    // gpkit:begin state-fields\n    // gpkit:end state-fields\n",
+        "",
+    );
+
+    assert_refused(
+        &project,
+        &["add", "event", "orderPlaced"],
+        "`src/startup.rs`: the gpkit region `state-fields` is gone",
+    );
+    let output = gpkit(&project)
+        .args(["add", "event", "orderPlaced"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("pub dispatcher: crate::outbox::OutboxDispatcher,"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn dry_run_shows_every_change_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    let before = read_tree(&project, &[]);
+
+    let output = gpkit(&project)
+        .arg("--dry-run")
+        .arg("--diff")
+        .args(ORDER_PLACED)
+        .output()
+        .unwrap();
+
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success());
+    for path in [
+        "src/events/order_placed.rs",
+        "src/listeners/order_placed/audit.rs",
+        "src/startup.rs",
+        "src/events/mod.rs",
+    ] {
+        assert!(
+            text.contains(&format!("b/{path}\n")),
+            "no diff for {path}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("+    pub dispatcher: crate::outbox::OutboxDispatcher,"),
+        "{text}"
+    );
+    assert_eq!(read_tree(&project, &[]), before);
+}
