@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::support::{gpkit, repo};
 
@@ -43,8 +43,42 @@ pub fn shared_target() -> PathBuf {
     repo().join("target/generated")
 }
 
+/// Cargo runs one at a time: generated packages share the target directory,
+/// where binaries of the same name (`server`, `worker`) overwrite each other.
+static CARGO: Mutex<()> = Mutex::new(());
+
 /// `cargo <args>` in `project`, with the shared target directory.
 pub fn cargo(project: &Path, args: &[&str]) -> Output {
+    let _one_at_a_time = CARGO
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    cargo_unlocked(project, args)
+}
+
+/// Builds `project` and copies its binaries to `<project>/.bin/`, so that
+/// later builds of other projects cannot replace them under a test.
+pub fn build_binaries(project: &Path) -> PathBuf {
+    let _one_at_a_time = CARGO
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let build = cargo_unlocked(project, &["build", "--all-targets"]);
+    let stderr = String::from_utf8_lossy(&build.stderr);
+    assert!(
+        !stderr.contains("warning"),
+        "the build has warnings:\n{stderr}"
+    );
+    let bins = project.join(".bin");
+    std::fs::create_dir_all(&bins).unwrap();
+    for name in ["server", "migrate", "worker"] {
+        let built = shared_target().join("debug").join(name);
+        if project.join(format!("src/bin/{name}.rs")).exists() {
+            std::fs::copy(&built, bins.join(name)).unwrap();
+        }
+    }
+    bins
+}
+
+fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
     let output = Command::new(env!("CARGO"))
         .args(args)
         .current_dir(project)
@@ -103,7 +137,7 @@ fn rand_suffix() -> u128 {
 }
 
 pub fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
-    let output = Command::new(binary("migrate"))
+    let output = Command::new(project.join(".bin/migrate"))
         .args(args)
         .current_dir(project)
         .env("DATABASE_URL", db.url())
@@ -126,12 +160,7 @@ fn a_project_without_the_worker_builds_cleanly_too() {
         .assert()
         .success();
     let project = dir.path().join("lean");
-    let build = cargo(&project, &["build", "--all-targets"]);
-    let stderr = String::from_utf8_lossy(&build.stderr);
-    assert!(
-        !stderr.contains("warning"),
-        "the build has warnings:\n{stderr}"
-    );
+    build_binaries(&project);
     cargo(
         &project,
         &["clippy", "--all-targets", "--", "-D", "warnings"],
@@ -152,20 +181,14 @@ pub fn built_project() -> &'static Path {
             .assert()
             .success();
         let project = parent.join("shop");
-        let build = cargo(&project, &["build", "--all-targets"]);
-        let stderr = String::from_utf8_lossy(&build.stderr);
-        assert!(
-            !stderr.contains("warning"),
-            "the build has warnings:\n{stderr}"
-        );
+        build_binaries(&project);
         project
     })
 }
 
 /// A binary of the built project.
 pub fn binary(name: &str) -> PathBuf {
-    built_project();
-    shared_target().join("debug").join(name)
+    built_project().join(".bin").join(name)
 }
 
 #[test]
@@ -281,12 +304,7 @@ fn an_upgraded_project_builds_and_passes_its_tests() {
         .assert()
         .code(0);
 
-    let build = cargo(&project, &["build", "--all-targets"]);
-    let stderr = String::from_utf8_lossy(&build.stderr);
-    assert!(
-        !stderr.contains("warning"),
-        "the build has warnings:\n{stderr}"
-    );
+    build_binaries(&project);
     cargo(
         &project,
         &["clippy", "--all-targets", "--", "-D", "warnings"],

@@ -3,6 +3,7 @@
 mod add_event;
 mod add_worker;
 mod e2e;
+mod event_e2e;
 mod help;
 mod new_migration;
 mod new_project;

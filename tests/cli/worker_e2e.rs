@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ fn free_port() -> u16 {
 }
 
 /// Polls `done` every 50 ms until it holds or `limit` passes.
-fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
     while !done() {
         assert!(
@@ -36,14 +36,14 @@ fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Du
 
 /// A redis-server of the test's own, persisting to a temp dir so that a
 /// restart keeps what was queued.
-struct RedisServer {
+pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
 
 impl RedisServer {
-    fn start() -> Self {
+    pub fn start() -> Self {
         let mut server = Self {
             port: free_port(),
             dir: tempfile::tempdir().unwrap(),
@@ -98,7 +98,7 @@ impl RedisServer {
             .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
     }
 
-    fn addr(&self) -> String {
+    pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
@@ -123,17 +123,31 @@ impl Drop for RedisServer {
 /// A worker process of the generated project. Its consumer serves the
 /// queue `idle`, so the event tasks the relay writes stay in `default` to
 /// be counted.
-struct Worker {
+pub struct Worker {
     child: Child,
     log: PathBuf,
 }
 
 impl Worker {
     fn start(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Self {
+        Self::start_binary(&binary("worker"), db, redis, env)
+    }
+
+    /// Starts the worker binary `bin` (of any generated project).
+    pub fn start_binary(
+        bin: &Path,
+        db: &Database,
+        redis: &RedisServer,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = redis.dir.path().join(format!("worker-{}.log", free_port()));
-        let mut command = Command::new(binary("worker"));
+        let mut command = Command::new(bin);
         command
-            .current_dir(built_project())
+            .current_dir(
+                bin.parent()
+                    .and_then(Path::parent)
+                    .expect("bin is <project>/.bin/<name>"),
+            )
             .env_clear()
             .env("DATABASE_URL", db.url())
             .env("VALKEY_ADDR", redis.addr())
@@ -152,7 +166,7 @@ impl Worker {
         }
     }
 
-    fn signal(&self, signal: &str) {
+    pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.child.id().to_string()])
             .status()
@@ -161,7 +175,7 @@ impl Worker {
     }
 
     /// Waits for the process to exit, at most `limit`; its exit code.
-    fn wait(&mut self, limit: Duration) -> Option<i32> {
+    pub fn wait(&mut self, limit: Duration) -> Option<i32> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -175,7 +189,7 @@ impl Worker {
         }
     }
 
-    fn log(&self) -> String {
+    pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

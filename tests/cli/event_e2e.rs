@@ -1,0 +1,192 @@
+//! The whole path of an event, end to end: generate a project, add the
+//! worker, add an event with two listeners, migrate, dispatch the event
+//! inside a transaction through the generated code, run the worker, and see
+//! each listener run exactly once with the typed payload and the envelope
+//! id; a rolled-back dispatch runs no listener.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::support::{gpkit, repo};
+use crate::worker_e2e::{RedisServer, Worker, wait_until};
+
+/// What the test's listeners do: record each run in `listener_runs`.
+fn listener_body(listener: &str) -> String {
+    format!(
+        r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the test.
+
+use crate::events::order_placed::OrderPlaced;
+use crate::worker::listeners::{{ListenerContext, ListenerError}};
+
+/// Records the run, with the event id and the typed payload.
+pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
+    sqlx::query(
+        "INSERT INTO listener_runs (listener, event_id, order_id, note) VALUES ($1, $2, $3, $4)",
+    )
+    .bind("{listener}")
+    .bind(ctx.event_id)
+    .bind(event.order_id)
+    .bind(&event.note)
+    .execute(&ctx.pool)
+    .await?;
+    Ok(())
+}}
+"#
+    )
+}
+
+/// A program that dispatches one event in a committed transaction and one
+/// in a rolled-back one, as a request handler would.
+const DISPATCH_DEMO: &str = r#"//! Dispatches `orderPlaced` twice: once committed, once rolled back.
+
+use evflow::database::Transactor;
+use evflow::dispatch::Dispatcher;
+use evflow::events::order_placed::OrderPlaced;
+use evflow::outbox::OutboxDispatcher;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+    let transactor = Transactor::new(pool);
+    let dispatcher = OutboxDispatcher::new();
+    let committed = OrderPlaced { order_id: 42, note: "first".into() };
+    let envelope = transactor
+        .run(async |tx| Ok::<_, anyhow::Error>(dispatcher.dispatch(&mut *tx, &committed).await?))
+        .await?;
+    println!("{}", envelope.id);
+    let rolled_back = OrderPlaced { order_id: 43, note: "never".into() };
+    let failed: anyhow::Result<()> = transactor
+        .run(async |tx| {
+            dispatcher.dispatch(&mut *tx, &rolled_back).await?;
+            anyhow::bail!("payment declined")
+        })
+        .await;
+    assert!(failed.is_err());
+    Ok(())
+}
+"#;
+
+fn write(project: &Path, path: &str, text: &str) {
+    let dest = project.join(path);
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::write(dest, text).unwrap();
+}
+
+#[test]
+fn an_event_reaches_each_listener_exactly_once() {
+    // Generate, add the worker, add the event: the project stays clean.
+    let parent = repo().join("target/e2e-events");
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(&parent).unwrap();
+    gpkit(&parent)
+        .args(["new", "project", "evflow", "--no-worker"])
+        .assert()
+        .success();
+    let project = parent.join("evflow");
+    gpkit(&project).args(["add", "worker"]).assert().success();
+    gpkit(&project)
+        .args([
+            "add",
+            "event",
+            "orderPlaced",
+            "--field",
+            "order_id:i64",
+            "--field",
+            "note:string",
+        ])
+        .args(["--listener", "audit", "--listener", "email"])
+        .assert()
+        .success();
+    build_binaries(&project);
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(&project, &["fmt", "--check"]);
+
+    // The user's part: a table, the listener bodies, a dispatching program.
+    gpkit(&project)
+        .env("SOURCE_DATE_EPOCH", "1800000000")
+        .args(["new", "migration", "listener_runs"])
+        .assert()
+        .success();
+    write(
+        &project,
+        "migrations/20270115080000_listener_runs.sql",
+        "-- +goose Up\nCREATE TABLE listener_runs (listener text NOT NULL, event_id uuid NOT NULL, \
+         order_id bigint NOT NULL, note text NOT NULL);\n\n-- +goose Down\nDROP TABLE listener_runs;\n",
+    );
+    for listener in ["audit", "email"] {
+        write(
+            &project,
+            &format!("src/listeners/order_placed/{listener}.rs"),
+            &listener_body(listener),
+        );
+    }
+    write(&project, "src/bin/dispatch_demo.rs", DISPATCH_DEMO);
+    let bins = build_binaries(&project);
+    cargo(&project, &["build", "--bin", "dispatch_demo"]);
+    let dispatch_demo = crate::e2e::shared_target().join("debug/dispatch_demo");
+
+    // Migrate a fresh database and dispatch.
+    let db = Database::create("gpkit_events");
+    migrate(&project, &db, &["up"]);
+    let output = Command::new(&dispatch_demo)
+        .env("DATABASE_URL", db.url())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let envelope_id = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    assert_eq!(
+        psql(&db.url(), "SELECT event_id FROM outbox_events"),
+        envelope_id,
+        "only the committed event is stored"
+    );
+
+    // Run the worker until both listeners ran, then a little longer.
+    let redis = RedisServer::start();
+    let mut worker = Worker::start_binary(
+        &bins.join("worker"),
+        &db,
+        &redis,
+        &[("WORKER_QUEUES", "default=1")],
+    );
+    let runs = || {
+        psql(&db.url(), "SELECT count(*) FROM listener_runs")
+            .parse::<u32>()
+            .unwrap()
+    };
+    wait_until(Duration::from_secs(60), "both listeners ran", || {
+        runs() >= 2
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    worker.signal("-TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(35)),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+
+    // Each listener exactly once, with the typed payload and the envelope id.
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT listener, event_id, order_id, note FROM listener_runs ORDER BY listener"
+        ),
+        format!("audit|{envelope_id}|42|first\nemail|{envelope_id}|42|first")
+    );
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
+        ),
+        "0"
+    );
+}
