@@ -1,5 +1,6 @@
 //! Managed regions: the parts of a user-owned file that gpkit keeps up to
-//! date, between `// gpkit:begin <name>` and `// gpkit:end <name>` lines.
+//! date, between `// gpkit:begin <name>` and `// gpkit:end <name>` lines
+//! (in Markdown, `<!-- gpkit:begin <name> -->` and `<!-- gpkit:end <name> -->`).
 //!
 //! Outside the markers the file is the user's alone. Inside, gpkit replaces
 //! what it wrote last time with what the templates render now, and stops
@@ -9,6 +10,18 @@ use anyhow::{Result, bail};
 
 const BEGIN: &str = "// gpkit:begin ";
 const END: &str = "// gpkit:end ";
+
+/// The name of the region a marker line begins (`begin`) or ends.
+fn marker(line: &str, begin: bool) -> Option<&str> {
+    let trimmed = line.trim();
+    let keyword = if begin { "gpkit:begin " } else { "gpkit:end " };
+    let inner = trimmed.strip_prefix("// ").or_else(|| {
+        trimmed
+            .strip_prefix("<!-- ")
+            .and_then(|t| t.strip_suffix(" -->"))
+    })?;
+    inner.strip_prefix(keyword).map(str::trim)
+}
 
 /// One region: its name and the lines between the markers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,21 +36,20 @@ fn regions(text: &str) -> Result<Vec<Region>> {
     let mut open: Option<(String, usize)> = None;
     let mut offset = 0;
     for line in text.split_inclusive('\n') {
-        let trimmed = line.trim();
-        if let Some(name) = trimmed.strip_prefix(BEGIN) {
+        if let Some(name) = marker(line, true) {
             if let Some((outer, _)) = &open {
                 bail!("region `{name}` begins inside region `{outer}`");
             }
-            open = Some((name.trim().to_string(), offset + line.len()));
-        } else if let Some(name) = trimmed.strip_prefix(END) {
+            open = Some((name.to_string(), offset + line.len()));
+        } else if let Some(name) = marker(line, false) {
             match open.take() {
-                Some((begun, start)) if begun == name.trim() => {
+                Some((begun, start)) if begun == name => {
                     found.push(Region {
                         name: begun,
                         body: start..offset,
                     });
                 }
-                _ => bail!("`{trimmed}` has no matching `{BEGIN}{}`", name.trim()),
+                _ => bail!("`{}` has no matching `{BEGIN}{name}`", line.trim()),
             }
         }
         offset += line.len();
@@ -126,7 +138,7 @@ pub fn merge(base: &str, ours: &str, theirs: &str) -> Result<Result<String, Vec<
 
 /// Whether `text` has any managed region.
 pub fn has_regions(text: &str) -> bool {
-    text.lines().any(|l| l.trim().starts_with(BEGIN))
+    text.lines().any(|l| marker(l, true).is_some())
 }
 
 #[cfg(test)]
@@ -167,6 +179,14 @@ mod tests {
         let ours = BASE.replace("pub mod config;", "pub mod config;\npub mod mine;");
         let problems = merge(BASE, &ours, THEIRS).unwrap().unwrap_err();
         assert!(matches!(&problems[0], RegionProblem::Edited { name, .. } if name == "modules"));
+    }
+
+    #[test]
+    fn markdown_regions_use_html_comments() {
+        let base = "# shop\n<!-- gpkit:begin worker -->\n<!-- gpkit:end worker -->\nours\n";
+        let theirs =
+            "# shop\n<!-- gpkit:begin worker -->\nThe worker.\n<!-- gpkit:end worker -->\nours\n";
+        assert_eq!(merge(base, base, theirs).unwrap().unwrap(), theirs);
     }
 
     #[test]

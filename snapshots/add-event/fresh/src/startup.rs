@@ -41,7 +41,7 @@ impl Application {
         let pool = database::connect_lazy(&config.database);
         let state = AppState {
             // gpkit:begin state-init
-            transactor: crate::database::Transactor::new(pool.clone()),
+            transactor: crate::outbox::wake::transactor(pool.clone(), config).await?,
             dispatcher: crate::outbox::OutboxDispatcher::new(),
             // gpkit:end state-init
             pool,

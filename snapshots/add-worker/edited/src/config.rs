@@ -84,6 +84,30 @@ pub struct OutboxConfig {
     /// How long a delivered task id keeps deduplicating in the queue
     #[config(env = "OUTBOX_TASK_RETENTION", default = "24h", deserialize_with = duration::deserialize)]
     pub task_retention: Duration,
+    /// Wake the workers' relays right after a commit: off or valkey
+    #[config(env = "OUTBOX_WAKE", default = "off", deserialize_with = from_str::deserialize)]
+    pub wake: WakeMode,
+}
+
+/// How a commit that stored events reaches the relays of other processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeMode {
+    /// Relays find events at their next poll (`OUTBOX_POLL_INTERVAL`).
+    Off,
+    /// Each commit publishes a wake-up on Valkey; relays wake at once.
+    Valkey,
+}
+
+impl FromStr for WakeMode {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        match raw.trim() {
+            "off" => Ok(Self::Off),
+            "valkey" => Ok(Self::Valkey),
+            _ => Err("expected off or valkey".to_string()),
+        }
+    }
 }
 
 /// The worker process: task consumption and its metrics endpoint.

@@ -2,6 +2,7 @@
 //! transaction.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -35,11 +36,25 @@ pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
 #[derive(Clone)]
 pub struct Transactor {
     pool: PgPool,
+    after_commit: Option<AfterCommit>,
 }
+
+/// What runs after every successful commit.
+type AfterCommit = Arc<dyn Fn() + Send + Sync>;
 
 impl Transactor {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            after_commit: None,
+        }
+    }
+
+    /// Runs `hook` after every successful commit, such as a signal that
+    /// wakes the outbox relay. The hook must be quick and must not fail.
+    pub fn after_commit(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.after_commit = Some(Arc::new(hook));
+        self
     }
 
     /// Runs `work` in a new transaction. If `work` panics, the transaction
@@ -54,6 +69,9 @@ impl Transactor {
         match work(&mut *tx).await {
             Ok(value) => {
                 tx.commit().await?;
+                if let Some(hook) = &self.after_commit {
+                    hook();
+                }
                 Ok(value)
             }
             Err(err) => {

@@ -4,14 +4,17 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use support::{TestDatabase, TestQueue};
+use tokio_util::sync::CancellationToken;
 
 use shop::database::Transactor;
 use shop::dispatch::{Dispatcher, Event};
 use shop::outbox::cleanup;
 use shop::outbox::relay::{Relay, Round};
+use shop::outbox::wake::{self, Wake};
 use shop::outbox::{Envelope, OutboxDispatcher};
 use shop::worker::metrics::Metrics;
 
@@ -208,4 +211,95 @@ async fn cleanup_deletes_only_published_rows_past_the_retention() {
         left, 4,
         "2 recently published and 2 unpublished rows remain"
     );
+}
+
+/// Starts `relay` with a poll interval of 30 s, so that only a wake-up can
+/// make it publish within the test, and lets its first (empty) round pass.
+async fn start_sleepy_relay(relay: Relay, stop: &CancellationToken) -> tokio::task::JoinHandle<()> {
+    let running = tokio::spawn(relay.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running
+}
+
+fn sleepy_relay(db: &TestDatabase, queue: &TestQueue) -> Relay {
+    let mut config = support::test_config("postgres://unused@localhost/unused");
+    config.outbox.poll_interval = Duration::from_secs(30);
+    Relay::new(
+        db.pool.clone(),
+        queue.client.clone(),
+        &config.outbox,
+        Metrics::new().relay,
+    )
+    .with_queue(queue.name.clone())
+}
+
+/// Commits one event with `transactor` and returns how long it took to
+/// reach the queue.
+async fn commit_to_queue(transactor: &Transactor, queue: &TestQueue) -> Duration {
+    let dispatcher = OutboxDispatcher::new();
+    let started = Instant::now();
+    transactor
+        .run(async |tx| {
+            dispatcher
+                .dispatch(&mut *tx, &OrderPlaced { order_id: 1 })
+                .await?;
+            Ok::<_, anyhow::Error>(())
+        })
+        .await
+        .unwrap();
+    while queue.pending_ids().await.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the event never reached the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn a_commit_wakes_the_relay_of_its_own_process_at_once() {
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let stop = CancellationToken::new();
+    let relay = sleepy_relay(&db, &queue);
+    let wake = Wake::local(relay.waker());
+    let running = start_sleepy_relay(relay, &stop).await;
+    let transactor = Transactor::new(db.pool.clone()).after_commit(move || wake.signal());
+
+    let latency = commit_to_queue(&transactor, &queue).await;
+
+    assert!(
+        latency < Duration::from_secs(2),
+        "took {latency:?} with a 30 s poll interval"
+    );
+    stop.cancel();
+    running.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_published_wake_up_reaches_the_relay_of_another_process() {
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let stop = CancellationToken::new();
+    let relay = sleepy_relay(&db, &queue);
+    let subscriber = tokio::spawn(wake::forward_published(
+        queue.client.clone(),
+        relay.waker(),
+        stop.clone(),
+    ));
+    let running = start_sleepy_relay(relay, &stop).await;
+    // The committing side knows nothing of the relay: only the channel.
+    let wake = Wake::publishing(queue.client.clone());
+    let transactor = Transactor::new(db.pool.clone()).after_commit(move || wake.signal());
+
+    let latency = commit_to_queue(&transactor, &queue).await;
+
+    assert!(
+        latency < Duration::from_secs(2),
+        "took {latency:?} with a 30 s poll interval"
+    );
+    stop.cancel();
+    running.await.unwrap();
+    subscriber.await.unwrap();
 }

@@ -3,7 +3,8 @@
 //!
 //! - the consumer, with the event fan-out and every listener registered by
 //!   task type;
-//! - the outbox relay and the cleanup loop;
+//! - the outbox relay (woken by published wake-ups with `OUTBOX_WAKE=valkey`)
+//!   and the cleanup loop;
 //! - the metrics endpoint and the backlog gauges.
 //!
 //! On shutdown (SIGTERM or Ctrl-C in the binary) the relay stops claiming
@@ -24,10 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use self::listeners::{Listener, Listeners, listener_task_id};
 use self::metrics::Metrics;
-use crate::config::Config;
+use crate::config::{Config, WakeMode};
 use crate::database;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
-use crate::outbox::{Envelope, cleanup};
+use crate::outbox::{Envelope, cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 
 /// Runs the worker until `shutdown` completes.
@@ -44,7 +45,12 @@ pub async fn run(
     let stop = CancellationToken::new();
 
     let consumer = consumer(config, queue.clone(), pool.clone(), Arc::new(listeners));
-    let relay = Relay::new(pool.clone(), queue, &config.outbox, metrics.relay.clone());
+    let relay = Relay::new(
+        pool.clone(),
+        queue.clone(),
+        &config.outbox,
+        metrics.relay.clone(),
+    );
     let metrics_listener = tokio::net::TcpListener::bind(config.worker.metrics_addr)
         .await
         .with_context(|| format!("failed to listen on {}", config.worker.metrics_addr))?;
@@ -56,6 +62,9 @@ pub async fn run(
     );
 
     let mut tasks = tokio::task::JoinSet::new();
+    if config.outbox.wake == WakeMode::Valkey {
+        tasks.spawn(wake::forward_published(queue, relay.waker(), stop.clone()));
+    }
     tasks.spawn(relay.run(stop.clone()));
     tasks.spawn(cleanup::run(
         pool.clone(),

@@ -7,12 +7,14 @@
 //! - [`OutboxDispatcher`]: the project's `Dispatcher`, backed by the store.
 //! - [`relay`]: moves committed rows to the queue.
 //! - [`cleanup`]: deletes published rows after the retention.
+//! - [`wake`]: wakes relays right after a commit, instead of at the next poll.
 
 pub mod cleanup;
 mod dispatcher;
 mod envelope;
 pub mod relay;
 mod store;
+pub mod wake;
 
 pub use dispatcher::OutboxDispatcher;
 pub use envelope::{Envelope, Metadata};

@@ -30,6 +30,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 #[derive(Clone)]
 pub struct Client {
     conn: ConnectionManager,
+    /// For dedicated connections, such as a pub/sub subscription.
+    client: redis::Client,
 }
 
 /// A task to enqueue. The id is the deduplication key: while a task with
@@ -151,20 +153,38 @@ impl Client {
             .set_max_delay(Duration::from_secs(2));
         let connect = async {
             let client = redis::Client::open(info)?;
-            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await?;
-            Ok(conn)
+            Ok((conn, client))
         };
-        let conn = connect.await.map_err(|source| QueueError::Connect {
+        let (conn, client) = connect.await.map_err(|source| QueueError::Connect {
             addr: addr.to_string(),
             source,
         })?;
-        Ok(Self { conn })
+        Ok(Self { conn, client })
     }
 
     /// [`Client::connect`] with the project's `VALKEY_*` settings.
     pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
         Self::connect(&config.addr, config.password.as_ref(), config.db).await
+    }
+
+    /// Publishes `message` on the pub/sub `channel`.
+    pub async fn publish(&self, channel: &str, message: &str) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg(message)
+            .query_async::<i64>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// A dedicated connection subscribed to `channel`.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, QueueError> {
+        let mut pubsub = self.client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        Ok(pubsub)
     }
 
     /// Enqueues a batch of tasks in one pipelined round trip, each with Go

@@ -35,6 +35,7 @@ pub fn test_config(database_url: &str) -> Config {
             retention: Duration::from_secs(168 * 3600),
             cleanup_interval: Duration::from_secs(3600),
             task_retention: Duration::from_secs(24 * 3600),
+            wake: config::WakeMode::Off,
         },
         worker: config::WorkerConfig {
             concurrency: 10,
