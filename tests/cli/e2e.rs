@@ -47,20 +47,23 @@ pub fn shared_target() -> PathBuf {
 /// where binaries of the same name (`server`, `worker`) overwrite each other.
 static CARGO: Mutex<()> = Mutex::new(());
 
+/// Holds the lock that lets one cargo run at a time.
+pub fn cargo_lock() -> std::sync::MutexGuard<'static, ()> {
+    CARGO
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// `cargo <args>` in `project`, with the shared target directory.
 pub fn cargo(project: &Path, args: &[&str]) -> Output {
-    let _one_at_a_time = CARGO
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_at_a_time = cargo_lock();
     cargo_unlocked(project, args)
 }
 
 /// Builds `project` and copies its binaries to `<project>/.bin/`, so that
 /// later builds of other projects cannot replace them under a test.
 pub fn build_binaries(project: &Path) -> PathBuf {
-    let _one_at_a_time = CARGO
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_at_a_time = cargo_lock();
     let build = cargo_unlocked(project, &["build", "--all-targets"]);
     let stderr = String::from_utf8_lossy(&build.stderr);
     assert!(

