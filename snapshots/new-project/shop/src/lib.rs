@@ -15,5 +15,6 @@ pub mod routes;
 pub mod signals;
 pub mod startup;
 pub mod telemetry;
+pub mod trace_context;
 pub mod worker;
 // gpkit:end modules

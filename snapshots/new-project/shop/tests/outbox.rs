@@ -11,6 +11,7 @@ use shop::database::Transactor;
 use shop::dispatch::{Dispatcher, Event};
 use shop::migrate::parser::{self, Direction};
 use shop::outbox::{MIGRATION_SQL, OutboxDispatcher};
+use shop::trace_context::{self, TraceContext};
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {
@@ -142,6 +143,41 @@ async fn outside_a_transaction_dispatch_is_a_plain_insert() {
         .expect("dispatch on the pool");
 
     assert_eq!(outbox_rows(&db.pool).await, 1);
+}
+
+#[tokio::test]
+async fn a_dispatch_inside_a_trace_stores_the_trace_context() {
+    // Arrange: the context a request with a `traceparent` header runs in.
+    let (db, transactor, dispatcher) = setup().await;
+    let parent = TraceContext::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        Some("rojo=00f067aa0ba902b7"),
+    )
+    .unwrap();
+
+    // Act
+    let envelope = trace_context::scope(
+        parent.clone(),
+        transactor.run(async |tx| {
+            let envelope = dispatcher
+                .dispatch(&mut *tx, &OrderPlaced { order_id: 7 })
+                .await?;
+            Ok::<_, anyhow::Error>(envelope)
+        }),
+    )
+    .await
+    .unwrap();
+
+    // Assert: the same trace, a span of its own, stored with the row.
+    let stored = TraceContext::from_metadata(&envelope.metadata).expect("a traceparent");
+    assert_eq!(stored.trace_id(), parent.trace_id());
+    assert_ne!(stored.traceparent(), parent.traceparent());
+    assert_eq!(envelope.metadata["tracestate"], "rojo=00f067aa0ba902b7");
+    let (metadata,): (serde_json::Value,) = sqlx::query_as("SELECT metadata FROM outbox_events")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(metadata["traceparent"], stored.traceparent());
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! The outbox implementation of the project's `Dispatcher`: dispatching an
-//! event inserts it into `outbox_events` on the executor it is given.
+//! event inserts it into `outbox_events` on the executor it is given, with
+//! the current W3C trace context in its metadata.
 
 use sqlx::PgExecutor;
 
 use super::{Envelope, Store};
 use crate::dispatch::{DispatchError, Dispatcher, Event};
+use crate::trace_context;
 
 /// Dispatches events by storing them in the outbox.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +30,10 @@ impl Dispatcher for OutboxDispatcher {
             name: E::NAME,
             source,
         })?;
-        let envelope = Envelope::new(E::NAME, payload);
+        let mut envelope = Envelope::new(E::NAME, payload);
+        if let Some(context) = trace_context::current() {
+            context.child().inject(&mut envelope.metadata);
+        }
         self.store
             .insert(executor, &envelope)
             .await

@@ -30,6 +30,7 @@ use crate::database;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
 use crate::outbox::{Envelope, cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
+use crate::trace_context::{self, TraceContext};
 
 /// Runs the worker until `shutdown` completes.
 pub async fn run(
@@ -164,7 +165,8 @@ pub async fn fan_out(
 }
 
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
-/// listener, inside a span that carries the dispatch's trace context.
+/// listener, inside the trace context of the dispatch (so events it
+/// dispatches in turn continue the same trace).
 async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -172,14 +174,16 @@ async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(
             task.id
         ))
     })?;
+    let context = TraceContext::from_metadata(&envelope.metadata)
+        .map_or_else(TraceContext::new_root, |parent| parent.child());
     let span = tracing::info_span!(
         "listener",
         event = listener.event(),
         listener = listener.name(),
         event_id = %envelope.id,
-        traceparent = envelope.metadata.get("traceparent").map(String::as_str),
         retried = task.retried,
     );
-    tracing::Instrument::instrument(listener.call(envelope, pool), span).await?;
+    let run = tracing::Instrument::instrument(listener.call(envelope, pool), span);
+    trace_context::scope(context, run).await?;
     Ok(())
 }

@@ -13,4 +13,5 @@ pub mod routes;
 pub mod signals;
 pub mod startup;
 pub mod telemetry;
+pub mod trace_context;
 // gpkit:end modules
