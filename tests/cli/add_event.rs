@@ -3,26 +3,11 @@
 //! leaving the project as it was.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, gpkit, read_tree};
-
-fn new_project(dir: &Path, args: &[&str]) -> PathBuf {
-    gpkit(dir)
-        .args(["new", "project", "shop"])
-        .args(args)
-        .assert()
-        .success();
-    dir.join("shop")
-}
-
-fn edit(path: &Path, from: &str, to: &str) {
-    let text = std::fs::read_to_string(path).unwrap();
-    assert!(text.contains(from), "{} has no {from:?}", path.display());
-    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
-}
+use crate::support::{assert_tree_snapshot, edit, gpkit, new_project, read_tree};
 
 /// The files `act` creates or changes, `.gpkit` left out.
 fn changed_by(project: &Path, act: impl FnOnce()) -> BTreeMap<String, Vec<u8>> {

@@ -1,26 +1,9 @@
 //! `gpkit add worker`: the same result as a new project with the worker,
 //! without losing what the user changed, and idempotent.
 
-use std::path::Path;
-
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, gpkit, read_tree};
-
-fn new_project(dir: &Path, args: &[&str]) -> std::path::PathBuf {
-    gpkit(dir)
-        .args(["new", "project", "shop"])
-        .args(args)
-        .assert()
-        .success();
-    dir.join("shop")
-}
-
-fn edit(path: &Path, from: &str, to: &str) {
-    let text = std::fs::read_to_string(path).unwrap();
-    assert!(text.contains(from), "{} has no {from:?}", path.display());
-    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
-}
+use crate::support::{assert_tree_snapshot, edit, gpkit, new_project, read_tree};
 
 #[test]
 fn adding_the_worker_gives_exactly_what_new_project_gives() {

@@ -18,6 +18,24 @@ pub fn gpkit(dir: &Path) -> Command {
     cmd
 }
 
+/// `gpkit new project shop <args>` in `dir`; the project's path.
+pub fn new_project(dir: &Path, args: &[&str]) -> PathBuf {
+    gpkit(dir)
+        .args(["new", "project", "shop"])
+        .args(args)
+        .assert()
+        .success();
+    dir.join("shop")
+}
+
+/// Replaces the first `from` in the file at `path` with `to`, as a user
+/// editing it would; `from` must be there.
+pub fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{} has no {from:?}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
 /// The repository root.
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
