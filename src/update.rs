@@ -71,6 +71,9 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
 
 fn reason(change: &FileChange) -> String {
     match &change.outcome {
+        Outcome::Created if change.owner == crate::manifest::Owner::User => {
+            "new file, yours to edit (gpkit will not rewrite it)".into()
+        }
         Outcome::Created => "new kit file".into(),
         Outcome::Updated => "kit file, unchanged by you: replaced with the current template".into(),
         Outcome::Merged if change.owner == crate::manifest::Owner::User => {

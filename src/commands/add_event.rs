@@ -77,7 +77,7 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let changes = reconcile::reconcile(&project, &desired, &Options::default())?;
     super::refuse_conflicts(&changes, "gpkit add event")?;
     let plan = update::plan(&project, &changes, components)?;
-    if ctx.preview(&plan, &format!("Plan for `gpkit add event {}`", args.name)) {
+    if ctx.preview(&plan, &format!("Plan for `gpkit add event {}`", args.name))? {
         return Ok(ExitCode::SUCCESS);
     }
     plan.apply_in_place(&project.root)?;

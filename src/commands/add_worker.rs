@@ -28,7 +28,7 @@ pub fn run(ctx: &Context) -> Result<ExitCode> {
     super::refuse_conflicts(&changes, "gpkit add worker")?;
 
     let plan = update::plan(&project, &changes, components)?;
-    if ctx.preview(&plan, "Plan for `gpkit add worker`") {
+    if ctx.preview(&plan, "Plan for `gpkit add worker`")? {
         return Ok(ExitCode::SUCCESS);
     }
     plan.apply_in_place(&project.root)?;

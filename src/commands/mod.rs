@@ -51,15 +51,28 @@ impl Context {
 
     /// Prints the plan for a dry run and returns true, or returns false when
     /// the plan is to be applied. `title` names the command and its target.
-    fn preview(&self, plan: &Plan, title: &str) -> bool {
+    fn preview(&self, plan: &Plan, title: &str) -> Result<bool> {
         if self.dry_run || self.diff {
-            print!("{title}:\n{}", plan.render(self.diff));
+            print_out(&format!("{title}:\n{}", plan.render(self.diff)))?;
         }
         if self.dry_run {
-            println!("{}. Nothing was written (--dry-run).", plan.summary());
+            print_out(&format!(
+                "{}. Nothing was written (--dry-run).\n",
+                plan.summary()
+            ))?;
         }
-        self.dry_run
+        Ok(self.dry_run)
     }
+}
+
+/// Writes `text` to standard output. A closed pipe (`gpkit ... | head`) is
+/// an error that `main` recognises and ends quietly on.
+fn print_out(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
 }
 
 /// Runs the parsed command line.

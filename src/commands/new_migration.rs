@@ -41,7 +41,7 @@ pub fn run(ctx: &Context, args: NewMigrationArgs) -> Result<ExitCode> {
         SQL_TEMPLATE.as_bytes().to_vec(),
         "goose migration (yours to edit)",
     );
-    if ctx.preview(&plan, "Plan for `gpkit new migration`") {
+    if ctx.preview(&plan, "Plan for `gpkit new migration`")? {
         return Ok(ExitCode::SUCCESS);
     }
     plan.apply_in_place(&project.root)?;

@@ -40,7 +40,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         name.as_str(),
         display(&dest)
     );
-    if ctx.preview(&plan, &title) {
+    if ctx.preview(&plan, &title)? {
         return Ok(ExitCode::SUCCESS);
     }
     if let Err(err) = plan.apply_to_new_dir(&dest) {

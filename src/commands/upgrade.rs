@@ -73,15 +73,16 @@ pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
         plan.apply_in_place(&project.root)?;
     }
     match args.format {
-        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        ReportFormat::Json => super::print_out(&(serde_json::to_string_pretty(&report)? + "\n"))?,
         ReportFormat::Text => {
             if ctx.dry_run || ctx.diff {
-                print!(
-                    "Plan for `gpkit upgrade templates`:\n{}",
+                super::print_out(&format!(
+                    "Plan for `gpkit upgrade templates`:
+{}",
                     plan.render(ctx.diff)
-                );
+                ))?;
             }
-            print!("{}", text_report(&report, &changes));
+            super::print_out(&text_report(&report, &changes))?;
         }
     }
 

@@ -290,3 +290,23 @@ fn is_root() -> bool {
         .map(|o| o.stdout == b"0\n")
         .unwrap_or(false)
 }
+
+/// `gpkit ... | head` closes the pipe early: gpkit stops quietly, exit 0.
+#[test]
+fn a_closed_output_pipe_ends_quietly() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpkit"))
+        .args(["--dry-run", "--diff", "new", "project", "shop"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is dropped here, as `head` would close it.
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "");
+}
