@@ -87,6 +87,10 @@ pub struct FileChange {
     pub path: String,
     pub owner: Owner,
     pub outcome: Outcome,
+    /// The file as it was read when deciding; `None` when it is missing.
+    pub current: Option<Vec<u8>>,
+    /// gpkit's base copy as it was read when deciding, if recorded.
+    pub old_base: Option<Vec<u8>>,
     /// The file's new content; `None` when the file is left as it is or deleted.
     pub write: Option<Vec<u8>>,
     /// Whether the file is deleted from disk.
@@ -119,6 +123,8 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             path: path.clone(),
             owner: file.owner,
             outcome: Outcome::UpToDate,
+            current: ours.clone(),
+            old_base: base.clone(),
             write: None,
             delete: false,
             base: Some(theirs.clone()),
@@ -163,9 +169,9 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
         let owner = project.manifest.files[path].owner;
         let ours = project.current(path)?;
         let base = project.base(path)?;
-        let (outcome, delete) = match ours {
+        let (outcome, delete) = match &ours {
             None => (Outcome::Deleted, false),
-            Some(ours) if Some(&ours) == base.as_ref() && owner == Owner::Kit => {
+            Some(ours) if Some(ours) == base.as_ref() && owner == Owner::Kit => {
                 (Outcome::Deleted, true)
             }
             Some(_) => (Outcome::KeptRemoved, false),
@@ -174,6 +180,8 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             path: path.clone(),
             owner,
             outcome,
+            current: ours,
+            old_base: base,
             write: None,
             delete,
             base: None,

@@ -20,14 +20,14 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
 
     for change in changes {
         let reason = reason(change);
-        match (&change.write, project.current(&change.path)?) {
-            (Some(new), Some(old)) => plan.update(&change.path, old, new.clone(), reason),
+        match (&change.write, &change.current) {
+            (Some(new), Some(old)) => plan.update(&change.path, old.clone(), new.clone(), reason),
             (Some(new), None) => plan.create(&change.path, new.clone(), reason),
-            (None, Some(old)) if change.delete => plan.delete(&change.path, old, reason),
+            (None, Some(old)) if change.delete => plan.delete(&change.path, old.clone(), reason),
             _ => {}
         }
         let base_path = format!("{BASE_DIR}/{}", change.path);
-        let old_base = project.base(&change.path)?;
+        let old_base = change.old_base.clone();
         match &change.base {
             Some(base) => {
                 manifest.files.insert(
