@@ -2,22 +2,11 @@
 //! hand-edited projects, every changed file snapshotted, and every refusal
 //! leaving the project as it was.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, edit, gpkit, new_project, read_tree};
-
-/// The files `act` creates or changes, `.gpkit` left out.
-fn changed_by(project: &Path, act: impl FnOnce()) -> BTreeMap<String, Vec<u8>> {
-    let before = read_tree(project, &[".gpkit"]);
-    act();
-    read_tree(project, &[".gpkit"])
-        .into_iter()
-        .filter(|(path, contents)| before.get(path) != Some(contents))
-        .collect()
-}
+use crate::support::{assert_tree_snapshot, changed_since, edit, gpkit, new_project, read_tree};
 
 const ORDER_PLACED: &[&str] = &[
     "add",
@@ -40,13 +29,13 @@ fn a_fresh_project_gets_the_event_its_listeners_and_the_dispatcher_wiring() {
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &[]);
 
-    let changed = changed_by(&project, || {
-        gpkit(&project)
-            .args(ORDER_PLACED)
-            .assert()
-            .success()
-            .stderr(contains("Added the event `orderPlaced`."));
-    });
+    let before = read_tree(&project, &[".gpkit"]);
+    gpkit(&project)
+        .args(ORDER_PLACED)
+        .assert()
+        .success()
+        .stderr(contains("Added the event `orderPlaced`."));
+    let changed = changed_since(&before, &project);
 
     assert_tree_snapshot("add-event/fresh", &changed);
 }
@@ -82,9 +71,9 @@ fn a_hand_edited_project_keeps_every_edit() {
         "    // Ours: listeners registered by hand go here.\n    // Keeps the parameter in use",
     );
 
-    let changed = changed_by(&project, || {
-        gpkit(&project).args(ORDER_PLACED).assert().success();
-    });
+    let before = read_tree(&project, &[".gpkit"]);
+    gpkit(&project).args(ORDER_PLACED).assert().success();
+    let changed = changed_since(&before, &project);
 
     assert_tree_snapshot("add-event/edited", &changed);
     let startup = String::from_utf8(changed["src/startup.rs"].clone()).unwrap();
@@ -101,12 +90,12 @@ fn adding_a_listener_to_an_existing_event_adds_just_the_listener() {
     let project = new_project(dir.path(), &[]);
     gpkit(&project).args(ORDER_PLACED).assert().success();
 
-    let changed = changed_by(&project, || {
-        gpkit(&project)
-            .args(["add", "event", "OrderPlaced", "--listener", "shipping"])
-            .assert()
-            .success();
-    });
+    let before = read_tree(&project, &[".gpkit"]);
+    gpkit(&project)
+        .args(["add", "event", "OrderPlaced", "--listener", "shipping"])
+        .assert()
+        .success();
+    let changed = changed_since(&before, &project);
 
     let paths: Vec<&String> = changed.keys().collect();
     assert_eq!(

@@ -3,7 +3,7 @@
 
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, edit, gpkit, new_project, read_tree};
+use crate::support::{assert_tree_snapshot, changed_since, edit, gpkit, new_project, read_tree};
 
 #[test]
 fn adding_the_worker_gives_exactly_what_new_project_gives() {
@@ -93,11 +93,7 @@ fn the_users_edits_survive_and_the_changed_files_match_the_snapshots() {
     gpkit(&project).args(["add", "worker"]).assert().success();
 
     let after = read_tree(&project, &[".gpkit"]);
-    let changed: std::collections::BTreeMap<String, Vec<u8>> = after
-        .iter()
-        .filter(|(path, contents)| before.get(*path) != Some(contents))
-        .map(|(p, c)| (p.clone(), c.clone()))
-        .collect();
+    let changed = changed_since(&before, &project);
     assert_tree_snapshot("add-worker/edited", &changed);
     let cargo = String::from_utf8(after["Cargo.toml"].clone()).unwrap();
     assert!(

@@ -297,11 +297,7 @@ fn an_upgraded_project_builds_and_passes_its_tests() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("legacy-shop");
     let fixture = repo().join("tests/fixtures/upgrade/synthetic-0-clean");
-    for (path, contents) in crate::support::read_tree(&fixture, &[]) {
-        let dest = project.join(path);
-        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        std::fs::write(dest, contents).unwrap();
-    }
+    crate::support::copy_tree(&fixture, &project);
     gpkit(&project)
         .args(["upgrade", "templates"])
         .assert()

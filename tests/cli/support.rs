@@ -70,6 +70,27 @@ pub fn read_tree(root: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
+/// The files of `project` (`.gpkit` left out) that are new or differ from
+/// `before`, a `read_tree` of it taken earlier.
+pub fn changed_since(
+    before: &BTreeMap<String, Vec<u8>>,
+    project: &Path,
+) -> BTreeMap<String, Vec<u8>> {
+    read_tree(project, &[".gpkit"])
+        .into_iter()
+        .filter(|(path, contents)| before.get(path) != Some(contents))
+        .collect()
+}
+
+/// Copies every file under `from` to the same place under `to`.
+pub fn copy_tree(from: &Path, to: &Path) {
+    for (path, contents) in read_tree(from, &[]) {
+        let dest = to.join(path);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::write(dest, contents).unwrap();
+    }
+}
+
 /// Compares `actual` with the snapshot directory `snapshots/<name>/`, file by
 /// file. With `GPKIT_UPDATE_SNAPSHOTS=1` the snapshot is rewritten instead.
 pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {

@@ -7,22 +7,16 @@ use std::process::Command;
 
 use predicates::str::contains;
 
-use crate::support::{assert_text_snapshot, assert_tree_snapshot, gpkit, read_tree, repo};
+use crate::support::{
+    assert_text_snapshot, assert_tree_snapshot, changed_since, copy_tree, gpkit, read_tree, repo,
+};
 
 /// A copy of `tests/fixtures/upgrade/<name>` in a temp dir.
 fn fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("legacy-shop");
-    copy_dir(&repo().join("tests/fixtures/upgrade").join(name), &project);
+    copy_tree(&repo().join("tests/fixtures/upgrade").join(name), &project);
     (dir, project)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for (path, contents) in read_tree(from, &[]) {
-        let dest = to.join(path);
-        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        std::fs::write(dest, contents).unwrap();
-    }
 }
 
 /// Runs the upgrade in `project`; its exit code and standard output.
@@ -43,17 +37,6 @@ fn upgrade(project: &Path, args: &[&str]) -> (i32, String) {
     )
 }
 
-/// The files that differ between two trees (new content), `.gpkit` left out.
-fn changed(
-    before: &std::collections::BTreeMap<String, Vec<u8>>,
-    project: &Path,
-) -> std::collections::BTreeMap<String, Vec<u8>> {
-    read_tree(project, &[".gpkit"])
-        .into_iter()
-        .filter(|(path, contents)| before.get(path) != Some(contents))
-        .collect()
-}
-
 #[test]
 fn a_clean_upgrade_merges_everything_and_reports_each_file() {
     let (_dir, project) = fixture("synthetic-0-clean");
@@ -65,7 +48,7 @@ fn a_clean_upgrade_merges_everything_and_reports_each_file() {
     assert_text_snapshot("upgrade/synthetic-0-clean/report.txt", &report);
     assert_tree_snapshot(
         "upgrade/synthetic-0-clean/changed",
-        &changed(&before, &project),
+        &changed_since(&before, &project),
     );
     let deleted: Vec<&String> = before
         .keys()
