@@ -419,15 +419,11 @@ impl Migrator {
         direction: Direction,
     ) -> Result<(), Error> {
         let started = Instant::now();
-        let fail = |step: String| {
-            let file = migration.file_name();
-            move |error: sqlx::Error| Error::Run { file, step, error }
-        };
         if sql.use_tx {
             let mut tx = conn
                 .begin()
                 .await
-                .map_err(fail("failed to begin transaction".into()))?;
+                .map_err(run_error(migration, "failed to begin transaction".into()))?;
             let result = self.execute(&mut tx, migration, sql, direction).await;
             if let Err(error) = result {
                 // Dropping the transaction would roll back too; doing it here keeps
@@ -437,7 +433,7 @@ impl Migrator {
             }
             tx.commit()
                 .await
-                .map_err(fail("failed to commit transaction".into()))?;
+                .map_err(run_error(migration, "failed to commit transaction".into()))?;
         } else {
             self.execute(conn, migration, sql, direction).await?;
         }
@@ -460,32 +456,35 @@ impl Migrator {
         sql: &ParsedSql,
         direction: Direction,
     ) -> Result<(), Error> {
-        let fail = |step: String| {
-            let file = migration.file_name();
-            move |error: sqlx::Error| Error::Run { file, step, error }
-        };
         for statement in &sql.statements {
             // A `&str` with no bound arguments goes out as a simple-protocol Query,
             // as goose's pgx driver sends it. (`sqlx::raw_sql` does the same but its
             // future cannot be proven `Send`, which would stop callers spawning us.)
-            conn.execute(statement.as_str())
-                .await
-                .map_err(fail(format!(
+            conn.execute(statement.as_str()).await.map_err(run_error(
+                migration,
+                format!(
                     "failed to execute SQL query {}",
                     go_quote(&without_comment_lines(statement))
-                )))?;
+                ),
+            ))?;
         }
         match direction {
             Direction::Up => self
                 .store
                 .insert(conn, migration.version)
                 .await
-                .map_err(fail("failed to insert new goose version".into())),
+                .map_err(run_error(
+                    migration,
+                    "failed to insert new goose version".into(),
+                )),
             Direction::Down => self
                 .store
                 .delete(conn, migration.version)
                 .await
-                .map_err(fail("failed to delete goose version".into())),
+                .map_err(run_error(
+                    migration,
+                    "failed to delete goose version".into(),
+                )),
         }
     }
 }
@@ -571,4 +570,11 @@ fn decimal(value: u128, unit: u128) -> String {
     let width = unit.ilog10() as usize;
     let digits = format!("{fraction:0width$}");
     format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// How a database error while running `migration` is reported: with the
+/// file and the step, in goose's words.
+fn run_error(migration: &Migration, step: String) -> impl FnOnce(sqlx::Error) -> Error {
+    let file = migration.file_name();
+    move |error| Error::Run { file, step, error }
 }
