@@ -6,13 +6,11 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 
 use super::Context;
-use crate::blueprint;
 use crate::cli::AddEventArgs;
 use crate::events::{self, EventNames};
 use crate::manifest::{EventSpec, FieldSpec};
 use crate::project::Project;
-use crate::reconcile::{self, Options};
-use crate::update;
+use crate::reconcile::Options;
 
 pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let project = Project::open(&ctx.dir)?;
@@ -73,15 +71,10 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
         }
     };
 
-    let desired = blueprint::render(&project.manifest.answers, &components)?;
-    let changes = reconcile::reconcile(&project, &desired, &Options::default())?;
-    super::refuse_conflicts(&changes, "gpkit add event")?;
-    let plan = update::plan(&project, &changes, components)?;
-    if ctx.preview(&plan, &format!("Plan for `gpkit add event {}`", args.name))? {
+    let command = format!("gpkit add event {}", args.name);
+    if !super::add_components(ctx, &project, components, &Options::default(), &command)? {
         return Ok(ExitCode::SUCCESS);
     }
-    plan.apply_in_place(&project.root)?;
-    super::report_applied(&changes);
     eprintln!("\nAdded the {what}.");
     if new_event {
         eprintln!(

@@ -5,10 +5,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use super::Context;
-use crate::blueprint::{self, OUTBOX_MIGRATION};
+use crate::blueprint::OUTBOX_MIGRATION;
 use crate::project::Project;
-use crate::reconcile::{self, Options};
-use crate::update;
+use crate::reconcile::Options;
 
 pub fn run(ctx: &Context) -> Result<ExitCode> {
     let project = Project::open(&ctx.dir)?;
@@ -18,21 +17,13 @@ pub fn run(ctx: &Context) -> Result<ExitCode> {
     }
     let mut components = project.manifest.components.clone();
     components.worker = true;
-    let desired = blueprint::render(&project.manifest.answers, &components)?;
     let options = Options {
         required: vec![OUTBOX_MIGRATION.to_string()],
         ..Options::default()
     };
-    let changes = reconcile::reconcile(&project, &desired, &options)?;
-
-    super::refuse_conflicts(&changes, "gpkit add worker")?;
-
-    let plan = update::plan(&project, &changes, components)?;
-    if ctx.preview(&plan, "Plan for `gpkit add worker`")? {
+    if !super::add_components(ctx, &project, components, &options, "gpkit add worker")? {
         return Ok(ExitCode::SUCCESS);
     }
-    plan.apply_in_place(&project.root)?;
-    super::report_applied(&changes);
     eprintln!("\nThe worker is added. Run it with `cargo run --bin worker`.");
     Ok(ExitCode::SUCCESS)
 }

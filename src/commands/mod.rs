@@ -12,7 +12,11 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
-use crate::reconcile::{FileChange, Outcome};
+use crate::blueprint;
+use crate::manifest::Components;
+use crate::project::Project;
+use crate::reconcile::{self, FileChange, Options, Outcome};
+use crate::update;
 
 use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand, UpgradeCommand};
 use crate::plan::Plan;
@@ -87,6 +91,29 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             upgrade::run(&ctx, args)
         }
     }
+}
+
+/// What every `add` command does once it knows the components it wants:
+/// render them, reconcile the project with them, refuse to overwrite the
+/// user's changes, then preview or apply the plan and report each file.
+/// `command` is the command line, for messages. Returns false on a dry run.
+fn add_components(
+    ctx: &Context,
+    project: &Project,
+    components: Components,
+    options: &Options,
+    command: &str,
+) -> Result<bool> {
+    let desired = blueprint::render(&project.manifest.answers, &components)?;
+    let changes = reconcile::reconcile(project, &desired, options)?;
+    refuse_conflicts(&changes, command)?;
+    let plan = update::plan(project, &changes, components)?;
+    if ctx.preview(&plan, &format!("Plan for `{command}`"))? {
+        return Ok(false);
+    }
+    plan.apply_in_place(&project.root)?;
+    report_applied(&changes);
+    Ok(true)
 }
 
 /// Stops an `add` command before anything is written when applying it would
