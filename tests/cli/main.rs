@@ -2,8 +2,11 @@
 
 mod add_event;
 mod add_worker;
+mod asynq_interop;
 mod e2e;
 mod event_e2e;
+mod go_peers;
+mod goose_interop;
 mod help;
 mod new_migration;
 mod new_project;
