@@ -106,6 +106,7 @@ impl Manifest {
     /// is not a gpkit project.
     pub fn load(root: &Path) -> Result<Self> {
         let path = root.join(MANIFEST_FILE);
+        crate::project_path::refuse_links(root, MANIFEST_FILE)?;
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
@@ -118,8 +119,12 @@ impl Manifest {
                 return Err(err).with_context(|| format!("failed to read `{}`", path.display()));
             }
         };
-        toml_edit::de::from_str(&text)
-            .with_context(|| format!("`{}` is not a valid gpkit manifest", path.display()))
+        let manifest: Self = toml_edit::de::from_str(&text)
+            .with_context(|| format!("`{}` is not a valid gpkit manifest", path.display()))?;
+        for file in manifest.files.keys() {
+            crate::project_path::check_manifest_path(file)?;
+        }
+        Ok(manifest)
     }
 
     /// The manifest as TOML text, with a header that says what it is.

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use similar::TextDiff;
 
 use crate::manifest::BASE_DIR;
+use crate::project_path;
 
 /// What happens to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +181,14 @@ impl Plan {
     /// Applies the plan to the existing tree at `root`. Every new content is
     /// staged in a temporary file beside its destination first; only when
     /// all are staged are they renamed into place, and deletions come last.
+    ///
+    /// Nothing is written through a symbolic link inside `root`: every path
+    /// is checked before the first write, and staging files are created
+    /// with `O_EXCL`, so a link placed at a staging name is not followed.
     pub fn apply_in_place(&self, root: &Path) -> Result<()> {
+        for change in &self.changes {
+            project_path::refuse_links(root, &change.path)?;
+        }
         let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
         let stage_all = (|| {
             for change in &self.changes {
@@ -199,6 +207,13 @@ impl Plan {
                     Action::Delete { .. } => continue,
                 };
                 let tmp = staging_path(&dest);
+                // A leftover of an interrupted run (or anything put there) goes;
+                // removing a link removes the link, not what it points to.
+                if std::fs::symlink_metadata(&tmp).is_ok_and(|m| !m.is_dir()) {
+                    std::fs::remove_file(&tmp).with_context(|| {
+                        format!("failed to remove the leftover `{}`", tmp.display())
+                    })?;
+                }
                 write_file(&tmp, new)?;
                 staged.push((tmp, dest));
             }
@@ -237,12 +252,14 @@ fn staging_path(dest: &Path) -> PathBuf {
     dest.with_file_name(format!(".{name}.gpkit-new-{}", std::process::id()))
 }
 
+/// Creates the new file `path` (and its missing directories); anything
+/// already there, a link included, is an error rather than followed.
 fn write_file(path: &Path, contents: &[u8]) -> Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("failed to create directory `{}`", parent.display()))?;
     }
-    std::fs::write(path, contents).with_context(|| format!("failed to write `{}`", path.display()))
+    project_path::create_new(path, contents)
 }
 
 fn unified_diff(change: &Change) -> String {

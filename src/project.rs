@@ -4,10 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::blueprint::TEMPLATE_SET_VERSION;
 use crate::manifest::{BASE_DIR, Manifest};
+use crate::project_path;
 
 /// A gpkit project found at `root`.
 #[derive(Debug, Clone)]
@@ -38,24 +39,19 @@ impl Project {
         })
     }
 
-    /// The file at `path` as it is on disk now, if it exists.
+    /// The file at `path` as it is on disk now, if it exists. A symbolic
+    /// link anywhere inside the project on the way is an error naming it.
     pub fn current(&self, path: &str) -> Result<Option<Vec<u8>>> {
-        read_if_exists(&self.root.join(path))
+        project_path::read(&self.root, path)
     }
 
-    /// What gpkit last wrote to `path`, if it recorded it.
+    /// What gpkit last wrote to `path`, if it recorded it. A base copy that
+    /// is missing, a link or not a regular file counts as none: a conflict
+    /// to report, never permission to overwrite.
     pub fn base(&self, path: &str) -> Result<Option<Vec<u8>>> {
         if !self.manifest.files.contains_key(path) {
             return Ok(None);
         }
-        read_if_exists(&self.root.join(BASE_DIR).join(path))
-    }
-}
-
-fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(err).with_context(|| format!("failed to read `{}`", path.display())),
+        project_path::read_regular(&self.root, &format!("{BASE_DIR}/{path}"))
     }
 }

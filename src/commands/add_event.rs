@@ -9,11 +9,10 @@ use super::Context;
 use crate::cli::AddEventArgs;
 use crate::events::{self, EventNames};
 use crate::manifest::{EventSpec, FieldSpec};
-use crate::project::Project;
 use crate::reconcile::Options;
 
 pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
-    let project = Project::open(&ctx.dir)?;
+    let (project, _lock) = ctx.open_project("gpkit add event", false)?;
     let names = EventNames::parse(&args.name)?;
     let fields = parse_fields(&args.fields)?;
     let listeners = parse_listeners(&args.listeners)?;

@@ -6,11 +6,10 @@ use anyhow::Result;
 
 use super::Context;
 use crate::blueprint::OUTBOX_MIGRATION;
-use crate::project::Project;
 use crate::reconcile::Options;
 
 pub fn run(ctx: &Context) -> Result<ExitCode> {
-    let project = Project::open(&ctx.dir)?;
+    let (project, _lock) = ctx.open_project("gpkit add worker", false)?;
     if project.manifest.components.worker {
         eprintln!("The worker is already there; nothing to do.");
         return Ok(ExitCode::SUCCESS);

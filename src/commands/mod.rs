@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 
 use crate::blueprint;
+use crate::lock::ProjectLock;
 use crate::manifest::Components;
 use crate::project::Project;
 use crate::reconcile::{self, FileChange, Options, Outcome};
@@ -51,6 +52,22 @@ impl Context {
             diff: global.diff,
             no_input: global.no_input,
         })
+    }
+
+    /// Opens the project gpkit acts in for `command` and, unless this is a
+    /// dry run or `read_only`, locks it against other gpkit runs until the
+    /// returned lock is dropped. The manifest is read (again) under the lock.
+    fn open_project(
+        &self,
+        command: &str,
+        read_only: bool,
+    ) -> Result<(Project, Option<ProjectLock>)> {
+        let project = Project::open(&self.dir)?;
+        if self.dry_run || read_only {
+            return Ok((project, None));
+        }
+        let lock = ProjectLock::acquire(&project.root, command)?;
+        Ok((Project::open(&self.dir)?, Some(lock)))
     }
 
     /// Prints the plan for a dry run and returns true, or returns false when

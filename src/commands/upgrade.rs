@@ -12,7 +12,6 @@ use crate::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::cli::{ReportFormat, UpgradeArgs};
 use crate::manifest::Owner;
 use crate::plan::{Action, Plan};
-use crate::project::Project;
 use crate::reconcile::{self, FileChange, Options, Outcome};
 use crate::update;
 
@@ -42,7 +41,7 @@ struct FileReport {
 }
 
 pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
-    let project = Project::open(&ctx.dir)?;
+    let (project, _lock) = ctx.open_project("gpkit upgrade templates", args.check)?;
     let desired = blueprint::render(&project.manifest.answers, &project.manifest.components)?;
     let options = Options {
         restore_deleted: args.restore_deleted,

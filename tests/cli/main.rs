@@ -12,5 +12,6 @@ mod new_migration;
 mod new_project;
 mod support;
 mod template_set;
+mod untrusted;
 mod upgrade;
 mod worker_e2e;

@@ -1,0 +1,225 @@
+//! A project as untrusted input: crafted manifests and symbolic links that
+//! try to make gpkit read, write or delete outside the project. Each attack
+//! must exit 1 with a message naming the path, and leave every file outside
+//! the project (and the project itself) byte for byte as it was.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use gpkit::manifest::sha256_hex;
+
+use crate::support::{gpkit, new_project, read_tree};
+
+/// Everything under `dir`: files with their bytes, and directories.
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut all = read_tree(dir, &[]);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                let rel = path.strip_prefix(dir).unwrap().display().to_string();
+                all.insert(format!("{rel}/"), Vec::new());
+                stack.push(path);
+            }
+        }
+    }
+    all
+}
+
+/// A workspace with a project `shop` and, beside it, a directory `outside`
+/// holding a victim file.
+struct Workspace {
+    dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        new_project(dir.path(), &[]);
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("victim.txt"), "precious\n").unwrap();
+        Self { dir }
+    }
+
+    fn project(&self) -> std::path::PathBuf {
+        self.dir.path().join("shop")
+    }
+
+    fn outside(&self) -> std::path::PathBuf {
+        self.dir.path().join("outside")
+    }
+
+    /// Adds a `[files."<path>"]` entry to the manifest.
+    fn record(&self, path: &str, contents: &[u8]) {
+        let manifest = self.project().join("gpkit.toml");
+        let mut text = std::fs::read_to_string(&manifest).unwrap();
+        text.push_str(&format!(
+            "\n[files.{path:?}]\nowner = \"kit\"\nsha256 = \"{}\"\n",
+            sha256_hex(contents)
+        ));
+        std::fs::write(manifest, text).unwrap();
+    }
+
+    /// Runs gpkit in the project with `args`, expects exit 1 with `needle`
+    /// in the error, and checks that nothing changed anywhere.
+    fn refused(&self, args: &[&str], needle: &str) {
+        let before = snapshot(self.dir.path());
+        let output = gpkit(&self.project()).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in: {stderr}"
+        );
+        let after = snapshot(self.dir.path());
+        let changed: Vec<&String> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|k| before.get(*k) != after.get(*k))
+            .collect();
+        assert!(changed.is_empty(), "{args:?} changed {changed:?}");
+    }
+}
+
+const COMMANDS: &[&[&str]] = &[
+    &["upgrade", "templates"],
+    &["upgrade", "templates", "--restore-deleted"],
+    &["add", "event", "orderPlaced", "--listener", "audit"],
+    &["new", "migration", "add_orders"],
+];
+
+#[test]
+fn manifest_paths_outside_the_project_are_refused_by_every_command() {
+    for (path, problem) in [
+        ("../outside/victim.txt", "`..`"),
+        ("/etc/hostname", "absolute"),
+        ("src\\main.rs", "backslash"),
+        (".git/config", "`.git/`"),
+    ] {
+        let ws = Workspace::new();
+        ws.record(path, b"precious\n");
+        for args in COMMANDS {
+            ws.refused(args, problem);
+            ws.refused(args, &format!("{path:?}"));
+        }
+    }
+}
+
+/// The attack from the issue: an entry for a file beside the project, with
+/// its hash, so that upgrading would delete it as "unchanged by you".
+#[test]
+fn an_upgrade_never_deletes_a_file_beside_the_project() {
+    let ws = Workspace::new();
+    ws.record("../outside/victim.txt", b"precious\n");
+    ws.refused(&["upgrade", "templates"], "../outside/victim.txt");
+    assert_eq!(
+        std::fs::read_to_string(ws.outside().join("victim.txt")).unwrap(),
+        "precious\n"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_kit_file_that_is_a_link_out_of_the_project_is_refused() {
+    let ws = Workspace::new();
+    let config = ws.project().join("src/config.rs");
+    std::fs::copy(&config, ws.outside().join("config.rs")).unwrap();
+    std::fs::remove_file(&config).unwrap();
+    std::os::unix::fs::symlink(ws.outside().join("config.rs"), &config).unwrap();
+    // (`new migration` touches neither, and rightly succeeds.)
+    for args in &COMMANDS[..3] {
+        ws.refused(args, "`src/config.rs` in the project is a symbolic link");
+    }
+}
+
+/// The second attack from the issue: `src/outbox` a link to a directory
+/// outside, holding files that match their base copies.
+#[cfg(unix)]
+#[test]
+fn a_kit_directory_that_is_a_link_out_of_the_project_is_refused() {
+    let ws = Workspace::new();
+    let outbox = ws.project().join("src/outbox");
+    let target = ws.outside().join("outbox");
+    std::fs::rename(&outbox, &target).unwrap();
+    std::os::unix::fs::symlink(&target, &outbox).unwrap();
+    for args in &COMMANDS[..3] {
+        ws.refused(args, "`src/outbox` in the project is a symbolic link");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn base_copies_behind_a_link_are_refused() {
+    let ws = Workspace::new();
+    let base = ws.project().join(".gpkit/base");
+    let target = ws.outside().join("base");
+    std::fs::rename(&base, &target).unwrap();
+    std::os::unix::fs::symlink(&target, &base).unwrap();
+    for args in &COMMANDS[..3] {
+        ws.refused(args, "`.gpkit/base` in the project is a symbolic link");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_migrations_directory_that_is_a_link_is_refused() {
+    let ws = Workspace::new();
+    let migrations = ws.project().join("migrations");
+    let target = ws.outside().join("migrations");
+    std::fs::rename(&migrations, &target).unwrap();
+    std::os::unix::fs::symlink(&target, &migrations).unwrap();
+    ws.refused(
+        &["new", "migration", "add_orders"],
+        "`migrations` in the project is a symbolic link",
+    );
+}
+
+/// A base copy replaced by a link to a file outside that matches the user's
+/// edited file is refused; the file outside is neither trusted nor written.
+#[cfg(unix)]
+#[test]
+fn a_base_copy_that_is_a_link_is_refused() {
+    let ws = Workspace::new();
+    let project = ws.project();
+    let config = project.join("src/config.rs");
+    let mut edited = std::fs::read(&config).unwrap();
+    edited.extend_from_slice(b"// my edit\n");
+    std::fs::write(&config, &edited).unwrap();
+    std::fs::write(ws.outside().join("fake-base.rs"), &edited).unwrap();
+    let base = project.join(".gpkit/base/src/config.rs");
+    std::fs::remove_file(&base).unwrap();
+    std::os::unix::fs::symlink(ws.outside().join("fake-base.rs"), &base).unwrap();
+    ws.refused(
+        &["upgrade", "templates", "--restore-deleted"],
+        "`.gpkit/base/src/config.rs` in the project is a symbolic link",
+    );
+}
+
+/// A missing base copy is no permission to overwrite: the user's edit is
+/// reported as a conflict and kept in the file.
+#[test]
+fn a_missing_base_copy_is_a_conflict_not_an_overwrite() {
+    let ws = Workspace::new();
+    let project = ws.project();
+    let config = project.join("src/config.rs");
+    let mut edited = std::fs::read_to_string(&config).unwrap();
+    edited = edited.replacen("pub struct Config", "// my edit\npub struct Config", 1);
+    std::fs::write(&config, &edited).unwrap();
+    std::fs::remove_file(project.join(".gpkit/base/src/config.rs")).unwrap();
+
+    let output = gpkit(&project)
+        .args(["upgrade", "templates"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("src/config.rs"), "{stdout}");
+    let after = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        after.contains("// my edit\n"),
+        "the edit was lost:\n{after}"
+    );
+}
