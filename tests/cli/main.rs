@@ -5,6 +5,7 @@ mod add_worker;
 mod asynq_interop;
 mod e2e;
 mod event_e2e;
+mod event_sequences;
 mod go_peers;
 mod goose_interop;
 mod help;
