@@ -10,6 +10,7 @@ pub mod cargo_toml;
 pub mod cli;
 pub mod commands;
 pub mod events;
+pub mod journal;
 pub mod lock;
 pub mod manifest;
 pub mod migration;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use similar::TextDiff;
 
+use crate::journal::{Journal, State};
 use crate::manifest::BASE_DIR;
 use crate::project_path;
 
@@ -178,9 +179,12 @@ impl Plan {
         result
     }
 
-    /// Applies the plan to the existing tree at `root`. Every new content is
-    /// staged in a temporary file beside its destination first; only when
-    /// all are staged are they renamed into place, and deletions come last.
+    /// Applies the plan to the existing tree at `root`, all or nothing even
+    /// if the process is killed: every new content is staged in a file
+    /// beside its destination, then the journal (see [`crate::journal`]) is
+    /// committed, then the staging files are renamed into place and the
+    /// deletions done. A run killed before the commit is rolled back by the
+    /// next one, a run killed after it is rolled forward.
     ///
     /// Nothing is written through a symbolic link inside `root`: every path
     /// is checked before the first write, and staging files are created
@@ -189,7 +193,22 @@ impl Plan {
         for change in &self.changes {
             project_path::refuse_links(root, &change.path)?;
         }
-        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let mut journal = Journal {
+            state: State::Staging,
+            pid: std::process::id(),
+            writes: Vec::new(),
+            deletes: Vec::new(),
+        };
+        for change in &self.changes {
+            match &change.action {
+                Action::Create { .. } | Action::Update { .. } => {
+                    journal.writes.push(change.path.clone());
+                }
+                Action::Delete { .. } => journal.deletes.push(change.path.clone()),
+            }
+        }
+        journal.save(root)?;
+        let mut staged: Vec<PathBuf> = Vec::new();
         let stage_all = (|| {
             for change in &self.changes {
                 let dest = root.join(&change.path);
@@ -206,7 +225,7 @@ impl Plan {
                     Action::Update { new, .. } => new,
                     Action::Delete { .. } => continue,
                 };
-                let tmp = staging_path(&dest);
+                let tmp = journal.staging_path(root, &change.path);
                 // A leftover of an interrupted run (or anything put there) goes;
                 // removing a link removes the link, not what it points to.
                 if std::fs::symlink_metadata(&tmp).is_ok_and(|m| !m.is_dir()) {
@@ -215,41 +234,49 @@ impl Plan {
                     })?;
                 }
                 write_file(&tmp, new)?;
-                staged.push((tmp, dest));
+                staged.push(tmp);
+                fault::point("staged", staged.len());
             }
             Ok(())
         })();
         if let Err(err) = stage_all {
-            for (tmp, _) in &staged {
+            for tmp in &staged {
                 let _ = std::fs::remove_file(tmp);
             }
+            let _ = Journal::remove(root);
             return Err(err);
         }
-        for (tmp, dest) in &staged {
-            std::fs::rename(tmp, dest)
-                .with_context(|| format!("failed to write `{}`", dest.display()))?;
+        journal.state = State::Committed;
+        journal.save(root)?;
+        for (renamed, dest) in journal.writes.iter().enumerate() {
+            let tmp = journal.staging_path(root, dest);
+            std::fs::rename(&tmp, root.join(dest))
+                .with_context(|| format!("failed to write `{dest}`"))?;
+            fault::point("renamed", renamed + 1);
         }
-        for change in &self.changes {
-            if let Action::Delete { .. } = change.action {
-                let dest = root.join(&change.path);
-                std::fs::remove_file(&dest)
-                    .with_context(|| format!("failed to delete `{}`", dest.display()))?;
-            }
+        for dest in &journal.deletes {
+            std::fs::remove_file(root.join(dest))
+                .with_context(|| format!("failed to delete `{dest}`"))?;
         }
-        Ok(())
+        Journal::remove(root)
+    }
+}
+
+/// Fault injection for the tests of interrupted runs: in debug builds only,
+/// `GPKIT_FAULT=<stage>:<n>` (`staged:3`, `renamed:5`) aborts the process,
+/// as a `kill -9` would, once `n` files have reached that stage.
+mod fault {
+    pub fn point(stage: &str, count: usize) {
+        if cfg!(debug_assertions)
+            && std::env::var("GPKIT_FAULT").is_ok_and(|f| f == format!("{stage}:{count}"))
+        {
+            std::process::abort();
+        }
     }
 }
 
 fn is_base_copy(path: &str) -> bool {
     path.starts_with(BASE_DIR)
-}
-
-fn staging_path(dest: &Path) -> PathBuf {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    dest.with_file_name(format!(".{name}.gpkit-new-{}", std::process::id()))
 }
 
 /// Creates the new file `path` (and its missing directories); anything

@@ -13,9 +13,11 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 
 use crate::blueprint;
+use crate::journal::{self, JOURNAL_FILE};
 use crate::lock::ProjectLock;
 use crate::manifest::Components;
 use crate::project::Project;
+use crate::project_path;
 use crate::reconcile::{self, FileChange, Options, Outcome};
 use crate::update;
 
@@ -64,9 +66,20 @@ impl Context {
     ) -> Result<(Project, Option<ProjectLock>)> {
         let project = Project::open(&self.dir)?;
         if self.dry_run || read_only {
+            if project_path::read(&project.root, JOURNAL_FILE)?.is_some() {
+                bail!(
+                    "an earlier gpkit run was interrupted and left `{JOURNAL_FILE}`, so the \
+                     project may be half-changed; nothing was changed\n\
+                     help: run the command without `--dry-run`/`--check` to complete or undo \
+                     that run first"
+                );
+            }
             return Ok((project, None));
         }
         let lock = ProjectLock::acquire(&project.root, command)?;
+        if let Some(done) = journal::recover(&project.root)? {
+            eprintln!("note: {done}");
+        }
         Ok((Project::open(&self.dir)?, Some(lock)))
     }
 

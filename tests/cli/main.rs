@@ -9,6 +9,7 @@ mod event_sequences;
 mod go_peers;
 mod goose_interop;
 mod help;
+mod interrupted;
 mod new_migration;
 mod new_project;
 mod support;

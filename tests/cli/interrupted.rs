@@ -1,0 +1,86 @@
+//! Runs killed half-way: with the fault-injection point of debug builds
+//! (`GPKIT_FAULT=<stage>:<n>`, an abort as from `kill -9`), a run is killed
+//! while staging and while renaming; the next run repairs the project, which
+//! then matches, byte for byte, a project that was never interrupted.
+
+use std::path::Path;
+
+use crate::support::{gpkit, new_project, read_tree};
+
+/// A `--no-worker` project in `dir`, with `gpkit add worker` applied
+/// without interruption: the tree every repaired run must reach.
+fn reference(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::create_dir_all(dir).unwrap();
+    let project = new_project(dir, &["--no-worker"]);
+    gpkit(&project).args(["add", "worker"]).assert().success();
+    read_tree(&project, &[])
+}
+
+#[test]
+fn a_run_killed_at_any_point_is_repaired_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = reference(&dir.path().join("reference"));
+    let files = expected.len();
+
+    for fault in [
+        "staged:1",
+        "staged:20",
+        "renamed:1",
+        "renamed:25",
+        "renamed:50",
+    ] {
+        let parent = dir.path().join(fault.replace(':', "-"));
+        std::fs::create_dir(&parent).unwrap();
+        let project = new_project(&parent, &["--no-worker"]);
+        let before = read_tree(&project, &[]);
+
+        let killed = gpkit(&project)
+            .args(["add", "worker"])
+            .env("GPKIT_FAULT", fault)
+            .output()
+            .unwrap();
+        assert!(
+            killed.status.code().is_none(),
+            "{fault}: the run was not killed: {}",
+            String::from_utf8_lossy(&killed.stderr)
+        );
+        assert!(
+            project.join(".gpkit/journal.json").exists(),
+            "{fault}: no journal"
+        );
+        if fault.starts_with("staged") {
+            // Nothing of the project was touched yet (staging files aside).
+            let now = read_tree(&project, &[]);
+            for (path, contents) in &before {
+                assert_eq!(now.get(path), Some(contents), "{fault}: {path} changed");
+            }
+        }
+
+        // A dry run refuses to plan on a half-changed project.
+        gpkit(&project)
+            .args(["--dry-run", "add", "worker"])
+            .assert()
+            .code(1)
+            .stderr(predicates::str::contains("was interrupted"));
+
+        let repaired = gpkit(&project).args(["add", "worker"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&repaired.stderr);
+        assert!(repaired.status.success(), "{fault}: {stderr}");
+        assert!(
+            stderr.contains("note: an earlier gpkit run was interrupted"),
+            "{stderr}"
+        );
+
+        let after = read_tree(&project, &[]);
+        let differing: Vec<&String> = expected
+            .keys()
+            .chain(after.keys())
+            .filter(|k| expected.get(*k) != after.get(*k))
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "{fault}: after the repair {differing:?} differ from an uninterrupted run"
+        );
+        assert_eq!(after.len(), files);
+    }
+}
