@@ -11,6 +11,7 @@ pub mod cli;
 pub mod commands;
 pub mod events;
 pub mod journal;
+pub mod line_endings;
 pub mod lock;
 pub mod manifest;
 pub mod migration;

@@ -18,7 +18,7 @@ use diffy::{ConflictStyle, MergeOptions};
 use crate::blueprint::Tree;
 use crate::manifest::Owner;
 use crate::project::Project;
-use crate::{cargo_toml, regions};
+use crate::{cargo_toml, line_endings, regions};
 
 /// What happened, or will happen, to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,15 +115,18 @@ pub struct Options {
 pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
     let mut changes = Vec::new();
     for (path, file) in desired {
-        let ours = project.current(path)?;
-        let base = project.base(path)?;
+        // Compared and merged with LF line endings; a CRLF file stays CRLF.
+        let current = project.current(path)?;
+        let crlf = current.as_deref().is_some_and(line_endings::is_crlf);
+        let ours = current.clone().map(line_endings::to_lf);
+        let base = project.base(path)?.map(line_endings::to_lf);
         let recorded = project.manifest.files.contains_key(path);
         let theirs = file.contents.clone();
         let mut change = FileChange {
             path: path.clone(),
             owner: file.owner,
             outcome: Outcome::UpToDate,
-            current: ours.clone(),
+            current,
             old_base: base.clone(),
             write: None,
             delete: false,
@@ -158,6 +161,9 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
                 Owner::User => merge_user_file(&mut change, base, ours, theirs)?,
             },
         }
+        if crlf {
+            change.write = change.write.map(|text| line_endings::to_crlf(&text));
+        }
         changes.push(change);
     }
     for path in project
@@ -168,8 +174,8 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
     {
         let owner = project.manifest.files[path].owner;
         let ours = project.current(path)?;
-        let base = project.base(path)?;
-        let (outcome, delete) = match &ours {
+        let base = project.base(path)?.map(line_endings::to_lf);
+        let (outcome, delete) = match &ours.clone().map(line_endings::to_lf) {
             None => (Outcome::Deleted, false),
             Some(ours) if Some(ours) == base.as_ref() && owner == Owner::Kit => {
                 (Outcome::Deleted, true)

@@ -4,6 +4,7 @@
 use anyhow::Result;
 
 use crate::blueprint::TEMPLATE_SET_VERSION;
+use crate::line_endings;
 use crate::manifest::{BASE_DIR, Components, FileRecord, MANIFEST_FILE, sha256_hex};
 use crate::plan::Plan;
 use crate::project::Project;
@@ -60,10 +61,14 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
         return Ok(plan);
     }
     let old_manifest = project.current(MANIFEST_FILE)?.unwrap_or_default();
+    let mut new_manifest = manifest.to_toml().into_bytes();
+    if line_endings::is_crlf(&old_manifest) {
+        new_manifest = line_endings::to_crlf(&new_manifest);
+    }
     plan.update(
         MANIFEST_FILE,
         old_manifest,
-        manifest.to_toml().into_bytes(),
+        new_manifest,
         "records the components, template set and file bases",
     );
     Ok(plan)

@@ -10,6 +10,7 @@ mod go_peers;
 mod goose_interop;
 mod help;
 mod interrupted;
+mod line_endings;
 mod new_migration;
 mod new_project;
 mod support;
