@@ -7,6 +7,8 @@ use std::process::Command;
 
 use predicates::str::contains;
 
+use gpkit::blueprint::TEMPLATE_SET_VERSION;
+
 use crate::support::{
     assert_text_snapshot, assert_tree_snapshot, changed_since, copy_tree, gpkit, read_tree, repo,
 };
@@ -55,14 +57,19 @@ fn a_clean_upgrade_merges_everything_and_reports_each_file() {
         .filter(|p| !project.join(p).exists())
         .collect();
     assert_eq!(deleted, ["src/version.rs"]);
-    // The manifest now records template set 1, and a second run finds nothing to do.
+    // The manifest now records the current template set, and a second run finds nothing to do.
     let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
-    assert!(manifest.contains("template_set = 1"), "{manifest}");
+    assert!(
+        manifest.contains(&format!("template_set = {TEMPLATE_SET_VERSION}")),
+        "{manifest}"
+    );
     let after = read_tree(&project, &[]);
     let (code, report) = upgrade(&project, &[]);
     assert_eq!(code, 0);
     assert!(
-        report.starts_with("Up to date with template set 1.\n"),
+        report.starts_with(&format!(
+            "Up to date with template set {TEMPLATE_SET_VERSION}.\n"
+        )),
         "{report}"
     );
     assert_eq!(
@@ -112,7 +119,9 @@ fn dry_run_and_check_change_nothing_byte_for_byte() {
         "{text}"
     );
     assert!(
-        text.contains("An upgrade from template set 0 to 1 is available; nothing was written."),
+        text.contains(&format!(
+            "An upgrade from template set 0 to {TEMPLATE_SET_VERSION} is available; nothing was written."
+        )),
         "{text}"
     );
     assert_eq!(
@@ -140,7 +149,7 @@ fn the_json_report_lists_every_file() {
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(report["status"], "available");
     assert_eq!(report["from_template_set"], 0);
-    assert_eq!(report["to_template_set"], 1);
+    assert_eq!(report["to_template_set"], TEMPLATE_SET_VERSION);
     let outcome = |path: &str| {
         report["files"]
             .as_array()
@@ -153,7 +162,7 @@ fn the_json_report_lists_every_file() {
     assert_eq!(outcome("src/signals.rs"), Some("created".into()));
     assert_eq!(outcome("src/version.rs"), Some("deleted".into()));
     assert_eq!(outcome(".env.example"), Some("deleted by you".into()));
-    assert_eq!(outcome("src/config.rs"), Some("up to date".into()));
+    assert_eq!(outcome("src/trace_context.rs"), Some("up to date".into()));
 }
 
 #[test]
@@ -169,7 +178,10 @@ fn a_fresh_project_is_already_up_to_date() {
     let (code, report) = upgrade(&project, &[]);
     assert_eq!(
         (code, report.as_str()),
-        (0, "Up to date with template set 1.\n")
+        (
+            0,
+            format!("Up to date with template set {TEMPLATE_SET_VERSION}.\n").as_str()
+        )
     );
     let (code, _) = upgrade(&project, &["--check"]);
     assert_eq!(code, 0);
@@ -206,9 +218,9 @@ fn a_project_from_a_newer_template_set_is_refused() {
         .args(["upgrade", "templates"])
         .assert()
         .code(1)
-        .stderr(contains(
-            "template set 99, newer than this gpkit's template set 1",
-        ))
+        .stderr(contains(&format!(
+            "template set 99, newer than this gpkit's template set {TEMPLATE_SET_VERSION}"
+        )))
         .stderr(contains("help: install gpkit 0.0.9 or later"));
     assert_eq!(read_tree(&project, &[]), before);
 }

@@ -182,18 +182,38 @@ impl DatabaseUrl {
             .expect("DATABASE_URL was validated when the configuration was loaded")
     }
 
-    /// The URL with the password replaced by `***`, for logs.
+    /// The URL with every credential replaced by `***`, for logs: the
+    /// password of `user:password@` and query parameters such as
+    /// `?password=` or `?sslpassword=`.
     pub fn redacted(&self) -> String {
-        match url::Url::parse(self.0.expose_secret()) {
-            Ok(mut url) => {
-                if url.password().is_some() {
-                    let _ = url.set_password(Some("***"));
-                }
-                url.to_string()
-            }
-            Err(_) => "<invalid url>".to_string(),
-        }
+        redact_url(self.0.expose_secret())
     }
+}
+
+/// `raw` with its credentials masked; `<invalid url>` when it is not a URL.
+pub fn redact_url(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "<invalid url>".to_string();
+    };
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    }
+    let is_secret = |key: &str| key.to_ascii_lowercase().contains("password");
+    if url.query_pairs().any(|(key, _)| is_secret(&key)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(key, value)| {
+                let value = if is_secret(&key) {
+                    "***".to_string()
+                } else {
+                    value.into_owned()
+                };
+                (key.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
 }
 
 impl FromStr for DatabaseUrl {
@@ -209,6 +229,15 @@ impl FromStr for DatabaseUrl {
             return Err(format!(
                 "the scheme is `{}`; expected postgres://user:password@host:5432/database",
                 url.scheme()
+            ));
+        }
+        // sqlx logs an unknown parameter with its value: refuse a secret one.
+        if let Some((key, _)) = url.query_pairs().find(|(key, _)| {
+            key.to_ascii_lowercase().contains("password") && key.as_ref() != "password"
+        }) {
+            return Err(format!(
+                "the parameter `{key}` is not one sqlx uses; give the password as \
+                 postgres://user:password@host/database or ?password="
             ));
         }
         PgConnectOptions::from_str(raw).map_err(|_| {
@@ -279,6 +308,31 @@ mod tests {
         let shown = format!("{url:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("postgres://app:***@db:5432/shop"), "{shown}");
+    }
+
+    #[test]
+    fn every_form_of_password_in_a_url_is_masked() {
+        for raw in [
+            "postgres://app:hunter2@db:5432/shop",
+            "postgres://app@db:5432/shop?password=hunter2",
+            "postgres://app@db/shop?sslmode=require&password=hunter2&application_name=x",
+        ] {
+            let url: DatabaseUrl = raw.parse().unwrap();
+            for shown in [url.redacted(), format!("{url:?}")] {
+                assert!(!shown.contains("hunter2"), "{raw}: {shown}");
+                assert!(shown.contains("***"), "{raw}: {shown}");
+            }
+        }
+        let url: DatabaseUrl = "postgres://app@db/shop?application_name=x".parse().unwrap();
+        assert_eq!(url.redacted(), "postgres://app@db/shop?application_name=x");
+        // sqlx would log an unknown parameter's value as a warning.
+        let err = "postgres://app@db/shop?sslpassword=hunter2"
+            .parse::<DatabaseUrl>()
+            .unwrap_err();
+        assert!(
+            err.contains("`sslpassword`") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 
     #[test]

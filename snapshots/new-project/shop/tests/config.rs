@@ -10,12 +10,17 @@ const SECRET: &str = "hunter2";
 
 /// Runs the server binary with exactly `vars` as its configuration.
 fn start_server(vars: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_server"));
-    command.env_clear();
+    run(env!("CARGO_BIN_EXE_server"), &[], vars)
+}
+
+/// Runs `binary` with `args` and exactly `vars` as its environment.
+fn run(binary: &str, args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(binary);
+    command.args(args).env_clear();
     for (key, value) in vars {
         command.env(key, value);
     }
-    command.output().expect("run the server binary")
+    command.output().expect("run the binary")
 }
 
 fn stderr_of(output: &Output) -> String {
@@ -82,4 +87,59 @@ fn debug_output_hides_every_secret() {
 
     assert!(!shown.contains(SECRET), "{shown}");
     assert!(shown.contains("postgres://app:***@db:5432/app"), "{shown}");
+
+    // The `?password=` form that sqlx accepts too.
+    let config = support::test_config(&format!("postgres://app@db:5432/app?password={SECRET}"));
+    let shown = format!("{config:?}");
+    assert!(!shown.contains(SECRET), "{shown}");
+    assert!(shown.contains("password=***"), "{shown}");
+}
+
+#[test]
+fn migrate_never_prints_the_password() {
+    for url in [
+        // Nothing listens on port 1: the connection fails.
+        format!("postgres://app:{SECRET}@127.0.0.1:1/app"),
+        format!("postgres://app@127.0.0.1:1/app?password={SECRET}"),
+        format!("mysql://app:{SECRET}@127.0.0.1:1/app"),
+    ] {
+        let output = run(
+            env!("CARGO_BIN_EXE_migrate"),
+            &["status"],
+            &[("DATABASE_URL", &url)],
+        );
+        let stderr = stderr_of(&output);
+        assert!(!output.status.success(), "{url}: {stderr}");
+        assert!(!stderr.is_empty(), "{url}: no error shown");
+        assert!(!stderr.contains(SECRET), "the password leaked: {stderr}");
+    }
+}
+
+#[test]
+fn worker_configuration_errors_name_the_variable_and_hide_secrets() {
+    let url = format!("postgres://app@localhost/app?password={SECRET}");
+    let output = run(
+        env!("CARGO_BIN_EXE_worker"),
+        &[],
+        &[
+            ("DATABASE_URL", &url),
+            ("VALKEY_PASSWORD", SECRET),
+            ("WORKER_CONCURRENCY", "ten"),
+        ],
+    );
+
+    let stderr = stderr_of(&output);
+    assert!(!output.status.success());
+    assert!(stderr.contains("WORKER_CONCURRENCY"), "{stderr}");
+    assert!(stderr.contains("'ten'"), "{stderr}");
+    assert!(!stderr.contains(SECRET), "the password leaked: {stderr}");
+}
+
+#[test]
+fn the_worker_names_a_missing_database_url() {
+    let output = run(env!("CARGO_BIN_EXE_worker"), &[], &[]);
+
+    let stderr = stderr_of(&output);
+    assert!(!output.status.success());
+    assert!(stderr.contains("DATABASE_URL is not set"), "{stderr}");
 }
