@@ -218,7 +218,7 @@ fn a_project_from_a_newer_template_set_is_refused() {
         .args(["upgrade", "templates"])
         .assert()
         .code(1)
-        .stderr(contains(&format!(
+        .stderr(contains(format!(
             "template set 99, newer than this gpkit's template set {TEMPLATE_SET_VERSION}"
         )))
         .stderr(contains("help: install gpkit 0.0.9 or later"));
