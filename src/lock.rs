@@ -71,7 +71,23 @@ impl ProjectLock {
             &holder,
             format!("`{command}` (process {})\n", std::process::id()).as_bytes(),
         )?;
+        hold_for_tests();
         Ok(Self { dir, holder })
+    }
+}
+
+/// For the tests of concurrent runs, in debug builds only:
+/// `GPKIT_HOLD_LOCK_MS=<n>` keeps the lock n milliseconds before the run
+/// goes on, so that a second run surely meets it.
+fn hold_for_tests() {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    if let Some(ms) = std::env::var("GPKIT_HOLD_LOCK_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 

@@ -1,4 +1,5 @@
-//! Runs killed half-way: with the fault-injection point of debug builds
+//! Runs that meet trouble: a second run while the first holds the project's
+//! lock, and runs killed half-way. With the fault-injection point of debug builds
 //! (`GPKIT_FAULT=<stage>:<n>`, an abort as from `kill -9`), a run is killed
 //! while staging and while renaming; the next run repairs the project, which
 //! then matches, byte for byte, a project that was never interrupted.
@@ -83,4 +84,44 @@ fn a_run_killed_at_any_point_is_repaired_by_the_next() {
         );
         assert_eq!(after.len(), files);
     }
+}
+
+/// Two runs in one project: the second waits briefly, then fails naming
+/// the first and changing nothing; the first completes.
+#[test]
+fn a_second_run_meets_the_lock_of_the_first_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &["--no-worker"]);
+    let first = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpkit"))
+        .args(["add", "worker"])
+        .current_dir(&project)
+        .env("GPKIT_HOLD_LOCK_MS", "6000")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let holder = project.join(".gpkit/lock");
+    let start = std::time::Instant::now();
+    while !holder.exists() {
+        assert!(start.elapsed().as_secs() < 10, "the first run never locked");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = read_tree(&project, &[".gpkit"]);
+
+    let second = gpkit(&project).args(["add", "worker"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("`gpkit add worker` (process {})", first.id())),
+        "{stderr}"
+    );
+    assert_eq!(read_tree(&project, &[".gpkit"]), before);
+
+    let first = first.wait_with_output().unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(project.join("src/bin/worker.rs").exists());
+    assert!(!holder.exists(), "the lock note outlived the run");
 }
