@@ -61,6 +61,26 @@ pub enum Command {
     /// The same as `gpkit upgrade templates`
     #[command(name = "upgrade-templates", hide = true)]
     UpgradeTemplates(UpgradeArgs),
+    /// Print a shell completion script for gpkit
+    #[command(after_help = "\
+Examples:
+  gpkit completions bash > ~/.local/share/bash-completion/completions/gpkit
+  gpkit completions zsh > ~/.zfunc/_gpkit
+  gpkit completions fish > ~/.config/fish/completions/gpkit.fish")]
+    Completions(CompletionsArgs),
+    /// Print gpkit's manual page (roff)
+    #[command(after_help = "\
+Examples:
+  gpkit man > ~/.local/share/man/man1/gpkit.1
+  gpkit man | man -l -")]
+    Man,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]
@@ -196,9 +216,25 @@ pub struct NewProjectArgs {
     /// for when missing and standard input is a terminal.
     pub name: Option<String>,
 
+    /// Include the worker (the default; asked when interactive)
+    #[arg(long, conflicts_with = "no_worker")]
+    pub worker: bool,
+
     /// Leave out the worker (add it later with `gpkit add worker`)
     #[arg(long)]
     pub no_worker: bool,
+}
+
+impl NewProjectArgs {
+    /// Whether a flag chose the worker: `Some(true)` for `--worker`,
+    /// `Some(false)` for `--no-worker`, `None` to ask or take the default.
+    pub fn worker(&self) -> Option<bool> {
+        match (self.worker, self.no_worker) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

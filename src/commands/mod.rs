@@ -3,6 +3,7 @@
 
 mod add_event;
 mod add_worker;
+mod completions;
 mod new_migration;
 mod new_project;
 mod upgrade;
@@ -120,6 +121,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Upgrade(UpgradeCommand::Templates(args)) | Command::UpgradeTemplates(args) => {
             upgrade::run(&ctx, args)
         }
+        Command::Completions(args) => completions::completions(args.shell),
+        Command::Man => completions::man(),
     }
 }
 

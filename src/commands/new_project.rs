@@ -15,23 +15,33 @@ use crate::plan::Plan;
 use crate::prompt;
 
 pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
-    let raw = prompt::text(
+    let worker_flag = args.worker();
+    let name = prompt::value(
         args.name,
         ctx.no_input,
         "Project name",
         "the project name",
         "gpkit new project <name>",
+        |raw| {
+            let name = PackageName::parse(raw)?;
+            check_destination(&ctx.dir.join(name.as_str()))?;
+            Ok(name)
+        },
     )?;
-    let name = PackageName::parse(&raw)?;
     let dest = ctx.dir.join(name.as_str());
-    check_destination(&dest)?;
+    let worker = prompt::choice(
+        worker_flag,
+        ctx.no_input,
+        "Include the worker (outbox relay, queue consumer, listeners)?",
+        true,
+    )?;
 
     let answers = Answers {
         name: name.as_str().to_string(),
     };
     let components = Components {
         events: Vec::new(),
-        worker: !args.no_worker,
+        worker,
     };
     let plan = plan(answers, components)?;
 

@@ -13,6 +13,8 @@ const COMMANDS: &[&[&str]] = &[
     &["add", "event"],
     &["upgrade"],
     &["upgrade", "templates"],
+    &["completions"],
+    &["man"],
 ];
 
 #[test]
@@ -60,4 +62,60 @@ fn usage_errors_exit_2() {
         .assert()
         .code(2);
     gpkit(dir.path()).arg("frobnicate").assert().code(2);
+}
+
+#[test]
+fn completions_cover_every_command_in_every_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
+        let output = gpkit(dir.path())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}");
+        let script = String::from_utf8(output.stdout).unwrap();
+        for word in [
+            "project",
+            "migration",
+            "worker",
+            "event",
+            "templates",
+            "dry-run",
+        ] {
+            assert!(script.contains(word), "{shell}: no `{word}`");
+        }
+    }
+    // The bash script is valid bash.
+    let script = gpkit(dir.path())
+        .args(["completions", "bash"])
+        .output()
+        .unwrap()
+        .stdout;
+    let path = dir.path().join("gpkit.bash");
+    std::fs::write(&path, script).unwrap();
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn the_man_page_is_roff_and_lists_the_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = gpkit(dir.path()).arg("man").output().unwrap();
+    assert!(output.status.success());
+    let page = String::from_utf8(output.stdout).unwrap();
+    assert!(page.contains(".TH gpkit 1"), "{page}");
+    for command in ["new", "add", "upgrade", "completions"] {
+        assert!(
+            page.contains(&format!("{command}(1)")) || page.contains(command),
+            "{command}"
+        );
+    }
 }

@@ -13,6 +13,7 @@ mod interrupted;
 mod line_endings;
 mod new_migration;
 mod new_project;
+mod prompts;
 mod support;
 mod template_set;
 mod untrusted;
