@@ -6,7 +6,9 @@ use std::path::Path;
 
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, changed_since, edit, gpkit, new_project, read_tree};
+use crate::support::{
+    assert_tree_snapshot, changed_since, disk_state, edit, gpkit, new_project, read_tree,
+};
 
 const ORDER_PLACED: &[&str] = &[
     "add",
@@ -233,7 +235,7 @@ fn a_missing_region_stops_it_with_the_code_to_restore() {
 fn dry_run_shows_every_change_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &[]);
-    let before = read_tree(&project, &[]);
+    let before = disk_state(&project, &[]);
 
     let output = gpkit(&project)
         .arg("--dry-run")
@@ -259,5 +261,5 @@ fn dry_run_shows_every_change_and_writes_nothing() {
         text.contains("+    pub dispatcher: crate::outbox::OutboxDispatcher,"),
         "{text}"
     );
-    assert_eq!(read_tree(&project, &[]), before);
+    assert_eq!(disk_state(&project, &[]), before);
 }

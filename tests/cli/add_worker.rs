@@ -3,7 +3,9 @@
 
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, changed_since, edit, gpkit, new_project, read_tree};
+use crate::support::{
+    assert_tree_snapshot, changed_since, disk_state, edit, gpkit, new_project, read_tree,
+};
 
 #[test]
 fn adding_the_worker_gives_exactly_what_new_project_gives() {
@@ -25,7 +27,7 @@ fn adding_the_worker_gives_exactly_what_new_project_gives() {
 fn a_second_run_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &[]);
-    let before = read_tree(&project, &[]);
+    let before = disk_state(&project, &[]);
 
     gpkit(&project)
         .args(["add", "worker"])
@@ -33,7 +35,7 @@ fn a_second_run_changes_nothing() {
         .success()
         .stderr(contains("The worker is already there; nothing to do."));
 
-    assert_eq!(read_tree(&project, &[]), before);
+    assert_eq!(disk_state(&project, &[]), before);
 }
 
 #[test]
@@ -52,7 +54,7 @@ fn outside_a_project_it_is_an_error() {
 fn dry_run_shows_the_plan_and_diffs_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &["--no-worker"]);
-    let before = read_tree(&project, &[]);
+    let before = disk_state(&project, &[]);
 
     let output = gpkit(&project)
         .args(["--dry-run", "--diff", "add", "worker"])
@@ -64,7 +66,7 @@ fn dry_run_shows_the_plan_and_diffs_and_writes_nothing() {
     assert!(text.contains("  create  src/outbox/relay.rs "), "{text}");
     assert!(text.contains("  update  Cargo.toml "), "{text}");
     assert!(text.contains("+name = \"worker\""), "{text}");
-    assert_eq!(read_tree(&project, &[]), before);
+    assert_eq!(disk_state(&project, &[]), before);
 }
 
 #[test]
@@ -131,7 +133,7 @@ fn a_removed_region_stops_it_before_anything_is_written() {
     let project = new_project(dir.path(), &["--no-worker"]);
     edit(&project.join("src/lib.rs"), "// gpkit:begin modules\n", "");
     edit(&project.join("src/lib.rs"), "// gpkit:end modules\n", "");
-    let before = read_tree(&project, &[]);
+    let before = disk_state(&project, &[]);
 
     gpkit(&project)
         .args(["add", "worker"])
@@ -141,5 +143,5 @@ fn a_removed_region_stops_it_before_anything_is_written() {
         .stderr(contains("pub mod worker;"))
         .stderr(contains("nothing was written"));
 
-    assert_eq!(read_tree(&project, &[]), before);
+    assert_eq!(disk_state(&project, &[]), before);
 }

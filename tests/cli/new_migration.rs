@@ -3,7 +3,7 @@
 
 use predicates::str::contains;
 
-use crate::support::{gpkit, read_tree};
+use crate::support::{disk_state, gpkit, read_tree};
 
 /// A project without the worker, generated into a temp dir.
 fn project() -> tempfile::TempDir {
@@ -83,7 +83,7 @@ fn sequential_numbering_counts_up() {
 #[test]
 fn bad_input_is_refused_and_nothing_changes() {
     let dir = project();
-    let before = read_tree(dir.path(), &[]);
+    let before = disk_state(dir.path(), &[]);
 
     gpkit(&dir.path().join("shop"))
         .args(["new", "migration", "!!!"])
@@ -97,25 +97,27 @@ fn bad_input_is_refused_and_nothing_changes() {
         .code(1)
         .stderr(contains("is not a gpkit project"))
         .stderr(contains("help:"));
-    assert_eq!(read_tree(dir.path(), &[]), before);
+    assert_eq!(disk_state(dir.path(), &[]), before);
 
     std::fs::write(dir.path().join("shop/migrations/oops.sql"), "").unwrap();
+    let with_oops = disk_state(dir.path(), &[]);
     gpkit(&dir.path().join("shop"))
         .args(["new", "migration", "add_orders"])
         .assert()
         .code(1)
         .stderr(contains("oops.sql` is not a valid goose migration name"));
+    assert_eq!(disk_state(dir.path(), &[]), with_oops);
 }
 
 #[test]
 fn dry_run_writes_nothing() {
     let dir = project();
-    let before = read_tree(dir.path(), &[]);
+    let before = disk_state(dir.path(), &[]);
     gpkit(&dir.path().join("shop"))
         .env("SOURCE_DATE_EPOCH", "1700000000")
         .args(["--dry-run", "new", "migration", "add_orders"])
         .assert()
         .success()
         .stdout(contains("create  migrations/20231114221320_add_orders.sql"));
-    assert_eq!(read_tree(dir.path(), &[]), before);
+    assert_eq!(disk_state(dir.path(), &[]), before);
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use predicates::str::contains;
 
-use crate::support::{assert_tree_snapshot, gpkit, read_tree};
+use crate::support::{assert_tree_snapshot, disk_state, gpkit, read_tree};
 
 #[test]
 fn generates_the_snapshotted_tree() {
@@ -127,7 +127,7 @@ fn dry_run_with_diff_shows_the_contents() {
 fn assert_refused(args: &[&str], setup: impl Fn(&Path), message: &str) {
     let dir = tempfile::tempdir().unwrap();
     setup(dir.path());
-    let before = read_tree(dir.path(), &[]);
+    let before = disk_state(dir.path(), &[]);
 
     let output = gpkit(dir.path()).args(args).output().unwrap();
 
@@ -143,7 +143,7 @@ fn assert_refused(args: &[&str], setup: impl Fn(&Path), message: &str) {
         "{args:?} gives no help: {stderr}"
     );
     assert_eq!(
-        read_tree(dir.path(), &[]),
+        disk_state(dir.path(), &[]),
         before,
         "{args:?} changed the disk"
     );

@@ -70,6 +70,66 @@ pub fn read_tree(root: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
+/// One entry of a directory tree, as [`disk_state`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    File { contents: Vec<u8>, mode: u32 },
+    Dir { mode: u32 },
+    Link { target: PathBuf },
+}
+
+/// Everything under `root`, skipping `skip`ped top-level entries: files
+/// with their bytes and permissions, directories (empty ones too) with
+/// theirs, and symbolic links with their targets, not followed. Two equal
+/// states mean the disk is unchanged, not only the files' contents.
+pub fn disk_state(root: &Path, skip: &[&str]) -> BTreeMap<String, Entry> {
+    let mut entries = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if skip
+                .iter()
+                .any(|s| rel == *s || rel.starts_with(&format!("{s}/")))
+            {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = permissions(&meta);
+            let recorded = if meta.file_type().is_symlink() {
+                Entry::Link {
+                    target: std::fs::read_link(&path).unwrap(),
+                }
+            } else if meta.is_dir() {
+                stack.push(path);
+                Entry::Dir { mode }
+            } else {
+                Entry::File {
+                    contents: std::fs::read(&path).unwrap(),
+                    mode,
+                }
+            };
+            entries.insert(rel, recorded);
+        }
+    }
+    entries
+}
+
+#[cfg(unix)]
+fn permissions(meta: &std::fs::Metadata) -> u32 {
+    std::os::unix::fs::PermissionsExt::mode(&meta.permissions())
+}
+
+#[cfg(not(unix))]
+fn permissions(meta: &std::fs::Metadata) -> u32 {
+    u32::from(meta.permissions().readonly())
+}
+
 /// The files of `project` (`.gpkit` left out) that are new or differ from
 /// `before`, a `read_tree` of it taken earlier.
 pub fn changed_since(

@@ -8,24 +8,11 @@ use std::path::Path;
 
 use gpkit::manifest::sha256_hex;
 
-use crate::support::{gpkit, new_project, read_tree};
+use crate::support::{Entry, disk_state, gpkit, new_project};
 
-/// Everything under `dir`: files with their bytes, and directories.
-fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut all = read_tree(dir, &[]);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(at) = stack.pop() {
-        for entry in std::fs::read_dir(&at).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            if meta.is_dir() {
-                let rel = path.strip_prefix(dir).unwrap().display().to_string();
-                all.insert(format!("{rel}/"), Vec::new());
-                stack.push(path);
-            }
-        }
-    }
-    all
+/// Everything under `dir`, links not followed.
+fn disk_state_of(dir: &Path) -> BTreeMap<String, Entry> {
+    disk_state(dir, &[])
 }
 
 /// A workspace with a project `shop` and, beside it, a directory `outside`
@@ -66,7 +53,7 @@ impl Workspace {
     /// Runs gpkit in the project with `args`, expects exit 1 with `needle`
     /// in the error, and checks that nothing changed anywhere.
     fn refused(&self, args: &[&str], needle: &str) {
-        let before = snapshot(self.dir.path());
+        let before = disk_state_of(self.dir.path());
         let output = gpkit(&self.project()).args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
@@ -74,7 +61,7 @@ impl Workspace {
             stderr.contains(needle),
             "{args:?}: {needle:?} not in: {stderr}"
         );
-        let after = snapshot(self.dir.path());
+        let after = disk_state_of(self.dir.path());
         let changed: Vec<&String> = before
             .keys()
             .chain(after.keys())

@@ -10,7 +10,8 @@ use predicates::str::contains;
 use gpkit::blueprint::TEMPLATE_SET_VERSION;
 
 use crate::support::{
-    assert_text_snapshot, assert_tree_snapshot, changed_since, copy_tree, gpkit, read_tree, repo,
+    assert_text_snapshot, assert_tree_snapshot, changed_since, copy_tree, disk_state, gpkit,
+    read_tree, repo,
 };
 
 /// A copy of `tests/fixtures/upgrade/<name>` in a temp dir.
@@ -173,7 +174,7 @@ fn a_fresh_project_is_already_up_to_date() {
         .assert()
         .success();
     let project = dir.path().join("shop");
-    let before = read_tree(&project, &[]);
+    let before = disk_state(&project, &[]);
 
     let (code, report) = upgrade(&project, &[]);
     assert_eq!(
@@ -185,7 +186,7 @@ fn a_fresh_project_is_already_up_to_date() {
     );
     let (code, _) = upgrade(&project, &["--check"]);
     assert_eq!(code, 0);
-    assert_eq!(read_tree(&project, &[]), before);
+    assert_eq!(disk_state(&project, &[]), before);
 }
 
 #[test]
@@ -212,7 +213,7 @@ fn a_project_from_a_newer_template_set_is_refused() {
         .unwrap()
         .replace("template_set = 0", "template_set = 99");
     std::fs::write(&manifest, text).unwrap();
-    let before = read_tree(&project, &[]);
+    let before = disk_state(&project, &[]);
 
     gpkit(&project)
         .args(["upgrade", "templates"])
@@ -222,7 +223,7 @@ fn a_project_from_a_newer_template_set_is_refused() {
             "template set 99, newer than this gpkit's template set {TEMPLATE_SET_VERSION}"
         )))
         .stderr(contains("help: install gpkit 0.0.9 or later"));
-    assert_eq!(read_tree(&project, &[]), before);
+    assert_eq!(disk_state(&project, &[]), before);
 }
 
 #[test]
@@ -247,7 +248,7 @@ fn uncommitted_changes_to_files_it_would_touch_stop_it_in_a_git_repository() {
     let telemetry = project.join("src/telemetry.rs");
     let edited = std::fs::read_to_string(&telemetry).unwrap() + "\n// work in progress\n";
     std::fs::write(&telemetry, &edited).unwrap();
-    let before = read_tree(&project, &[".git"]);
+    let before = disk_state(&project, &[".git"]);
 
     gpkit(&project)
         .args(["upgrade", "templates"])
@@ -256,7 +257,7 @@ fn uncommitted_changes_to_files_it_would_touch_stop_it_in_a_git_repository() {
         .stderr(contains("uncommitted changes"))
         .stderr(contains("src/telemetry.rs"))
         .stderr(contains("--allow-dirty"));
-    assert_eq!(read_tree(&project, &[".git"]), before);
+    assert_eq!(disk_state(&project, &[".git"]), before);
 
     let (code, _) = upgrade(&project, &["--allow-dirty"]);
     assert_eq!(code, 0);
