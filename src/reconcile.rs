@@ -35,6 +35,8 @@ pub enum Outcome {
     Kept,
     /// Changed by both where the changes overlap; written with conflict markers.
     Conflicted,
+    /// Still holds the conflict markers of an earlier run; left alone.
+    Unresolved,
     /// Dropped by the templates and unchanged by the user; deleted.
     Deleted,
     /// Deleted by the user; left deleted.
@@ -53,7 +55,10 @@ impl Outcome {
     pub fn is_conflict(&self) -> bool {
         matches!(
             self,
-            Outcome::Conflicted | Outcome::Blocked | Outcome::RegionProblem(_)
+            Outcome::Conflicted
+                | Outcome::Unresolved
+                | Outcome::Blocked
+                | Outcome::RegionProblem(_)
         )
     }
 
@@ -66,6 +71,7 @@ impl Outcome {
             Outcome::Merged => "merged",
             Outcome::Kept => "kept",
             Outcome::Conflicted => "conflicted",
+            Outcome::Unresolved => "conflicted (markers remain)",
             Outcome::Deleted => "deleted",
             Outcome::DeletedByUser => "deleted by you",
             Outcome::KeptRemoved => "kept (no longer in the kit)",
@@ -198,6 +204,12 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
 }
 
 fn merge_kit_file(change: &mut FileChange, base: Option<Vec<u8>>, ours: Vec<u8>, theirs: Vec<u8>) {
+    if has_conflict_markers(&ours) {
+        // Merging again would bury the markers: the user resolves them first.
+        change.outcome = Outcome::Unresolved;
+        change.base = base.or(Some(theirs));
+        return;
+    }
     if ours == theirs {
         change.outcome = Outcome::UpToDate;
     } else if base.as_ref() == Some(&ours) {
@@ -258,6 +270,15 @@ fn merge_user_file(
     Ok(())
 }
 
+/// Whether `text` holds the conflict markers [`merge3`] writes.
+pub fn has_conflict_markers(text: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(text);
+    let mut lines = text.lines();
+    lines.any(|l| l == "<<<<<<< ours")
+        && lines.any(|l| l == "=======")
+        && lines.any(|l| l == ">>>>>>> theirs")
+}
+
 /// A line-based 3-way merge; overlapping changes get standard conflict
 /// markers. Returns the text and whether it merged cleanly.
 pub fn merge3(base: &[u8], ours: &[u8], theirs: &[u8]) -> (Vec<u8>, bool) {
@@ -288,6 +309,8 @@ mod tests {
     fn overlapping_changes_get_conflict_markers() {
         let (text, clean) = merge3(b"a\nb\nc\n", b"a\nours\nc\n", b"a\ntheirs\nc\n");
         assert!(!clean);
+        assert!(has_conflict_markers(&text));
+        assert!(!has_conflict_markers(b"a\n=======\nb\n"));
         assert_eq!(
             String::from_utf8(text).unwrap(),
             "a\n<<<<<<< ours\nours\n=======\ntheirs\n>>>>>>> theirs\nc\n"

@@ -158,6 +158,10 @@ fn refuse_conflicts(changes: &[FileChange], command: &str) -> Result<()> {
         .filter(|c| c.outcome.is_conflict())
         .map(|c| match &c.outcome {
             Outcome::RegionProblem(explained) => explained.clone(),
+            Outcome::Unresolved => format!(
+                "`{}` still has the conflict markers of an earlier upgrade",
+                c.path
+            ),
             Outcome::Blocked => format!(
                 "`{}` already exists and gpkit did not write it, so it cannot create it",
                 c.path

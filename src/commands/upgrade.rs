@@ -53,7 +53,8 @@ pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
 
     let writes = !plan.is_empty() && !args.check && !ctx.dry_run;
     let status = match (plan.is_empty(), writes, conflicts) {
-        (true, _, _) => "up to date",
+        (true, _, true) => "conflicts",
+        (true, _, false) => "up to date",
         (false, false, _) => "available",
         (false, true, true) => "conflicts",
         (false, true, false) => "upgraded",
@@ -113,6 +114,9 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
             "An upgrade from template set {} to {} is available; nothing was written.\n",
             report.from_template_set, report.to_template_set
         ),
+        "conflicts" if !changes.iter().any(|c| c.write.is_some() || c.delete) => {
+            "Nothing new to upgrade, but conflicts remain to resolve:\n".to_string()
+        }
         "conflicts" => "Upgraded, with conflicts to resolve:\n".to_string(),
         _ => format!(
             "Upgraded from template set {} to {}.\n",

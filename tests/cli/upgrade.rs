@@ -99,6 +99,44 @@ fn overlapping_edits_leave_conflict_markers_and_exit_3() {
         dispatcher.contains("\"event stored in the outbox\");\n>>>>>>> theirs\n"),
         "{dispatcher}"
     );
+
+    // Run again before resolving: the markers are reported, not merged over.
+    let before = disk_state(&project, &[]);
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 3, "{report}");
+    assert!(
+        report.starts_with("Nothing new to upgrade, but conflicts remain to resolve:\n"),
+        "{report}"
+    );
+    assert!(
+        report.contains("src/outbox/dispatcher.rs") && report.contains("markers remain"),
+        "{report}"
+    );
+    assert_eq!(disk_state(&project, &[]), before);
+    // An add refuses too, naming the file.
+    gpkit(&project)
+        .args(["add", "event", "orderPlaced"])
+        .assert()
+        .code(1)
+        .stderr(contains(
+            "`src/outbox/dispatcher.rs` still has the conflict markers of an earlier upgrade",
+        ));
+
+    // Once resolved (here: taking the kit's side), the project is up to date.
+    let resolved = dispatcher
+        .split("<<<<<<< ours\n")
+        .next()
+        .unwrap()
+        .to_string()
+        + dispatcher
+            .split("=======\n")
+            .nth(1)
+            .unwrap()
+            .replace(">>>>>>> theirs\n", "")
+            .as_str();
+    std::fs::write(project.join("src/outbox/dispatcher.rs"), resolved).unwrap();
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 0, "{report}");
 }
 
 #[test]
