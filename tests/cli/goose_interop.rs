@@ -647,3 +647,64 @@ fn both_refuse_missing_migrations_and_roll_back_in_applied_order() {
     assert_eq!(version_rows(&db), [0, 1, 3]);
     assert!(!exists(&db, "b") && exists(&db, "c"));
 }
+
+/// The same migration gives the same data whichever tool runs it, also where
+/// the database's `TimeZone` and `DateStyle` (set with `ALTER DATABASE`) are
+/// not the `UTC` and `ISO, MDY` that sqlx gives every session: goose's
+/// session takes the database's, and `migrate` must too. `now()::timestamp`,
+/// a `01/02/2024` date literal and the version table's `tstamp` come out alike.
+#[test]
+fn both_tools_use_the_databases_time_zone_and_date_style() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::create("gpkit_goose_timezone");
+    let Some(tools) = Tools::new(dir.path(), &db) else {
+        return;
+    };
+    for setting in ["timezone = 'Pacific/Auckland'", "datestyle = 'ISO, DMY'"] {
+        psql(
+            &crate::e2e::server_url(),
+            &format!("ALTER DATABASE \"{}\" SET {setting}", db.name),
+        );
+    }
+    let insert = "INSERT INTO clock SELECT now()::timestamp, '01/02/2024'::date;";
+    std::fs::write(
+        dir.path().join("00001_clock.sql"),
+        format!("-- +goose Up\nCREATE TABLE clock (at timestamp, day date);\n{insert}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("00002_tick.sql"),
+        format!("-- +goose Up\n{insert}\n"),
+    )
+    .unwrap();
+
+    let _: Vec<GooseResult> = tools.goose(&["up-by-one"]);
+    tools.migrate(&["up-by-one"]);
+
+    // DMY: 1 February, for both.
+    assert_eq!(
+        psql(&db.url(), "SELECT DISTINCT day::text FROM clock"),
+        "2024-02-01"
+    );
+    // Both wall clocks in Auckland time, moments apart.
+    let auckland_now = "now() AT TIME ZONE 'Pacific/Auckland'";
+    for (what, query) in [
+        ("clock.at", "SELECT at FROM clock"),
+        (
+            "goose_db_version.tstamp",
+            "SELECT tstamp FROM goose_db_version WHERE version_id > 0",
+        ),
+    ] {
+        assert_eq!(
+            psql(
+                &db.url(),
+                &format!(
+                    "SELECT count(*) FILTER (WHERE abs(extract(epoch FROM t - ({auckland_now}))) < 60) \
+                     || '/' || count(*) FROM ({query}) AS q(t)"
+                ),
+            ),
+            "2/2",
+            "{what}: not both within a minute of Auckland's time"
+        );
+    }
+}
