@@ -6,8 +6,10 @@
 //! (the Go peer `goosepeer`, a `goose.Provider` with the Postgres session
 //! locker; see `tests/interop/go/cmd/goosepeer`) and the `migrate` binary of
 //! the shared built project against one database each, and check that each
-//! tool sees what the other did: applied versions, status, current version,
-//! the version-0 row, rollback order, and runs started at the same moment.
+//! tool sees what the other did: applied versions, status and its times,
+//! the current version, the version table and its version-0 row, missing
+//! (out-of-order) migrations and rollback order, runs started at the same
+//! moment, and the session settings a migration runs under.
 //!
 //! Where Go is missing the tests return early (see `go_peers`).
 
