@@ -57,6 +57,8 @@ struct Tools<'a> {
     migrate: PathBuf,
     dir: &'a Path,
     db: &'a Database,
+    /// The version table both are told to use; `None` for the default.
+    table: Option<&'a str>,
 }
 
 impl<'a> Tools<'a> {
@@ -69,27 +71,37 @@ impl<'a> Tools<'a> {
             migrate: binary("migrate"),
             dir,
             db,
+            table: None,
         })
     }
 
-    /// `goosepeer -dir <dir> <url> <args>`, not yet run.
+    /// Both tools use the version table `table` instead of the default.
+    fn with_table(self, table: &'a str) -> Self {
+        Self {
+            table: Some(table),
+            ..self
+        }
+    }
+
+    /// `goosepeer -dir <dir> [-table T] <flags> <url> <args>`, not yet run.
     fn goose_command(&self, flags: &[&str], args: &[&str]) -> Command {
         let mut command = Command::new(&self.goose);
-        command
-            .arg("-dir")
-            .arg(self.dir)
-            .args(flags)
-            .arg(self.db.url())
-            .args(args);
+        command.arg("-dir").arg(self.dir);
+        if let Some(table) = self.table {
+            command.args(["-table", table]);
+        }
+        command.args(flags).arg(self.db.url()).args(args);
         command
     }
 
-    /// `migrate --dir <dir> <args>` on the database, not yet run.
+    /// `migrate --dir <dir> [--table T] <args>` on the database, not yet run.
     fn migrate_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(&self.migrate);
+        command.arg("--dir").arg(self.dir);
+        if let Some(table) = self.table {
+            command.args(["--table", table]);
+        }
         command
-            .arg("--dir")
-            .arg(self.dir)
             .args(args)
             .env("DATABASE_URL", self.db.url())
             .env_remove("GOOSE_MIGRATION_DIR")
@@ -223,11 +235,16 @@ fn migrate_ran(log: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `version_id`s of the version table, in row order.
+/// The `version_id`s of the default version table, in row order.
 fn version_rows(db: &Database) -> Vec<i64> {
+    version_rows_of(db, "goose_db_version")
+}
+
+/// The `version_id`s of the version table `table`, in row order.
+fn version_rows_of(db: &Database, table: &str) -> Vec<i64> {
     psql(
         &db.url(),
-        "SELECT version_id FROM goose_db_version ORDER BY id",
+        &format!("SELECT version_id FROM {table} ORDER BY id"),
     )
     .lines()
     .map(|line| line.parse().unwrap())
@@ -426,7 +443,8 @@ fn created_file(log: &str) -> String {
 /// A migration that holds the lock for a while, so that the tool started
 /// second finds it taken.
 const SLOW: i64 = 20231114221400;
-/// A `NO TRANSACTION` migration (`CREATE INDEX CONCURRENTLY`).
+/// A `NO TRANSACTION` migration (`CREATE INDEX CONCURRENTLY`), slow to roll
+/// back.
 const CONCURRENT: i64 = 20231114221500;
 
 /// [`project_migrations`] plus a slow migration and a `NO TRANSACTION` one.
@@ -447,6 +465,7 @@ fn race_migrations(parent: &Path) -> PathBuf {
          -- +goose Up\n\
          CREATE INDEX CONCURRENTLY orders_total_idx ON orders (total_cents);\n\n\
          -- +goose Down\n\
+         SELECT pg_sleep(0.5);\n\
          DROP INDEX CONCURRENTLY orders_total_idx;\n",
     )
     .unwrap();
@@ -508,6 +527,39 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
             "t",
             "round {round}: the concurrent index is not valid"
         );
+    }
+}
+
+/// A goose `down` and a `migrate down` started at the same moment each roll
+/// back one migration, the two most recently applied: each reads the current
+/// version under the lock, so neither rolls back what the other just did.
+/// Three rounds, each on a fresh database.
+#[test]
+fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = race_migrations(parent.path());
+    for round in 1..=3 {
+        let db = Database::create("gpkit_goose_race_down");
+        let Some(tools) = Tools::new(&dir, &db) else {
+            return;
+        };
+        tools.migrate(&["up"]);
+        let last_two = tools.files().split_off(2);
+
+        let goose = spawn(tools.goose_command(&[], &["down"]));
+        let migrate = spawn(tools.migrate_command(&["down"]));
+        let goose = succeeded(goose.wait_with_output().unwrap(), "goose", &["down"]);
+        let migrate = succeeded(migrate.wait_with_output().unwrap(), "migrate", &["down"]);
+
+        let results: Vec<GooseResult> = serde_json::from_slice(&goose.stdout).unwrap();
+        let by_goose: Vec<String> = results.into_iter().map(|r| r.file).collect();
+        let by_migrate = migrate_ran(&String::from_utf8(migrate.stderr).unwrap());
+        eprintln!("round {round}: goose rolled back {by_goose:?}, migrate {by_migrate:?}");
+        let mut rolled_back = [by_goose, by_migrate].concat();
+        rolled_back.sort();
+        assert_eq!(rolled_back, last_two, "round {round}");
+        assert_eq!(version_rows(&db), [0, OUTBOX, ORDERS], "round {round}");
+        assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
     }
 }
 
@@ -709,4 +761,34 @@ fn both_tools_use_the_databases_time_zone_and_date_style() {
             "{what}: not both within a minute of Auckland's time"
         );
     }
+}
+
+/// A schema-qualified version table (`migrate --table`, goose's
+/// `WithTableName`) is created, found and shared the same way by both, and
+/// neither touches the default table.
+#[test]
+fn a_schema_qualified_version_table_is_shared() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = project_migrations(parent.path());
+    let db = Database::create("gpkit_goose_schema_table");
+    let table = "ops.schema_versions";
+    let Some(tools) = Tools::new(&dir, &db) else {
+        return;
+    };
+    let tools = tools.with_table(table);
+    psql(&db.url(), "CREATE SCHEMA ops");
+
+    let applied: Vec<GooseResult> = tools.goose(&["up-by-one"]);
+    assert_eq!(applied[0].version, OUTBOX);
+    let log = tools.migrate(&["up"]);
+    assert_eq!(
+        migrate_ran(&log),
+        [format!("{ORDERS}_add_orders_table.sql")]
+    );
+
+    assert_eq!(version_rows_of(&db, table), [0, OUTBOX, ORDERS]);
+    assert!(!exists(&db, "goose_db_version"));
+    let outbox = format!("{OUTBOX}_outbox.sql");
+    let orders = format!("{ORDERS}_add_orders_table.sql");
+    tools.assert_both_report(&[&outbox, &orders], ORDERS);
 }

@@ -6,7 +6,7 @@
 //
 // Usage:
 //
-//	goosepeer [-dir migrations] [-allow-missing] <db url> <command> [args]
+//	goosepeer [-dir migrations] [-table goose_db_version] [-allow-missing] <db url> <command> [args]
 //
 // Commands: up, up-by-one, up-to V, down, down-to V, status, version.
 // goose's own log lines go to stderr; the outcome is printed to stdout as
@@ -56,13 +56,15 @@ type version struct {
 
 func main() {
 	dir := flag.String("dir", "migrations", "directory with the migration files")
+	table := flag.String("table", goose.DefaultTablename, "version table, optionally schema-qualified")
 	allowMissing := flag.Bool("allow-missing", false, "apply missing (out-of-order) migrations")
 	flag.Parse()
 	if flag.NArg() < 2 {
-		fmt.Fprintln(os.Stderr, "usage: goosepeer [-dir D] [-allow-missing] <db url> <command> [args]")
+		fmt.Fprintln(os.Stderr, "usage: goosepeer [-dir D] [-table T] [-allow-missing] <db url> <command> [args]")
 		os.Exit(2)
 	}
-	out, err := run(context.Background(), *dir, *allowMissing, flag.Arg(0), flag.Arg(1), flag.Args()[2:])
+	opts := options{dir: *dir, table: *table, allowMissing: *allowMissing}
+	out, err := run(context.Background(), opts, flag.Arg(0), flag.Arg(1), flag.Args()[2:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "goosepeer %s: %v\n", flag.Arg(1), err)
 		os.Exit(1)
@@ -73,9 +75,16 @@ func main() {
 	}
 }
 
+// options are the command-line flags.
+type options struct {
+	dir          string
+	table        string
+	allowMissing bool
+}
+
 // run opens the database and the provider and runs one command; it returns
 // the value to print as JSON.
-func run(ctx context.Context, dir string, allowMissing bool, url, command string, args []string) (any, error) {
+func run(ctx context.Context, opts options, url, command string, args []string) (any, error) {
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return nil, err
@@ -86,9 +95,10 @@ func run(ctx context.Context, dir string, allowMissing bool, url, command string
 	if err != nil {
 		return nil, err
 	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS(dir),
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS(opts.dir),
 		goose.WithSessionLocker(locker),
-		goose.WithAllowOutofOrder(allowMissing),
+		goose.WithTableName(opts.table),
+		goose.WithAllowOutofOrder(opts.allowMissing),
 		goose.WithVerbose(true),
 	)
 	if err != nil {
@@ -117,7 +127,7 @@ func run(ctx context.Context, dir string, allowMissing bool, url, command string
 	case "status":
 		return statuses(provider.Status(ctx))
 	case "version":
-		return versions(ctx, provider, db)
+		return versions(ctx, provider, db, opts.table)
 	}
 	return nil, fmt.Errorf("unknown command %q", command)
 }
@@ -177,7 +187,7 @@ func statuses(in []*goose.MigrationStatus, err error) ([]status, error) {
 
 // versions reads the current version both ways goose knows: the CLI's
 // (legacy API) and the Provider's.
-func versions(ctx context.Context, provider *goose.Provider, db *sql.DB) (version, error) {
+func versions(ctx context.Context, provider *goose.Provider, db *sql.DB, table string) (version, error) {
 	maxVersion, err := provider.GetDBVersion(ctx)
 	if err != nil {
 		return version{}, err
@@ -185,6 +195,7 @@ func versions(ctx context.Context, provider *goose.Provider, db *sql.DB) (versio
 	if err := goose.SetDialect(string(goose.DialectPostgres)); err != nil {
 		return version{}, err
 	}
+	goose.SetTableName(table)
 	current, err := goose.GetDBVersionContext(ctx, db)
 	if err != nil {
 		return version{}, err
