@@ -62,23 +62,54 @@ pub fn cargo(project: &Path, args: &[&str]) -> Output {
 
 /// Builds `project` and copies its binaries to `<project>/.bin/`, so that
 /// later builds of other projects cannot replace them under a test.
+///
+/// Another test run sharing `target/generated` (another checkout) may build a
+/// project with the same binary names between this build and the copy, and
+/// `debug/<name>` is then its binary: a copy that was not built from
+/// `project` (see [`built_from`]) is made again after re-running cargo.
 pub fn build_binaries(project: &Path) -> PathBuf {
     let _one_at_a_time = cargo_lock();
-    let build = cargo_unlocked(project, &["build", "--all-targets"]);
-    let stderr = String::from_utf8_lossy(&build.stderr);
-    assert!(
-        !stderr.contains("warning"),
-        "the build has warnings:\n{stderr}"
-    );
     let bins = project.join(".bin");
     std::fs::create_dir_all(&bins).unwrap();
-    for name in ["server", "migrate", "worker"] {
-        let built = shared_target().join("debug").join(name);
-        if project.join(format!("src/bin/{name}.rs")).exists() {
-            std::fs::copy(&built, bins.join(name)).unwrap();
+    let names: Vec<&str> = ["server", "migrate", "worker"]
+        .into_iter()
+        .filter(|name| project.join(format!("src/bin/{name}.rs")).exists())
+        .collect();
+    for attempt in 1..=5 {
+        let build = cargo_unlocked(project, &["build", "--all-targets"]);
+        let stderr = String::from_utf8_lossy(&build.stderr);
+        assert!(
+            !stderr.contains("warning"),
+            "the build has warnings:\n{stderr}"
+        );
+        let mut all_ours = true;
+        for name in &names {
+            let copy = bins.join(name);
+            std::fs::copy(shared_target().join("debug").join(name), &copy).unwrap();
+            all_ours &= built_from(&copy, project);
         }
+        if all_ours {
+            return bins;
+        }
+        eprintln!(
+            "attempt {attempt}: another project's binary was in the shared target; rebuilding"
+        );
     }
-    bins
+    panic!(
+        "the binaries in {} kept being replaced by other projects' builds",
+        shared_target().display()
+    );
+}
+
+/// Whether `binary` was built from `project`: a debug build names the
+/// directory it was compiled in (the package root) in its debug info.
+fn built_from(binary: &Path, project: &Path) -> bool {
+    let root = project.canonicalize().unwrap();
+    let needle = root.to_string_lossy();
+    let bytes = std::fs::read(binary).unwrap();
+    bytes
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
 }
 
 fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {

@@ -173,9 +173,46 @@ async fn connect(database_url: Option<&str>) -> anyhow::Result<PgConnection> {
     let url =
         database_url.context("no database configured: set DATABASE_URL or pass --database-url")?;
     // sqlx's connection errors do not include the URL, so the password stays private.
-    PgConnection::connect(url)
+    let mut conn = PgConnection::connect(url)
         .await
-        .map_err(|error| anyhow::anyhow!("failed to connect to the database: {error}"))
+        .map_err(|error| anyhow::anyhow!("failed to connect to the database: {error}"))?;
+    apply_database_defaults(&mut conn)
+        .await
+        .map_err(|error| anyhow::anyhow!("failed to read the database's settings: {error}"))?;
+    Ok(conn)
+}
+
+/// Gives the session the `TimeZone` and `DateStyle` that goose's session gets.
+///
+/// sqlx starts every session with `TimeZone=UTC` and `DateStyle=ISO, MDY`, while
+/// goose's driver (pgx) sends neither and gets the database's defaults. Both
+/// settings change what a migration writes (`now()::date`, a timestamp or date
+/// literal, the version table's `tstamp`), so the same file would give different
+/// data depending on the tool that ran it. This applies the values set with
+/// `ALTER DATABASE`/`ALTER ROLE ... SET` the way Postgres applies them to a plain
+/// session: role in this database, then role, then database, then all. Server-wide
+/// defaults (`postgresql.conf`) cannot be read back by an ordinary role; where only
+/// those are set, the session keeps sqlx's values.
+async fn apply_database_defaults(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let settings: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT ON (lower(split_part(setting, '=', 1))) \
+             split_part(setting, '=', 1), substr(setting, strpos(setting, '=') + 1) \
+         FROM pg_db_role_setting AS s, unnest(s.setconfig) AS setting \
+         WHERE s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database())) \
+           AND s.setrole IN (0, (SELECT oid FROM pg_roles WHERE rolname = session_user)) \
+           AND lower(split_part(setting, '=', 1)) IN ('timezone', 'datestyle') \
+         ORDER BY lower(split_part(setting, '=', 1)), s.setrole = 0, s.setdatabase = 0",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for (name, value) in settings {
+        sqlx::query("SELECT set_config($1, $2, false)")
+            .bind(name)
+            .bind(value)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
 }
 
 fn validate_command(dir: &Path, format: Format) -> anyhow::Result<ExitCode> {
