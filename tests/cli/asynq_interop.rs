@@ -1,1 +1,919 @@
-//! Go asynq v0.26 and the generated worker on one queue (to be written).
+//! The generated worker and the real Go asynq v0.26.0 on one Valkey queue.
+//!
+//! This module owns the proof of the worker's headline promise, that it
+//! shares the `default` queue with Go services: each test runs the
+//! generated `worker` binary of one project (`ordersvc`, with the event
+//! `orderPlaced` and the listeners `audit` and `email`) next to the Go peer
+//! `asynqpeer` (tests/interop/go/cmd/asynqpeer: an asynq.Server, Client and
+//! Inspector as gp-system's Go kit uses them), against real Postgres and a
+//! Redis or Valkey server of the test's own:
+//!
+//! - the Rust relay's event tasks, as a Go asynq server sees them;
+//! - Go-kit events from a Go asynq client, as the Rust listeners see them;
+//! - a failing Rust listener, as Go's Inspector sees it, next to a Go task
+//!   failing the same way, and Inspector.RunTask bringing it back;
+//! - 10,000 tasks shared by a Go server and a Rust worker, each run once,
+//!   also when one side is stopped with SIGTERM midway.
+//!
+//! Each test skips (with a printed reason) where Go is missing, see
+//! [`go_peer`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::e2e::{Database, build_binaries, cargo_lock, migrate, psql, shared_target};
+use crate::go_peers::go_peer;
+use crate::support::{gpkit, repo};
+use crate::worker_e2e::{RedisServer, Worker, wait_until};
+
+/// The trace the tests' events are dispatched in.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACESTATE: &str = "gpkit=interop";
+/// The task type of the `audit` listener's work, in the Go kit's naming.
+const AUDIT_TASK: &str = "listener:orderPlaced:audit";
+
+// --- the generated project -------------------------------------------------
+
+/// What both listeners of the test project do, steered by the event's note
+/// and the `refused_orders` table, so that tests can make them slow or fail.
+fn listener_body(listener: &str) -> String {
+    format!(
+        r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the asynq interop tests.
+
+use std::time::Duration;
+
+use crate::events::order_placed::OrderPlaced;
+use crate::worker::listeners::{{ListenerContext, ListenerError}};
+
+/// Records each run in `listener_runs`. A note `sleep:<ms>` first records
+/// `start` and sleeps that long; an order in `refused_orders` fails with
+/// "order <id> refused" (recorded as `failed`); else the run is `done`.
+pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
+    if let Some(ms) = event.note.strip_prefix("sleep:") {{
+        record(&event, &ctx, "start").await?;
+        tokio::time::sleep(Duration::from_millis(ms.parse()?)).await;
+    }}
+    let refused: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM refused_orders WHERE order_id = $1)")
+            .bind(event.order_id)
+            .fetch_one(&ctx.pool)
+            .await?;
+    if refused {{
+        record(&event, &ctx, "failed").await?;
+        anyhow::bail!("order {{}} refused", event.order_id);
+    }}
+    record(&event, &ctx, "done").await
+}}
+
+async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Result<(), ListenerError> {{
+    sqlx::query(
+        "INSERT INTO listener_runs (listener, event_id, order_id, note, traceparent, outcome) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind("{listener}")
+    .bind(ctx.event_id)
+    .bind(event.order_id)
+    .bind(&event.note)
+    .bind(ctx.metadata.get("traceparent"))
+    .bind(outcome)
+    .execute(&ctx.pool)
+    .await?;
+    Ok(())
+}}
+"#
+    )
+}
+
+/// The tables the listeners write and read.
+const LISTENER_TABLES: &str = "-- +goose Up
+CREATE TABLE listener_runs (
+    listener text NOT NULL, event_id uuid NOT NULL, order_id bigint NOT NULL, note text NOT NULL,
+    traceparent text, outcome text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE refused_orders (order_id bigint PRIMARY KEY);
+
+-- +goose Down
+DROP TABLE refused_orders;
+DROP TABLE listener_runs;
+";
+
+/// Dispatches `orderPlaced` events through the generated outbox, as a
+/// request handler in a traced request would.
+const DISPATCH: &str = r#"//! Dispatches `<count>` `orderPlaced` events in one committed transaction,
+//! in the trace of `TRACEPARENT`/`TRACESTATE`; prints each envelope as JSON.
+
+use ordersvc::database::Transactor;
+use ordersvc::dispatch::Dispatcher;
+use ordersvc::events::order_placed::OrderPlaced;
+use ordersvc::outbox::OutboxDispatcher;
+use ordersvc::trace_context::{self, TraceContext};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let count: i64 = std::env::args().nth(1).unwrap_or_default().parse()?;
+    let traceparent = std::env::var("TRACEPARENT")?;
+    let tracestate = std::env::var("TRACESTATE").ok();
+    let trace = TraceContext::parse(&traceparent, tracestate.as_deref())
+        .ok_or_else(|| anyhow::anyhow!("bad TRACEPARENT"))?;
+    let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+    let transactor = Transactor::new(pool);
+    let dispatcher = OutboxDispatcher::new();
+    let dispatch_all = transactor.run(async |tx| {
+        let mut envelopes = Vec::new();
+        for order_id in 1..=count {
+            let event = OrderPlaced { order_id, note: format!("order {order_id}") };
+            envelopes.push(dispatcher.dispatch(&mut *tx, &event).await?);
+        }
+        Ok::<_, anyhow::Error>(envelopes)
+    });
+    for envelope in trace_context::scope(trace, dispatch_all).await? {
+        println!("{}", serde_json::to_string(&envelope)?);
+    }
+    Ok(())
+}
+"#;
+
+/// The test project, generated and built once per test run under
+/// `target/e2e-asynq/ordersvc`, its binaries copied to `.bin/`.
+fn project() -> &'static Path {
+    static PROJECT: OnceLock<PathBuf> = OnceLock::new();
+    PROJECT.get_or_init(|| {
+        let parent = repo().join("target/e2e-asynq");
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        gpkit(&parent)
+            .args(["--no-input", "new", "project", "ordersvc"])
+            .assert()
+            .success();
+        let project = parent.join("ordersvc");
+        gpkit(&project)
+            .args(["add", "event", "orderPlaced"])
+            .args(["--field", "order_id:i64", "--field", "note:string"])
+            .args(["--listener", "audit", "--listener", "email"])
+            .assert()
+            .success();
+        let write = |path: &str, text: &str| std::fs::write(project.join(path), text).unwrap();
+        write(
+            "migrations/20270101000000_listener_runs.sql",
+            LISTENER_TABLES,
+        );
+        for listener in ["audit", "email"] {
+            write(
+                &format!("src/listeners/order_placed/{listener}.rs"),
+                &listener_body(listener),
+            );
+        }
+        write("src/bin/asynq_dispatch.rs", DISPATCH);
+        let bins = build_binaries(&project);
+        // No other generated project has a binary of this name, so no
+        // other build can have replaced it since.
+        let _one_at_a_time = cargo_lock();
+        std::fs::copy(
+            shared_target().join("debug/asynq_dispatch"),
+            bins.join("asynq_dispatch"),
+        )
+        .unwrap();
+        project
+    })
+}
+
+/// A fresh database, migrated.
+fn database() -> Database {
+    let db = Database::create("gpkit_asynq");
+    migrate(project(), &db, &["up"]);
+    db
+}
+
+/// Starts the project's worker with `env` and waits until its consumer runs.
+fn start_worker(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Worker {
+    let worker = Worker::start_binary(&project().join(".bin/worker"), db, redis, env);
+    wait_until(Duration::from_secs(30), "the Rust worker consumes", || {
+        worker.log().contains("consumer started")
+    });
+    worker
+}
+
+/// Stops `worker` with SIGTERM and asserts a clean exit within `limit`.
+fn stop_worker(worker: &mut Worker, limit: Duration) {
+    worker.signal("-TERM");
+    let code = worker.wait(limit);
+    assert_eq!(code, Some(0), "the Rust worker's exit:\n{}", worker.log());
+}
+
+/// Dispatches `count` events through the outbox; their envelopes.
+fn dispatch(db: &Database, count: u32) -> Vec<Value> {
+    let output = Command::new(project().join(".bin/asynq_dispatch"))
+        .arg(count.to_string())
+        .env("DATABASE_URL", db.url())
+        .env("TRACEPARENT", TRACEPARENT)
+        .env("TRACESTATE", TRACESTATE)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    json_lines(&String::from_utf8(output.stdout).unwrap())
+}
+
+/// The ids of the `listener_runs` rows of `listener` with `outcome`, one
+/// per row (so a listener that ran twice gives its id twice).
+fn listener_runs(db: &Database, listener: &str, outcome: &str) -> Vec<String> {
+    let sql = format!(
+        "SELECT event_id FROM listener_runs WHERE listener = '{listener}' AND outcome = '{outcome}'"
+    );
+    psql(&db.url(), &sql).lines().map(str::to_string).collect()
+}
+
+// --- the Go peer -------------------------------------------------------------
+
+/// The complete JSON lines of `text` (a line still being written is skipped).
+fn json_lines(text: &str) -> Vec<Value> {
+    text.split_inclusive('\n')
+        .filter(|line| line.ends_with('\n') && !line.trim().is_empty())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+/// Runs `asynqpeer <args>` to completion against `redis`, with `stdin`;
+/// its JSON lines.
+fn go(peer: &Path, redis: &RedisServer, args: &[&str], stdin: &str) -> Vec<Value> {
+    let mut child = Command::new(peer)
+        .args(args)
+        .env("VALKEY_ADDR", redis.addr())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_string();
+    let feeder = std::thread::spawn(move || input.write_all(stdin.as_bytes()));
+    let output = child.wait_with_output().unwrap();
+    feeder.join().unwrap().unwrap();
+    assert!(
+        output.status.success(),
+        "asynqpeer {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    json_lines(&String::from_utf8(output.stdout).unwrap())
+}
+
+/// Enqueues one Go-kit envelope per item of `lines` (`{"id"?, "payload",
+/// "metadata"?}`) with the Go client and `options` (`-type`, `-queue`,
+/// `-max-retry`, `-retention`, ...); one `{"id", "result", "envelope"}` each.
+fn go_enqueue(peer: &Path, redis: &RedisServer, options: &[&str], lines: &[Value]) -> Vec<Value> {
+    let stdin: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    let args: Vec<&str> = ["enqueue"]
+        .into_iter()
+        .chain(options.iter().copied())
+        .collect();
+    go(peer, redis, &args, &stdin)
+}
+
+/// Inspector.GetTaskInfo of one task.
+fn go_info(peer: &Path, redis: &RedisServer, queue: &str, id: &str) -> Value {
+    go(peer, redis, &["info", queue, id], "").remove(0)
+}
+
+/// Inspector.GetQueueInfo's counts of `queue`.
+fn go_queue(peer: &Path, redis: &RedisServer, queue: &str) -> Value {
+    go(peer, redis, &["queue", queue], "").remove(0)
+}
+
+/// Waits until Inspector.GetTaskInfo shows the task in `state`; its info.
+fn wait_for_state(peer: &Path, redis: &RedisServer, queue: &str, id: &str, state: &str) -> Value {
+    let mut info = Value::Null;
+    wait_until(Duration::from_secs(60), &format!("{id} is {state}"), || {
+        info = go_info(peer, redis, queue, id);
+        info["state"] == state
+    });
+    info
+}
+
+/// Waits until `queue` has `completed` completed tasks and nothing else.
+fn wait_until_all_completed(peer: &Path, redis: &RedisServer, queue: &str, completed: u64) {
+    let mut counts = Value::Null;
+    let all_done = || {
+        counts = go_queue(peer, redis, queue);
+        counts["completed"] == completed
+    };
+    wait_until(
+        Duration::from_secs(120),
+        &format!("{completed} tasks are completed"),
+        all_done,
+    );
+    for state in ["pending", "active", "scheduled", "retry", "archived"] {
+        assert_eq!(counts[state], 0, "{state} tasks left: {counts}");
+    }
+}
+
+/// `asynqpeer serve` as a process: a Go asynq server whose JSON lines
+/// (`ready`, `start`, `done`, `failed`, `stopped`) go to a file.
+struct GoServer {
+    child: Child,
+    out: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl GoServer {
+    /// Starts it with `args` (`-queues`, `-handle`, `-fail`, ...) and waits
+    /// until it serves.
+    fn start(peer: &Path, redis: &RedisServer, args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("serve.jsonl");
+        let child = Command::new(peer)
+            .arg("serve")
+            .args(args)
+            .env("VALKEY_ADDR", redis.addr())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let server = Self {
+            child,
+            out,
+            _dir: dir,
+        };
+        wait_until(Duration::from_secs(30), "the Go server serves", || {
+            !server.lines("ready").is_empty()
+        });
+        server
+    }
+
+    /// Its lines of one kind (`"event": kind`).
+    fn lines(&self, kind: &str) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        json_lines(&text)
+            .into_iter()
+            .filter(|line| line["event"] == kind)
+            .collect()
+    }
+
+    /// The task ids of its lines of one kind, one per line.
+    fn ids(&self, kind: &str) -> Vec<String> {
+        self.lines(kind)
+            .iter()
+            .map(|line| line["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Sends SIGTERM and asserts a clean shutdown within `limit`.
+    fn stop(&mut self, limit: Duration) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the Go server did not stop within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "the Go server's exit: {status}");
+        assert_eq!(self.lines("stopped").len(), 1);
+    }
+}
+
+impl Drop for GoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `valkey-server` that `scripts/test` installs.
+fn valkey() -> RedisServer {
+    let binary = std::env::var("VALKEY_SERVER")
+        .expect("set VALKEY_SERVER to a valkey-server binary (scripts/test installs one)");
+    RedisServer::start_binary(&binary)
+}
+
+/// RFC 3339 text as an instant, so that Rust's and Go's spellings compare.
+fn instant(text: &Value) -> time::OffsetDateTime {
+    let text = text
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {text}"));
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+}
+
+fn str_of(value: &Value) -> &str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a string: {value}"))
+}
+
+// --- the tests -------------------------------------------------------------
+
+/// Events dispatched through the generated outbox, relayed by the Rust
+/// worker to Valkey, are consumed by a Go asynq server with a ServeMux
+/// handler for `event:`: asynq.GetTaskID is the envelope id, the payload
+/// decodes strictly into the Go kit's envelope with everything the Rust side
+/// wrote, and the Inspector shows the task completed with the relay's
+/// options (retention OUTBOX_TASK_RETENTION, max retry 25, timeout 30 min).
+#[test]
+fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let valkey = valkey();
+    let db = database();
+    let mut go_server = GoServer::start(&peer, &valkey, &["-handle", "event:"]);
+    // The worker relays only: its consumer serves another queue.
+    let mut worker = start_worker(
+        &db,
+        &valkey,
+        &[("WORKER_QUEUES", "idle=1"), ("OUTBOX_TASK_RETENTION", "1h")],
+    );
+
+    let envelopes = dispatch(&db, 20);
+    wait_until(
+        Duration::from_secs(60),
+        "the Go server ran 20 tasks",
+        || go_server.lines("done").len() >= 20,
+    );
+
+    // Each event once, as the Go kit sees it.
+    let done = go_server.lines("done");
+    let by_id: BTreeMap<&str, &Value> = done.iter().map(|d| (str_of(&d["id"]), d)).collect();
+    assert_eq!((done.len(), by_id.len()), (20, 20), "{done:?}");
+    assert!(go_server.lines("failed").is_empty());
+    for sent in &envelopes {
+        let id = str_of(&sent["id"]);
+        let task = by_id
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} did not reach Go"));
+        assert_eq!(task["type"], "event:orderPlaced");
+        assert_eq!(task["queue"], "default");
+        assert_eq!(
+            (&task["retried"], &task["max_retry"]),
+            (&json!(0), &json!(25))
+        );
+        let seen = &task["envelope"];
+        assert_eq!(seen["id"], sent["id"]);
+        assert_eq!(seen["name"], "orderPlaced");
+        assert_eq!(seen["payload"], sent["payload"]);
+        assert_eq!(
+            seen["payload"]["note"],
+            format!("order {}", seen["payload"]["order_id"])
+        );
+        assert_eq!(instant(&seen["occurred_at"]), instant(&sent["occurred_at"]));
+        assert_eq!(seen["metadata"], sent["metadata"]);
+        let traceparent = str_of(&seen["metadata"]["traceparent"]);
+        assert!(
+            traceparent.starts_with(&format!("00-{TRACE_ID}-")),
+            "{traceparent}"
+        );
+        assert_eq!(seen["metadata"]["tracestate"], TRACESTATE);
+    }
+
+    // The Inspector's view of each task once Go has completed it.
+    for sent in &envelopes {
+        let info = wait_for_state(&peer, &valkey, "default", str_of(&sent["id"]), "completed");
+        assert_eq!(info["type"], "event:orderPlaced");
+        assert_eq!(info["retention"], 3600.0, "OUTBOX_TASK_RETENTION");
+        assert_eq!(info["max_retry"], 25);
+        assert_eq!(info["timeout"], 1800.0);
+        assert_eq!(
+            (&info["retried"], &info["last_err"]),
+            (&json!(0), &json!(""))
+        );
+        assert!(info["completed_at"].as_i64().unwrap() > 0, "{info}");
+    }
+    stop_worker(&mut worker, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
+/// Go-kit events enqueued by a Go asynq client (`event:orderPlaced`, task
+/// id = envelope id) run each Rust listener exactly once with the typed
+/// payload and the Go side's trace parent, through the Rust fan-out, whose
+/// listener tasks Go's Inspector lists as completed; enqueuing an id again
+/// is asynq.ErrTaskIDConflict on the Go side and runs nothing.
+#[test]
+fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let mut worker = start_worker(
+        &db,
+        &redis,
+        &[
+            ("WORKER_QUEUES", "default=1"),
+            ("OUTBOX_TASK_RETENTION", "1h"),
+        ],
+    );
+
+    let lines: Vec<Value> = (1..=5)
+        .map(|n| {
+            json!({
+                "payload": {"order_id": n, "note": format!("from go {n}")},
+                "metadata": {"traceparent": TRACEPARENT},
+            })
+        })
+        .collect();
+    let options = ["-type", "event:orderPlaced", "-retention", "1h"];
+    let enqueued = go_enqueue(&peer, &redis, &options, &lines);
+    assert!(
+        enqueued.iter().all(|e| e["result"] == "enqueued"),
+        "{enqueued:?}"
+    );
+
+    // 5 event tasks and 10 listener tasks, all completed.
+    wait_until_all_completed(&peer, &redis, "default", 15);
+    let mut expected = Vec::new();
+    for listener in ["audit", "email"] {
+        for (n, e) in (1..=5).zip(&enqueued) {
+            let id = str_of(&e["id"]);
+            expected.push(format!(
+                "{listener}|{id}|{n}|from go {n}|{TRACEPARENT}|done"
+            ));
+        }
+    }
+    let runs = psql(
+        &db.url(),
+        "SELECT listener, event_id, order_id, note, traceparent, outcome FROM listener_runs \
+         ORDER BY listener, order_id",
+    );
+    assert_eq!(runs, expected.join("\n"), "each listener once per event");
+
+    // Go lists one completed task per listener per event, carrying the envelope.
+    let completed = go(&peer, &redis, &["list", "default", "completed"], "");
+    for e in &enqueued {
+        let of_event = |task_type: &str| {
+            completed
+                .iter()
+                .filter(|t| t["type"] == task_type)
+                .filter(|t| {
+                    serde_json::from_str::<Value>(str_of(&t["payload"])).unwrap()["id"] == e["id"]
+                })
+                .count()
+        };
+        assert_eq!(of_event("event:orderPlaced"), 1);
+        assert_eq!(of_event(AUDIT_TASK), 1);
+        assert_eq!(of_event("listener:orderPlaced:email"), 1);
+    }
+
+    // The same envelope again: a task id conflict, and nothing runs.
+    let again = go_enqueue(
+        &peer,
+        &redis,
+        &options,
+        &[json!({"id": enqueued[0]["id"], "payload": {}})],
+    );
+    assert_eq!(again[0]["result"], "conflict");
+    assert_eq!(go_queue(&peer, &redis, "default")["pending"], 0);
+    stop_worker(&mut worker, Duration::from_secs(35));
+    assert_eq!(psql(&db.url(), "SELECT count(*) FROM listener_runs"), "10");
+}
+
+/// A Rust listener that fails is retried and then archived, and Go's
+/// Inspector shows it exactly as a task a Go server failed the same way:
+/// both are enqueued by the Go client as `listener:orderPlaced:audit` with
+/// MaxRetry(1) (the fan-out's listener tasks get 25, too many to spend in a
+/// test), fail, wait in `retry`, are run again at once with
+/// Inspector.RunTask (instead of waiting out Go's 15-45 s retry delay),
+/// fail again and are archived. RunTask on the archived Rust task, once the
+/// cause is gone, makes the Rust worker run it again, to completion.
+#[test]
+fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    psql(&db.url(), "INSERT INTO refused_orders VALUES (7)");
+    let refusal = "order 7 refused";
+    let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
+    let serve = ["-queues", "gofail", "-handle", AUDIT_TASK, "-fail", refusal];
+    let mut go_server = GoServer::start(&peer, &redis, &serve);
+
+    // One task for each side: Rust serves `default`, Go `gofail`.
+    let order = [json!({"payload": {"order_id": 7, "note": "refused"}})];
+    let enqueue = |queue: &str| {
+        let options = ["-type", AUDIT_TASK, "-queue", queue, "-max-retry", "1"];
+        str_of(&go_enqueue(&peer, &redis, &options, &order)[0]["id"]).to_string()
+    };
+    let tasks = [
+        ("default", enqueue("default")),
+        ("gofail", enqueue("gofail")),
+    ];
+
+    // Fail, retry, fail, archive: the same steps on both sides.
+    let mut archived = Vec::new();
+    for (queue, id) in &tasks {
+        let retry = wait_for_state(&peer, &redis, queue, id, "retry");
+        assert_eq!(
+            (&retry["retried"], &retry["last_err"]),
+            (&json!(1), &json!(refusal))
+        );
+        assert!(retry["next_process_at"].as_i64().unwrap() > 0, "{retry}");
+        go(&peer, &redis, &["run", queue, id], "");
+        archived.push(wait_for_state(&peer, &redis, queue, id, "archived"));
+    }
+    let comparable = |info: &Value| {
+        let fields = [
+            "type",
+            "payload",
+            "state",
+            "max_retry",
+            "retried",
+            "last_err",
+            "timeout",
+        ];
+        fields.map(|f| info[f].clone())
+    };
+    assert_eq!(comparable(&archived[0]), comparable(&archived[1]));
+    assert_eq!(archived[0]["state"], "archived");
+    assert_eq!(
+        (&archived[0]["retried"], &archived[0]["max_retry"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!(archived[0]["last_err"], refusal);
+    for info in &archived {
+        assert!(info["last_failed_at"].as_i64().unwrap() > 0, "{info}");
+    }
+    let (rust_id, go_id) = (tasks[0].1.as_str(), tasks[1].1.as_str());
+    assert_eq!(listener_runs(&db, "audit", "failed"), [rust_id, rust_id]);
+    assert_eq!(go_server.ids("failed"), [go_id, go_id]);
+    let listed = go(&peer, &redis, &["list", "default", "archived"], "");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["id"], json!(rust_id));
+
+    // Run the archived task again once the order is no longer refused.
+    psql(&db.url(), "DELETE FROM refused_orders");
+    go(&peer, &redis, &["run", "default", rust_id], "");
+    wait_for_state(&peer, &redis, "default", rust_id, "completed");
+    assert_eq!(listener_runs(&db, "audit", "done"), [rust_id]);
+    stop_worker(&mut worker, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
+/// One side of the shared queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Side {
+    Go,
+    Rust,
+}
+
+impl Side {
+    fn other(self) -> Self {
+        match self {
+            Self::Go => Self::Rust,
+            Self::Rust => Self::Go,
+        }
+    }
+}
+
+/// The task ids one side recorded as `start` (Go: every task; Rust: slow
+/// tasks only) or `done`, one per record.
+fn records(side: Side, kind: &str, go_server: &GoServer, db: &Database) -> Vec<String> {
+    match side {
+        Side::Go => go_server.ids(kind),
+        Side::Rust => listener_runs(db, "audit", kind),
+    }
+}
+
+/// What [`share_the_queue`] saw.
+struct Shared {
+    /// Task ids enqueued, with whether the task was a slow one.
+    enqueued: BTreeMap<String, bool>,
+    /// The ids of the completed runs of each side, one per run.
+    done: BTreeMap<Side, Vec<String>>,
+    /// Slow tasks the stopped side had started but never finished.
+    interrupted: BTreeSet<String>,
+}
+
+/// A Go asynq server and a Rust worker, 10 handlers each, share the
+/// `default` queue, where the Go client enqueues 10,000
+/// `listener:orderPlaced:audit` tasks (a task type both sides handle: the
+/// Rust `audit` listener and a Go ServeMux handler), until all are
+/// completed. With `stop`, every 500th task sleeps 3 s, and once 3,000 runs
+/// are done and the `stop` side is in the middle of a slow task, that side
+/// gets SIGTERM, with a shutdown timeout of 1 s.
+fn share_the_queue(stop: Option<Side>) -> Shared {
+    let peer = go_peer("asynqpeer").expect("checked by the caller");
+    let redis = RedisServer::start();
+    let db = database();
+    let go_timeout = if stop == Some(Side::Go) { "1s" } else { "8s" };
+    let serve = [
+        "-handle",
+        AUDIT_TASK,
+        "-concurrency",
+        "10",
+        "-shutdown-timeout",
+        go_timeout,
+    ];
+    let mut go_server = GoServer::start(&peer, &redis, &serve);
+    let rust_timeout = if stop == Some(Side::Rust) {
+        "1s"
+    } else {
+        "30s"
+    };
+    let mut worker = start_worker(
+        &db,
+        &redis,
+        &[
+            ("WORKER_QUEUES", "default=1"),
+            ("WORKER_CONCURRENCY", "10"),
+            ("WORKER_SHUTDOWN_TIMEOUT", rust_timeout),
+        ],
+    );
+
+    let lines: Vec<Value> = (0..10_000)
+        .map(|n| {
+            let slow = stop.is_some() && n % 500 == 250;
+            let note = if slow {
+                "sleep:3000".to_string()
+            } else {
+                format!("task {n}")
+            };
+            json!({"payload": {"order_id": n, "note": note}})
+        })
+        .collect();
+    let start = Instant::now();
+    let options = ["-type", AUDIT_TASK, "-retention", "1h"];
+    let enqueued: BTreeMap<String, bool> = go_enqueue(&peer, &redis, &options, &lines)
+        .iter()
+        .map(|e| {
+            assert_eq!(e["result"], "enqueued");
+            let slow = e["envelope"]["payload"]["note"] == "sleep:3000";
+            (str_of(&e["id"]).to_string(), slow)
+        })
+        .collect();
+    assert_eq!(enqueued.len(), 10_000);
+
+    // Slow tasks a side has started and not finished.
+    let in_flight_slow = |side: Side, go_server: &GoServer| -> BTreeSet<String> {
+        let done: BTreeSet<String> = records(side, "done", go_server, &db).into_iter().collect();
+        records(side, "start", go_server, &db)
+            .into_iter()
+            .filter(|id| enqueued[id] && !done.contains(id))
+            .collect()
+    };
+    let mut interrupted = BTreeSet::new();
+    if let Some(side) = stop {
+        let midway = || {
+            let runs = records(Side::Go, "done", &go_server, &db).len()
+                + records(Side::Rust, "done", &go_server, &db).len();
+            runs >= 3_000 && !in_flight_slow(side, &go_server).is_empty()
+        };
+        wait_until(
+            Duration::from_secs(60),
+            "3,000 runs and a slow task in flight",
+            midway,
+        );
+        match side {
+            Side::Go => go_server.stop(Duration::from_secs(10)),
+            Side::Rust => stop_worker(&mut worker, Duration::from_secs(10)),
+        }
+        interrupted = in_flight_slow(side, &go_server);
+    }
+
+    wait_until_all_completed(&peer, &redis, "default", 10_000);
+    eprintln!(
+        "10,000 shared tasks took {:.2?} (stopped: {stop:?})",
+        start.elapsed()
+    );
+    let done = [Side::Go, Side::Rust]
+        .map(|side| (side, records(side, "done", &go_server, &db)))
+        .into();
+    if stop != Some(Side::Rust) {
+        stop_worker(&mut worker, Duration::from_secs(35));
+    }
+    if stop != Some(Side::Go) {
+        go_server.stop(Duration::from_secs(15));
+    }
+    Shared {
+        enqueued,
+        done,
+        interrupted,
+    }
+}
+
+impl Shared {
+    /// Completed runs per task id, over both sides.
+    fn runs_per_id(&self) -> BTreeMap<&str, usize> {
+        let mut runs = BTreeMap::new();
+        for id in self.done.values().flatten() {
+            *runs.entry(id.as_str()).or_default() += 1;
+        }
+        runs
+    }
+
+    /// The ids that ran more than once, with their number of runs.
+    fn run_more_than_once(&self) -> BTreeMap<&str, usize> {
+        self.runs_per_id()
+            .into_iter()
+            .filter(|(_, runs)| *runs > 1)
+            .collect()
+    }
+
+    /// Asserts that every enqueued task ran, and that both sides ran some.
+    fn assert_nothing_lost(&self) {
+        let runs = self.runs_per_id();
+        let ran: BTreeSet<&str> = runs.keys().copied().collect();
+        let enqueued: BTreeSet<&str> = self.enqueued.keys().map(String::as_str).collect();
+        assert_eq!(ran.len(), 10_000, "ids that ran");
+        assert!(ran == enqueued, "the ids that ran are not the ids enqueued");
+        let (go, rust) = (self.done[&Side::Go].len(), self.done[&Side::Rust].len());
+        eprintln!("Go ran {go} tasks, Rust {rust}");
+        assert!(
+            go > 0 && rust > 0,
+            "one side ran nothing: Go {go}, Rust {rust}"
+        );
+    }
+}
+
+/// 10,000 tasks on one queue served by a Go server and a Rust worker:
+/// each runs exactly once over both sides, and both sides take part.
+#[test]
+fn ten_thousand_tasks_shared_by_go_and_rust_run_exactly_once() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    let shared = share_the_queue(None);
+
+    shared.assert_nothing_lost();
+    let twice = shared.run_more_than_once();
+    assert!(twice.is_empty(), "tasks that ran more than once: {twice:?}");
+}
+
+/// SIGTERM to one side while it runs a task that outlasts its shutdown
+/// timeout: nothing is lost, and each task cut short goes back to the queue
+/// (no lease is left to expire) and is finished by the other side.
+///
+/// What the at-least-once contract permits, and this asserts: a task may
+/// run to completion twice only if one run was on the stopped side before
+/// the signal (its handler finished, but the side stopped before Valkey
+/// recorded it) and the other on the other side, so at most one such task
+/// per handler slot of the stopped side (10). Every other task runs
+/// exactly once. (The handlers record a run only at its end, and a handler
+/// cut short is dropped before that, so in practice none runs twice.)
+fn sigterm_to_one_side_midway(side: Side) {
+    let shared = share_the_queue(Some(side));
+
+    shared.assert_nothing_lost();
+    let other = side.other();
+    assert!(!shared.interrupted.is_empty(), "nothing was cut short");
+    for id in &shared.interrupted {
+        assert!(
+            shared.done[&other].contains(id),
+            "{id} was cut short on {side:?} and never finished on {other:?}"
+        );
+    }
+    let twice = shared.run_more_than_once();
+    eprintln!(
+        "cut short on {side:?} and finished on {other:?}: {}; ran twice: {twice:?}",
+        shared.interrupted.len()
+    );
+    assert!(twice.len() <= 10, "{twice:?}");
+    for (id, runs) in &twice {
+        let on = |s: Side| shared.done[&s].iter().filter(|d| d == id).count();
+        assert_eq!(
+            (*runs, on(side), on(other)),
+            (2, 1, 1),
+            "{id} ran more than the contract permits"
+        );
+    }
+}
+
+#[test]
+fn sigterm_to_the_rust_worker_midway_loses_nothing_and_go_finishes_its_tasks() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    sigterm_to_one_side_midway(Side::Rust);
+}
+
+#[test]
+fn sigterm_to_the_go_server_midway_loses_nothing_and_rust_finishes_its_tasks() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    sigterm_to_one_side_midway(Side::Go);
+}
