@@ -18,8 +18,9 @@
 //! Each test skips (with a printed reason) where Go is missing, see
 //! [`go_peer`].
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -233,6 +234,22 @@ fn listener_runs(db: &Database, listener: &str, outcome: &str) -> Vec<String> {
     psql(&db.url(), &sql).lines().map(str::to_string).collect()
 }
 
+/// How many runs of the `audit` listener ended with `outcome`.
+fn count_runs(db: &Database, outcome: &str) -> usize {
+    let sql = format!(
+        "SELECT count(*) FROM listener_runs WHERE listener = 'audit' AND outcome = '{outcome}'"
+    );
+    psql(&db.url(), &sql).parse().unwrap()
+}
+
+/// The slow tasks the `audit` listener has started and not finished.
+fn audit_in_flight(db: &Database) -> BTreeSet<String> {
+    let sql = "SELECT event_id FROM listener_runs s WHERE listener = 'audit' AND outcome = 'start' \
+               AND NOT EXISTS (SELECT 1 FROM listener_runs d \
+               WHERE d.event_id = s.event_id AND d.listener = 'audit' AND d.outcome = 'done')";
+    psql(&db.url(), sql).lines().map(str::to_string).collect()
+}
+
 // --- the Go peer -------------------------------------------------------------
 
 /// The complete JSON lines of `text` (a line still being written is skipped).
@@ -321,6 +338,9 @@ fn wait_until_all_completed(peer: &Path, redis: &RedisServer, queue: &str, compl
 struct GoServer {
     child: Child,
     out: PathBuf,
+    /// The lines read so far, by kind, and how many bytes of `out` they
+    /// took, so that each look reads only what is new.
+    read: RefCell<(u64, BTreeMap<String, Vec<Value>>)>,
     _dir: tempfile::TempDir,
 }
 
@@ -341,6 +361,7 @@ impl GoServer {
         let server = Self {
             child,
             out,
+            read: RefCell::default(),
             _dir: dir,
         };
         wait_until(Duration::from_secs(30), "the Go server serves", || {
@@ -351,19 +372,34 @@ impl GoServer {
 
     /// Its lines of one kind (`"event": kind`).
     fn lines(&self, kind: &str) -> Vec<Value> {
-        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
-        json_lines(&text)
-            .into_iter()
-            .filter(|line| line["event"] == kind)
-            .collect()
+        self.read_new_lines();
+        self.read.borrow().1.get(kind).cloned().unwrap_or_default()
     }
 
     /// The task ids of its lines of one kind, one per line.
     fn ids(&self, kind: &str) -> Vec<String> {
-        self.lines(kind)
+        self.read_new_lines();
+        let read = self.read.borrow();
+        let lines = read.1.get(kind).map(Vec::as_slice).unwrap_or_default();
+        lines
             .iter()
-            .map(|line| line["id"].as_str().unwrap().to_string())
+            .map(|line| str_of(&line["id"]).to_string())
             .collect()
+    }
+
+    /// Reads the lines written since the last look.
+    fn read_new_lines(&self) {
+        let mut read = self.read.borrow_mut();
+        let mut file = std::fs::File::open(&self.out).unwrap();
+        file.seek(SeekFrom::Start(read.0)).unwrap();
+        let mut text = String::new();
+        file.read_to_string(&mut text).unwrap();
+        let complete = text.rfind('\n').map_or(0, |end| end + 1);
+        for line in json_lines(&text[..complete]) {
+            let kind = str_of(&line["event"]).to_string();
+            read.1.entry(kind).or_default().push(line);
+        }
+        read.0 += complete as u64;
     }
 
     /// Sends SIGTERM and asserts a clean shutdown within `limit`.
@@ -609,20 +645,24 @@ fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
     let serve = ["-queues", "gofail", "-handle", AUDIT_TASK, "-fail", refusal];
     let mut go_server = GoServer::start(&peer, &redis, &serve);
 
-    // One task for each side: Rust serves `default`, Go `gofail`.
-    let order = [json!({"payload": {"order_id": 7, "note": "refused"}})];
-    let enqueue = |queue: &str| {
+    // One envelope, enqueued to both queues: Rust serves `default`, Go `gofail`.
+    let id = "0193a5c2-5b6e-7d1f-9a2b-3c4d5e6f7a8b";
+    let order = [json!({
+        "id": id,
+        "occurred_at": "2026-11-30T08:00:00.123456Z",
+        "payload": {"order_id": 7, "note": "refused"},
+    })];
+    for queue in ["default", "gofail"] {
         let options = ["-type", AUDIT_TASK, "-queue", queue, "-max-retry", "1"];
-        str_of(&go_enqueue(&peer, &redis, &options, &order)[0]["id"]).to_string()
-    };
-    let tasks = [
-        ("default", enqueue("default")),
-        ("gofail", enqueue("gofail")),
-    ];
+        assert_eq!(
+            go_enqueue(&peer, &redis, &options, &order)[0]["result"],
+            "enqueued"
+        );
+    }
 
     // Fail, retry, fail, archive: the same steps on both sides.
     let mut archived = Vec::new();
-    for (queue, id) in &tasks {
+    for queue in ["default", "gofail"] {
         let retry = wait_for_state(&peer, &redis, queue, id, "retry");
         assert_eq!(
             (&retry["retried"], &retry["last_err"]),
@@ -632,40 +672,45 @@ fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
         go(&peer, &redis, &["run", queue, id], "");
         archived.push(wait_for_state(&peer, &redis, queue, id, "archived"));
     }
-    let comparable = |info: &Value| {
-        let fields = [
-            "type",
-            "payload",
-            "state",
-            "max_retry",
-            "retried",
-            "last_err",
-            "timeout",
-        ];
-        fields.map(|f| info[f].clone())
-    };
-    assert_eq!(comparable(&archived[0]), comparable(&archived[1]));
-    assert_eq!(archived[0]["state"], "archived");
+    let (by_rust, by_go) = (&archived[0], &archived[1]);
+    for field in [
+        "id",
+        "type",
+        "payload",
+        "state",
+        "max_retry",
+        "retried",
+        "last_err",
+        "timeout",
+        "retention",
+        "completed_at",
+        "next_process_at",
+    ] {
+        assert_eq!(
+            by_rust[field], by_go[field],
+            "{field}: {by_rust} vs {by_go}"
+        );
+    }
+    assert_eq!(by_rust["state"], "archived");
     assert_eq!(
-        (&archived[0]["retried"], &archived[0]["max_retry"]),
+        (&by_rust["retried"], &by_rust["max_retry"]),
         (&json!(1), &json!(1))
     );
-    assert_eq!(archived[0]["last_err"], refusal);
+    assert_eq!(by_rust["last_err"], refusal);
     for info in &archived {
         assert!(info["last_failed_at"].as_i64().unwrap() > 0, "{info}");
     }
-    let (rust_id, go_id) = (tasks[0].1.as_str(), tasks[1].1.as_str());
-    assert_eq!(listener_runs(&db, "audit", "failed"), [rust_id, rust_id]);
-    assert_eq!(go_server.ids("failed"), [go_id, go_id]);
+    assert_eq!(listener_runs(&db, "audit", "failed"), [id, id]);
+    assert_eq!(go_server.ids("failed"), [id, id]);
     let listed = go(&peer, &redis, &["list", "default", "archived"], "");
     assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0]["id"], json!(rust_id));
+    assert_eq!(listed[0]["id"], id);
 
     // Run the archived task again once the order is no longer refused.
     psql(&db.url(), "DELETE FROM refused_orders");
-    go(&peer, &redis, &["run", "default", rust_id], "");
-    wait_for_state(&peer, &redis, "default", rust_id, "completed");
-    assert_eq!(listener_runs(&db, "audit", "done"), [rust_id]);
+    go(&peer, &redis, &["run", "default", id], "");
+    wait_for_state(&peer, &redis, "default", id, "completed");
+    assert_eq!(listener_runs(&db, "audit", "done"), [id]);
     stop_worker(&mut worker, Duration::from_secs(35));
     go_server.stop(Duration::from_secs(15));
 }
@@ -686,12 +731,11 @@ impl Side {
     }
 }
 
-/// The task ids one side recorded as `start` (Go: every task; Rust: slow
-/// tasks only) or `done`, one per record.
-fn records(side: Side, kind: &str, go_server: &GoServer, db: &Database) -> Vec<String> {
+/// The task ids of one side's completed runs, one per run.
+fn done_runs(side: Side, go_server: &GoServer, db: &Database) -> Vec<String> {
     match side {
-        Side::Go => go_server.ids(kind),
-        Side::Rust => listener_runs(db, "audit", kind),
+        Side::Go => go_server.ids("done"),
+        Side::Rust => listener_runs(db, "audit", "done"),
     }
 }
 
@@ -709,7 +753,7 @@ struct Shared {
 /// `default` queue, where the Go client enqueues 10,000
 /// `listener:orderPlaced:audit` tasks (a task type both sides handle: the
 /// Rust `audit` listener and a Go ServeMux handler), until all are
-/// completed. With `stop`, every 500th task sleeps 3 s, and once 3,000 runs
+/// completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
 /// are done and the `stop` side is in the middle of a slow task, that side
 /// gets SIGTERM, with a shutdown timeout of 1 s.
 fn share_the_queue(stop: Option<Side>) -> Shared {
@@ -745,7 +789,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         .map(|n| {
             let slow = stop.is_some() && n % 500 == 250;
             let note = if slow {
-                "sleep:3000".to_string()
+                "sleep:5000".to_string()
             } else {
                 format!("task {n}")
             };
@@ -758,7 +802,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         .iter()
         .map(|e| {
             assert_eq!(e["result"], "enqueued");
-            let slow = e["envelope"]["payload"]["note"] == "sleep:3000";
+            let slow = e["envelope"]["payload"]["note"] == "sleep:5000";
             (str_of(&e["id"]).to_string(), slow)
         })
         .collect();
@@ -766,17 +810,21 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
 
     // Slow tasks a side has started and not finished.
     let in_flight_slow = |side: Side, go_server: &GoServer| -> BTreeSet<String> {
-        let done: BTreeSet<String> = records(side, "done", go_server, &db).into_iter().collect();
-        records(side, "start", go_server, &db)
-            .into_iter()
-            .filter(|id| enqueued[id] && !done.contains(id))
-            .collect()
+        match side {
+            Side::Go => {
+                let done: BTreeSet<String> = go_server.ids("done").into_iter().collect();
+                let started = go_server.ids("start").into_iter();
+                started
+                    .filter(|id| enqueued[id] && !done.contains(id))
+                    .collect()
+            }
+            Side::Rust => audit_in_flight(&db),
+        }
     };
     let mut interrupted = BTreeSet::new();
     if let Some(side) = stop {
         let midway = || {
-            let runs = records(Side::Go, "done", &go_server, &db).len()
-                + records(Side::Rust, "done", &go_server, &db).len();
+            let runs = go_server.ids("done").len() + count_runs(&db, "done");
             runs >= 3_000 && !in_flight_slow(side, &go_server).is_empty()
         };
         wait_until(
@@ -797,7 +845,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         start.elapsed()
     );
     let done = [Side::Go, Side::Rust]
-        .map(|side| (side, records(side, "done", &go_server, &db)))
+        .map(|side| (side, done_runs(side, &go_server, &db)))
         .into();
     if stop != Some(Side::Rust) {
         stop_worker(&mut worker, Duration::from_secs(35));
