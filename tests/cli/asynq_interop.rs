@@ -316,8 +316,14 @@ fn wait_for_state(peer: &Path, redis: &RedisServer, queue: &str, id: &str, state
     info
 }
 
-/// Waits until `queue` has `completed` completed tasks and nothing else.
-fn wait_until_all_completed(peer: &Path, redis: &RedisServer, queue: &str, completed: u64) {
+/// Waits until `queue` has `completed` completed tasks and nothing else;
+/// the queue's counts (Inspector.GetQueueInfo).
+fn wait_until_all_completed(
+    peer: &Path,
+    redis: &RedisServer,
+    queue: &str,
+    completed: u64,
+) -> Value {
     let mut counts = Value::Null;
     let all_done = || {
         counts = go_queue(peer, redis, queue);
@@ -330,6 +336,25 @@ fn wait_until_all_completed(peer: &Path, redis: &RedisServer, queue: &str, compl
     );
     for state in ["pending", "active", "scheduled", "retry", "archived"] {
         assert_eq!(counts[state], 0, "{state} tasks left: {counts}");
+    }
+    counts
+}
+
+/// Asserts the processed and failed counters Go reads for `queue`, all-time
+/// and today's (UTC: the daily keys are named by date; `since` is when the
+/// test began, and today's are checked only if the date has not changed).
+fn assert_counters(counts: &Value, since: time::Date, processed: usize, failed: usize) {
+    assert_eq!(
+        (&counts["processed_total"], &counts["failed_total"]),
+        (&json!(processed), &json!(failed)),
+        "{counts}"
+    );
+    if time::OffsetDateTime::now_utc().date() == since {
+        assert_eq!(
+            (&counts["processed"], &counts["failed"]),
+            (&json!(processed), &json!(failed)),
+            "today's counters: {counts}"
+        );
     }
 }
 
@@ -480,6 +505,7 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
         &[("WORKER_QUEUES", "idle=1"), ("OUTBOX_TASK_RETENTION", "1h")],
     );
 
+    let since = time::OffsetDateTime::now_utc().date();
     let envelopes = dispatch(&db, 20);
     wait_until(
         Duration::from_secs(60),
@@ -534,6 +560,7 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
         );
         assert!(info["completed_at"].as_i64().unwrap() > 0, "{info}");
     }
+    assert_counters(&go_queue(&peer, &valkey, "default"), since, 20, 0);
     stop_worker(&mut worker, Duration::from_secs(35));
     go_server.stop(Duration::from_secs(15));
 }
@@ -559,6 +586,7 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
             ("OUTBOX_TASK_RETENTION", "1h"),
         ],
     );
+    let since = time::OffsetDateTime::now_utc().date();
 
     let lines: Vec<Value> = (1..=5)
         .map(|n| {
@@ -576,7 +604,8 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
     );
 
     // 5 event tasks and 10 listener tasks, all completed.
-    wait_until_all_completed(&peer, &redis, "default", 15);
+    let counts = wait_until_all_completed(&peer, &redis, "default", 15);
+    assert_counters(&counts, since, 15, 0);
     let mut expected = Vec::new();
     for listener in ["audit", "email"] {
         for (n, e) in (1..=5).zip(&enqueued) {
@@ -639,6 +668,7 @@ fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
     project();
     let redis = RedisServer::start();
     let db = database();
+    let since = time::OffsetDateTime::now_utc().date();
     psql(&db.url(), "INSERT INTO refused_orders VALUES (7)");
     let refusal = "order 7 refused";
     let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
@@ -702,6 +732,9 @@ fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
     }
     assert_eq!(listener_runs(&db, "audit", "failed"), [id, id]);
     assert_eq!(go_server.ids("failed"), [id, id]);
+    for queue in ["default", "gofail"] {
+        assert_counters(&go_queue(&peer, &redis, queue), since, 2, 2);
+    }
     let listed = go(&peer, &redis, &["list", "default", "archived"], "");
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0]["id"], id);
@@ -711,6 +744,7 @@ fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
     go(&peer, &redis, &["run", "default", id], "");
     wait_for_state(&peer, &redis, "default", id, "completed");
     assert_eq!(listener_runs(&db, "audit", "done"), [id]);
+    assert_counters(&go_queue(&peer, &redis, "default"), since, 3, 2);
     stop_worker(&mut worker, Duration::from_secs(35));
     go_server.stop(Duration::from_secs(15));
 }
@@ -747,6 +781,10 @@ struct Shared {
     done: BTreeMap<Side, Vec<String>>,
     /// Slow tasks the stopped side had started but never finished.
     interrupted: BTreeSet<String>,
+    /// The queue's counts at the end.
+    counts: Value,
+    /// The UTC date the test began.
+    since: time::Date,
 }
 
 /// A Go asynq server and a Rust worker, 10 handlers each, share the
@@ -796,7 +834,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
             json!({"payload": {"order_id": n, "note": note}})
         })
         .collect();
-    let start = Instant::now();
+    let (start, since) = (Instant::now(), time::OffsetDateTime::now_utc().date());
     let options = ["-type", AUDIT_TASK, "-retention", "1h"];
     let enqueued: BTreeMap<String, bool> = go_enqueue(&peer, &redis, &options, &lines)
         .iter()
@@ -839,7 +877,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         interrupted = in_flight_slow(side, &go_server);
     }
 
-    wait_until_all_completed(&peer, &redis, "default", 10_000);
+    let counts = wait_until_all_completed(&peer, &redis, "default", 10_000);
     eprintln!(
         "10,000 shared tasks took {:.2?} (stopped: {stop:?})",
         start.elapsed()
@@ -857,6 +895,8 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         enqueued,
         done,
         interrupted,
+        counts,
+        since,
     }
 }
 
@@ -885,6 +925,9 @@ impl Shared {
         let enqueued: BTreeSet<&str> = self.enqueued.keys().map(String::as_str).collect();
         assert_eq!(ran.len(), 10_000, "ids that ran");
         assert!(ran == enqueued, "the ids that ran are not the ids enqueued");
+        // Both sides count their runs in Go's counters, under Go's keys.
+        let all_runs = runs.values().sum();
+        assert_counters(&self.counts, self.since, all_runs, 0);
         let (go, rust) = (self.done[&Side::Go].len(), self.done[&Side::Rust].len());
         eprintln!("Go ran {go} tasks, Rust {rust}");
         assert!(

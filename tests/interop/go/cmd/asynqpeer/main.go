@@ -324,7 +324,8 @@ func list(args []string) {
 	}
 }
 
-// queue prints the task counts of Inspector.GetQueueInfo.
+// queue prints the task counts of Inspector.GetQueueInfo; processed and
+// failed are today's (UTC), the _total ones all-time.
 func queue(args []string) {
 	if len(args) != 1 {
 		fatal(errors.New("usage: queue <queue>"))
@@ -338,8 +339,8 @@ func queue(args []string) {
 	emit(map[string]any{
 		"queue": q.Queue, "pending": q.Pending, "active": q.Active,
 		"scheduled": q.Scheduled, "retry": q.Retry, "archived": q.Archived,
-		"completed": q.Completed, "processed_total": q.ProcessedTotal,
-		"failed_total": q.FailedTotal,
+		"completed": q.Completed, "processed": q.Processed, "failed": q.Failed,
+		"processed_total": q.ProcessedTotal, "failed_total": q.FailedTotal,
 	})
 }
 
