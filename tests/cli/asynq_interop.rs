@@ -652,6 +652,48 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
     assert_eq!(psql(&db.url(), "SELECT count(*) FROM listener_runs"), "10");
 }
 
+/// A unique task (asynq.Unique) from a Go client holds its uniqueness lock
+/// while it waits, and the Rust worker releases the lock when it completes
+/// the task, as a Go server does: the same task can then be enqueued again.
+#[test]
+fn a_unique_go_task_completed_by_the_rust_worker_releases_its_lock() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    // The same bytes twice: asynq's uniqueness is by queue, type and payload.
+    let id = "0193a5c2-5b6e-7d1f-9a2b-000000000001";
+    let task = json!({
+        "id": id,
+        "occurred_at": "2026-11-30T08:00:00Z",
+        "payload": {"order_id": 1, "note": "unique"},
+    });
+    // Retention 0: a completed task is deleted, so only the lock can refuse it.
+    let options = ["-type", AUDIT_TASK, "-unique", "1h", "-retention", "0s"];
+
+    let first = go_enqueue(&peer, &redis, &options, &[task.clone(), task.clone()]);
+    let results: Vec<&Value> = first.iter().map(|e| &e["result"]).collect();
+    assert_eq!(
+        results,
+        ["enqueued", "duplicate"],
+        "the lock holds while pending"
+    );
+    let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
+    wait_until(Duration::from_secs(30), "the task ran and is gone", || {
+        count_runs(&db, "done") == 1
+            && go_info(&peer, &redis, "default", id)["error"] == "task not found"
+    });
+
+    let again = go_enqueue(&peer, &redis, &options, &[task]);
+    assert_eq!(again[0]["result"], "enqueued", "the lock was released");
+    wait_until(Duration::from_secs(30), "the task ran again", || {
+        count_runs(&db, "done") == 2
+    });
+    stop_worker(&mut worker, Duration::from_secs(35));
+}
+
 /// A Rust listener that fails is retried and then archived, and Go's
 /// Inspector shows it exactly as a task a Go server failed the same way:
 /// both are enqueued by the Go client as `listener:orderPlaced:audit` with

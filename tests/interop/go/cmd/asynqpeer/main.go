@@ -196,9 +196,10 @@ type enqueueLine struct {
 
 // enqueue reads envelopes as JSON lines on stdin and enqueues each as the
 // Go kit does: task type -type, task id = envelope id, and the options of
-// the flags. It prints {"id", "result": "enqueued" | "conflict",
-// "envelope"} per line; a task id already in the queue is reported as
-// "conflict" (asynq.ErrTaskIDConflict), any other error stops it.
+// the flags. It prints {"id", "result", "envelope"} per line, the result
+// being "enqueued", "conflict" for a task id already in the queue
+// (asynq.ErrTaskIDConflict) or "duplicate" for a unique task whose lock is
+// held (asynq.ErrDuplicateTask); any other error stops it.
 func enqueue(args []string) {
 	flags := flag.NewFlagSet("enqueue", flag.ExitOnError)
 	taskType := flags.String("type", "event:orderPlaced", "task type: event:<name> or listener:<name>:<listener>")
@@ -206,7 +207,13 @@ func enqueue(args []string) {
 	maxRetry := flags.Int("max-retry", 25, "asynq.MaxRetry")
 	timeout := flags.Duration("timeout", 30*time.Minute, "asynq.Timeout")
 	retention := flags.Duration("retention", 24*time.Hour, "asynq.Retention")
+	unique := flags.Duration("unique", 0, "asynq.Unique, if not 0")
 	_ = flags.Parse(args)
+	options := []asynq.Option{asynq.Queue(*queueName), asynq.MaxRetry(*maxRetry),
+		asynq.Timeout(*timeout), asynq.Retention(*retention)}
+	if *unique > 0 {
+		options = append(options, asynq.Unique(*unique))
+	}
 
 	// The event name is the second part of the type in both conventions.
 	parts := strings.Split(*taskType, ":")
@@ -237,13 +244,14 @@ func enqueue(args []string) {
 		if err != nil {
 			fatal(err)
 		}
-		_, err = client.Enqueue(asynq.NewTask(*taskType, body),
-			asynq.TaskID(envelope.ID.String()), asynq.Queue(*queueName),
-			asynq.MaxRetry(*maxRetry), asynq.Timeout(*timeout), asynq.Retention(*retention))
+		taskOptions := append([]asynq.Option{asynq.TaskID(envelope.ID.String())}, options...)
+		_, err = client.Enqueue(asynq.NewTask(*taskType, body), taskOptions...)
 		result := "enqueued"
 		switch {
 		case errors.Is(err, asynq.ErrTaskIDConflict):
 			result = "conflict"
+		case errors.Is(err, asynq.ErrDuplicateTask):
+			result = "duplicate"
 		case err != nil:
 			fatal(err)
 		}
@@ -284,8 +292,10 @@ func info(args []string) {
 	for _, id := range args[1:] {
 		t, err := inspector.GetTaskInfo(args[0], id)
 		switch {
-		case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-			emit(map[string]any{"id": id, "error": err.Error()})
+		case errors.Is(err, asynq.ErrTaskNotFound):
+			emit(map[string]any{"id": id, "error": "task not found"})
+		case errors.Is(err, asynq.ErrQueueNotFound):
+			emit(map[string]any{"id": id, "error": "queue not found"})
 		case err != nil:
 			fatal(err)
 		default:
