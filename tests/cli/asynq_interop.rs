@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e::{Database, build_binaries, cargo_lock, migrate, psql, shared_target};
+use crate::e2e::{Database, build_binaries, cargo, cargo_lock, migrate, psql, shared_target};
 use crate::go_peers::go_peer;
 use crate::support::{gpkit, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
@@ -172,17 +172,43 @@ fn project() -> &'static Path {
             );
         }
         write("src/bin/asynq_dispatch.rs", DISPATCH);
-        let bins = build_binaries(&project);
-        // No other generated project has a binary of this name, so no
-        // other build can have replaced it since.
-        let _one_at_a_time = cargo_lock();
-        std::fs::copy(
-            shared_target().join("debug/asynq_dispatch"),
-            bins.join("asynq_dispatch"),
-        )
-        .unwrap();
+        build_binaries(&project);
+        for name in ["worker", "migrate", "asynq_dispatch"] {
+            copy_own_binary(&project, name);
+        }
         project
     })
+}
+
+/// Copies the binary `name` of `project` from the shared target directory
+/// to `<project>/.bin/`, making sure it is this project's: generated
+/// projects of other test runs on the machine build into the same
+/// directory, and one of them can replace `debug/<name>` between a build
+/// and its copy. A copy without the project's path in its debug info is
+/// relinked (its source touched) and copied again.
+fn copy_own_binary(project: &Path, name: &str) {
+    let copy = project.join(".bin").join(name);
+    for _ in 0..3 {
+        {
+            let _one_at_a_time = cargo_lock();
+            std::fs::copy(shared_target().join("debug").join(name), &copy).unwrap();
+        }
+        let ours = Command::new("grep")
+            .arg("-qaF")
+            .arg(project)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        if ours.success() {
+            return;
+        }
+        eprintln!("debug/{name} was another project's; building it again");
+        let source = project.join(format!("src/bin/{name}.rs"));
+        let file = std::fs::File::options().append(true).open(source).unwrap();
+        file.set_modified(std::time::SystemTime::now()).unwrap();
+        cargo(project, &["build", "--bin", name]);
+    }
+    panic!("could not get a build of `{name}` of {}", project.display());
 }
 
 /// A fresh database, migrated.
@@ -681,9 +707,11 @@ fn a_unique_go_task_completed_by_the_rust_worker_releases_its_lock() {
         "the lock holds while pending"
     );
     let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
-    wait_until(Duration::from_secs(30), "the task ran and is gone", || {
+    wait_until(Duration::from_secs(30), "the task ran", || {
         count_runs(&db, "done") == 1
-            && go_info(&peer, &redis, "default", id)["error"] == "task not found"
+    });
+    wait_until(Duration::from_secs(30), "the task is gone", || {
+        go_info(&peer, &redis, "default", id)["error"] == "task not found"
     });
 
     let again = go_enqueue(&peer, &redis, &options, &[task]);
