@@ -10,8 +10,10 @@
 //!
 //! - the Rust relay's event tasks, as a Go asynq server sees them;
 //! - Go-kit events from a Go asynq client, as the Rust listeners see them;
+//! - a unique Go task (asynq.Unique) whose lock the Rust worker releases;
 //! - a failing Rust listener, as Go's Inspector sees it, next to a Go task
 //!   failing the same way, and Inspector.RunTask bringing it back;
+//! - a task leased by a killed side, recovered by the other side;
 //! - 10,000 tasks shared by a Go server and a Rust worker, each run once,
 //!   also when one side is stopped with SIGTERM midway.
 //!
@@ -453,6 +455,12 @@ impl GoServer {
         read.0 += complete as u64;
     }
 
+    /// Kills it with SIGKILL: no shutdown, its tasks stay leased.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// Sends SIGTERM and asserts a clean shutdown within `limit`.
     fn stop(&mut self, limit: Duration) {
         let pid = self.child.id().to_string();
@@ -819,6 +827,81 @@ fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
     go_server.stop(Duration::from_secs(15));
 }
 
+/// A task whose worker died (SIGKILL) stays active under a lease that
+/// nobody extends; once the lease has expired for longer than the 30 s
+/// grace both implementations allow for clock skew, the other side's
+/// recoverer retries it. Both ways at once, on two queues: a Go server
+/// recovers the task of a killed Rust worker (queue `rustdies`), a Rust
+/// worker the task of a killed Go server (`godies`). Go's Inspector shows
+/// each task orphaned while its lease is out, then waiting in `retry` with
+/// one retry counted and asynq's lease-expired error.
+#[test]
+fn a_killed_sides_leased_task_is_recovered_by_the_other_side() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let hang = [json!({"payload": {"order_id": 1, "note": "sleep:600000"}})];
+    let enqueue = |queue: &str| {
+        let options = ["-type", AUDIT_TASK, "-queue", queue];
+        str_of(&go_enqueue(&peer, &redis, &options, &hang)[0]["id"]).to_string()
+    };
+    let (of_rust, of_go) = (enqueue("rustdies"), enqueue("godies"));
+
+    // Each side starts its task and is killed in the middle of it.
+    let mut rust = start_worker(&db, &redis, &[("WORKER_QUEUES", "rustdies=1")]);
+    let go_args = ["-queues", "godies", "-handle", AUDIT_TASK];
+    let mut go_server = GoServer::start(&peer, &redis, &go_args);
+    wait_until(Duration::from_secs(30), "both sides run their task", || {
+        count_runs(&db, "start") == 1 && go_server.ids("start") == [of_go.as_str()]
+    });
+    rust.signal("-KILL");
+    rust.wait(Duration::from_secs(10));
+    go_server.kill();
+
+    // The leases run out: Go sees both tasks orphaned.
+    let tasks = [("rustdies", &of_rust), ("godies", &of_go)];
+    wait_until(Duration::from_secs(45), "both leases expired", || {
+        tasks
+            .iter()
+            .all(|(queue, id)| go_info(&peer, &redis, queue, id)["is_orphaned"] == true)
+    });
+    for (queue, id) in tasks {
+        assert_eq!(go_info(&peer, &redis, queue, id)["state"], "active");
+    }
+
+    // Past the grace, each side's recoverer (which runs at start) takes
+    // the other's task. The Go server handles no task type of the queue:
+    // only its recoverer acts.
+    let lease_of = |queue: &str, id: &str| -> i64 {
+        let key = format!("asynq:{{{queue}}}:lease");
+        redis.cli(&["ZSCORE", &key, id]).unwrap().parse().unwrap()
+    };
+    wait_until(
+        Duration::from_secs(45),
+        "both leases expired 30 s ago",
+        || {
+            let cutoff = time::OffsetDateTime::now_utc().unix_timestamp() - 31;
+            tasks.iter().all(|(queue, id)| lease_of(queue, id) < cutoff)
+        },
+    );
+    let recovering_go = ["-queues", "rustdies", "-handle", "job:"];
+    let mut go_server = GoServer::start(&peer, &redis, &recovering_go);
+    let mut rust = start_worker(&db, &redis, &[("WORKER_QUEUES", "godies=1")]);
+    for (queue, id) in tasks {
+        let info = wait_for_state(&peer, &redis, queue, id, "retry");
+        assert_eq!(
+            (&info["retried"], &info["last_err"]),
+            (&json!(1), &json!("asynq: task lease expired")),
+            "{queue}: {info}"
+        );
+    }
+    stop_worker(&mut rust, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
 /// One side of the shared queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Side {
@@ -860,8 +943,8 @@ struct Shared {
 /// A Go asynq server and a Rust worker, 10 handlers each, share the
 /// `default` queue, where the Go client enqueues 10,000
 /// `listener:orderPlaced:audit` tasks (a task type both sides handle: the
-/// Rust `audit` listener and a Go ServeMux handler), until all are
-/// completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
+/// Rust `audit` listener and a Go ServeMux handler) while the queue is
+/// paused, and then unpauses it; they run until all are completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
 /// are done and the `stop` side is in the middle of a slow task, that side
 /// gets SIGTERM, with a shutdown timeout of 1 s.
 fn share_the_queue(stop: Option<Side>) -> Shared {
@@ -904,7 +987,10 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
             json!({"payload": {"order_id": n, "note": note}})
         })
         .collect();
-    let (start, since) = (Instant::now(), time::OffsetDateTime::now_utc().date());
+    // Enqueued while the queue is paused (which both sides honour), so
+    // that both start on the whole backlog at once.
+    let since = time::OffsetDateTime::now_utc().date();
+    go(&peer, &redis, &["pause", "default"], "");
     let options = ["-type", AUDIT_TASK, "-retention", "1h"];
     let enqueued: BTreeMap<String, bool> = go_enqueue(&peer, &redis, &options, &lines)
         .iter()
@@ -915,6 +1001,9 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         })
         .collect();
     assert_eq!(enqueued.len(), 10_000);
+    assert_eq!(go_queue(&peer, &redis, "default")["pending"], 10_000);
+    go(&peer, &redis, &["unpause", "default"], "");
+    let start = Instant::now();
 
     // Slow tasks a side has started and not finished.
     let in_flight_slow = |side: Side, go_server: &GoServer| -> BTreeSet<String> {
@@ -933,7 +1022,18 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
     if let Some(side) = stop {
         let midway = || {
             let runs = go_server.ids("done").len() + count_runs(&db, "done");
-            runs >= 3_000 && !in_flight_slow(side, &go_server).is_empty()
+            let f = in_flight_slow(side, &go_server);
+            eprintln!(
+                "DEBUG runs={runs} inflight={} rust_start={} go_start_slow={}",
+                f.len(),
+                count_runs(&db, "start"),
+                go_server
+                    .ids("start")
+                    .iter()
+                    .filter(|id| enqueued[*id])
+                    .count()
+            );
+            runs >= 3_000 && !f.is_empty()
         };
         wait_until(
             Duration::from_secs(60),

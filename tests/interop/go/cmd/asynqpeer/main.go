@@ -11,6 +11,7 @@
 //	asynqpeer list <queue> <state>   Inspector.List{Pending,...,Completed}Tasks
 //	asynqpeer queue <queue>          Inspector.GetQueueInfo (task counts)
 //	asynqpeer run <queue> <id>       Inspector.RunTask
+//	asynqpeer pause|unpause <queue>  Inspector.PauseQueue, UnpauseQueue
 package main
 
 import (
@@ -72,7 +73,7 @@ func redisOpt() asynq.RedisClientOpt {
 
 func main() {
 	if len(os.Args) < 2 {
-		fatal(errors.New("usage: asynqpeer serve|enqueue|info|list|queue|run ..."))
+		fatal(errors.New("usage: asynqpeer serve|enqueue|info|list|queue|run|pause|unpause ..."))
 	}
 	args := os.Args[2:]
 	switch os.Args[1] {
@@ -88,6 +89,8 @@ func main() {
 		queue(args)
 	case "run":
 		run(args)
+	case "pause", "unpause":
+		pause(os.Args[1], args)
 	default:
 		fatal(fmt.Errorf("unknown command %q", os.Args[1]))
 	}
@@ -365,4 +368,22 @@ func run(args []string) {
 		fatal(err)
 	}
 	emit(map[string]string{"id": args[1], "result": "pending"})
+}
+
+// pause stops every server from dequeuing from a queue (Inspector.PauseQueue),
+// or lets them again (UnpauseQueue).
+func pause(command string, args []string) {
+	if len(args) != 1 {
+		fatal(fmt.Errorf("usage: %s <queue>", command))
+	}
+	inspector := asynq.NewInspector(redisOpt())
+	defer inspector.Close()
+	change := inspector.PauseQueue
+	if command == "unpause" {
+		change = inspector.UnpauseQueue
+	}
+	if err := change(args[0]); err != nil {
+		fatal(err)
+	}
+	emit(map[string]string{"queue": args[0], "result": command + "d"})
 }
