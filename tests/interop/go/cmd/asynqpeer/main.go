@@ -12,6 +12,8 @@
 //	asynqpeer queue <queue>          Inspector.GetQueueInfo (task counts)
 //	asynqpeer run <queue> <id>       Inspector.RunTask
 //	asynqpeer pause|unpause <queue>  Inspector.PauseQueue, UnpauseQueue
+//	asynqpeer cancel <id>            Inspector.CancelProcessing
+//	asynqpeer servers                Inspector.Servers, one line per server
 package main
 
 import (
@@ -73,7 +75,7 @@ func redisOpt() asynq.RedisClientOpt {
 
 func main() {
 	if len(os.Args) < 2 {
-		fatal(errors.New("usage: asynqpeer serve|enqueue|info|list|queue|run|pause|unpause ..."))
+		fatal(errors.New("usage: asynqpeer serve|enqueue|info|list|queue|run|pause|unpause|cancel|servers ..."))
 	}
 	args := os.Args[2:]
 	switch os.Args[1] {
@@ -91,6 +93,10 @@ func main() {
 		run(args)
 	case "pause", "unpause":
 		pause(os.Args[1], args)
+	case "cancel":
+		cancel(args)
+	case "servers":
+		servers()
 	default:
 		fatal(fmt.Errorf("unknown command %q", os.Args[1]))
 	}
@@ -211,11 +217,15 @@ func enqueue(args []string) {
 	timeout := flags.Duration("timeout", 30*time.Minute, "asynq.Timeout")
 	retention := flags.Duration("retention", 24*time.Hour, "asynq.Retention")
 	unique := flags.Duration("unique", 0, "asynq.Unique, if not 0")
+	processIn := flags.Duration("process-in", 0, "asynq.ProcessIn, if not 0")
 	_ = flags.Parse(args)
 	options := []asynq.Option{asynq.Queue(*queueName), asynq.MaxRetry(*maxRetry),
 		asynq.Timeout(*timeout), asynq.Retention(*retention)}
 	if *unique > 0 {
 		options = append(options, asynq.Unique(*unique))
+	}
+	if *processIn > 0 {
+		options = append(options, asynq.ProcessIn(*processIn))
 	}
 
 	// The event name is the second part of the type in both conventions.
@@ -386,4 +396,41 @@ func pause(command string, args []string) {
 		fatal(err)
 	}
 	emit(map[string]string{"queue": args[0], "result": command + "d"})
+}
+
+// cancel asks the server running a task to cancel its context
+// (Inspector.CancelProcessing, a message on the asynq:cancel channel).
+func cancel(args []string) {
+	if len(args) != 1 {
+		fatal(errors.New("usage: cancel <id>"))
+	}
+	inspector := asynq.NewInspector(redisOpt())
+	defer inspector.Close()
+	if err := inspector.CancelProcessing(args[0]); err != nil {
+		fatal(err)
+	}
+	emit(map[string]string{"id": args[0], "result": "cancel sent"})
+}
+
+// servers prints the servers that announce themselves (Inspector.Servers,
+// what asynqmon's Servers page shows), with the tasks they run.
+func servers() {
+	inspector := asynq.NewInspector(redisOpt())
+	defer inspector.Close()
+	list, err := inspector.Servers()
+	if err != nil {
+		fatal(err)
+	}
+	for _, srv := range list {
+		var workers []map[string]string
+		for _, w := range srv.ActiveWorkers {
+			workers = append(workers, map[string]string{
+				"task_id": w.TaskID, "task_type": w.TaskType, "queue": w.Queue,
+			})
+		}
+		emit(map[string]any{
+			"id": srv.ID, "host": srv.Host, "pid": srv.PID, "concurrency": srv.Concurrency,
+			"queues": srv.Queues, "status": srv.Status, "active_workers": workers,
+		})
+	}
 }
