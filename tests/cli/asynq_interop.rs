@@ -514,6 +514,7 @@ fn instant(text: &Value) -> time::OffsetDateTime {
     time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
 }
 
+/// The string `value` holds; panics on any other JSON.
 fn str_of(value: &Value) -> &str {
     value
         .as_str()
@@ -600,6 +601,8 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
         assert!(info["completed_at"].as_i64().unwrap() > 0, "{info}");
     }
     assert_counters(&go_queue(&peer, &valkey, "default"), since, 20, 0);
+    // All completed, so nothing can run again: still one run each.
+    assert_eq!(go_server.lines("done").len(), 20);
     stop_worker(&mut worker, Duration::from_secs(35));
     go_server.stop(Duration::from_secs(15));
 }
