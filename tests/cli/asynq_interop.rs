@@ -680,6 +680,19 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
         assert_eq!(of_event(AUDIT_TASK), 1);
         assert_eq!(of_event("listener:orderPlaced:email"), 1);
     }
+    // Completed by the Rust worker as by Go: with a completion time, kept
+    // for their retention (the Go client's for events, OUTBOX_TASK_RETENTION
+    // for listener tasks), with the fan-out's options on listener tasks.
+    for task in &completed {
+        assert!(task["completed_at"].as_i64().unwrap() > 0, "{task}");
+        assert_eq!(task["retention"], 3600.0, "{task}");
+        assert_eq!(task["timeout"], 1800.0, "{task}");
+        assert_eq!(task["max_retry"], 25, "{task}");
+        assert_eq!(
+            (&task["retried"], &task["last_err"]),
+            (&json!(0), &json!(""))
+        );
+    }
 
     // The same envelope again: a task id conflict, and nothing runs.
     let again = go_enqueue(
