@@ -6,7 +6,7 @@
 // line on stdout, for the tests to parse; asynq's own logs go to stderr.
 //
 //	asynqpeer serve [flags]          an asynq.Server with a ServeMux
-//	asynqpeer enqueue [flags] <lines an asynq.Client enqueuing Go-kit envelopes
+//	asynqpeer enqueue [flags]        an asynq.Client enqueuing stdin's envelopes
 //	asynqpeer info <queue> <id>...   Inspector.GetTaskInfo, one line per id
 //	asynqpeer list <queue> <state>   Inspector.List{Pending,...,Completed}Tasks
 //	asynqpeer queue <queue>          Inspector.GetQueueInfo (task counts)
