@@ -1,1 +1,1330 @@
-//! Go asynq v0.26 and the generated worker on one queue (to be written).
+//! The generated worker and the real Go asynq v0.26.0 on one Valkey queue.
+//!
+//! This module owns the proof of the worker's headline promise, that it
+//! shares the `default` queue with Go services: each test runs the
+//! generated `worker` binary of one project (`ordersvc`, with the event
+//! `orderPlaced` and the listeners `audit` and `email`) next to the Go peer
+//! `asynqpeer` (tests/interop/go/cmd/asynqpeer: an asynq.Server, Client and
+//! Inspector as gp-system's Go kit uses them), against real Postgres and a
+//! Redis or Valkey server of the test's own:
+//!
+//! - the Rust relay's event tasks, as a Go asynq server sees them;
+//! - Go-kit events from a Go asynq client, as the Rust listeners see them;
+//! - a unique Go task (asynq.Unique) whose lock the Rust worker releases,
+//!   and one scheduled for later (asynq.ProcessIn);
+//! - a failing Rust listener, as Go's Inspector sees it, next to a Go task
+//!   failing the same way, and Inspector.RunTask bringing it back;
+//! - a task leased by a killed side, recovered by the other side;
+//! - 10,000 tasks shared by a Go server and a Rust worker, each run once,
+//!   also when one side is stopped with SIGTERM midway.
+//!
+//! Two tests pin known bugs of the generated worker and are ignored (run
+//! them with `--ignored`): it does not announce itself to
+//! Inspector.Servers(), and it ignores Inspector.CancelProcessing.
+//!
+//! Each test skips (with a printed reason) where Go is missing, see
+//! [`go_peer`].
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::e2e::{Database, build_binaries, cargo, cargo_lock, migrate, psql, shared_target};
+use crate::go_peers::go_peer;
+use crate::support::{gpkit, repo};
+use crate::worker_e2e::{RedisServer, Worker, wait_until};
+
+/// The trace the tests' events are dispatched in.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACESTATE: &str = "gpkit=interop";
+/// The task type of the `audit` listener's work, in the Go kit's naming.
+const AUDIT_TASK: &str = "listener:orderPlaced:audit";
+
+// --- the generated project -------------------------------------------------
+
+/// What both listeners of the test project do, steered by the event's note
+/// and the `refused_orders` table, so that tests can make them slow or fail.
+fn listener_body(listener: &str) -> String {
+    format!(
+        r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the asynq interop tests.
+
+use std::time::Duration;
+
+use crate::events::order_placed::OrderPlaced;
+use crate::worker::listeners::{{ListenerContext, ListenerError}};
+
+/// Records each run in `listener_runs`. A note `sleep:<ms>` first records
+/// `start` and sleeps that long; an order in `refused_orders` fails with
+/// "order <id> refused" (recorded as `failed`); else the run is `done`.
+pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
+    if let Some(ms) = event.note.strip_prefix("sleep:") {{
+        record(&event, &ctx, "start").await?;
+        tokio::time::sleep(Duration::from_millis(ms.parse()?)).await;
+    }}
+    let refused: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM refused_orders WHERE order_id = $1)")
+            .bind(event.order_id)
+            .fetch_one(&ctx.pool)
+            .await?;
+    if refused {{
+        record(&event, &ctx, "failed").await?;
+        anyhow::bail!("order {{}} refused", event.order_id);
+    }}
+    record(&event, &ctx, "done").await
+}}
+
+async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Result<(), ListenerError> {{
+    sqlx::query(
+        "INSERT INTO listener_runs (listener, event_id, order_id, note, traceparent, outcome) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind("{listener}")
+    .bind(ctx.event_id)
+    .bind(event.order_id)
+    .bind(&event.note)
+    .bind(ctx.metadata.get("traceparent"))
+    .bind(outcome)
+    .execute(&ctx.pool)
+    .await?;
+    Ok(())
+}}
+"#
+    )
+}
+
+/// The tables the listeners write and read.
+const LISTENER_TABLES: &str = "-- +goose Up
+CREATE TABLE listener_runs (
+    listener text NOT NULL, event_id uuid NOT NULL, order_id bigint NOT NULL, note text NOT NULL,
+    traceparent text, outcome text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE refused_orders (order_id bigint PRIMARY KEY);
+
+-- +goose Down
+DROP TABLE refused_orders;
+DROP TABLE listener_runs;
+";
+
+/// Dispatches `orderPlaced` events through the generated outbox, as a
+/// request handler in a traced request would.
+const DISPATCH: &str = r#"//! Dispatches `<count>` `orderPlaced` events in one committed transaction,
+//! in the trace of `TRACEPARENT`/`TRACESTATE`; prints each envelope as JSON.
+
+use ordersvc::database::Transactor;
+use ordersvc::dispatch::Dispatcher;
+use ordersvc::events::order_placed::OrderPlaced;
+use ordersvc::outbox::OutboxDispatcher;
+use ordersvc::trace_context::{self, TraceContext};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let count: i64 = std::env::args().nth(1).unwrap_or_default().parse()?;
+    let traceparent = std::env::var("TRACEPARENT")?;
+    let tracestate = std::env::var("TRACESTATE").ok();
+    let trace = TraceContext::parse(&traceparent, tracestate.as_deref())
+        .ok_or_else(|| anyhow::anyhow!("bad TRACEPARENT"))?;
+    let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+    let transactor = Transactor::new(pool);
+    let dispatcher = OutboxDispatcher::new();
+    let dispatch_all = transactor.run(async |tx| {
+        let mut envelopes = Vec::new();
+        for order_id in 1..=count {
+            let event = OrderPlaced { order_id, note: format!("order {order_id}") };
+            envelopes.push(dispatcher.dispatch(&mut *tx, &event).await?);
+        }
+        Ok::<_, anyhow::Error>(envelopes)
+    });
+    for envelope in trace_context::scope(trace, dispatch_all).await? {
+        println!("{}", serde_json::to_string(&envelope)?);
+    }
+    Ok(())
+}
+"#;
+
+/// The test project, generated and built once per test run under
+/// `target/e2e-asynq/ordersvc`, its binaries copied to `.bin/`.
+fn project() -> &'static Path {
+    static PROJECT: OnceLock<PathBuf> = OnceLock::new();
+    PROJECT.get_or_init(|| {
+        let parent = repo().join("target/e2e-asynq");
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        gpkit(&parent)
+            .args(["--no-input", "new", "project", "ordersvc"])
+            .assert()
+            .success();
+        let project = parent.join("ordersvc");
+        gpkit(&project)
+            .args(["add", "event", "orderPlaced"])
+            .args(["--field", "order_id:i64", "--field", "note:string"])
+            .args(["--listener", "audit", "--listener", "email"])
+            .assert()
+            .success();
+        let write = |path: &str, text: &str| std::fs::write(project.join(path), text).unwrap();
+        write(
+            "migrations/20270101000000_listener_runs.sql",
+            LISTENER_TABLES,
+        );
+        for listener in ["audit", "email"] {
+            write(
+                &format!("src/listeners/order_placed/{listener}.rs"),
+                &listener_body(listener),
+            );
+        }
+        write("src/bin/asynq_dispatch.rs", DISPATCH);
+        build_binaries(&project);
+        for name in ["worker", "migrate", "asynq_dispatch"] {
+            copy_own_binary(&project, name);
+        }
+        project
+    })
+}
+
+/// Copies the binary `name` of `project` from the shared target directory
+/// to `<project>/.bin/`, making sure it is this project's: generated
+/// projects of other test runs on the machine build into the same
+/// directory, and one of them can replace `debug/<name>` between a build
+/// and its copy. A copy without the project's path in its debug info is
+/// relinked (its source touched) and copied again.
+fn copy_own_binary(project: &Path, name: &str) {
+    let copy = project.join(".bin").join(name);
+    for _ in 0..3 {
+        {
+            let _one_at_a_time = cargo_lock();
+            std::fs::copy(shared_target().join("debug").join(name), &copy).unwrap();
+        }
+        let ours = Command::new("grep")
+            .arg("-qaF")
+            .arg(project)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        if ours.success() {
+            return;
+        }
+        eprintln!("debug/{name} was another project's; building it again");
+        let source = project.join(format!("src/bin/{name}.rs"));
+        let file = std::fs::File::options().append(true).open(source).unwrap();
+        file.set_modified(std::time::SystemTime::now()).unwrap();
+        cargo(project, &["build", "--bin", name]);
+    }
+    panic!("could not get a build of `{name}` of {}", project.display());
+}
+
+/// A fresh database, migrated.
+fn database() -> Database {
+    let db = Database::create("gpkit_asynq");
+    migrate(project(), &db, &["up"]);
+    db
+}
+
+/// Starts the project's worker with `env` and waits until its consumer runs.
+fn start_worker(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Worker {
+    let worker = Worker::start_binary(&project().join(".bin/worker"), db, redis, env);
+    wait_until(Duration::from_secs(30), "the Rust worker consumes", || {
+        worker.log().contains("consumer started")
+    });
+    worker
+}
+
+/// Stops `worker` with SIGTERM and asserts a clean exit within `limit`.
+fn stop_worker(worker: &mut Worker, limit: Duration) {
+    worker.signal("-TERM");
+    let code = worker.wait(limit);
+    assert_eq!(code, Some(0), "the Rust worker's exit:\n{}", worker.log());
+}
+
+/// Dispatches `count` events through the outbox; their envelopes.
+fn dispatch(db: &Database, count: u32) -> Vec<Value> {
+    let output = Command::new(project().join(".bin/asynq_dispatch"))
+        .arg(count.to_string())
+        .env("DATABASE_URL", db.url())
+        .env("TRACEPARENT", TRACEPARENT)
+        .env("TRACESTATE", TRACESTATE)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    json_lines(&String::from_utf8(output.stdout).unwrap())
+}
+
+/// The ids of the `listener_runs` rows of `listener` with `outcome`, one
+/// per row (so a listener that ran twice gives its id twice).
+fn listener_runs(db: &Database, listener: &str, outcome: &str) -> Vec<String> {
+    let sql = format!(
+        "SELECT event_id FROM listener_runs WHERE listener = '{listener}' AND outcome = '{outcome}'"
+    );
+    psql(&db.url(), &sql).lines().map(str::to_string).collect()
+}
+
+/// How many runs of the `audit` listener ended with `outcome`.
+fn count_runs(db: &Database, outcome: &str) -> usize {
+    let sql = format!(
+        "SELECT count(*) FROM listener_runs WHERE listener = 'audit' AND outcome = '{outcome}'"
+    );
+    psql(&db.url(), &sql).parse().unwrap()
+}
+
+/// The slow tasks the `audit` listener has started and not finished.
+fn audit_in_flight(db: &Database) -> BTreeSet<String> {
+    let sql = "SELECT event_id FROM listener_runs s WHERE listener = 'audit' AND outcome = 'start' \
+               AND NOT EXISTS (SELECT 1 FROM listener_runs d \
+               WHERE d.event_id = s.event_id AND d.listener = 'audit' AND d.outcome = 'done')";
+    psql(&db.url(), sql).lines().map(str::to_string).collect()
+}
+
+// --- the Go peer -------------------------------------------------------------
+
+/// The complete JSON lines of `text` (a line still being written is skipped).
+fn json_lines(text: &str) -> Vec<Value> {
+    text.split_inclusive('\n')
+        .filter(|line| line.ends_with('\n') && !line.trim().is_empty())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+/// Runs `asynqpeer <args>` to completion against `redis`, with `stdin`;
+/// its JSON lines.
+fn go(peer: &Path, redis: &RedisServer, args: &[&str], stdin: &str) -> Vec<Value> {
+    let mut child = Command::new(peer)
+        .args(args)
+        .env("VALKEY_ADDR", redis.addr())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_string();
+    let feeder = std::thread::spawn(move || input.write_all(stdin.as_bytes()));
+    let output = child.wait_with_output().unwrap();
+    feeder.join().unwrap().unwrap();
+    assert!(
+        output.status.success(),
+        "asynqpeer {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    json_lines(&String::from_utf8(output.stdout).unwrap())
+}
+
+/// Enqueues one Go-kit envelope per item of `lines` (`{"id"?, "payload",
+/// "metadata"?}`) with the Go client and `options` (`-type`, `-queue`,
+/// `-max-retry`, `-retention`, ...); one `{"id", "result", "envelope"}` each.
+fn go_enqueue(peer: &Path, redis: &RedisServer, options: &[&str], lines: &[Value]) -> Vec<Value> {
+    let stdin: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    let args: Vec<&str> = ["enqueue"]
+        .into_iter()
+        .chain(options.iter().copied())
+        .collect();
+    go(peer, redis, &args, &stdin)
+}
+
+/// Inspector.GetTaskInfo of one task.
+fn go_info(peer: &Path, redis: &RedisServer, queue: &str, id: &str) -> Value {
+    go(peer, redis, &["info", queue, id], "").remove(0)
+}
+
+/// Inspector.GetQueueInfo's counts of `queue`.
+fn go_queue(peer: &Path, redis: &RedisServer, queue: &str) -> Value {
+    go(peer, redis, &["queue", queue], "").remove(0)
+}
+
+/// Waits until Inspector.GetTaskInfo shows the task in `state`; its info.
+fn wait_for_state(peer: &Path, redis: &RedisServer, queue: &str, id: &str, state: &str) -> Value {
+    let mut info = Value::Null;
+    wait_until(Duration::from_secs(60), &format!("{id} is {state}"), || {
+        info = go_info(peer, redis, queue, id);
+        info["state"] == state
+    });
+    info
+}
+
+/// Waits until `queue` has `completed` completed tasks and nothing else;
+/// the queue's counts (Inspector.GetQueueInfo).
+fn wait_until_all_completed(
+    peer: &Path,
+    redis: &RedisServer,
+    queue: &str,
+    completed: u64,
+) -> Value {
+    let mut counts = Value::Null;
+    let all_done = || {
+        counts = go_queue(peer, redis, queue);
+        counts["completed"] == completed
+    };
+    wait_until(
+        Duration::from_secs(120),
+        &format!("{completed} tasks are completed"),
+        all_done,
+    );
+    for state in ["pending", "active", "scheduled", "retry", "archived"] {
+        assert_eq!(counts[state], 0, "{state} tasks left: {counts}");
+    }
+    counts
+}
+
+/// Asserts the processed and failed counters Go reads for `queue`, all-time
+/// and today's (UTC: the daily keys are named by date; `since` is when the
+/// test began, and today's are checked only if the date has not changed).
+fn assert_counters(counts: &Value, since: time::Date, processed: usize, failed: usize) {
+    assert_eq!(
+        (&counts["processed_total"], &counts["failed_total"]),
+        (&json!(processed), &json!(failed)),
+        "{counts}"
+    );
+    if time::OffsetDateTime::now_utc().date() == since {
+        assert_eq!(
+            (&counts["processed"], &counts["failed"]),
+            (&json!(processed), &json!(failed)),
+            "today's counters: {counts}"
+        );
+    }
+}
+
+/// `asynqpeer serve` as a process: a Go asynq server whose JSON lines
+/// (`ready`, `start`, `done`, `failed`, `stopped`) go to a file.
+struct GoServer {
+    child: Child,
+    out: PathBuf,
+    /// The lines read so far, by kind, and how many bytes of `out` they
+    /// took, so that each look reads only what is new.
+    read: RefCell<(u64, BTreeMap<String, Vec<Value>>)>,
+    _dir: tempfile::TempDir,
+}
+
+impl GoServer {
+    /// Starts it with `args` (`-queues`, `-handle`, `-fail`, ...) and waits
+    /// until it serves.
+    fn start(peer: &Path, redis: &RedisServer, args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("serve.jsonl");
+        let child = Command::new(peer)
+            .arg("serve")
+            .args(args)
+            .env("VALKEY_ADDR", redis.addr())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let server = Self {
+            child,
+            out,
+            read: RefCell::default(),
+            _dir: dir,
+        };
+        wait_until(Duration::from_secs(30), "the Go server serves", || {
+            !server.lines("ready").is_empty()
+        });
+        server
+    }
+
+    /// Its lines of one kind (`"event": kind`).
+    fn lines(&self, kind: &str) -> Vec<Value> {
+        self.read_new_lines();
+        self.read.borrow().1.get(kind).cloned().unwrap_or_default()
+    }
+
+    /// The task ids of its lines of one kind, one per line.
+    fn ids(&self, kind: &str) -> Vec<String> {
+        self.read_new_lines();
+        let read = self.read.borrow();
+        let lines = read.1.get(kind).map(Vec::as_slice).unwrap_or_default();
+        lines
+            .iter()
+            .map(|line| str_of(&line["id"]).to_string())
+            .collect()
+    }
+
+    /// Reads the lines written since the last look.
+    fn read_new_lines(&self) {
+        let mut read = self.read.borrow_mut();
+        let mut file = std::fs::File::open(&self.out).unwrap();
+        file.seek(SeekFrom::Start(read.0)).unwrap();
+        let mut text = String::new();
+        file.read_to_string(&mut text).unwrap();
+        let complete = text.rfind('\n').map_or(0, |end| end + 1);
+        for line in json_lines(&text[..complete]) {
+            let kind = str_of(&line["event"]).to_string();
+            read.1.entry(kind).or_default().push(line);
+        }
+        read.0 += complete as u64;
+    }
+
+    /// Kills it with SIGKILL: no shutdown, its tasks stay leased.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Sends SIGTERM and asserts a clean shutdown within `limit`.
+    fn stop(&mut self, limit: Duration) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the Go server did not stop within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "the Go server's exit: {status}");
+        assert_eq!(self.lines("stopped").len(), 1);
+    }
+}
+
+impl Drop for GoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `valkey-server` that `scripts/test` installs.
+fn valkey() -> RedisServer {
+    let binary = std::env::var("VALKEY_SERVER")
+        .expect("set VALKEY_SERVER to a valkey-server binary (scripts/test installs one)");
+    RedisServer::start_binary(&binary)
+}
+
+/// RFC 3339 text as an instant, so that Rust's and Go's spellings compare.
+fn instant(text: &Value) -> time::OffsetDateTime {
+    let text = text
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {text}"));
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+}
+
+/// The string `value` holds; panics on any other JSON.
+fn str_of(value: &Value) -> &str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a string: {value}"))
+}
+
+// --- the tests -------------------------------------------------------------
+
+/// Events dispatched through the generated outbox, relayed by the Rust
+/// worker to Valkey, are consumed by a Go asynq server with a ServeMux
+/// handler for `event:`: asynq.GetTaskID is the envelope id, the payload
+/// decodes strictly into the Go kit's envelope with everything the Rust side
+/// wrote, and the Inspector shows the task completed with the relay's
+/// options (retention OUTBOX_TASK_RETENTION, max retry 25, timeout 30 min).
+#[test]
+fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let valkey = valkey();
+    let db = database();
+    let mut go_server = GoServer::start(&peer, &valkey, &["-handle", "event:"]);
+    // The worker relays only: its consumer serves another queue.
+    let mut worker = start_worker(
+        &db,
+        &valkey,
+        &[("WORKER_QUEUES", "idle=1"), ("OUTBOX_TASK_RETENTION", "1h")],
+    );
+
+    let since = time::OffsetDateTime::now_utc().date();
+    let envelopes = dispatch(&db, 20);
+    wait_until(
+        Duration::from_secs(60),
+        "the Go server ran 20 tasks",
+        || go_server.lines("done").len() >= 20,
+    );
+
+    // Each event once, as the Go kit sees it.
+    let done = go_server.lines("done");
+    let by_id: BTreeMap<&str, &Value> = done.iter().map(|d| (str_of(&d["id"]), d)).collect();
+    assert_eq!((done.len(), by_id.len()), (20, 20), "{done:?}");
+    assert!(go_server.lines("failed").is_empty());
+    for sent in &envelopes {
+        let id = str_of(&sent["id"]);
+        let task = by_id
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} did not reach Go"));
+        assert_eq!(task["type"], "event:orderPlaced");
+        assert_eq!(task["queue"], "default");
+        assert_eq!(
+            (&task["retried"], &task["max_retry"]),
+            (&json!(0), &json!(25))
+        );
+        let seen = &task["envelope"];
+        assert_eq!(seen["id"], sent["id"]);
+        assert_eq!(seen["name"], "orderPlaced");
+        assert_eq!(seen["payload"], sent["payload"]);
+        assert_eq!(
+            seen["payload"]["note"],
+            format!("order {}", seen["payload"]["order_id"])
+        );
+        assert_eq!(instant(&seen["occurred_at"]), instant(&sent["occurred_at"]));
+        assert_eq!(seen["metadata"], sent["metadata"]);
+        let traceparent = str_of(&seen["metadata"]["traceparent"]);
+        assert!(
+            traceparent.starts_with(&format!("00-{TRACE_ID}-")),
+            "{traceparent}"
+        );
+        assert_eq!(seen["metadata"]["tracestate"], TRACESTATE);
+    }
+
+    // The Inspector's view of each task once Go has completed it.
+    for sent in &envelopes {
+        let info = wait_for_state(&peer, &valkey, "default", str_of(&sent["id"]), "completed");
+        assert_eq!(info["type"], "event:orderPlaced");
+        assert_eq!(info["retention"], 3600.0, "OUTBOX_TASK_RETENTION");
+        assert_eq!(info["max_retry"], 25);
+        assert_eq!(info["timeout"], 1800.0);
+        assert_eq!(
+            (&info["retried"], &info["last_err"]),
+            (&json!(0), &json!(""))
+        );
+        assert!(info["completed_at"].as_i64().unwrap() > 0, "{info}");
+    }
+    assert_counters(&go_queue(&peer, &valkey, "default"), since, 20, 0);
+    // All completed, so nothing can run again: still one run each.
+    assert_eq!(go_server.lines("done").len(), 20);
+    stop_worker(&mut worker, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
+/// Go-kit events enqueued by a Go asynq client (`event:orderPlaced`, task
+/// id = envelope id) run each Rust listener exactly once with the typed
+/// payload and the Go side's trace parent, through the Rust fan-out, whose
+/// listener tasks Go's Inspector lists as completed; enqueuing an id again
+/// is asynq.ErrTaskIDConflict on the Go side and runs nothing.
+#[test]
+fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let mut worker = start_worker(
+        &db,
+        &redis,
+        &[
+            ("WORKER_QUEUES", "default=1"),
+            ("OUTBOX_TASK_RETENTION", "1h"),
+        ],
+    );
+    let since = time::OffsetDateTime::now_utc().date();
+
+    let lines: Vec<Value> = (1..=5)
+        .map(|n| {
+            json!({
+                "payload": {"order_id": n, "note": format!("from go {n}")},
+                "metadata": {"traceparent": TRACEPARENT},
+            })
+        })
+        .collect();
+    let options = ["-type", "event:orderPlaced", "-retention", "1h"];
+    let enqueued = go_enqueue(&peer, &redis, &options, &lines);
+    assert!(
+        enqueued.iter().all(|e| e["result"] == "enqueued"),
+        "{enqueued:?}"
+    );
+
+    // 5 event tasks and 10 listener tasks, all completed.
+    let counts = wait_until_all_completed(&peer, &redis, "default", 15);
+    assert_counters(&counts, since, 15, 0);
+    let mut expected = Vec::new();
+    for listener in ["audit", "email"] {
+        for (n, e) in (1..=5).zip(&enqueued) {
+            let id = str_of(&e["id"]);
+            expected.push(format!(
+                "{listener}|{id}|{n}|from go {n}|{TRACEPARENT}|done"
+            ));
+        }
+    }
+    let runs = psql(
+        &db.url(),
+        "SELECT listener, event_id, order_id, note, traceparent, outcome FROM listener_runs \
+         ORDER BY listener, order_id",
+    );
+    assert_eq!(runs, expected.join("\n"), "each listener once per event");
+
+    // Go lists one completed task per listener per event, carrying the envelope.
+    let completed = go(&peer, &redis, &["list", "default", "completed"], "");
+    for e in &enqueued {
+        let of_event = |task_type: &str| {
+            completed
+                .iter()
+                .filter(|t| t["type"] == task_type)
+                .filter(|t| {
+                    serde_json::from_str::<Value>(str_of(&t["payload"])).unwrap()["id"] == e["id"]
+                })
+                .count()
+        };
+        assert_eq!(of_event("event:orderPlaced"), 1);
+        assert_eq!(of_event(AUDIT_TASK), 1);
+        assert_eq!(of_event("listener:orderPlaced:email"), 1);
+    }
+    // Completed by the Rust worker as by Go: with a completion time, kept
+    // for their retention (the Go client's for events, OUTBOX_TASK_RETENTION
+    // for listener tasks), with the fan-out's options on listener tasks.
+    for task in &completed {
+        assert!(task["completed_at"].as_i64().unwrap() > 0, "{task}");
+        assert_eq!(task["retention"], 3600.0, "{task}");
+        assert_eq!(task["timeout"], 1800.0, "{task}");
+        assert_eq!(task["max_retry"], 25, "{task}");
+        assert_eq!(
+            (&task["retried"], &task["last_err"]),
+            (&json!(0), &json!(""))
+        );
+    }
+
+    // The same envelope again: a task id conflict, and nothing runs.
+    let again = go_enqueue(
+        &peer,
+        &redis,
+        &options,
+        &[json!({"id": enqueued[0]["id"], "payload": {}})],
+    );
+    assert_eq!(again[0]["result"], "conflict");
+    assert_eq!(go_queue(&peer, &redis, "default")["pending"], 0);
+    stop_worker(&mut worker, Duration::from_secs(35));
+    assert_eq!(psql(&db.url(), "SELECT count(*) FROM listener_runs"), "10");
+}
+
+/// A unique task (asynq.Unique) from a Go client holds its uniqueness lock
+/// while it waits, and the Rust worker releases the lock when it completes
+/// the task, as a Go server does: the same task can then be enqueued again.
+#[test]
+fn a_unique_go_task_completed_by_the_rust_worker_releases_its_lock() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    // The same bytes twice: asynq's uniqueness is by queue, type and payload.
+    let id = "0193a5c2-5b6e-7d1f-9a2b-000000000001";
+    let task = json!({
+        "id": id,
+        "occurred_at": "2026-11-30T08:00:00Z",
+        "payload": {"order_id": 1, "note": "unique"},
+    });
+    // Retention 0: a completed task is deleted, so only the lock can refuse it.
+    let options = ["-type", AUDIT_TASK, "-unique", "1h", "-retention", "0s"];
+
+    let first = go_enqueue(&peer, &redis, &options, &[task.clone(), task.clone()]);
+    let results: Vec<&Value> = first.iter().map(|e| &e["result"]).collect();
+    assert_eq!(
+        results,
+        ["enqueued", "duplicate"],
+        "the lock holds while pending"
+    );
+    let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
+    wait_until(Duration::from_secs(30), "the task ran", || {
+        count_runs(&db, "done") == 1
+    });
+    wait_until(Duration::from_secs(30), "the task is gone", || {
+        go_info(&peer, &redis, "default", id)["error"] == "task not found"
+    });
+
+    let again = go_enqueue(&peer, &redis, &options, &[task]);
+    assert_eq!(again[0]["result"], "enqueued", "the lock was released");
+    wait_until(Duration::from_secs(30), "the task ran again", || {
+        count_runs(&db, "done") == 2
+    });
+    stop_worker(&mut worker, Duration::from_secs(35));
+}
+
+/// A task a Go client schedules for later (asynq.ProcessIn) waits in
+/// `scheduled`, and the Rust worker's forwarder runs it once it is due.
+#[test]
+fn a_go_task_scheduled_for_later_runs_on_the_rust_worker_when_due() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
+
+    let options = ["-type", AUDIT_TASK, "-process-in", "3s"];
+    let later = [json!({"payload": {"order_id": 1, "note": "later"}})];
+    let enqueued = go_enqueue(&peer, &redis, &options, &later);
+    let id = str_of(&enqueued[0]["id"]);
+    let scheduled = go_info(&peer, &redis, "default", id);
+    assert_eq!(scheduled["state"], "scheduled");
+    let due = scheduled["next_process_at"].as_i64().unwrap();
+
+    wait_for_state(&peer, &redis, "default", id, "completed");
+    assert_eq!(listener_runs(&db, "audit", "done"), [id]);
+    let ran_at: i64 = psql(
+        &db.url(),
+        "SELECT floor(extract(epoch FROM at))::bigint FROM listener_runs",
+    )
+    .parse()
+    .unwrap();
+    assert!(ran_at >= due, "ran at {ran_at}, due at {due}");
+    stop_worker(&mut worker, Duration::from_secs(35));
+}
+
+/// A task that hangs (its handler sleeps 10 min) running on a Go server
+/// that serves the queue `goside` and on the Rust worker that serves
+/// `default`, 7 handlers each: the set-up of the known-bug tests, where the
+/// Go server is the control. Returns both sides and the ids of their
+/// tasks, once both run.
+fn hang_on_both_sides(
+    peer: &Path,
+    redis: &RedisServer,
+    db: &Database,
+) -> (GoServer, Worker, String, String) {
+    let serve = [
+        "-queues",
+        "goside",
+        "-handle",
+        AUDIT_TASK,
+        "-concurrency",
+        "7",
+        "-shutdown-timeout",
+        "1s",
+    ];
+    let go_server = GoServer::start(peer, redis, &serve);
+    let env = [
+        ("WORKER_QUEUES", "default=1"),
+        ("WORKER_CONCURRENCY", "7"),
+        ("WORKER_SHUTDOWN_TIMEOUT", "1s"),
+    ];
+    let worker = start_worker(db, redis, &env);
+    let hang = [json!({"payload": {"order_id": 1, "note": "sleep:600000"}})];
+    let enqueue = |queue: &str| {
+        let options = ["-type", AUDIT_TASK, "-queue", queue];
+        str_of(&go_enqueue(peer, redis, &options, &hang)[0]["id"]).to_string()
+    };
+    let (go_id, rust_id) = (enqueue("goside"), enqueue("default"));
+    wait_until(Duration::from_secs(30), "both sides run their task", || {
+        go_server.ids("start") == [go_id.as_str()] && count_runs(db, "start") == 1
+    });
+    (go_server, worker, go_id, rust_id)
+}
+
+/// KNOWN BUG in the generated worker, so ignored; run it with `--ignored`.
+/// A Go asynq server announces itself in `asynq:servers`/`asynq:workers`
+/// (queue-wire.md §5) every 5 s, which Inspector.Servers() and asynqmon's
+/// Servers page read: the Go server of the control is listed with its
+/// queue, concurrency and running task. The Rust worker writes neither
+/// key, so it is invisible there, and so is the task it runs.
+#[test]
+#[ignore = "known bug: the generated worker writes no asynq server state (asynq:servers, asynq:workers)"]
+fn a_running_rust_worker_is_listed_by_inspector_servers_as_a_go_server_is() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let (mut go_server, mut worker, go_id, rust_id) = hang_on_both_sides(&peer, &redis, &db);
+
+    for (queue, id, side) in [("goside", &go_id, "Go"), ("default", &rust_id, "Rust")] {
+        let listed = || {
+            go(&peer, &redis, &["servers"], "").iter().any(|server| {
+                server["queues"] == json!({queue: 1})
+                    && server["concurrency"] == 7
+                    && server["status"] == "active"
+                    && server["active_workers"][0]["task_id"] == id.as_str()
+            })
+        };
+        let what = format!("Inspector.Servers lists the {side} side running its task");
+        wait_until(Duration::from_secs(15), &what, listed);
+    }
+    stop_worker(&mut worker, Duration::from_secs(10));
+    go_server.stop(Duration::from_secs(10));
+}
+
+/// KNOWN BUG in the generated worker, so ignored; run it with `--ignored`.
+/// Inspector.CancelProcessing (asynqmon's Cancel button) publishes a task
+/// id on the `asynq:cancel` channel; a Go server cancels the running
+/// handler's context, and the task is retried with "context canceled" (the
+/// control). The Rust worker does not subscribe, so its task keeps running.
+#[test]
+#[ignore = "known bug: the generated worker ignores Inspector.CancelProcessing (asynq:cancel)"]
+fn inspector_cancel_processing_cancels_a_task_on_the_rust_worker_as_on_a_go_server() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let (mut go_server, mut worker, go_id, rust_id) = hang_on_both_sides(&peer, &redis, &db);
+
+    for (queue, id, side) in [("goside", &go_id, "Go"), ("default", &rust_id, "Rust")] {
+        go(&peer, &redis, &["cancel", id], "");
+        let mut info = Value::Null;
+        let cancelled = || {
+            info = go_info(&peer, &redis, queue, id);
+            info["state"] == "retry"
+        };
+        let what = format!("the {side} side cancels its task");
+        wait_until(Duration::from_secs(15), &what, cancelled);
+        assert_eq!(
+            (&info["retried"], &info["last_err"]),
+            (&json!(1), &json!("context canceled")),
+            "{side}"
+        );
+    }
+    stop_worker(&mut worker, Duration::from_secs(10));
+    go_server.stop(Duration::from_secs(10));
+}
+
+/// A Rust listener that fails is retried and then archived, and Go's
+/// Inspector shows it exactly as a task a Go server failed the same way:
+/// both are enqueued by the Go client as `listener:orderPlaced:audit` with
+/// MaxRetry(1) (the fan-out's listener tasks get 25, too many to spend in a
+/// test), fail, wait in `retry`, are run again at once with
+/// Inspector.RunTask (instead of waiting out Go's 15-45 s retry delay),
+/// fail again and are archived. RunTask on the archived Rust task, once the
+/// cause is gone, makes the Rust worker run it again, to completion.
+#[test]
+fn a_failing_rust_listener_is_retried_and_archived_as_a_go_task_is() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let since = time::OffsetDateTime::now_utc().date();
+    psql(&db.url(), "INSERT INTO refused_orders VALUES (7)");
+    let refusal = "order 7 refused";
+    let mut worker = start_worker(&db, &redis, &[("WORKER_QUEUES", "default=1")]);
+    let serve = ["-queues", "gofail", "-handle", AUDIT_TASK, "-fail", refusal];
+    let mut go_server = GoServer::start(&peer, &redis, &serve);
+
+    // One envelope, enqueued to both queues: Rust serves `default`, Go `gofail`.
+    let id = "0193a5c2-5b6e-7d1f-9a2b-3c4d5e6f7a8b";
+    let order = [json!({
+        "id": id,
+        "occurred_at": "2026-11-30T08:00:00.123456Z",
+        "payload": {"order_id": 7, "note": "refused"},
+    })];
+    for queue in ["default", "gofail"] {
+        let options = ["-type", AUDIT_TASK, "-queue", queue, "-max-retry", "1"];
+        assert_eq!(
+            go_enqueue(&peer, &redis, &options, &order)[0]["result"],
+            "enqueued"
+        );
+    }
+
+    // Fail, retry, fail, archive: the same steps on both sides.
+    let mut archived = Vec::new();
+    for queue in ["default", "gofail"] {
+        let retry = wait_for_state(&peer, &redis, queue, id, "retry");
+        assert_eq!(
+            (&retry["retried"], &retry["last_err"]),
+            (&json!(1), &json!(refusal))
+        );
+        assert!(retry["next_process_at"].as_i64().unwrap() > 0, "{retry}");
+        go(&peer, &redis, &["run", queue, id], "");
+        archived.push(wait_for_state(&peer, &redis, queue, id, "archived"));
+    }
+    let (by_rust, by_go) = (&archived[0], &archived[1]);
+    for field in [
+        "id",
+        "type",
+        "payload",
+        "state",
+        "max_retry",
+        "retried",
+        "last_err",
+        "timeout",
+        "retention",
+        "completed_at",
+        "next_process_at",
+    ] {
+        assert_eq!(
+            by_rust[field], by_go[field],
+            "{field}: {by_rust} vs {by_go}"
+        );
+    }
+    assert_eq!(by_rust["state"], "archived");
+    assert_eq!(
+        (&by_rust["retried"], &by_rust["max_retry"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!(by_rust["last_err"], refusal);
+    for info in &archived {
+        assert!(info["last_failed_at"].as_i64().unwrap() > 0, "{info}");
+    }
+    assert_eq!(listener_runs(&db, "audit", "failed"), [id, id]);
+    assert_eq!(go_server.ids("failed"), [id, id]);
+    for queue in ["default", "gofail"] {
+        assert_counters(&go_queue(&peer, &redis, queue), since, 2, 2);
+    }
+    let listed = go(&peer, &redis, &["list", "default", "archived"], "");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["id"], id);
+
+    // Run the archived task again once the order is no longer refused.
+    psql(&db.url(), "DELETE FROM refused_orders");
+    go(&peer, &redis, &["run", "default", id], "");
+    wait_for_state(&peer, &redis, "default", id, "completed");
+    assert_eq!(listener_runs(&db, "audit", "done"), [id]);
+    assert_counters(&go_queue(&peer, &redis, "default"), since, 3, 2);
+    stop_worker(&mut worker, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
+/// A task whose worker died (SIGKILL) stays active under a lease that
+/// nobody extends; once the lease has expired for longer than the 30 s
+/// grace both implementations allow for clock skew, the other side's
+/// recoverer retries it. Both ways at once, on two queues: a Go server
+/// recovers the task of a killed Rust worker (queue `rustdies`), a Rust
+/// worker the task of a killed Go server (`godies`). Go's Inspector lists
+/// each task as active and orphaned while its lease is out, then waiting in
+/// `retry` with one retry counted and asynq's lease-expired error.
+#[test]
+fn a_killed_sides_leased_task_is_recovered_by_the_other_side() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let redis = RedisServer::start();
+    let db = database();
+    let hang = [json!({"payload": {"order_id": 1, "note": "sleep:600000"}})];
+    let enqueue = |queue: &str| {
+        let options = ["-type", AUDIT_TASK, "-queue", queue];
+        str_of(&go_enqueue(&peer, &redis, &options, &hang)[0]["id"]).to_string()
+    };
+    let (of_rust, of_go) = (enqueue("rustdies"), enqueue("godies"));
+
+    // Each side starts its task and is killed in the middle of it.
+    let mut rust = start_worker(&db, &redis, &[("WORKER_QUEUES", "rustdies=1")]);
+    let go_args = ["-queues", "godies", "-handle", AUDIT_TASK];
+    let mut go_server = GoServer::start(&peer, &redis, &go_args);
+    wait_until(Duration::from_secs(30), "both sides run their task", || {
+        count_runs(&db, "start") == 1 && go_server.ids("start") == [of_go.as_str()]
+    });
+    rust.signal("-KILL");
+    rust.wait(Duration::from_secs(10));
+    go_server.kill();
+
+    // The leases run out: Go lists both tasks as active and orphaned.
+    let tasks = [("rustdies", &of_rust), ("godies", &of_go)];
+    let orphaned = |queue: &str, id: &str| {
+        let active = go(&peer, &redis, &["list", queue, "active"], "");
+        active
+            .iter()
+            .any(|t| t["id"] == id && t["is_orphaned"] == true)
+    };
+    wait_until(Duration::from_secs(45), "both leases expired", || {
+        tasks.iter().all(|(queue, id)| orphaned(queue, id))
+    });
+
+    // Past the grace, each side's recoverer (which runs at start) takes
+    // the other's task. The Go server handles no task type of the queue:
+    // only its recoverer acts.
+    let lease_of = |queue: &str, id: &str| -> i64 {
+        let key = format!("asynq:{{{queue}}}:lease");
+        redis.cli(&["ZSCORE", &key, id]).unwrap().parse().unwrap()
+    };
+    wait_until(
+        Duration::from_secs(45),
+        "both leases expired 30 s ago",
+        || {
+            let cutoff = time::OffsetDateTime::now_utc().unix_timestamp() - 31;
+            tasks.iter().all(|(queue, id)| lease_of(queue, id) < cutoff)
+        },
+    );
+    let recovering_go = ["-queues", "rustdies", "-handle", "job:"];
+    let mut go_server = GoServer::start(&peer, &redis, &recovering_go);
+    let mut rust = start_worker(&db, &redis, &[("WORKER_QUEUES", "godies=1")]);
+    for (queue, id) in tasks {
+        let info = wait_for_state(&peer, &redis, queue, id, "retry");
+        assert_eq!(
+            (&info["retried"], &info["last_err"]),
+            (&json!(1), &json!("asynq: task lease expired")),
+            "{queue}: {info}"
+        );
+    }
+    stop_worker(&mut rust, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
+/// One side of the shared queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Side {
+    Go,
+    Rust,
+}
+
+impl Side {
+    fn other(self) -> Self {
+        match self {
+            Self::Go => Self::Rust,
+            Self::Rust => Self::Go,
+        }
+    }
+}
+
+/// The task ids of one side's completed runs, one per run.
+fn done_runs(side: Side, go_server: &GoServer, db: &Database) -> Vec<String> {
+    match side {
+        Side::Go => go_server.ids("done"),
+        Side::Rust => listener_runs(db, "audit", "done"),
+    }
+}
+
+/// What [`share_the_queue`] saw.
+struct Shared {
+    /// Task ids enqueued, with whether the task was a slow one.
+    enqueued: BTreeMap<String, bool>,
+    /// The ids of the completed runs of each side, one per run.
+    done: BTreeMap<Side, Vec<String>>,
+    /// Slow tasks the stopped side had started but never finished.
+    interrupted: BTreeSet<String>,
+    /// The queue's counts at the end.
+    counts: Value,
+    /// The UTC date the test began.
+    since: time::Date,
+}
+
+/// A Go asynq server and a Rust worker, 10 handlers each, share the
+/// `default` queue, where the Go client enqueues 10,000
+/// `listener:orderPlaced:audit` tasks (a task type both sides handle: the
+/// Rust `audit` listener and a Go ServeMux handler) while the queue is
+/// paused, and then unpauses it; they run until all are completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
+/// are done and the `stop` side is in the middle of a slow task, that side
+/// gets SIGTERM, with a shutdown timeout of 1 s.
+fn share_the_queue(stop: Option<Side>) -> Shared {
+    let peer = go_peer("asynqpeer").expect("checked by the caller");
+    let redis = RedisServer::start();
+    let db = database();
+    let go_timeout = if stop == Some(Side::Go) { "1s" } else { "8s" };
+    let serve = [
+        "-handle",
+        AUDIT_TASK,
+        "-concurrency",
+        "10",
+        "-shutdown-timeout",
+        go_timeout,
+    ];
+    let mut go_server = GoServer::start(&peer, &redis, &serve);
+    let rust_timeout = if stop == Some(Side::Rust) {
+        "1s"
+    } else {
+        "30s"
+    };
+    let mut worker = start_worker(
+        &db,
+        &redis,
+        &[
+            ("WORKER_QUEUES", "default=1"),
+            ("WORKER_CONCURRENCY", "10"),
+            ("WORKER_SHUTDOWN_TIMEOUT", rust_timeout),
+        ],
+    );
+
+    let lines: Vec<Value> = (0..10_000)
+        .map(|n| {
+            let slow = stop.is_some() && n % 500 == 250;
+            let note = if slow {
+                "sleep:5000".to_string()
+            } else {
+                format!("task {n}")
+            };
+            json!({"payload": {"order_id": n, "note": note}})
+        })
+        .collect();
+    // Enqueued while the queue is paused (which both sides honour), so
+    // that both start on the whole backlog at once.
+    let since = time::OffsetDateTime::now_utc().date();
+    go(&peer, &redis, &["pause", "default"], "");
+    let options = ["-type", AUDIT_TASK, "-retention", "1h"];
+    let enqueued: BTreeMap<String, bool> = go_enqueue(&peer, &redis, &options, &lines)
+        .iter()
+        .map(|e| {
+            assert_eq!(e["result"], "enqueued");
+            let slow = e["envelope"]["payload"]["note"] == "sleep:5000";
+            (str_of(&e["id"]).to_string(), slow)
+        })
+        .collect();
+    assert_eq!(enqueued.len(), 10_000);
+    assert_eq!(go_queue(&peer, &redis, "default")["pending"], 10_000);
+    go(&peer, &redis, &["unpause", "default"], "");
+    let start = Instant::now();
+
+    // Slow tasks a side has started and not finished.
+    let in_flight_slow = |side: Side, go_server: &GoServer| -> BTreeSet<String> {
+        match side {
+            Side::Go => {
+                let done: BTreeSet<String> = go_server.ids("done").into_iter().collect();
+                let started = go_server.ids("start").into_iter();
+                started
+                    .filter(|id| enqueued[id] && !done.contains(id))
+                    .collect()
+            }
+            Side::Rust => audit_in_flight(&db),
+        }
+    };
+    let mut interrupted = BTreeSet::new();
+    if let Some(side) = stop {
+        let midway = || {
+            let runs = go_server.ids("done").len() + count_runs(&db, "done");
+            runs >= 3_000 && !in_flight_slow(side, &go_server).is_empty()
+        };
+        wait_until(
+            Duration::from_secs(60),
+            "3,000 runs and a slow task in flight",
+            midway,
+        );
+        match side {
+            Side::Go => go_server.stop(Duration::from_secs(10)),
+            Side::Rust => stop_worker(&mut worker, Duration::from_secs(10)),
+        }
+        interrupted = in_flight_slow(side, &go_server);
+    }
+
+    let counts = wait_until_all_completed(&peer, &redis, "default", 10_000);
+    eprintln!(
+        "10,000 shared tasks took {:.2?} (stopped: {stop:?})",
+        start.elapsed()
+    );
+    let done = [Side::Go, Side::Rust]
+        .map(|side| (side, done_runs(side, &go_server, &db)))
+        .into();
+    if stop != Some(Side::Rust) {
+        stop_worker(&mut worker, Duration::from_secs(35));
+    }
+    if stop != Some(Side::Go) {
+        go_server.stop(Duration::from_secs(15));
+    }
+    Shared {
+        enqueued,
+        done,
+        interrupted,
+        counts,
+        since,
+    }
+}
+
+impl Shared {
+    /// Completed runs per task id, over both sides.
+    fn runs_per_id(&self) -> BTreeMap<&str, usize> {
+        let mut runs = BTreeMap::new();
+        for id in self.done.values().flatten() {
+            *runs.entry(id.as_str()).or_default() += 1;
+        }
+        runs
+    }
+
+    /// The ids that ran more than once, with their number of runs.
+    fn run_more_than_once(&self) -> BTreeMap<&str, usize> {
+        self.runs_per_id()
+            .into_iter()
+            .filter(|(_, runs)| *runs > 1)
+            .collect()
+    }
+
+    /// Asserts that every enqueued task ran, and that both sides ran some.
+    fn assert_nothing_lost(&self) {
+        let runs = self.runs_per_id();
+        let ran: BTreeSet<&str> = runs.keys().copied().collect();
+        let enqueued: BTreeSet<&str> = self.enqueued.keys().map(String::as_str).collect();
+        assert_eq!(ran.len(), 10_000, "ids that ran");
+        assert!(ran == enqueued, "the ids that ran are not the ids enqueued");
+        // Both sides count their runs in Go's counters, under Go's keys.
+        let all_runs = runs.values().sum();
+        assert_counters(&self.counts, self.since, all_runs, 0);
+        let (go, rust) = (self.done[&Side::Go].len(), self.done[&Side::Rust].len());
+        eprintln!("Go ran {go} tasks, Rust {rust}");
+        assert!(
+            go > 0 && rust > 0,
+            "one side ran nothing: Go {go}, Rust {rust}"
+        );
+    }
+}
+
+/// 10,000 tasks on one queue served by a Go server and a Rust worker:
+/// each runs exactly once over both sides, and both sides take part.
+#[test]
+fn ten_thousand_tasks_shared_by_go_and_rust_run_exactly_once() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    let shared = share_the_queue(None);
+
+    shared.assert_nothing_lost();
+    let twice = shared.run_more_than_once();
+    assert!(twice.is_empty(), "tasks that ran more than once: {twice:?}");
+}
+
+/// SIGTERM to one side while it runs a task that outlasts its shutdown
+/// timeout: nothing is lost, and each task cut short goes back to the queue
+/// (no lease is left to expire) and is finished by the other side.
+///
+/// What the at-least-once contract permits, and this asserts: a task may
+/// run to completion twice only if one run was on the stopped side before
+/// the signal (its handler finished, but the side stopped before Valkey
+/// recorded it) and the other on the other side, so at most one such task
+/// per handler slot of the stopped side (10). Every other task runs
+/// exactly once. (The handlers record a run only at its end, and a handler
+/// cut short is dropped before that, so in practice none runs twice.)
+fn sigterm_to_one_side_midway(side: Side) {
+    let shared = share_the_queue(Some(side));
+
+    shared.assert_nothing_lost();
+    let other = side.other();
+    assert!(!shared.interrupted.is_empty(), "nothing was cut short");
+    for id in &shared.interrupted {
+        assert!(
+            shared.done[&other].contains(id),
+            "{id} was cut short on {side:?} and never finished on {other:?}"
+        );
+    }
+    let twice = shared.run_more_than_once();
+    eprintln!(
+        "cut short on {side:?} and finished on {other:?}: {}; ran twice: {twice:?}",
+        shared.interrupted.len()
+    );
+    assert!(twice.len() <= 10, "{twice:?}");
+    for (id, runs) in &twice {
+        let on = |s: Side| shared.done[&s].iter().filter(|d| d == id).count();
+        assert_eq!(
+            (*runs, on(side), on(other)),
+            (2, 1, 1),
+            "{id} ran more than the contract permits"
+        );
+    }
+}
+
+#[test]
+fn sigterm_to_the_rust_worker_midway_loses_nothing_and_go_finishes_its_tasks() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    sigterm_to_one_side_midway(Side::Rust);
+}
+
+#[test]
+fn sigterm_to_the_go_server_midway_loses_nothing_and_rust_finishes_its_tasks() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    sigterm_to_one_side_midway(Side::Go);
+}

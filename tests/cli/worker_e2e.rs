@@ -93,7 +93,7 @@ impl RedisServer {
         self.cli(&["PING"]).is_some_and(|out| out == "PONG")
     }
 
-    fn cli(&self, args: &[&str]) -> Option<String> {
+    pub(crate) fn cli(&self, args: &[&str]) -> Option<String> {
         let output = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(args)
