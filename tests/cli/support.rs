@@ -42,32 +42,15 @@ pub fn repo() -> PathBuf {
 }
 
 /// Every file under `root` (relative path to bytes), skipping `skip`ped
-/// top-level entries.
+/// top-level entries; directories and links are left out.
 pub fn read_tree(root: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {
-    let mut files = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let rel = path
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
-            if skip
-                .iter()
-                .any(|s| rel == *s || rel.starts_with(&format!("{s}/")))
-            {
-                continue;
-            }
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                files.insert(rel, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    files
+    disk_state(root, skip)
+        .into_iter()
+        .filter_map(|(path, entry)| match entry {
+            Entry::File { contents, .. } => Some((path, contents)),
+            Entry::Dir { .. } | Entry::Link { .. } => None,
+        })
+        .collect()
 }
 
 /// One entry of a directory tree, as [`disk_state`] records it.
