@@ -280,6 +280,12 @@ impl Client {
     }
 }
 
+/// Whether `err` is the `NOT FOUND` error of Go asynq's scripts: the task
+/// is no longer active (already moved on, or deleted meanwhile).
+pub(super) fn is_not_found(err: &QueueError) -> bool {
+    matches!(err, QueueError::Redis(err) if err.code() == Some("NOT") && err.detail() == Some("FOUND"))
+}
+
 /// Go asynq's `DefaultRetryDelayFunc` (Sidekiq's formula): after the n-th
 /// failure (n counted from 0), wait n⁴ + 15 + rand(0..30)·(n+1) seconds:
 /// about 15–45 s first, 1 min, 2 min, ..., 4.5 days at n = 25.

@@ -9,6 +9,10 @@
 //!   retention. Failure: retried with Go's default backoff, archived once
 //!   its retries are spent. A handler that exceeds the task's timeout, or
 //!   panics, has failed.
+//! - Acknowledgements survive a Valkey blip: if the write that moves a
+//!   finished task on fails, it is tried again with backoff for as long as
+//!   the task's lease holds (the heartbeat keeps extending it), so a task
+//!   that succeeded is completed once Valkey answers, not run again.
 //! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
 //!   to finish, then are dropped and their tasks put back at the head of
 //!   pending, so the next worker runs them at once.
@@ -23,12 +27,13 @@ use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use super::broker::is_not_found;
 use super::message::TaskMessage;
 use super::{Client, QueueError, QueueWeights, default_retry_delay};
 
@@ -37,6 +42,9 @@ use super::{Client, QueueError, QueueWeights, default_retry_delay};
 const LEASE_GRACE: TimeDelta = TimeDelta::seconds(30);
 /// The error recorded on a task whose worker stopped extending its lease.
 const LEASE_EXPIRED: &str = "asynq: task lease expired";
+/// The longest pause between two tries of a failed acknowledgement (Go
+/// asynq's syncer interval).
+const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,6 +308,19 @@ enum Outcome {
     /// Cut short by shutdown.
     Interrupted,
 }
+/// The write that moves a finished task on, decided once so that a retried
+/// write is the same write.
+enum Settlement {
+    Complete,
+    Retry {
+        retry_at: DateTime<Utc>,
+        error: String,
+    },
+    Archive {
+        error: String,
+    },
+    Requeue,
+}
 
 impl Worker {
     /// Dequeues one task and starts it on `running`, holding `slot` until
@@ -318,8 +339,8 @@ impl Worker {
         let lease = self.leases.start(&message, lease_until);
         let worker = self.clone();
         running.spawn(async move {
-            let outcome = worker.execute(&message, lease).await;
-            worker.settle(&message, outcome).await;
+            let outcome = worker.execute(&message, lease.clone()).await;
+            worker.settle(&message, outcome, lease).await;
             worker.leases.finish(&message);
             drop(slot);
         });
@@ -365,27 +386,33 @@ impl Worker {
         outcome
     }
 
-    /// Moves the task on according to the outcome of its run. A Valkey
-    /// error leaves it active; once its lease expires it is recovered and
-    /// runs again.
-    async fn settle(&self, message: &TaskMessage, outcome: Outcome) {
+    /// Moves the task on according to the outcome of its run. A write that
+    /// fails is tried again with backoff while the lease holds (the
+    /// heartbeat keeps extending it); once the lease is lost, the task is
+    /// left to the recoverer, as in Go.
+    async fn settle(
+        &self,
+        message: &TaskMessage,
+        outcome: Outcome,
+        lease: watch::Receiver<Instant>,
+    ) {
         let (id, task_type) = (&message.id, &message.r#type);
-        let result = match outcome {
+        let settlement = match outcome {
             Outcome::Succeeded => {
                 tracing::debug!(%id, %task_type, "task succeeded");
-                self.client.complete(message).await
+                Settlement::Complete
             }
             Outcome::Failed { error, skip_retry } => {
                 if skip_retry || message.retried >= message.retry {
                     tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
-                    self.client.archive(message, &error).await
+                    Settlement::Archive { error }
                 } else {
                     let retried = u32::try_from(message.retried).unwrap_or(0);
                     let delay = (self.options.retry_delay)(retried);
                     tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
                     let retry_at =
                         Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
-                    self.client.retry(message, retry_at, &error).await
+                    Settlement::Retry { retry_at, error }
                 }
             }
             Outcome::LeaseLost => {
@@ -394,11 +421,62 @@ impl Worker {
             }
             Outcome::Interrupted => {
                 tracing::info!(%id, %task_type, "task interrupted by shutdown; back to pending");
-                self.client.requeue(message).await
+                Settlement::Requeue
             }
         };
-        if let Err(err) = result {
-            tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey");
+
+        let mut backoff = Duration::from_millis(100);
+        for attempt in 1.. {
+            let lease_until = *lease.borrow();
+            if lease_until <= Instant::now() {
+                tracing::error!(
+                    %id,
+                    %task_type,
+                    "lease lost before the task could be updated; the recoverer will retry it"
+                );
+                return;
+            }
+            let err = match self.write(message, &settlement).await {
+                Ok(()) => return,
+                Err(err) => err,
+            };
+            if is_not_found(&err) {
+                if attempt > 1 {
+                    // An earlier try reached Valkey although its reply was lost.
+                    tracing::info!(%id, %task_type, "task updated by an earlier try");
+                } else {
+                    tracing::error!(%id, %task_type, "task is no longer active; left as it is");
+                }
+                return;
+            }
+            if self.abort.is_cancelled() {
+                tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey before shutdown; the recoverer will retry it");
+                return;
+            }
+            tracing::warn!(%id, %task_type, error = %err, attempt, retry_in = ?backoff, "could not update the task in Valkey; will retry");
+            let pause = backoff.min(lease_until.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                () = sleep(pause) => {}
+                // One last try before shutdown completes.
+                () = self.abort.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(MAX_SETTLE_BACKOFF);
+        }
+    }
+
+    /// One try of the write of `settlement`.
+    async fn write(
+        &self,
+        message: &TaskMessage,
+        settlement: &Settlement,
+    ) -> Result<(), QueueError> {
+        match settlement {
+            Settlement::Complete => self.client.complete(message).await,
+            Settlement::Retry { retry_at, error } => {
+                self.client.retry(message, *retry_at, error).await
+            }
+            Settlement::Archive { error } => self.client.archive(message, error).await,
+            Settlement::Requeue => self.client.requeue(message).await,
         }
     }
 
