@@ -17,8 +17,9 @@
 //!   to finish, then are dropped and their tasks put back at the head of
 //!   pending, so the next worker runs them at once.
 //! - In the background, as Go asynq: due retries and scheduled tasks are
-//!   forwarded to pending, expired leases recovered, and completed tasks
-//!   past their retention deleted.
+//!   forwarded to pending, expired leases recovered (one task that cannot
+//!   be recovered is logged and skipped, not the rest of the round), and
+//!   completed tasks past their retention deleted.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -537,24 +538,25 @@ impl Worker {
     }
 
     /// Go asynq's recoverer: a task whose lease expired (its worker died)
-    /// is retried, or archived if its retries are spent.
+    /// is retried, or archived if its retries are spent. A task that cannot
+    /// be moved is logged and skipped, as in Go; the next round tries again.
     async fn recover(&self, queue: &str) -> Result<(), QueueError> {
         let cutoff = Utc::now() - LEASE_GRACE;
         for message in self.client.lease_expired(queue, cutoff).await? {
-            tracing::warn!(
-                id = %message.id,
-                task_type = %message.r#type,
-                "recovering a task whose lease expired"
-            );
-            if message.retried >= message.retry {
-                self.client.archive(&message, LEASE_EXPIRED).await?;
+            let (id, task_type) = (&message.id, &message.r#type);
+            tracing::warn!(%id, %task_type, "recovering a task whose lease expired");
+            let result = if message.retried >= message.retry {
+                self.client.archive(&message, LEASE_EXPIRED).await
             } else {
                 let retried = u32::try_from(message.retried).unwrap_or(0);
                 let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
                     .unwrap_or(TimeDelta::MAX);
                 self.client
                     .retry(&message, Utc::now() + delay, LEASE_EXPIRED)
-                    .await?;
+                    .await
+            };
+            if let Err(err) = result {
+                tracing::warn!(%id, %task_type, error = %err, "could not recover the task; skipped");
             }
         }
         Ok(())
