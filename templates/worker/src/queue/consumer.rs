@@ -8,7 +8,8 @@
 //! - Success: the task is deleted, or kept in `:completed` for its
 //!   retention. Failure: retried with Go's default backoff, archived once
 //!   its retries are spent. A handler that exceeds the task's timeout, or
-//!   panics, has failed.
+//!   panics, has failed; a task already past its deadline when dequeued
+//!   fails without running.
 //! - Acknowledgements survive a Valkey blip: if the write that moves a
 //!   finished task on fails, it is tried again with backoff for as long as
 //!   the task's lease holds (the heartbeat keeps extending it), so a task
@@ -43,6 +44,9 @@ use super::{Client, QueueError, QueueWeights, default_retry_delay};
 const LEASE_GRACE: TimeDelta = TimeDelta::seconds(30);
 /// The error recorded on a task whose worker stopped extending its lease.
 const LEASE_EXPIRED: &str = "asynq: task lease expired";
+/// The error recorded on a task that ran past its deadline, or was past it
+/// when dequeued (Go's `context.DeadlineExceeded`).
+const DEADLINE_EXCEEDED: &str = "context deadline exceeded";
 /// The longest pause between two tries of a failed acknowledgement (Go
 /// asynq's syncer interval).
 const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
@@ -351,6 +355,14 @@ impl Worker {
     /// Runs the handler, bounded by the task's deadline, its lease and the
     /// shutdown timeout.
     async fn execute(&self, message: &TaskMessage, lease: watch::Receiver<Instant>) -> Outcome {
+        // As Go: a task already past its deadline is not started.
+        let deadline = deadline(message);
+        if deadline <= Instant::now() {
+            return Outcome::Failed {
+                error: DEADLINE_EXCEEDED.into(),
+                skip_retry: false,
+            };
+        }
         let Some(handler) = handler_for(&self.handlers, &message.r#type) else {
             return Outcome::Failed {
                 error: format!("handler not found for task {:?}", message.r#type),
@@ -376,8 +388,8 @@ impl Worker {
                 },
                 Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
             },
-            () = sleep_until(deadline(message)) => Outcome::Failed {
-                error: "context deadline exceeded".into(),
+            () = sleep_until(deadline) => Outcome::Failed {
+                error: DEADLINE_EXCEEDED.into(),
                 skip_retry: false,
             },
             () = lease_lost(lease) => Outcome::LeaseLost,
