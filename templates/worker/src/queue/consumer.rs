@@ -22,7 +22,7 @@
 //!   be recovered is logged and skipped, not the rest of the round), and
 //!   completed tasks past their retention deleted.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -57,6 +57,9 @@ pub struct Task {
     pub task_type: String,
     pub id: String,
     pub payload: Vec<u8>,
+    /// The task's headers (asynq's `TaskMessage.headers`), as the producer
+    /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
+    pub headers: BTreeMap<String, String>,
     pub queue: String,
     /// Failed runs before this one.
     pub retried: u32,
@@ -69,6 +72,7 @@ impl From<&TaskMessage> for Task {
             task_type: message.r#type.clone(),
             id: message.id.clone(),
             payload: message.payload.clone(),
+            headers: message.headers.clone(),
             queue: message.queue.clone(),
             retried: u32::try_from(message.retried).unwrap_or(0),
             max_retry: u32::try_from(message.retry).unwrap_or(0),

@@ -35,6 +35,9 @@ pub struct ListenerContext {
     pub occurred_at: DateTime<Utc>,
     /// Trace context (`traceparent`, `tracestate`) from the dispatch.
     pub metadata: Metadata,
+    /// The headers of the listener's task (asynq task headers), which the
+    /// fan-out copies from the event's task.
+    pub headers: BTreeMap<String, String>,
     /// The database, for listeners that write.
     pub pool: PgPool,
 }
@@ -66,11 +69,17 @@ impl Listener {
     }
 
     /// Decodes the event in `envelope` and runs the listener on it.
-    pub async fn call(&self, envelope: Envelope, pool: PgPool) -> Result<(), ListenerError> {
+    pub async fn call(
+        &self,
+        envelope: Envelope,
+        headers: BTreeMap<String, String>,
+        pool: PgPool,
+    ) -> Result<(), ListenerError> {
         let context = ListenerContext {
             event_id: envelope.id,
             occurred_at: envelope.occurred_at,
             metadata: envelope.metadata.clone(),
+            headers,
             pool,
         };
         (self.run)(envelope, context).await
