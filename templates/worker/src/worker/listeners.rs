@@ -10,6 +10,14 @@
 //! Delivery is at least once: a listener can see the same event again (after
 //! a crash, a timeout or a retry), so it must be idempotent on
 //! [`ListenerContext::event_id`].
+//!
+//! An event whose payload does not decode into the listener's type is
+//! retried like any failure, not archived: the producer and this listener
+//! disagree on the event's shape, which is a matter of versions (a rolling
+//! deploy, a Go service ahead of this one), and a version of this service
+//! deployed later may read it. Retries, with Go asynq's backoff, span about
+//! three weeks; the error names the event and the listener, and asynqmon
+//! shows the task under Retry. The listener's own code never sees it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -68,7 +76,9 @@ impl Listener {
         listener_task_type(self.event, &self.name)
     }
 
-    /// Decodes the event in `envelope` and runs the listener on it.
+    /// Decodes the event in `envelope` and runs the listener on it. An
+    /// event that does not decode into the listener's type is an error
+    /// (retried, see the module docs).
     pub async fn call(
         &self,
         envelope: Envelope,
@@ -127,11 +137,13 @@ impl Listeners {
         let run: Run = Arc::new(move |envelope: Envelope, context: ListenerContext| {
             let handler = Arc::clone(&handler);
             Box::pin(async move {
+                // Retried, not archived: a later version may read it (module docs).
                 let event: E = serde_json::from_value(envelope.payload).map_err(|err| {
                     anyhow::anyhow!(
-                        "the payload of `{}` {} does not decode: {err}",
+                        "the payload of `{}` {} does not decode into {}: {err}",
                         E::NAME,
-                        envelope.id
+                        envelope.id,
+                        std::any::type_name::<E>()
                     )
                 })?;
                 handler(event, context).await

@@ -187,6 +187,10 @@ pub async fn fan_out(
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
 /// listener, inside the trace context of the dispatch (so events it
 /// dispatches in turn continue the same trace).
+///
+/// A payload that is not an envelope at all is archived at once (retrying
+/// cannot fix it); an event whose payload does not decode into the
+/// listener's type is retried, see [`Listeners::listen`].
 async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
