@@ -14,6 +14,9 @@
 //!   finished task on fails, it is tried again with backoff for as long as
 //!   the task's lease holds (the heartbeat keeps extending it), so a task
 //!   that succeeded is completed once Valkey answers, not run again.
+//! - Server state: the heartbeat also writes this worker's `ServerInfo` and
+//!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
+//!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
 //! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
 //!   to finish, then are dropped and their tasks put back at the head of
 //!   pending, so the next worker runs them at once.
@@ -36,7 +39,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::broker::is_not_found;
-use super::message::TaskMessage;
+use super::message::{ServerInfo, TaskMessage, WorkerInfo};
 use super::{Client, QueueError, QueueWeights, default_retry_delay};
 
 /// Recovery waits this long past a lease's expiry, to allow for clock skew
@@ -139,7 +142,8 @@ pub struct ConsumerOptions {
     pub poll_interval: Duration,
     /// How long a dequeued task stays leased without a heartbeat. Default 30 s.
     pub lease_duration: Duration,
-    /// How often leases of running tasks are extended. Default 5 s.
+    /// How often leases of running tasks are extended and the server state
+    /// is written (it expires after twice this). Default 5 s.
     pub heartbeat_interval: Duration,
     /// How often due retries and scheduled tasks move to pending. Default 5 s.
     pub forward_interval: Duration,
@@ -230,16 +234,18 @@ impl Consumer {
             ));
         }
         let worker = Arc::new(Worker {
+            server: server_info(&self.options),
             client: self.client,
             handlers: self.handlers,
             options: self.options,
-            leases: Leases::default(),
+            active: ActiveTasks::default(),
             abort: CancellationToken::new(),
         });
         let options = &worker.options;
         tracing::info!(
             queues = %options.queues,
             concurrency = options.concurrency,
+            server_id = %worker.server.server_id,
             "consumer started"
         );
 
@@ -300,9 +306,12 @@ struct Worker {
     client: Client,
     handlers: HashMap<String, BoxedHandler>,
     options: ConsumerOptions,
-    leases: Leases,
+    active: ActiveTasks,
     /// Cancelled when the shutdown timeout is reached.
     abort: CancellationToken,
+    /// This worker as asynqmon shows it; `active_worker_count` is filled
+    /// in at each heartbeat.
+    server: ServerInfo,
 }
 
 /// How one run of a task ended.
@@ -317,6 +326,7 @@ enum Outcome {
     /// Cut short by shutdown.
     Interrupted,
 }
+
 /// The write that moves a finished task on, decided once so that a retried
 /// write is the same write.
 enum Settlement {
@@ -345,12 +355,14 @@ impl Worker {
         let Some(message) = self.client.dequeue(&order, lease_until_utc).await? else {
             return Ok(false);
         };
-        let lease = self.leases.start(&message, lease_until);
+        let message = Arc::new(message);
+        let deadline = deadline(&message, Utc::now());
+        let lease = self.active.start(&message, lease_until, deadline);
         let worker = self.clone();
         running.spawn(async move {
-            let outcome = worker.execute(&message, lease.clone()).await;
+            let outcome = worker.execute(&message, deadline, lease.clone()).await;
             worker.settle(&message, outcome, lease).await;
-            worker.leases.finish(&message);
+            worker.active.finish(&message);
             drop(slot);
         });
         Ok(true)
@@ -358,10 +370,14 @@ impl Worker {
 
     /// Runs the handler, bounded by the task's deadline, its lease and the
     /// shutdown timeout.
-    async fn execute(&self, message: &TaskMessage, lease: watch::Receiver<Instant>) -> Outcome {
+    async fn execute(
+        &self,
+        message: &TaskMessage,
+        deadline: DateTime<Utc>,
+        lease: watch::Receiver<Instant>,
+    ) -> Outcome {
         // As Go: a task already past its deadline is not started.
-        let deadline = deadline(message);
-        if deadline <= Instant::now() {
+        if deadline <= Utc::now() {
             return Outcome::Failed {
                 error: DEADLINE_EXCEEDED.into(),
                 skip_retry: false,
@@ -392,11 +408,11 @@ impl Worker {
                 },
                 Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
             },
-            () = sleep_until(deadline) => Outcome::Failed {
+            () = sleep_until(instant_at(deadline)) => Outcome::Failed {
                 error: DEADLINE_EXCEEDED.into(),
                 skip_retry: false,
             },
-            () = lease_lost(lease) => Outcome::LeaseLost,
+            () = lease_lost(lease.clone()) => Outcome::LeaseLost,
             () = self.abort.cancelled() => Outcome::Interrupted,
         };
         run.abort();
@@ -497,23 +513,43 @@ impl Worker {
         }
     }
 
-    /// Extends the leases of running tasks until `stop`.
+    /// Every heartbeat interval until `stop`: writes the server state and
+    /// extends the leases of running tasks. Deletes the server state when
+    /// stopped.
     async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
         loop {
+            self.beat().await;
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = sleep(self.options.heartbeat_interval) => {}
             }
-            let leased = self.leases.by_queue();
-            if leased.is_empty() {
-                continue;
-            }
-            let until = Instant::now() + self.options.lease_duration;
-            let until_utc = Utc::now() + self.options.lease_duration;
-            match self.client.extend_leases(&leased, until_utc).await {
-                Ok(()) => self.leases.extend(&leased, until),
-                Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
-            }
+        }
+        if let Err(err) = self.client.clear_server_state(&self.server).await {
+            tracing::warn!(error = %err, "could not clear the server state");
+        }
+    }
+
+    /// One heartbeat, as Go asynq's `heartbeater.beat`.
+    async fn beat(&self) {
+        let workers = self.active.worker_infos(&self.server);
+        let server = ServerInfo {
+            active_worker_count: i32::try_from(workers.len()).unwrap_or(i32::MAX),
+            ..self.server.clone()
+        };
+        let ttl = self.options.heartbeat_interval * 2;
+        if let Err(err) = self.client.write_server_state(&server, &workers, ttl).await {
+            tracing::warn!(error = %err, "could not write the server state");
+        }
+
+        let leased = self.active.leased_by_queue();
+        if leased.is_empty() {
+            return;
+        }
+        let until = Instant::now() + self.options.lease_duration;
+        let until_utc = Utc::now() + self.options.lease_duration;
+        match self.client.extend_leases(&leased, until_utc).await {
+            Ok(()) => self.active.extend(&leased, until),
+            Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
         }
     }
 
@@ -579,42 +615,86 @@ impl Worker {
     }
 }
 
-/// The leases of the tasks this consumer runs, by (queue, id), each with
-/// the local instant it is valid until.
-#[derive(Default)]
-struct Leases(Mutex<HashMap<(String, String), watch::Sender<Instant>>>);
+/// One task this consumer runs: its lease, and what asynqmon shows of it.
+struct ActiveTask {
+    message: Arc<TaskMessage>,
+    started: DateTime<Utc>,
+    deadline: DateTime<Utc>,
+    /// The local instant the lease is valid until.
+    lease: watch::Sender<Instant>,
+}
 
-impl Leases {
-    fn start(&self, message: &TaskMessage, until: Instant) -> watch::Receiver<Instant> {
-        let (sender, receiver) = watch::channel(until);
+/// The tasks this consumer runs, by (queue, id), from dequeue until their
+/// final write.
+#[derive(Default)]
+struct ActiveTasks(Mutex<HashMap<(String, String), ActiveTask>>);
+
+impl ActiveTasks {
+    fn start(
+        &self,
+        message: &Arc<TaskMessage>,
+        lease_until: Instant,
+        deadline: DateTime<Utc>,
+    ) -> watch::Receiver<Instant> {
+        let (lease, receiver) = watch::channel(lease_until);
+        let task = ActiveTask {
+            message: Arc::clone(message),
+            started: Utc::now(),
+            deadline,
+            lease,
+        };
         let key = (message.queue.clone(), message.id.clone());
-        self.0.lock().expect("lease map").insert(key, sender);
+        self.0.lock().expect("active tasks").insert(key, task);
         receiver
     }
 
     fn finish(&self, message: &TaskMessage) {
         let key = (message.queue.clone(), message.id.clone());
-        self.0.lock().expect("lease map").remove(&key);
+        self.0.lock().expect("active tasks").remove(&key);
     }
 
-    /// The leased ids, grouped by queue.
-    fn by_queue(&self) -> Vec<(String, Vec<String>)> {
+    /// The ids whose lease still holds, grouped by queue. An expired lease
+    /// is not extended (Go: the task belongs to the recoverer by then).
+    fn leased_by_queue(&self) -> Vec<(String, Vec<String>)> {
+        let now = Instant::now();
         let mut grouped: HashMap<String, Vec<String>> = HashMap::new();
-        for (queue, id) in self.0.lock().expect("lease map").keys() {
-            grouped.entry(queue.clone()).or_default().push(id.clone());
+        for ((queue, id), task) in self.0.lock().expect("active tasks").iter() {
+            if *task.lease.borrow() > now {
+                grouped.entry(queue.clone()).or_default().push(id.clone());
+            }
         }
         grouped.into_iter().collect()
     }
 
     fn extend(&self, leased: &[(String, Vec<String>)], until: Instant) {
-        let map = self.0.lock().expect("lease map");
+        let map = self.0.lock().expect("active tasks");
         for (queue, ids) in leased {
             for id in ids {
-                if let Some(lease) = map.get(&(queue.clone(), id.clone())) {
-                    lease.send_replace(until);
+                if let Some(task) = map.get(&(queue.clone(), id.clone())) {
+                    task.lease.send_replace(until);
                 }
             }
         }
+    }
+
+    /// One `WorkerInfo` per running task, for the server state.
+    fn worker_infos(&self, server: &ServerInfo) -> Vec<WorkerInfo> {
+        self.0
+            .lock()
+            .expect("active tasks")
+            .values()
+            .map(|task| WorkerInfo {
+                host: server.host.clone(),
+                pid: server.pid,
+                server_id: server.server_id.clone(),
+                task_id: task.message.id.clone(),
+                task_type: task.message.r#type.clone(),
+                task_payload: task.message.payload.clone(),
+                queue: task.message.queue.clone(),
+                start_time: Some(task.started.into()),
+                deadline: Some(task.deadline.into()),
+            })
+            .collect()
     }
 }
 
@@ -638,16 +718,16 @@ async fn lease_lost(mut lease: watch::Receiver<Instant>) {
     }
 }
 
-/// When the current run must end: now + timeout, or the task's deadline,
+/// When the current run must end: `now` + timeout, or the task's deadline,
 /// whichever is first (Go asynq's `computeDeadline`).
-fn deadline(message: &TaskMessage) -> Instant {
-    let now = Instant::now();
-    let timeout = u64::try_from(message.timeout).unwrap_or(0);
-    let by_timeout = (timeout > 0).then(|| now + Duration::from_secs(timeout));
-    let by_deadline = (message.deadline > 0).then(|| {
-        let left = message.deadline.saturating_sub(Utc::now().timestamp());
-        now + Duration::from_secs(u64::try_from(left).unwrap_or(0))
+fn deadline(message: &TaskMessage, now: DateTime<Utc>) -> DateTime<Utc> {
+    let by_timeout = (message.timeout > 0).then(|| {
+        TimeDelta::try_seconds(message.timeout)
+            .and_then(|timeout| now.checked_add_signed(timeout))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
     });
+    let by_deadline = (message.deadline > 0)
+        .then(|| DateTime::from_timestamp(message.deadline, 0).unwrap_or(DateTime::<Utc>::MAX_UTC));
     match (by_timeout, by_deadline) {
         (Some(a), Some(b)) => a.min(b),
         (Some(at), None) | (None, Some(at)) => at,
@@ -655,6 +735,37 @@ fn deadline(message: &TaskMessage) -> Instant {
             tracing::error!(id = %message.id, "task has no timeout nor deadline; using 30 min");
             now + super::DEFAULT_TIMEOUT
         }
+    }
+}
+
+/// The local instant at which the wall-clock `time` comes.
+fn instant_at(time: DateTime<Utc>) -> Instant {
+    let left = (time - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+    Instant::now() + left.min(Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+/// This worker's identity and configuration, as Go asynq's heartbeater
+/// reports them: host, pid, a new server id, concurrency, and the queues
+/// with their weights as priorities.
+fn server_info(options: &ConsumerOptions) -> ServerInfo {
+    let host = hostname::get()
+        .ok()
+        .and_then(|host| host.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    ServerInfo {
+        host,
+        pid: i32::try_from(std::process::id()).unwrap_or(0),
+        server_id: uuid::Uuid::new_v4().to_string(),
+        concurrency: i32::try_from(options.concurrency).unwrap_or(i32::MAX),
+        queues: options
+            .queues
+            .weights()
+            .map(|(name, weight)| (name.to_string(), i32::try_from(weight).unwrap_or(i32::MAX)))
+            .collect(),
+        strict_priority: false,
+        status: "active".into(),
+        start_time: Some(Utc::now().into()),
+        active_worker_count: 0,
     }
 }
 
