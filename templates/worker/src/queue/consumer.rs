@@ -14,6 +14,10 @@
 //!   finished task on fails, it is tried again with backoff for as long as
 //!   the task's lease holds (the heartbeat keeps extending it), so a task
 //!   that succeeded is completed once Valkey answers, not run again.
+//! - Cancellation: like a Go worker, the consumer listens on the pub/sub
+//!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
+//!   `Inspector.CancelProcessing`); the handler of the task id received is
+//!   dropped and the task fails with `context canceled` (so it is retried).
 //! - Server state: the heartbeat also writes this worker's `ServerInfo` and
 //!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
 //!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
@@ -33,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use futures_util::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -40,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::broker::is_not_found;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
-use super::{Client, QueueError, QueueWeights, default_retry_delay};
+use super::{Client, QueueError, QueueWeights, default_retry_delay, keys};
 
 /// Recovery waits this long past a lease's expiry, to allow for clock skew
 /// between workers (Go asynq's value).
@@ -50,9 +55,14 @@ const LEASE_EXPIRED: &str = "asynq: task lease expired";
 /// The error recorded on a task that ran past its deadline, or was past it
 /// when dequeued (Go's `context.DeadlineExceeded`).
 const DEADLINE_EXCEEDED: &str = "context deadline exceeded";
+/// The error recorded on a task cancelled through `asynq:cancel` (Go's
+/// `context.Canceled`).
+const CANCELED: &str = "context canceled";
 /// The longest pause between two tries of a failed acknowledgement (Go
 /// asynq's syncer interval).
 const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
+/// How long to wait before subscribing to `asynq:cancel` again.
+const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,6 +264,7 @@ impl Consumer {
         let mut background = JoinSet::new();
         background.spawn(worker.clone().heartbeat(heartbeat.clone()));
         background.spawn(worker.clone().maintain(maintenance.clone()));
+        background.spawn(worker.clone().listen_for_cancellations(heartbeat.clone()));
 
         let mut running = JoinSet::new();
         let slots = Arc::new(Semaphore::new(options.concurrency));
@@ -357,10 +368,12 @@ impl Worker {
         };
         let message = Arc::new(message);
         let deadline = deadline(&message, Utc::now());
-        let lease = self.active.start(&message, lease_until, deadline);
+        let (lease, cancel) = self.active.start(&message, lease_until, deadline);
         let worker = self.clone();
         running.spawn(async move {
-            let outcome = worker.execute(&message, deadline, lease.clone()).await;
+            let outcome = worker
+                .execute(&message, deadline, lease.clone(), cancel)
+                .await;
             worker.settle(&message, outcome, lease).await;
             worker.active.finish(&message);
             drop(slot);
@@ -368,13 +381,14 @@ impl Worker {
         Ok(true)
     }
 
-    /// Runs the handler, bounded by the task's deadline, its lease and the
-    /// shutdown timeout.
+    /// Runs the handler, bounded by the task's deadline, its lease, a
+    /// cancellation and the shutdown timeout.
     async fn execute(
         &self,
         message: &TaskMessage,
         deadline: DateTime<Utc>,
         lease: watch::Receiver<Instant>,
+        cancel: CancellationToken,
     ) -> Outcome {
         // As Go: a task already past its deadline is not started.
         if deadline <= Utc::now() {
@@ -412,6 +426,10 @@ impl Worker {
                 error: DEADLINE_EXCEEDED.into(),
                 skip_retry: false,
             },
+            () = cancel.cancelled() => {
+                tracing::info!(id = %message.id, task_type = %message.r#type, "task cancelled");
+                Outcome::Failed { error: CANCELED.into(), skip_retry: false }
+            }
             () = lease_lost(lease.clone()) => Outcome::LeaseLost,
             () = self.abort.cancelled() => Outcome::Interrupted,
         };
@@ -553,6 +571,45 @@ impl Worker {
         }
     }
 
+    /// Cancels the running tasks whose ids are published on `asynq:cancel`,
+    /// until `stop`; subscribes again after a lost connection.
+    async fn listen_for_cancellations(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            let subscribed = tokio::select! {
+                () = stop.cancelled() => return,
+                subscribed = tokio::time::timeout(
+                    RESUBSCRIBE_DELAY,
+                    self.client.subscribe(keys::CANCEL_CHANNEL),
+                ) => subscribed,
+            };
+            match subscribed {
+                Ok(Ok(subscription)) => {
+                    let mut messages = subscription.into_on_message();
+                    loop {
+                        let message = tokio::select! {
+                            () = stop.cancelled() => return,
+                            message = messages.next() => message,
+                        };
+                        let Some(message) = message else { break };
+                        match message.get_payload::<String>() {
+                            Ok(id) => self.active.cancel(&id),
+                            Err(err) => tracing::warn!(error = %err, "unreadable cancellation"),
+                        }
+                    }
+                    tracing::warn!("the cancellation subscription was lost; subscribing again");
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot subscribe to task cancellations");
+                }
+                Err(_) => tracing::warn!("subscribing to task cancellations timed out"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep(RESUBSCRIBE_DELAY) => {}
+            }
+        }
+    }
+
     /// Forwards due tasks, recovers expired leases and deletes expired
     /// completed tasks, each at its own interval, until `stop`.
     async fn maintain(self: Arc<Self>, stop: CancellationToken) {
@@ -615,13 +672,15 @@ impl Worker {
     }
 }
 
-/// One task this consumer runs: its lease, and what asynqmon shows of it.
+/// One task this consumer runs: its lease, what asynqmon shows of it, and
+/// how to cancel it.
 struct ActiveTask {
     message: Arc<TaskMessage>,
     started: DateTime<Utc>,
     deadline: DateTime<Utc>,
     /// The local instant the lease is valid until.
     lease: watch::Sender<Instant>,
+    cancel: CancellationToken,
 }
 
 /// The tasks this consumer runs, by (queue, id), from dequeue until their
@@ -635,17 +694,19 @@ impl ActiveTasks {
         message: &Arc<TaskMessage>,
         lease_until: Instant,
         deadline: DateTime<Utc>,
-    ) -> watch::Receiver<Instant> {
+    ) -> (watch::Receiver<Instant>, CancellationToken) {
         let (lease, receiver) = watch::channel(lease_until);
+        let cancel = CancellationToken::new();
         let task = ActiveTask {
             message: Arc::clone(message),
             started: Utc::now(),
             deadline,
             lease,
+            cancel: cancel.clone(),
         };
         let key = (message.queue.clone(), message.id.clone());
         self.0.lock().expect("active tasks").insert(key, task);
-        receiver
+        (receiver, cancel)
     }
 
     fn finish(&self, message: &TaskMessage) {
@@ -695,6 +756,15 @@ impl ActiveTasks {
                 deadline: Some(task.deadline.into()),
             })
             .collect()
+    }
+
+    /// Cancels the running task `id` (in whichever queue), if any.
+    fn cancel(&self, id: &str) {
+        for ((_, task_id), task) in self.0.lock().expect("active tasks").iter() {
+            if task_id == id {
+                task.cancel.cancel();
+            }
+        }
     }
 }
 

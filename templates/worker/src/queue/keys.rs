@@ -3,7 +3,8 @@
 //! Every key of a queue carries the queue name in braces, `asynq:{<queue>}:`,
 //! so that all of them hash to one cluster slot and one Lua script may touch
 //! them together. The layout is Go asynq's (`internal/base/base.go`).
-//! Besides the queues: the server state asynqmon shows.
+//! Besides the queues: the server state asynqmon shows, and the channel
+//! asynqmon publishes cancellations on.
 
 use chrono::{DateTime, Utc};
 
@@ -15,6 +16,10 @@ pub const ALL_SERVERS: &str = "asynq:servers";
 
 /// Sorted set of the workers keys of running workers, scored by expiry.
 pub const ALL_WORKERS: &str = "asynq:workers";
+
+/// The pub/sub channel on which asynqmon and Go's
+/// `Inspector.CancelProcessing` publish the id of a task to cancel.
+pub const CANCEL_CHANNEL: &str = "asynq:cancel";
 
 /// `asynq:servers:{<host>:<pid>:<server id>}`: a worker's `ServerInfo`.
 pub fn server_info(host: &str, pid: u32, server_id: &str) -> String {
