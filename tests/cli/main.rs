@@ -10,6 +10,7 @@ mod goose_interop;
 mod help;
 mod new_migration;
 mod new_project;
+mod server_state_interop;
 mod support;
 mod template_set;
 mod upgrade;
