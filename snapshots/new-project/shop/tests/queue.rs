@@ -834,18 +834,31 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
     }
 }
 
-#[tokio::test]
-async fn a_success_acknowledged_while_the_server_is_paused_completes_once() {
-    // Arrange: a server of the test's own, and a handler that finishes
-    // only once the test has paused the server.
+/// What a run across a server pause left: the server (killed when
+/// dropped), a connection to it, and how many times the handler ran.
+struct AfterPause {
+    _server: OwnServer,
+    redis: redis::aio::MultiplexedConnection,
+    runs: usize,
+}
+
+/// Runs the task `blip` of queue `blip` on a server of the test's own, with
+/// a handler that returns `result` only once the test has paused the
+/// server; resumes the server once the write that moves the task on has
+/// failed, and waits until the task has left `active`. `None` when there
+/// is no server binary to run.
+async fn finish_a_task_while_the_server_is_paused(
+    result: fn() -> Result<(), HandlerError>,
+) -> Option<AfterPause> {
+    // Arrange
     let logs = CapturedLogs::default();
     let _logging = logs.capture();
     let Some(server) = OwnServer::start().await else {
         eprintln!("skipped: no valkey-server or redis-server to pause (set VALKEY_SERVER)");
-        return;
+        return None;
     };
     let client = Client::connect(&server.addr(), None, 0).await.unwrap();
-    let mut redis = server.redis().await;
+    let redis = server.redis().await;
     let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let runs = Arc::new(AtomicUsize::new(0));
     let mut consumer = Consumer::new(
@@ -864,49 +877,93 @@ async fn a_success_acknowledged_while_the_server_is_paused_completes_once() {
             counter.fetch_add(1, Ordering::SeqCst);
             signal.notify_one();
             wait.notified().await;
-            Ok(())
+            result()
         }
     });
-    let task = NewTask::new("job:blip", "blip-1", vec![]).queue("blip");
+    let task = NewTask::new("job:blip", "blip", vec![]).queue("blip");
     client.enqueue(&[task]).await.unwrap().remove(0).unwrap();
     let running = Running::start(consumer);
     tokio::time::timeout(Duration::from_secs(10), started.notified())
         .await
         .expect("the handler starts");
 
-    // Act: the handler succeeds while the server answers nothing; the
-    // server comes back once the acknowledgement has failed.
+    // Act: the handler ends while the server answers nothing; the server
+    // comes back once the write has failed.
     server.pause();
     finish.notify_one();
-    eventually(
-        Duration::from_secs(30),
-        "the acknowledgement to fail",
-        || async { logs.contains("will retry") },
-    )
+    eventually(Duration::from_secs(30), "the write to fail", || async {
+        logs.contains("will retry")
+    })
     .await;
     server.resume();
-    eventually(
-        Duration::from_secs(30),
-        "the task to be acknowledged",
-        || {
-            let mut redis = redis.clone();
-            async move {
-                let exists: bool = redis.exists(keys::task("blip", "blip-1")).await.unwrap();
-                !exists
-            }
-        },
-    )
+    eventually(Duration::from_secs(30), "the task to leave active", || {
+        let mut redis = redis.clone();
+        async move {
+            let active: Vec<String> = redis.lrange(keys::active("blip"), 0, -1).await.unwrap();
+            active.is_empty()
+        }
+    })
     .await;
     running.stop().await;
+    Some(AfterPause {
+        _server: server,
+        redis,
+        runs: runs.load(Ordering::SeqCst),
+    })
+}
 
-    // Assert: acknowledged exactly once, and never run again.
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+#[tokio::test]
+async fn a_success_acknowledged_while_the_server_is_paused_completes_once() {
+    // Arrange, Act
+    let Some(AfterPause {
+        _server,
+        mut redis,
+        runs,
+    }) = finish_a_task_while_the_server_is_paused(|| Ok(())).await
+    else {
+        return;
+    };
+
+    // Assert: deleted exactly once, and never run again.
+    assert_eq!(runs, 1);
+    let exists: bool = redis.exists(keys::task("blip", "blip")).await.unwrap();
+    assert!(!exists);
     let processed: i64 = redis.get(keys::processed_total("blip")).await.unwrap();
     assert_eq!(processed, 1);
     let failed: Option<i64> = redis.get(keys::failed_total("blip")).await.unwrap();
     assert_eq!(failed, None);
-    let active: Vec<String> = redis.lrange(keys::active("blip"), 0, -1).await.unwrap();
-    assert!(active.is_empty());
+    let leased: Vec<String> = redis.zrange(keys::lease("blip"), 0, -1).await.unwrap();
+    assert!(leased.is_empty());
+}
+
+#[tokio::test]
+async fn a_failure_recorded_while_the_server_is_paused_is_retried_once() {
+    // Arrange, Act
+    let Some(AfterPause {
+        _server,
+        mut redis,
+        runs,
+    }) = finish_a_task_while_the_server_is_paused(|| {
+        Err(HandlerError::from(anyhow::anyhow!("card declined")))
+    })
+    .await
+    else {
+        return;
+    };
+
+    // Assert: in `:retry` with one failure counted, and not run again.
+    assert_eq!(runs, 1);
+    let state: Option<String> = redis
+        .hget(keys::task("blip", "blip"), "state")
+        .await
+        .unwrap();
+    assert_eq!(state.as_deref(), Some("retry"));
+    let msg: Vec<u8> = redis.hget(keys::task("blip", "blip"), "msg").await.unwrap();
+    let fields = proto_fields(&msg);
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(text(&fields, 7), "card declined", "error_msg");
+    let failed: i64 = redis.get(keys::failed_total("blip")).await.unwrap();
+    assert_eq!(failed, 1);
     let leased: Vec<String> = redis.zrange(keys::lease("blip"), 0, -1).await.unwrap();
     assert!(leased.is_empty());
 }
