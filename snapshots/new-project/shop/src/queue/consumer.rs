@@ -17,7 +17,8 @@
 //! - Cancellation: like a Go worker, the consumer listens on the pub/sub
 //!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
 //!   `Inspector.CancelProcessing`); the handler of the task id received is
-//!   dropped and the task fails with `context canceled` (so it is retried).
+//!   dropped and the task fails with `context canceled` (retried, or
+//!   archived once its retries are spent).
 //! - Server state: the heartbeat also writes this worker's `ServerInfo` and
 //!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
 //!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
