@@ -822,14 +822,12 @@ fn hang_on_both_sides(
     (go_server, worker, go_id, rust_id)
 }
 
-/// KNOWN BUG in the generated worker, so ignored; run it with `--ignored`.
 /// A Go asynq server announces itself in `asynq:servers`/`asynq:workers`
 /// (queue-wire.md §5) every 5 s, which Inspector.Servers() and asynqmon's
 /// Servers page read: the Go server of the control is listed with its
-/// queue, concurrency and running task. The Rust worker writes neither
-/// key, so it is invisible there, and so is the task it runs.
+/// queue, concurrency and running task, and so must the Rust worker be,
+/// with the task it runs.
 #[test]
-#[ignore = "known bug: the generated worker writes no asynq server state (asynq:servers, asynq:workers)"]
 fn a_running_rust_worker_is_listed_by_inspector_servers_as_a_go_server_is() {
     let Some(peer) = go_peer("asynqpeer") else {
         return;
@@ -855,13 +853,11 @@ fn a_running_rust_worker_is_listed_by_inspector_servers_as_a_go_server_is() {
     go_server.stop(Duration::from_secs(10));
 }
 
-/// KNOWN BUG in the generated worker, so ignored; run it with `--ignored`.
 /// Inspector.CancelProcessing (asynqmon's Cancel button) publishes a task
 /// id on the `asynq:cancel` channel; a Go server cancels the running
 /// handler's context, and the task is retried with "context canceled" (the
-/// control). The Rust worker does not subscribe, so its task keeps running.
+/// control); the Rust worker must do the same.
 #[test]
-#[ignore = "known bug: the generated worker ignores Inspector.CancelProcessing (asynq:cancel)"]
 fn inspector_cancel_processing_cancels_a_task_on_the_rust_worker_as_on_a_go_server() {
     let Some(peer) = go_peer("asynqpeer") else {
         return;

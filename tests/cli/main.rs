@@ -14,6 +14,7 @@ mod line_endings;
 mod new_migration;
 mod new_project;
 mod prompts;
+mod server_state_interop;
 mod support;
 mod template_set;
 mod untrusted;

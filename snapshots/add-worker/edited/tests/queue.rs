@@ -3,23 +3,37 @@
 //!
 //! The server is `VALKEY_ADDR` (default 127.0.0.1:6379). Each test works in
 //! its own queue, `test_<uuid>`, and deletes that queue's keys when it ends,
-//! also when it fails; nothing else on the server is touched.
+//! also when it fails; nothing else on the server is touched. The test that
+//! pauses the server starts one of its own (`VALKEY_SERVER`, or
+//! `valkey-server` or `redis-server` on PATH; skipped without one).
+//!
+//! The last tests run the worker's own event handlers (the fan-out and the
+//! listener tasks) on the consumer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use prost::Message as _;
 use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use shop::dispatch::Event;
+use shop::outbox::Envelope;
+use shop::queue::message::{ServerInfo, TaskMessage, WorkerInfo};
 use shop::queue::{
     Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError, Task,
-    keys,
+    keys, scripts,
 };
+use shop::worker::handle_events;
+use shop::worker::listeners::{ListenerContext, Listeners, listener_task_id};
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
@@ -703,4 +717,692 @@ async fn an_unreachable_server_fails_at_connect() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// A Valkey (or Redis) server of the test's own, which it may pause with
+/// SIGSTOP. Dropping it kills the server.
+struct OwnServer {
+    child: Child,
+    port: u16,
+}
+
+impl OwnServer {
+    /// Starts `VALKEY_SERVER`, or `valkey-server` or `redis-server` from
+    /// PATH, on a free port; `None` when there is none.
+    async fn start() -> Option<Self> {
+        let candidates: Vec<String> = std::env::var("VALKEY_SERVER")
+            .into_iter()
+            .chain(["valkey-server".to_string(), "redis-server".to_string()])
+            .collect();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = candidates.iter().find_map(|binary| {
+            Command::new(binary)
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .spawn()
+                .ok()
+        })?;
+        let server = Self { child, port };
+        eventually(Duration::from_secs(10), "the server to answer", || async {
+            Client::connect(&server.addr(), None, 0).await.is_ok()
+        })
+        .await;
+        Some(server)
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://{}/", self.addr()))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the code under test logs, captured for a test that waits for a
+/// logged event. Only for `#[tokio::test]` (one thread), where every task
+/// logs to the subscriber set on the test's thread.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn contains(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).contains(text)
+    }
+}
+
+impl Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+/// What a run across a server pause left: the server (killed when
+/// dropped), a connection to it, and how many times the handler ran.
+struct AfterPause {
+    _server: OwnServer,
+    redis: redis::aio::MultiplexedConnection,
+    runs: usize,
+}
+
+/// Runs the task `blip` of queue `blip` on a server of the test's own, with
+/// a handler that returns `result` only once the test has paused the
+/// server; resumes the server once the write that moves the task on has
+/// failed, and waits until the task has left `active`. `None` when there
+/// is no server binary to run.
+async fn finish_a_task_while_the_server_is_paused(
+    result: fn() -> Result<(), HandlerError>,
+) -> Option<AfterPause> {
+    // Arrange
+    let logs = CapturedLogs::default();
+    let _logging = logs.capture();
+    let Some(server) = OwnServer::start().await else {
+        eprintln!("skipped: no valkey-server or redis-server to pause (set VALKEY_SERVER)");
+        return None;
+    };
+    let client = Client::connect(&server.addr(), None, 0).await.unwrap();
+    let redis = server.redis().await;
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(
+        client.clone(),
+        ConsumerOptions {
+            queues: "blip".parse().unwrap(),
+            poll_interval: Duration::from_millis(50),
+            recover_interval: Duration::from_millis(100),
+            ..ConsumerOptions::default()
+        },
+    );
+    let (signal, wait, counter) = (started.clone(), finish.clone(), runs.clone());
+    consumer.handle("job:blip", move |_task: Task| {
+        let (signal, wait, counter) = (signal.clone(), wait.clone(), counter.clone());
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            signal.notify_one();
+            wait.notified().await;
+            result()
+        }
+    });
+    let task = NewTask::new("job:blip", "blip", vec![]).queue("blip");
+    client.enqueue(&[task]).await.unwrap().remove(0).unwrap();
+    let running = Running::start(consumer);
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler starts");
+
+    // Act: the handler ends while the server answers nothing; the server
+    // comes back once the write has failed.
+    server.pause();
+    finish.notify_one();
+    eventually(Duration::from_secs(30), "the write to fail", || async {
+        logs.contains("will retry")
+    })
+    .await;
+    server.resume();
+    eventually(Duration::from_secs(30), "the task to leave active", || {
+        let mut redis = redis.clone();
+        async move {
+            let active: Vec<String> = redis.lrange(keys::active("blip"), 0, -1).await.unwrap();
+            active.is_empty()
+        }
+    })
+    .await;
+    running.stop().await;
+    Some(AfterPause {
+        _server: server,
+        redis,
+        runs: runs.load(Ordering::SeqCst),
+    })
+}
+
+#[tokio::test]
+async fn a_success_acknowledged_while_the_server_is_paused_completes_once() {
+    // Arrange, Act
+    let Some(AfterPause {
+        _server,
+        mut redis,
+        runs,
+    }) = finish_a_task_while_the_server_is_paused(|| Ok(())).await
+    else {
+        return;
+    };
+
+    // Assert: deleted exactly once, and never run again.
+    assert_eq!(runs, 1);
+    let exists: bool = redis.exists(keys::task("blip", "blip")).await.unwrap();
+    assert!(!exists);
+    let processed: i64 = redis.get(keys::processed_total("blip")).await.unwrap();
+    assert_eq!(processed, 1);
+    let failed: Option<i64> = redis.get(keys::failed_total("blip")).await.unwrap();
+    assert_eq!(failed, None);
+    let leased: Vec<String> = redis.zrange(keys::lease("blip"), 0, -1).await.unwrap();
+    assert!(leased.is_empty());
+}
+
+#[tokio::test]
+async fn a_failure_recorded_while_the_server_is_paused_is_retried_once() {
+    // Arrange, Act
+    let Some(AfterPause {
+        _server,
+        mut redis,
+        runs,
+    }) = finish_a_task_while_the_server_is_paused(|| {
+        Err(HandlerError::from(anyhow::anyhow!("card declined")))
+    })
+    .await
+    else {
+        return;
+    };
+
+    // Assert: in `:retry` with one failure counted, and not run again.
+    assert_eq!(runs, 1);
+    let state: Option<String> = redis
+        .hget(keys::task("blip", "blip"), "state")
+        .await
+        .unwrap();
+    assert_eq!(state.as_deref(), Some("retry"));
+    let msg: Vec<u8> = redis.hget(keys::task("blip", "blip"), "msg").await.unwrap();
+    let fields = proto_fields(&msg);
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(text(&fields, 7), "card declined", "error_msg");
+    let failed: i64 = redis.get(keys::failed_total("blip")).await.unwrap();
+    assert_eq!(failed, 1);
+    let leased: Vec<String> = redis.zrange(keys::lease("blip"), 0, -1).await.unwrap();
+    assert!(leased.is_empty());
+}
+
+#[tokio::test]
+async fn a_task_that_cannot_be_recovered_does_not_stop_the_recovery_of_others() {
+    // Arrange: two expired leases. The older one's task is not in the
+    // active list (an inconsistent state), so moving it fails; the other
+    // is a worker's orphan.
+    let queue = TestQueue::new().await;
+    queue
+        .enqueue(&[
+            queue.task("job:orphan", "broken"),
+            queue.task("job:orphan", "orphan"),
+        ])
+        .await;
+    let now = chrono::Utc::now().timestamp();
+    let mut redis = queue.redis.clone();
+    let _: () = redis::pipe()
+        .lrem(keys::pending(&queue.name), 0, "broken")
+        .lrem(keys::pending(&queue.name), 0, "orphan")
+        .rpush(keys::active(&queue.name), "orphan")
+        .hset(keys::task(&queue.name, "orphan"), "state", "active")
+        .hset(keys::task(&queue.name, "broken"), "state", "active")
+        .zadd(keys::lease(&queue.name), "broken", now - 200)
+        .zadd(keys::lease(&queue.name), "orphan", now - 120)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let log = runs.clone();
+    consumer.handle("job:orphan", move |task: Task| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(task.id);
+            Ok(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the orphan to run", || async {
+        queue.state("orphan").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the orphan was recovered and ran; the broken task was left.
+    assert_eq!(*runs.lock().unwrap(), vec!["orphan".to_string()]);
+    let leased = queue.zset(keys::lease(&queue.name)).await;
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].0, "broken");
+}
+
+#[tokio::test]
+async fn a_task_past_its_deadline_fails_without_running() {
+    // Arrange: a task whose deadline passed a minute ago, with one retry.
+    let queue = TestQueue::new().await;
+    let message = TaskMessage {
+        r#type: "job:late".into(),
+        id: "late".into(),
+        queue: queue.name.clone(),
+        retry: 1,
+        deadline: chrono::Utc::now().timestamp() - 60,
+        ..TaskMessage::default()
+    };
+    let now_ns = chrono::Utc::now().timestamp_nanos_opt().unwrap();
+    let _: i64 = scripts::ENQUEUE
+        .key(keys::task(&queue.name, "late"))
+        .key(keys::pending(&queue.name))
+        .arg(message.encode_to_vec())
+        .arg("late")
+        .arg(now_ns)
+        .invoke_async(&mut queue.redis.clone())
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let counter = runs.clone();
+    consumer.handle("job:late", move |_task: Task| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state("late").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: failed twice (the run and its retry), never started.
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let fields = queue.stored_fields("late").await;
+    assert_eq!(text(&fields, 7), "context deadline exceeded", "error_msg");
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 2);
+}
+
+#[tokio::test]
+async fn a_handler_reads_the_headers_of_its_task() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let headers = BTreeMap::from([
+        ("tenant".to_string(), "acme".to_string()),
+        ("source".to_string(), "go-service".to_string()),
+    ]);
+    let seen = Arc::new(Mutex::new(None));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let log = seen.clone();
+    consumer.handle("job:headers", move |task: Task| {
+        let log = log.clone();
+        async move {
+            *log.lock().unwrap() = Some(task.headers);
+            Ok(())
+        }
+    });
+    let task = queue
+        .task("job:headers", "with-headers")
+        .headers(headers.clone())
+        .retention(Duration::from_secs(60));
+    queue.enqueue(&[task]).await;
+    let stored = queue.stored_fields("with-headers").await;
+    assert!(stored.contains_key(&15), "headers are TaskMessage field 15");
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the task to complete", || async {
+        queue.state("with-headers").await.as_deref() == Some("completed")
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    assert_eq!(seen.lock().unwrap().clone(), Some(headers));
+}
+
+#[tokio::test]
+async fn a_cancelled_task_is_dropped_and_retried() {
+    // Arrange: a handler that never ends unless dropped, and retries far
+    // off so the cancelled task stays in `:retry`.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.retry_delay = |_| Duration::from_secs(3600);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let started = Arc::new(Notify::new());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (signal, drops) = (started.clone(), dropped.clone());
+    consumer.handle("job:endless", move |_task: Task| {
+        let (signal, drops) = (signal.clone(), drops.clone());
+        async move {
+            let _guard = DropCounter(drops);
+            signal.notify_one();
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    queue.enqueue(&[queue.task("job:endless", "endless")]).await;
+    let running = Running::start(consumer);
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler starts");
+
+    // Act: what asynqmon's Cancel and Go's Inspector.CancelProcessing send
+    // (again until received: the subscription may still be on its way).
+    eventually(Duration::from_secs(15), "the task to be cancelled", || {
+        let (mut redis, queue) = (queue.redis.clone(), &queue);
+        async move {
+            let _: i64 = redis
+                .publish(keys::CANCEL_CHANNEL, "endless")
+                .await
+                .unwrap();
+            queue.state("endless").await.as_deref() == Some("retry")
+        }
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the handler was dropped, and the task failed as in Go.
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    let fields = queue.stored_fields("endless").await;
+    assert_eq!(text(&fields, 7), "context canceled", "error_msg");
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 1);
+}
+
+/// Counts the drops of the future that holds it.
+struct DropCounter(Arc<AtomicUsize>);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The `ServerInfo` of the consumer that serves `queue`, with the score of
+/// its key in `asynq:servers`, if it is written.
+async fn server_state(queue: &TestQueue) -> Option<(String, ServerInfo, f64)> {
+    let mut redis = queue.redis.clone();
+    let servers: Vec<(String, f64)> = redis
+        .zrange_withscores(keys::ALL_SERVERS, 0, -1)
+        .await
+        .unwrap();
+    for (key, score) in servers {
+        let Some(bytes): Option<Vec<u8>> = redis.get(&key).await.unwrap() else {
+            continue;
+        };
+        let Ok(info) = ServerInfo::decode(bytes.as_slice()) else {
+            continue;
+        };
+        if info.queues.contains_key(&queue.name) {
+            return Some((key, info, score));
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_running_consumer_publishes_its_server_state_for_asynqmon() {
+    // Arrange: a consumer of the test's queue, weight 3, running one task.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.queues = format!("{}=3", queue.name).parse().unwrap();
+    options.concurrency = 3;
+    options.heartbeat_interval = Duration::from_secs(1);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let finish = Arc::new(Notify::new());
+    let wait = finish.clone();
+    consumer.handle("job:observed", move |_task: Task| {
+        let wait = wait.clone();
+        async move {
+            wait.notified().await;
+            Ok(())
+        }
+    });
+    queue
+        .enqueue(&[queue.task("job:observed", "observed")])
+        .await;
+    let before = chrono::Utc::now().timestamp();
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "one worker to be shown",
+        || async {
+            server_state(&queue)
+                .await
+                .is_some_and(|(_, info, _)| info.active_worker_count == 1)
+        },
+    )
+    .await;
+    let (key, info, score) = server_state(&queue).await.unwrap();
+    let workers_key = key.replacen("asynq:servers:", "asynq:workers:", 1);
+    let workers: HashMap<String, Vec<u8>> =
+        queue.redis.clone().hgetall(&workers_key).await.unwrap();
+
+    // Assert: Go asynq's ServerInfo and WorkerInfo.
+    let host = hostname::get().unwrap().into_string().unwrap();
+    let pid = std::process::id();
+    assert_eq!(key, keys::server_info(&host, pid, &info.server_id));
+    assert_eq!(info.host, host);
+    assert_eq!(info.pid, i32::try_from(pid).unwrap());
+    assert!(
+        uuid::Uuid::parse_str(&info.server_id).is_ok(),
+        "{}",
+        info.server_id
+    );
+    assert_eq!(info.concurrency, 3);
+    assert_eq!(info.queues, HashMap::from([(queue.name.clone(), 3)]));
+    assert_eq!(info.status, "active");
+    let started = info.start_time.unwrap().seconds;
+    assert!((before - 1..=before + 10).contains(&started), "{started}");
+    let expires_in = score - chrono::Utc::now().timestamp() as f64;
+    assert!(
+        (0.0..=2.0).contains(&expires_in),
+        "the TTL is twice the heartbeat: {expires_in}"
+    );
+    assert_eq!(workers.len(), 1);
+    let worker = WorkerInfo::decode(workers["observed"].as_slice()).unwrap();
+    assert_eq!(worker.task_id, "observed");
+    assert_eq!(worker.task_type, "job:observed");
+    assert_eq!(worker.queue, queue.name);
+    assert_eq!(worker.task_payload, b"payload of observed");
+    assert_eq!(worker.server_id, info.server_id);
+    let deadline = worker.deadline.unwrap().seconds - worker.start_time.unwrap().seconds;
+    assert!(
+        (1799..=1800).contains(&deadline),
+        "the default 30 min timeout: {deadline}"
+    );
+
+    // And at shutdown the state is deleted.
+    finish.notify_one();
+    running.stop().await;
+    let mut redis = queue.redis.clone();
+    let listed: Option<f64> = redis.zscore(keys::ALL_SERVERS, &key).await.unwrap();
+    assert_eq!(listed, None);
+    let listed: Option<f64> = redis.zscore(keys::ALL_WORKERS, &workers_key).await.unwrap();
+    assert_eq!(listed, None);
+    let left: bool = redis.exists(&key).await.unwrap();
+    assert!(!left);
+}
+
+/// The event of the listener tests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Pinged {
+    count: u32,
+}
+
+impl Event for Pinged {
+    const NAME: &'static str = "testPinged";
+}
+
+/// The runs of the test listener: each event with its context.
+type ListenerRuns = Arc<Mutex<Vec<(Pinged, ListenerContext)>>>;
+
+/// A consumer of `queue` with the worker's own event handlers and one
+/// listener of [`Pinged`], which records each run.
+fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consumer, ListenerRuns) {
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let log = runs.clone();
+    let mut listeners = Listeners::new();
+    listeners.listen("record", move |event: Pinged, context: ListenerContext| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push((event, context));
+            Ok(())
+        }
+    });
+    // The listener does not use the database; the pool never connects.
+    let pool = sqlx::PgPool::connect_lazy("postgres://unused@127.0.0.1:1/unused").unwrap();
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    handle_events(
+        &mut consumer,
+        queue.client.clone(),
+        pool,
+        Arc::new(listeners),
+        Duration::ZERO,
+    );
+    (consumer, runs)
+}
+
+/// An `event:` task carrying `envelope`, as the relay queues it.
+fn event_task(queue: &TestQueue, envelope: &Envelope) -> NewTask {
+    NewTask::new(
+        format!("event:{}", envelope.name),
+        envelope.id.to_string(),
+        serde_json::to_vec(envelope).unwrap(),
+    )
+    .queue(&queue.name)
+}
+
+#[tokio::test]
+async fn the_fan_out_passes_the_event_headers_to_the_listener_tasks() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let (consumer, runs) = consumer_with_listener(&queue, queue.options());
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 3}));
+    let headers = BTreeMap::from([("tenant".to_string(), "acme".to_string())]);
+    queue
+        .enqueue(&[event_task(&queue, &envelope).headers(headers.clone())])
+        .await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the listener to run", || async {
+        !runs.lock().unwrap().is_empty()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 1);
+    let (event, context) = &runs[0];
+    assert_eq!(*event, Pinged { count: 3 });
+    assert_eq!(context.event_id, envelope.id);
+    assert_eq!(context.headers, headers);
+}
+
+#[tokio::test]
+async fn an_event_that_does_not_decode_into_the_listener_type_is_retried_not_archived() {
+    // Arrange: an event whose payload has the wrong shape, and retries far
+    // off so the listener task stays in `:retry`.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.retry_delay = |_| Duration::from_secs(3600);
+    let (consumer, runs) = consumer_with_listener(&queue, options);
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": "three"}));
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+    let listener_task = listener_task_id(envelope.id, "record").to_string();
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the listener task to fail",
+        || async { queue.state(&listener_task).await.as_deref() == Some("retry") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: the listener never saw it; it will be tried again.
+    assert!(runs.lock().unwrap().is_empty());
+    let fields = queue.stored_fields(&listener_task).await;
+    assert_eq!(text(&fields, 6), "1", "retried");
+    let error = text(&fields, 7);
+    assert!(error.contains("does not decode into"), "{error}");
+    assert!(error.contains("Pinged"), "{error}");
+}
+
+#[tokio::test]
+async fn a_task_that_is_not_an_event_envelope_is_archived_at_once() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let (consumer, _runs) = consumer_with_listener(&queue, queue.options());
+    queue
+        .enqueue(&[queue.task("listener:testPinged:record", "garbage")])
+        .await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state("garbage").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: archived without retries (asynq's SkipRetry).
+    let fields = queue.stored_fields("garbage").await;
+    assert!(!fields.contains_key(&6), "never retried");
+    assert!(text(&fields, 7).contains("not an event envelope"));
 }

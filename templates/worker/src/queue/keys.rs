@@ -3,11 +3,34 @@
 //! Every key of a queue carries the queue name in braces, `asynq:{<queue>}:`,
 //! so that all of them hash to one cluster slot and one Lua script may touch
 //! them together. The layout is Go asynq's (`internal/base/base.go`).
+//! Besides the queues: the server state asynqmon shows, and the channel
+//! asynqmon publishes cancellations on.
 
 use chrono::{DateTime, Utc};
 
 /// The set of all queue names, read by asynqmon and the asynq CLI.
 pub const ALL_QUEUES: &str = "asynq:queues";
+
+/// Sorted set of the server-info keys of running workers, scored by expiry.
+pub const ALL_SERVERS: &str = "asynq:servers";
+
+/// Sorted set of the workers keys of running workers, scored by expiry.
+pub const ALL_WORKERS: &str = "asynq:workers";
+
+/// The pub/sub channel on which asynqmon and Go's
+/// `Inspector.CancelProcessing` publish the id of a task to cancel.
+pub const CANCEL_CHANNEL: &str = "asynq:cancel";
+
+/// `asynq:servers:{<host>:<pid>:<server id>}`: a worker's `ServerInfo`.
+pub fn server_info(host: &str, pid: u32, server_id: &str) -> String {
+    format!("asynq:servers:{{{host}:{pid}:{server_id}}}")
+}
+
+/// `asynq:workers:{<host>:<pid>:<server id>}`: a hash of the `WorkerInfo`
+/// of each task the worker runs, by task id.
+pub fn workers(host: &str, pid: u32, server_id: &str) -> String {
+    format!("asynq:workers:{{{host}:{pid}:{server_id}}}")
+}
 
 /// `asynq:{<queue>}:`, the prefix of every key of a queue.
 pub fn queue_prefix(queue: &str) -> String {
@@ -103,5 +126,7 @@ mod tests {
             processed_on("default", day),
             "asynq:{default}:processed:2026-01-02"
         );
+        assert_eq!(server_info("h", 7, "s"), "asynq:servers:{h:7:s}");
+        assert_eq!(workers("h", 7, "s"), "asynq:workers:{h:7:s}");
     }
 }

@@ -1,12 +1,17 @@
-//! The task as stored in Valkey: asynq's `TaskMessage` protobuf.
+//! asynq's protobuf messages as stored in Valkey: the task
+//! ([`TaskMessage`]), and the server state asynqmon's Servers page reads
+//! ([`ServerInfo`], [`WorkerInfo`]).
 //!
-//! The struct mirrors `proto/asynq.proto` of hibiken/asynq (the same file
-//! the `asynq` crate 0.1.8 ships), field for field and tag for tag, so Go
-//! asynq workers, asynqmon and the asynq CLI read what this module writes
-//! and the other way round. It is derived with `prost` instead of generated
-//! at build time, so the build needs no `protoc`; a test pins every tag.
+//! The structs mirror `proto/asynq.proto` of hibiken/asynq v0.26 (the
+//! `TaskMessage` of the `asynq` crate 0.1.8 is the same), field for field
+//! and tag for tag, so Go asynq workers, asynqmon and the asynq CLI read
+//! what this module writes and the other way round. They are derived with
+//! `prost` instead of generated at build time, so the build needs no
+//! `protoc`; tests pin every tag.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
 
 /// asynq's internal task representation (`asynq.TaskMessage`), the value
 /// of the `msg` field of a task hash. Times are Unix seconds, durations
@@ -50,6 +55,75 @@ pub struct TaskMessage {
     pub retention: i64,
     #[prost(int64, tag = "13")]
     pub completed_at: i64,
+}
+
+/// `google.protobuf.Timestamp`, as asynq.proto imports it.
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Timestamp {
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+impl From<DateTime<Utc>> for Timestamp {
+    fn from(time: DateTime<Utc>) -> Self {
+        Self {
+            seconds: time.timestamp(),
+            nanos: i32::try_from(time.timestamp_subsec_nanos()).unwrap_or(0),
+        }
+    }
+}
+
+/// One worker process as asynqmon's Servers page and Go's
+/// `Inspector.Servers()` show it (`asynq.ServerInfo`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerInfo {
+    #[prost(string, tag = "1")]
+    pub host: String,
+    #[prost(int32, tag = "2")]
+    pub pid: i32,
+    /// A UUID, new at each start.
+    #[prost(string, tag = "3")]
+    pub server_id: String,
+    #[prost(int32, tag = "4")]
+    pub concurrency: i32,
+    /// Queue name to priority (its weight).
+    #[prost(map = "string, int32", tag = "5")]
+    pub queues: HashMap<String, i32>,
+    #[prost(bool, tag = "6")]
+    pub strict_priority: bool,
+    /// `active` while the server takes tasks.
+    #[prost(string, tag = "7")]
+    pub status: String,
+    #[prost(message, optional, tag = "8")]
+    pub start_time: Option<Timestamp>,
+    #[prost(int32, tag = "9")]
+    pub active_worker_count: i32,
+}
+
+/// One running task of a server (`asynq.WorkerInfo`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WorkerInfo {
+    #[prost(string, tag = "1")]
+    pub host: String,
+    #[prost(int32, tag = "2")]
+    pub pid: i32,
+    #[prost(string, tag = "3")]
+    pub server_id: String,
+    #[prost(string, tag = "4")]
+    pub task_id: String,
+    #[prost(string, tag = "5")]
+    pub task_type: String,
+    #[prost(bytes = "vec", tag = "6")]
+    pub task_payload: Vec<u8>,
+    #[prost(string, tag = "7")]
+    pub queue: String,
+    #[prost(message, optional, tag = "8")]
+    pub start_time: Option<Timestamp>,
+    /// When the run must end.
+    #[prost(message, optional, tag = "9")]
+    pub deadline: Option<Timestamp>,
 }
 
 #[cfg(test)]
@@ -150,5 +224,53 @@ mod tests {
         };
         let back = TaskMessage::decode(message.encode_to_vec().as_slice()).unwrap();
         assert_eq!(back, message);
+    }
+
+    #[test]
+    fn server_and_worker_info_have_the_tags_of_asynq_proto() {
+        let time = Some(Timestamp::from(Utc::now()));
+        let server = ServerInfo {
+            host: "h".into(),
+            pid: 1,
+            server_id: "s".into(),
+            concurrency: 1,
+            queues: HashMap::from([("default".into(), 1)]),
+            strict_priority: true,
+            status: "active".into(),
+            start_time: time,
+            active_worker_count: 1,
+        };
+        let mut tags = fields(&server.encode_to_vec());
+        tags.sort_unstable();
+        let expected: Vec<(u64, u64)> = vec![
+            (1, 2),
+            (2, 0),
+            (3, 2),
+            (4, 0),
+            (5, 2),
+            (6, 0),
+            (7, 2),
+            (8, 2),
+            (9, 0),
+        ];
+        assert_eq!(tags, expected);
+
+        let worker = WorkerInfo {
+            host: "h".into(),
+            pid: 1,
+            server_id: "s".into(),
+            task_id: "t".into(),
+            task_type: "y".into(),
+            task_payload: vec![1],
+            queue: "q".into(),
+            start_time: time,
+            deadline: time,
+        };
+        let mut tags = fields(&worker.encode_to_vec());
+        tags.sort_unstable();
+        let expected: Vec<(u64, u64)> = (1..=9)
+            .map(|tag| (tag, if tag == 2 { 0 } else { 2 }))
+            .collect();
+        assert_eq!(tags, expected);
     }
 }

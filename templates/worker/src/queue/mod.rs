@@ -7,11 +7,13 @@
 //!   per task whether it was [`EnqueueOutcome::Enqueued`] or a
 //!   [`EnqueueOutcome::Duplicate`] of a task id already in the queue.
 //! - [`Consumer`]: the worker's loop, running a handler per task type (see
-//!   its module docs for leases, retries, shutdown and recovery).
+//!   its module docs for leases, retries, shutdown, recovery, cancellation
+//!   and the server state asynqmon shows).
 //! - [`QueueWeights`]: `WORKER_QUEUES`, such as `default=1,critical=6`.
 //!
-//! The storage layout ([`keys`]), the protobuf `TaskMessage` ([`message`])
-//! and the Lua scripts ([`scripts`]) are Go asynq's, unchanged.
+//! The storage layout ([`keys`]), the protobuf messages ([`message`]:
+//! `TaskMessage`, `ServerInfo`, `WorkerInfo`) and the Lua scripts
+//! ([`scripts`]) are Go asynq's, unchanged.
 //!
 //! # Why not the `asynq` crate
 //!

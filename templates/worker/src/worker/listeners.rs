@@ -10,6 +10,14 @@
 //! Delivery is at least once: a listener can see the same event again (after
 //! a crash, a timeout or a retry), so it must be idempotent on
 //! [`ListenerContext::event_id`].
+//!
+//! An event whose payload does not decode into the listener's type is
+//! retried like any failure, not archived: the producer and this listener
+//! disagree on the event's shape, which is a matter of versions (a rolling
+//! deploy, a Go service ahead of this one), and a version of this service
+//! deployed later may read it. Retries, with Go asynq's backoff, span about
+//! three weeks; the error names the event and the listener, and asynqmon
+//! shows the task under Retry. The listener's own code never sees it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -35,6 +43,9 @@ pub struct ListenerContext {
     pub occurred_at: DateTime<Utc>,
     /// Trace context (`traceparent`, `tracestate`) from the dispatch.
     pub metadata: Metadata,
+    /// The headers of the listener's task (asynq task headers), which the
+    /// fan-out copies from the event's task.
+    pub headers: BTreeMap<String, String>,
     /// The database, for listeners that write.
     pub pool: PgPool,
 }
@@ -65,12 +76,20 @@ impl Listener {
         listener_task_type(self.event, &self.name)
     }
 
-    /// Decodes the event in `envelope` and runs the listener on it.
-    pub async fn call(&self, envelope: Envelope, pool: PgPool) -> Result<(), ListenerError> {
+    /// Decodes the event in `envelope` and runs the listener on it. An
+    /// event that does not decode into the listener's type is an error
+    /// (retried, see the module docs).
+    pub async fn call(
+        &self,
+        envelope: Envelope,
+        headers: BTreeMap<String, String>,
+        pool: PgPool,
+    ) -> Result<(), ListenerError> {
         let context = ListenerContext {
             event_id: envelope.id,
             occurred_at: envelope.occurred_at,
             metadata: envelope.metadata.clone(),
+            headers,
             pool,
         };
         (self.run)(envelope, context).await
@@ -118,11 +137,13 @@ impl Listeners {
         let run: Run = Arc::new(move |envelope: Envelope, context: ListenerContext| {
             let handler = Arc::clone(&handler);
             Box::pin(async move {
+                // Retried, not archived: a later version may read it (module docs).
                 let event: E = serde_json::from_value(envelope.payload).map_err(|err| {
                     anyhow::anyhow!(
-                        "the payload of `{}` {} does not decode: {err}",
+                        "the payload of `{}` {} does not decode into {}: {err}",
                         E::NAME,
-                        envelope.id
+                        envelope.id,
+                        std::any::type_name::<E>()
                     )
                 })?;
                 handler(event, context).await

@@ -107,8 +107,27 @@ fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listene
         shutdown_timeout: config.worker.shutdown_timeout,
         ..ConsumerOptions::default()
     };
-    let task_retention = config.outbox.task_retention;
     let mut consumer = Consumer::new(queue.clone(), options);
+    handle_events(
+        &mut consumer,
+        queue,
+        pool,
+        listeners,
+        config.outbox.task_retention,
+    );
+    consumer
+}
+
+/// Registers on `consumer` the fan-out handler for every `event:` task and
+/// a handler per listener; listener tasks are kept `task_retention` after
+/// success.
+pub fn handle_events(
+    consumer: &mut Consumer,
+    queue: Client,
+    pool: PgPool,
+    listeners: Arc<Listeners>,
+    task_retention: std::time::Duration,
+) {
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
     consumer.handle(EVENT_TASK_PREFIX, {
@@ -125,12 +144,12 @@ fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listene
             async move { run_listener(&listener, pool, task).await }
         });
     }
-    consumer
 }
 
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event id,
 /// so a retried fan-out queues nothing twice (duplicates count as done).
+/// Each listener task carries the event task's headers.
 pub async fn fan_out(
     queue: &Client,
     listeners: &Listeners,
@@ -153,6 +172,7 @@ pub async fn fan_out(
                 task.payload.clone(),
             )
             .queue(task.queue.as_str())
+            .headers(task.headers.clone())
             .max_retry(MAX_RETRY)
             .timeout(TASK_TIMEOUT)
             .retention(retention)
@@ -167,6 +187,10 @@ pub async fn fan_out(
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
 /// listener, inside the trace context of the dispatch (so events it
 /// dispatches in turn continue the same trace).
+///
+/// A payload that is not an envelope at all is archived at once (retrying
+/// cannot fix it); an event whose payload does not decode into the
+/// listener's type is retried, see [`Listeners::listen`].
 async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -183,7 +207,7 @@ async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(
         event_id = %envelope.id,
         retried = task.retried,
     );
-    let run = tracing::Instrument::instrument(listener.call(envelope, pool), span);
+    let run = tracing::Instrument::instrument(listener.call(envelope, task.headers, pool), span);
     trace_context::scope(context, run).await?;
     Ok(())
 }

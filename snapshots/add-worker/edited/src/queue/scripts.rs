@@ -361,3 +361,33 @@ return table.getn(ids)
 "#,
     )
 });
+
+/// Writes a server's `ServerInfo` and replaces its `WorkerInfo` hash, both
+/// expiring after the TTL.
+///
+/// KEYS: server info, workers. ARGV: TTL (s), encoded server info, then
+/// task id and encoded worker info pairs.
+pub static WRITE_SERVER_STATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+redis.call("SETEX", KEYS[1], ARGV[1], ARGV[2])
+redis.call("DEL", KEYS[2])
+for i = 3, table.getn(ARGV)-1, 2 do
+	redis.call("HSET", KEYS[2], ARGV[i], ARGV[i+1])
+end
+redis.call("EXPIRE", KEYS[2], ARGV[1])
+return redis.status_reply("OK")
+"#,
+    )
+});
+
+/// Deletes a server's state at shutdown. KEYS: server info, workers.
+pub static CLEAR_SERVER_STATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+redis.call("DEL", KEYS[1])
+redis.call("DEL", KEYS[2])
+return redis.status_reply("OK")
+"#,
+    )
+});

@@ -1,14 +1,15 @@
 //! The consumer's state changes of a task, each one Go asynq script (or
 //! command) with Go asynq's arguments: dequeue under a lease, extend
-//! leases, done / completed, retry, archive, requeue, and the periodic
-//! forward, lease recovery and completed-task cleanup.
+//! leases, done / completed, retry, archive, requeue, the periodic
+//! forward, lease recovery and completed-task cleanup, and the server state
+//! asynqmon's Servers page reads.
 
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use prost::Message as _;
 
-use super::message::TaskMessage;
+use super::message::{ServerInfo, TaskMessage, WorkerInfo};
 use super::{Client, QueueError, keys, scripts};
 
 /// How long daily and total counters live (Go: `statsTTL`).
@@ -278,6 +279,69 @@ impl Client {
             }
         }
     }
+}
+
+impl Client {
+    /// Writes this worker's `ServerInfo` and the `WorkerInfo` of each
+    /// running task, expiring after `ttl` unless written again (Go asynq's
+    /// `WriteServerState`).
+    pub(super) async fn write_server_state(
+        &self,
+        server: &ServerInfo,
+        workers: &[WorkerInfo],
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        let pid = u32::try_from(server.pid).unwrap_or(0);
+        let server_key = keys::server_info(&server.host, pid, &server.server_id);
+        let workers_key = keys::workers(&server.host, pid, &server.server_id);
+        let expiry = (Utc::now() + TimeDelta::from_std(ttl).unwrap_or(TimeDelta::MAX)).timestamp();
+        let mut invocation = scripts::WRITE_SERVER_STATE.prepare_invoke();
+        invocation
+            .key(&server_key)
+            .key(&workers_key)
+            .arg(ttl.as_secs().max(1))
+            .arg(server.encode_to_vec());
+        for worker in workers {
+            invocation.arg(&worker.task_id).arg(worker.encode_to_vec());
+        }
+        let mut conn = self.conn();
+        redis::pipe()
+            .zadd(keys::ALL_SERVERS, &server_key, expiry)
+            .ignore()
+            .zadd(keys::ALL_WORKERS, &workers_key, expiry)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        invocation.invoke_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Removes this worker's server state (at shutdown).
+    pub(super) async fn clear_server_state(&self, server: &ServerInfo) -> Result<(), QueueError> {
+        let pid = u32::try_from(server.pid).unwrap_or(0);
+        let server_key = keys::server_info(&server.host, pid, &server.server_id);
+        let workers_key = keys::workers(&server.host, pid, &server.server_id);
+        let mut conn = self.conn();
+        redis::pipe()
+            .zrem(keys::ALL_SERVERS, &server_key)
+            .ignore()
+            .zrem(keys::ALL_WORKERS, &workers_key)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        scripts::CLEAR_SERVER_STATE
+            .key(&server_key)
+            .key(&workers_key)
+            .invoke_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Whether `err` is the `NOT FOUND` error of Go asynq's scripts: the task
+/// is no longer active (already moved on, or deleted meanwhile).
+pub(super) fn is_not_found(err: &QueueError) -> bool {
+    matches!(err, QueueError::Redis(err) if err.code() == Some("NOT") && err.detail() == Some("FOUND"))
 }
 
 /// Go asynq's `DefaultRetryDelayFunc` (Sidekiq's formula): after the n-th

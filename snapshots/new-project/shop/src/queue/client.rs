@@ -5,6 +5,7 @@
 //! (`redis::aio::ConnectionManager`); clones share it, so the relay, the
 //! consumer and every handler use one socket, never one per task.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -44,6 +45,9 @@ pub struct NewTask {
     pub task_type: String,
     pub id: String,
     pub payload: Vec<u8>,
+    /// Key-value metadata for the handler (asynq's task headers), such as
+    /// a tenant or trace context. Empty by default.
+    pub headers: BTreeMap<String, String>,
     pub queue: String,
     /// Retries after the first run fails; the task is archived after that.
     pub max_retry: u32,
@@ -73,6 +77,7 @@ impl NewTask {
             task_type: task_type.into(),
             id: id.into(),
             payload,
+            headers: BTreeMap::new(),
             queue: DEFAULT_QUEUE.to_string(),
             max_retry: DEFAULT_MAX_RETRY,
             timeout: DEFAULT_TIMEOUT,
@@ -82,6 +87,11 @@ impl NewTask {
 
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
+        self
+    }
+
+    pub fn headers(mut self, headers: BTreeMap<String, String>) -> Self {
+        self.headers = headers;
         self
     }
 
@@ -114,6 +124,7 @@ impl NewTask {
         Ok(TaskMessage {
             r#type: self.task_type.clone(),
             payload: self.payload.clone(),
+            headers: self.headers.clone(),
             id: self.id.clone(),
             queue: self.queue.clone(),
             retry: i32::try_from(self.max_retry).unwrap_or(i32::MAX),

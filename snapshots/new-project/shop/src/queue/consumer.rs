@@ -8,35 +8,62 @@
 //! - Success: the task is deleted, or kept in `:completed` for its
 //!   retention. Failure: retried with Go's default backoff, archived once
 //!   its retries are spent. A handler that exceeds the task's timeout, or
-//!   panics, has failed.
+//!   panics, has failed; a task already past its deadline when dequeued
+//!   fails without running.
+//! - Acknowledgements survive a Valkey blip: if the write that moves a
+//!   finished task on fails, it is tried again with backoff for as long as
+//!   the task's lease holds (the heartbeat keeps extending it), so a task
+//!   that succeeded is completed once Valkey answers, not run again.
+//! - Cancellation: like a Go worker, the consumer listens on the pub/sub
+//!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
+//!   `Inspector.CancelProcessing`); the handler of the task id received is
+//!   dropped and the task fails with `context canceled` (retried, or
+//!   archived once its retries are spent).
+//! - Server state: the heartbeat also writes this worker's `ServerInfo` and
+//!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
+//!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
 //! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
 //!   to finish, then are dropped and their tasks put back at the head of
 //!   pending, so the next worker runs them at once.
 //! - In the background, as Go asynq: due retries and scheduled tasks are
-//!   forwarded to pending, expired leases recovered, and completed tasks
-//!   past their retention deleted.
+//!   forwarded to pending, expired leases recovered (one task that cannot
+//!   be recovered is logged and skipped, not the rest of the round), and
+//!   completed tasks past their retention deleted.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use futures_util::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::message::TaskMessage;
-use super::{Client, QueueError, QueueWeights, default_retry_delay};
+use super::broker::is_not_found;
+use super::message::{ServerInfo, TaskMessage, WorkerInfo};
+use super::{Client, QueueError, QueueWeights, default_retry_delay, keys};
 
 /// Recovery waits this long past a lease's expiry, to allow for clock skew
 /// between workers (Go asynq's value).
 const LEASE_GRACE: TimeDelta = TimeDelta::seconds(30);
 /// The error recorded on a task whose worker stopped extending its lease.
 const LEASE_EXPIRED: &str = "asynq: task lease expired";
+/// The error recorded on a task that ran past its deadline, or was past it
+/// when dequeued (Go's `context.DeadlineExceeded`).
+const DEADLINE_EXCEEDED: &str = "context deadline exceeded";
+/// The error recorded on a task cancelled through `asynq:cancel` (Go's
+/// `context.Canceled`).
+const CANCELED: &str = "context canceled";
+/// The longest pause between two tries of a failed acknowledgement (Go
+/// asynq's syncer interval).
+const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
+/// How long to wait before subscribing to `asynq:cancel` again.
+const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +71,9 @@ pub struct Task {
     pub task_type: String,
     pub id: String,
     pub payload: Vec<u8>,
+    /// The task's headers (asynq's `TaskMessage.headers`), as the producer
+    /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
+    pub headers: BTreeMap<String, String>,
     pub queue: String,
     /// Failed runs before this one.
     pub retried: u32,
@@ -56,6 +86,7 @@ impl From<&TaskMessage> for Task {
             task_type: message.r#type.clone(),
             id: message.id.clone(),
             payload: message.payload.clone(),
+            headers: message.headers.clone(),
             queue: message.queue.clone(),
             retried: u32::try_from(message.retried).unwrap_or(0),
             max_retry: u32::try_from(message.retry).unwrap_or(0),
@@ -122,7 +153,8 @@ pub struct ConsumerOptions {
     pub poll_interval: Duration,
     /// How long a dequeued task stays leased without a heartbeat. Default 30 s.
     pub lease_duration: Duration,
-    /// How often leases of running tasks are extended. Default 5 s.
+    /// How often leases of running tasks are extended and the server state
+    /// is written (it expires after twice this). Default 5 s.
     pub heartbeat_interval: Duration,
     /// How often due retries and scheduled tasks move to pending. Default 5 s.
     pub forward_interval: Duration,
@@ -213,16 +245,18 @@ impl Consumer {
             ));
         }
         let worker = Arc::new(Worker {
+            server: server_info(&self.options),
             client: self.client,
             handlers: self.handlers,
             options: self.options,
-            leases: Leases::default(),
+            active: ActiveTasks::default(),
             abort: CancellationToken::new(),
         });
         let options = &worker.options;
         tracing::info!(
             queues = %options.queues,
             concurrency = options.concurrency,
+            server_id = %worker.server.server_id,
             "consumer started"
         );
 
@@ -231,6 +265,7 @@ impl Consumer {
         let mut background = JoinSet::new();
         background.spawn(worker.clone().heartbeat(heartbeat.clone()));
         background.spawn(worker.clone().maintain(maintenance.clone()));
+        background.spawn(worker.clone().listen_for_cancellations(heartbeat.clone()));
 
         let mut running = JoinSet::new();
         let slots = Arc::new(Semaphore::new(options.concurrency));
@@ -283,9 +318,12 @@ struct Worker {
     client: Client,
     handlers: HashMap<String, BoxedHandler>,
     options: ConsumerOptions,
-    leases: Leases,
+    active: ActiveTasks,
     /// Cancelled when the shutdown timeout is reached.
     abort: CancellationToken,
+    /// This worker as asynqmon shows it; `active_worker_count` is filled
+    /// in at each heartbeat.
+    server: ServerInfo,
 }
 
 /// How one run of a task ended.
@@ -299,6 +337,20 @@ enum Outcome {
     LeaseLost,
     /// Cut short by shutdown.
     Interrupted,
+}
+
+/// The write that moves a finished task on, decided once so that a retried
+/// write is the same write.
+enum Settlement {
+    Complete,
+    Retry {
+        retry_at: DateTime<Utc>,
+        error: String,
+    },
+    Archive {
+        error: String,
+    },
+    Requeue,
 }
 
 impl Worker {
@@ -315,20 +367,37 @@ impl Worker {
         let Some(message) = self.client.dequeue(&order, lease_until_utc).await? else {
             return Ok(false);
         };
-        let lease = self.leases.start(&message, lease_until);
+        let message = Arc::new(message);
+        let deadline = deadline(&message, Utc::now());
+        let (lease, cancel) = self.active.start(&message, lease_until, deadline);
         let worker = self.clone();
         running.spawn(async move {
-            let outcome = worker.execute(&message, lease).await;
-            worker.settle(&message, outcome).await;
-            worker.leases.finish(&message);
+            let outcome = worker
+                .execute(&message, deadline, lease.clone(), cancel)
+                .await;
+            worker.settle(&message, outcome, lease).await;
+            worker.active.finish(&message);
             drop(slot);
         });
         Ok(true)
     }
 
-    /// Runs the handler, bounded by the task's deadline, its lease and the
-    /// shutdown timeout.
-    async fn execute(&self, message: &TaskMessage, lease: watch::Receiver<Instant>) -> Outcome {
+    /// Runs the handler, bounded by the task's deadline, its lease, a
+    /// cancellation and the shutdown timeout.
+    async fn execute(
+        &self,
+        message: &TaskMessage,
+        deadline: DateTime<Utc>,
+        lease: watch::Receiver<Instant>,
+        cancel: CancellationToken,
+    ) -> Outcome {
+        // As Go: a task already past its deadline is not started.
+        if deadline <= Utc::now() {
+            return Outcome::Failed {
+                error: DEADLINE_EXCEEDED.into(),
+                skip_retry: false,
+            };
+        }
         let Some(handler) = handler_for(&self.handlers, &message.r#type) else {
             return Outcome::Failed {
                 error: format!("handler not found for task {:?}", message.r#type),
@@ -354,38 +423,48 @@ impl Worker {
                 },
                 Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
             },
-            () = sleep_until(deadline(message)) => Outcome::Failed {
-                error: "context deadline exceeded".into(),
+            () = sleep_until(instant_at(deadline)) => Outcome::Failed {
+                error: DEADLINE_EXCEEDED.into(),
                 skip_retry: false,
             },
-            () = lease_lost(lease) => Outcome::LeaseLost,
+            () = cancel.cancelled() => {
+                tracing::info!(id = %message.id, task_type = %message.r#type, "task cancelled");
+                Outcome::Failed { error: CANCELED.into(), skip_retry: false }
+            }
+            () = lease_lost(lease.clone()) => Outcome::LeaseLost,
             () = self.abort.cancelled() => Outcome::Interrupted,
         };
         run.abort();
         outcome
     }
 
-    /// Moves the task on according to the outcome of its run. A Valkey
-    /// error leaves it active; once its lease expires it is recovered and
-    /// runs again.
-    async fn settle(&self, message: &TaskMessage, outcome: Outcome) {
+    /// Moves the task on according to the outcome of its run. A write that
+    /// fails is tried again with backoff while the lease holds (the
+    /// heartbeat keeps extending it); once the lease is lost, the task is
+    /// left to the recoverer, as in Go.
+    async fn settle(
+        &self,
+        message: &TaskMessage,
+        outcome: Outcome,
+        lease: watch::Receiver<Instant>,
+    ) {
         let (id, task_type) = (&message.id, &message.r#type);
-        let result = match outcome {
+        let settlement = match outcome {
             Outcome::Succeeded => {
                 tracing::debug!(%id, %task_type, "task succeeded");
-                self.client.complete(message).await
+                Settlement::Complete
             }
             Outcome::Failed { error, skip_retry } => {
                 if skip_retry || message.retried >= message.retry {
                     tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
-                    self.client.archive(message, &error).await
+                    Settlement::Archive { error }
                 } else {
                     let retried = u32::try_from(message.retried).unwrap_or(0);
                     let delay = (self.options.retry_delay)(retried);
                     tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
                     let retry_at =
                         Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
-                    self.client.retry(message, retry_at, &error).await
+                    Settlement::Retry { retry_at, error }
                 }
             }
             Outcome::LeaseLost => {
@@ -394,30 +473,140 @@ impl Worker {
             }
             Outcome::Interrupted => {
                 tracing::info!(%id, %task_type, "task interrupted by shutdown; back to pending");
-                self.client.requeue(message).await
+                Settlement::Requeue
             }
         };
-        if let Err(err) = result {
-            tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey");
+
+        let mut backoff = Duration::from_millis(100);
+        for attempt in 1.. {
+            let lease_until = *lease.borrow();
+            if lease_until <= Instant::now() {
+                tracing::error!(
+                    %id,
+                    %task_type,
+                    "lease lost before the task could be updated; the recoverer will retry it"
+                );
+                return;
+            }
+            let err = match self.write(message, &settlement).await {
+                Ok(()) => return,
+                Err(err) => err,
+            };
+            if is_not_found(&err) {
+                if attempt > 1 {
+                    // An earlier try reached Valkey although its reply was lost.
+                    tracing::info!(%id, %task_type, "task updated by an earlier try");
+                } else {
+                    tracing::error!(%id, %task_type, "task is no longer active; left as it is");
+                }
+                return;
+            }
+            if self.abort.is_cancelled() {
+                tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey before shutdown; the recoverer will retry it");
+                return;
+            }
+            tracing::warn!(%id, %task_type, error = %err, attempt, retry_in = ?backoff, "could not update the task in Valkey; will retry");
+            let pause = backoff.min(lease_until.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                () = sleep(pause) => {}
+                // One last try before shutdown completes.
+                () = self.abort.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(MAX_SETTLE_BACKOFF);
         }
     }
 
-    /// Extends the leases of running tasks until `stop`.
+    /// One try of the write of `settlement`.
+    async fn write(
+        &self,
+        message: &TaskMessage,
+        settlement: &Settlement,
+    ) -> Result<(), QueueError> {
+        match settlement {
+            Settlement::Complete => self.client.complete(message).await,
+            Settlement::Retry { retry_at, error } => {
+                self.client.retry(message, *retry_at, error).await
+            }
+            Settlement::Archive { error } => self.client.archive(message, error).await,
+            Settlement::Requeue => self.client.requeue(message).await,
+        }
+    }
+
+    /// Every heartbeat interval until `stop`: writes the server state and
+    /// extends the leases of running tasks. Deletes the server state when
+    /// stopped.
     async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
         loop {
+            self.beat().await;
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = sleep(self.options.heartbeat_interval) => {}
             }
-            let leased = self.leases.by_queue();
-            if leased.is_empty() {
-                continue;
+        }
+        if let Err(err) = self.client.clear_server_state(&self.server).await {
+            tracing::warn!(error = %err, "could not clear the server state");
+        }
+    }
+
+    /// One heartbeat, as Go asynq's `heartbeater.beat`.
+    async fn beat(&self) {
+        let workers = self.active.worker_infos(&self.server);
+        let server = ServerInfo {
+            active_worker_count: i32::try_from(workers.len()).unwrap_or(i32::MAX),
+            ..self.server.clone()
+        };
+        let ttl = self.options.heartbeat_interval * 2;
+        if let Err(err) = self.client.write_server_state(&server, &workers, ttl).await {
+            tracing::warn!(error = %err, "could not write the server state");
+        }
+
+        let leased = self.active.leased_by_queue();
+        if leased.is_empty() {
+            return;
+        }
+        let until = Instant::now() + self.options.lease_duration;
+        let until_utc = Utc::now() + self.options.lease_duration;
+        match self.client.extend_leases(&leased, until_utc).await {
+            Ok(()) => self.active.extend(&leased, until),
+            Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
+        }
+    }
+
+    /// Cancels the running tasks whose ids are published on `asynq:cancel`,
+    /// until `stop`; subscribes again after a lost connection.
+    async fn listen_for_cancellations(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            let subscribed = tokio::select! {
+                () = stop.cancelled() => return,
+                subscribed = tokio::time::timeout(
+                    RESUBSCRIBE_DELAY,
+                    self.client.subscribe(keys::CANCEL_CHANNEL),
+                ) => subscribed,
+            };
+            match subscribed {
+                Ok(Ok(subscription)) => {
+                    let mut messages = subscription.into_on_message();
+                    loop {
+                        let message = tokio::select! {
+                            () = stop.cancelled() => return,
+                            message = messages.next() => message,
+                        };
+                        let Some(message) = message else { break };
+                        match message.get_payload::<String>() {
+                            Ok(id) => self.active.cancel(&id),
+                            Err(err) => tracing::warn!(error = %err, "unreadable cancellation"),
+                        }
+                    }
+                    tracing::warn!("the cancellation subscription was lost; subscribing again");
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot subscribe to task cancellations");
+                }
+                Err(_) => tracing::warn!("subscribing to task cancellations timed out"),
             }
-            let until = Instant::now() + self.options.lease_duration;
-            let until_utc = Utc::now() + self.options.lease_duration;
-            match self.client.extend_leases(&leased, until_utc).await {
-                Ok(()) => self.leases.extend(&leased, until),
-                Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep(RESUBSCRIBE_DELAY) => {}
             }
         }
     }
@@ -459,64 +648,122 @@ impl Worker {
     }
 
     /// Go asynq's recoverer: a task whose lease expired (its worker died)
-    /// is retried, or archived if its retries are spent.
+    /// is retried, or archived if its retries are spent. A task that cannot
+    /// be moved is logged and skipped, as in Go; the next round tries again.
     async fn recover(&self, queue: &str) -> Result<(), QueueError> {
         let cutoff = Utc::now() - LEASE_GRACE;
         for message in self.client.lease_expired(queue, cutoff).await? {
-            tracing::warn!(
-                id = %message.id,
-                task_type = %message.r#type,
-                "recovering a task whose lease expired"
-            );
-            if message.retried >= message.retry {
-                self.client.archive(&message, LEASE_EXPIRED).await?;
+            let (id, task_type) = (&message.id, &message.r#type);
+            tracing::warn!(%id, %task_type, "recovering a task whose lease expired");
+            let result = if message.retried >= message.retry {
+                self.client.archive(&message, LEASE_EXPIRED).await
             } else {
                 let retried = u32::try_from(message.retried).unwrap_or(0);
                 let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
                     .unwrap_or(TimeDelta::MAX);
                 self.client
                     .retry(&message, Utc::now() + delay, LEASE_EXPIRED)
-                    .await?;
+                    .await
+            };
+            if let Err(err) = result {
+                tracing::warn!(%id, %task_type, error = %err, "could not recover the task; skipped");
             }
         }
         Ok(())
     }
 }
 
-/// The leases of the tasks this consumer runs, by (queue, id), each with
-/// the local instant it is valid until.
-#[derive(Default)]
-struct Leases(Mutex<HashMap<(String, String), watch::Sender<Instant>>>);
+/// One task this consumer runs: its lease, what asynqmon shows of it, and
+/// how to cancel it.
+struct ActiveTask {
+    message: Arc<TaskMessage>,
+    started: DateTime<Utc>,
+    deadline: DateTime<Utc>,
+    /// The local instant the lease is valid until.
+    lease: watch::Sender<Instant>,
+    cancel: CancellationToken,
+}
 
-impl Leases {
-    fn start(&self, message: &TaskMessage, until: Instant) -> watch::Receiver<Instant> {
-        let (sender, receiver) = watch::channel(until);
+/// The tasks this consumer runs, by (queue, id), from dequeue until their
+/// final write.
+#[derive(Default)]
+struct ActiveTasks(Mutex<HashMap<(String, String), ActiveTask>>);
+
+impl ActiveTasks {
+    fn start(
+        &self,
+        message: &Arc<TaskMessage>,
+        lease_until: Instant,
+        deadline: DateTime<Utc>,
+    ) -> (watch::Receiver<Instant>, CancellationToken) {
+        let (lease, receiver) = watch::channel(lease_until);
+        let cancel = CancellationToken::new();
+        let task = ActiveTask {
+            message: Arc::clone(message),
+            started: Utc::now(),
+            deadline,
+            lease,
+            cancel: cancel.clone(),
+        };
         let key = (message.queue.clone(), message.id.clone());
-        self.0.lock().expect("lease map").insert(key, sender);
-        receiver
+        self.0.lock().expect("active tasks").insert(key, task);
+        (receiver, cancel)
     }
 
     fn finish(&self, message: &TaskMessage) {
         let key = (message.queue.clone(), message.id.clone());
-        self.0.lock().expect("lease map").remove(&key);
+        self.0.lock().expect("active tasks").remove(&key);
     }
 
-    /// The leased ids, grouped by queue.
-    fn by_queue(&self) -> Vec<(String, Vec<String>)> {
+    /// The ids whose lease still holds, grouped by queue. An expired lease
+    /// is not extended (Go: the task belongs to the recoverer by then).
+    fn leased_by_queue(&self) -> Vec<(String, Vec<String>)> {
+        let now = Instant::now();
         let mut grouped: HashMap<String, Vec<String>> = HashMap::new();
-        for (queue, id) in self.0.lock().expect("lease map").keys() {
-            grouped.entry(queue.clone()).or_default().push(id.clone());
+        for ((queue, id), task) in self.0.lock().expect("active tasks").iter() {
+            if *task.lease.borrow() > now {
+                grouped.entry(queue.clone()).or_default().push(id.clone());
+            }
         }
         grouped.into_iter().collect()
     }
 
     fn extend(&self, leased: &[(String, Vec<String>)], until: Instant) {
-        let map = self.0.lock().expect("lease map");
+        let map = self.0.lock().expect("active tasks");
         for (queue, ids) in leased {
             for id in ids {
-                if let Some(lease) = map.get(&(queue.clone(), id.clone())) {
-                    lease.send_replace(until);
+                if let Some(task) = map.get(&(queue.clone(), id.clone())) {
+                    task.lease.send_replace(until);
                 }
+            }
+        }
+    }
+
+    /// One `WorkerInfo` per running task, for the server state.
+    fn worker_infos(&self, server: &ServerInfo) -> Vec<WorkerInfo> {
+        self.0
+            .lock()
+            .expect("active tasks")
+            .values()
+            .map(|task| WorkerInfo {
+                host: server.host.clone(),
+                pid: server.pid,
+                server_id: server.server_id.clone(),
+                task_id: task.message.id.clone(),
+                task_type: task.message.r#type.clone(),
+                task_payload: task.message.payload.clone(),
+                queue: task.message.queue.clone(),
+                start_time: Some(task.started.into()),
+                deadline: Some(task.deadline.into()),
+            })
+            .collect()
+    }
+
+    /// Cancels the running task `id` (in whichever queue), if any.
+    fn cancel(&self, id: &str) {
+        for ((_, task_id), task) in self.0.lock().expect("active tasks").iter() {
+            if task_id == id {
+                task.cancel.cancel();
             }
         }
     }
@@ -542,16 +789,16 @@ async fn lease_lost(mut lease: watch::Receiver<Instant>) {
     }
 }
 
-/// When the current run must end: now + timeout, or the task's deadline,
+/// When the current run must end: `now` + timeout, or the task's deadline,
 /// whichever is first (Go asynq's `computeDeadline`).
-fn deadline(message: &TaskMessage) -> Instant {
-    let now = Instant::now();
-    let timeout = u64::try_from(message.timeout).unwrap_or(0);
-    let by_timeout = (timeout > 0).then(|| now + Duration::from_secs(timeout));
-    let by_deadline = (message.deadline > 0).then(|| {
-        let left = message.deadline.saturating_sub(Utc::now().timestamp());
-        now + Duration::from_secs(u64::try_from(left).unwrap_or(0))
+fn deadline(message: &TaskMessage, now: DateTime<Utc>) -> DateTime<Utc> {
+    let by_timeout = (message.timeout > 0).then(|| {
+        TimeDelta::try_seconds(message.timeout)
+            .and_then(|timeout| now.checked_add_signed(timeout))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
     });
+    let by_deadline = (message.deadline > 0)
+        .then(|| DateTime::from_timestamp(message.deadline, 0).unwrap_or(DateTime::<Utc>::MAX_UTC));
     match (by_timeout, by_deadline) {
         (Some(a), Some(b)) => a.min(b),
         (Some(at), None) | (None, Some(at)) => at,
@@ -559,6 +806,37 @@ fn deadline(message: &TaskMessage) -> Instant {
             tracing::error!(id = %message.id, "task has no timeout nor deadline; using 30 min");
             now + super::DEFAULT_TIMEOUT
         }
+    }
+}
+
+/// The local instant at which the wall-clock `time` comes.
+fn instant_at(time: DateTime<Utc>) -> Instant {
+    let left = (time - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+    Instant::now() + left.min(Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+/// This worker's identity and configuration, as Go asynq's heartbeater
+/// reports them: host, pid, a new server id, concurrency, and the queues
+/// with their weights as priorities.
+fn server_info(options: &ConsumerOptions) -> ServerInfo {
+    let host = hostname::get()
+        .ok()
+        .and_then(|host| host.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    ServerInfo {
+        host,
+        pid: i32::try_from(std::process::id()).unwrap_or(0),
+        server_id: uuid::Uuid::new_v4().to_string(),
+        concurrency: i32::try_from(options.concurrency).unwrap_or(i32::MAX),
+        queues: options
+            .queues
+            .weights()
+            .map(|(name, weight)| (name.to_string(), i32::try_from(weight).unwrap_or(i32::MAX)))
+            .collect(),
+        strict_priority: false,
+        status: "active".into(),
+        start_time: Some(Utc::now().into()),
+        active_worker_count: 0,
     }
 }
 

@@ -39,6 +39,11 @@ impl QueueWeights {
         self.0.iter().map(|(name, _)| name.as_str())
     }
 
+    /// Each queue with its weight (Go asynq's "priority"), in the order given.
+    pub fn weights(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.0.iter().map(|(name, weight)| (name.as_str(), *weight))
+    }
+
     /// Every queue, in a weighted random order for one dequeue.
     pub fn dequeue_order(&self) -> Vec<String> {
         if let [(only, _)] = self.0.as_slice() {
