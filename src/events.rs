@@ -98,8 +98,31 @@ pub struct EventNames {
 }
 
 impl EventNames {
-    /// Any spelling (`OrderPlaced`, `order_placed`, `orderPlaced`) of a name.
+    /// Any spelling (`OrderPlaced`, `order_placed`, `orderPlaced`) of a new
+    /// event's name. Its three spellings must convert into one another, so
+    /// that the wire name the manifest records gives back the same module and
+    /// type: `a_b_c` is refused, as its camelCase `aBC` reads back as `a_bc`.
     pub fn parse(raw: &str) -> Result<Self> {
+        let names = Self::recorded(raw)?;
+        if let Some(problem) = names.disagreement() {
+            let suggestion = names::snake_case(&names.type_name);
+            let example = match Self::recorded(&suggestion) {
+                Ok(other) if other.disagreement().is_none() => format!(", such as `{suggestion}`"),
+                _ => String::new(),
+            };
+            bail!(
+                "`{raw}` cannot be spelled the same way in every case: {problem}\n\
+                 help: join one-letter words, and words that start with a digit, to the word \
+                 before{example}"
+            );
+        }
+        Ok(names)
+    }
+
+    /// The names of an event the manifest records, by its wire name. Only
+    /// the checks that make a module name: events recorded before gpkit
+    /// refused ambiguous names keep working.
+    pub fn recorded(raw: &str) -> Result<Self> {
         let help =
             "help: name the event for what happened, such as `orderPlaced` or `user_signed_up`";
         if raw.is_empty() {
@@ -127,6 +150,19 @@ impl EventNames {
             module,
         })
     }
+
+    /// Which spelling reads back as another module, if one does.
+    fn disagreement(&self) -> Option<String> {
+        [&self.wire, &self.type_name].into_iter().find_map(|form| {
+            let module = names::snake_case(form);
+            (module != self.module).then(|| {
+                format!(
+                    "as `{form}` it reads back as `{module}`, not `{}`",
+                    self.module
+                )
+            })
+        })
+    }
 }
 
 /// What the templates print for one event.
@@ -148,7 +184,7 @@ pub struct FieldView {
 
 impl EventView {
     pub fn new(spec: &EventSpec) -> Result<Self> {
-        let names = EventNames::parse(&spec.name)?;
+        let names = EventNames::recorded(&spec.name)?;
         let fields = spec
             .fields
             .iter()
@@ -199,6 +235,73 @@ mod tests {
                 "{raw:?}: {err}"
             );
         }
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/names.rs`): the manifest records
+    /// the wire name, and these names' wire names read back as other
+    /// modules (`a_b_c` was generated as `src/events/a_bc.rs`, and a second
+    /// `add event a_b_c --listener x` added the event twice).
+    #[test]
+    fn names_whose_spellings_disagree_are_refused() {
+        for (raw, problem, example) in [
+            (
+                "a_b_c",
+                "as `aBC` it reads back as `a_bc`, not `a_b_c`",
+                ", such as `abc`",
+            ),
+            (
+                "t-t-isisme-a-rofattnyn-",
+                "as `TTIsismeARofattnyn` it reads back as `tt_isisme_a_rofattnyn`",
+                ", such as `tt_isisme_a_rofattnyn`",
+            ),
+            (
+                "order_2nd",
+                "as `order2nd` it reads back as `order2nd`",
+                "`order2nd`",
+            ),
+        ] {
+            let err = EventNames::parse(raw).unwrap_err().to_string();
+            assert!(
+                err.contains("cannot be spelled the same way in every case")
+                    && err.contains(problem)
+                    && err.contains(example)
+                    && err.contains("help:"),
+                "{raw:?}: {err}"
+            );
+        }
+        assert_eq!(
+            EventNames::parse("a_b_c").unwrap_err().to_string(),
+            "`a_b_c` cannot be spelled the same way in every case: as `aBC` it reads back as \
+             `a_bc`, not `a_b_c`\nhelp: join one-letter words, and words that start with a digit, \
+             to the word before, such as `abc`"
+        );
+        for raw in [
+            "order2nd_placed",
+            "http_request_sent",
+            "user2FAEnabled",
+            "a1",
+        ] {
+            let names = EventNames::parse(raw).unwrap();
+            for form in [&names.wire, &names.type_name, &names.module] {
+                assert_eq!(
+                    EventNames::parse(form).unwrap(),
+                    names,
+                    "{raw:?} as {form:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn recorded_names_of_older_projects_still_read() {
+        let names = EventNames::recorded("aBC").unwrap();
+        assert_eq!(
+            (names.module.as_str(), names.type_name.as_str()),
+            ("a_bc", "ABc")
+        );
+        assert!(EventNames::recorded("tTIsisme").is_ok());
+        assert!(EventNames::recorded("").is_err());
+        assert!(EventNames::recorded("fn").is_err());
     }
 
     #[test]
