@@ -29,20 +29,36 @@ fn allowed_types() -> String {
 }
 
 /// The Rust type of a gpkit field type such as `Option<Vec<uuid>>`.
+///
+/// The wrappers are peeled off in a loop, not by recursion: the type may
+/// come from an untrusted `gpkit.toml`, nested any number of times.
 pub fn rust_type(ty: &str) -> Result<String> {
-    let ty = ty.trim();
-    for (wrapper, rust) in [("Option<", "Option"), ("Vec<", "Vec")] {
-        if let Some(inner) = ty.strip_prefix(wrapper).and_then(|t| t.strip_suffix('>')) {
-            return Ok(format!("{rust}<{}>", rust_type(inner)?));
-        }
+    let mut ty = ty.trim();
+    let mut wrappers = Vec::new();
+    while let Some((rust, inner)) = [("Option<", "Option"), ("Vec<", "Vec")]
+        .into_iter()
+        .find_map(|(wrapper, rust)| {
+            let inner = ty.strip_prefix(wrapper)?.strip_suffix('>')?;
+            Some((rust, inner))
+        })
+    {
+        wrappers.push(rust);
+        ty = inner.trim();
     }
-    match SCALARS.iter().find(|(name, _)| *name == ty) {
-        Some((_, rust)) => Ok((*rust).to_string()),
-        None => bail!(
+    let Some((_, scalar)) = SCALARS.iter().find(|(name, _)| *name == ty) else {
+        bail!(
             "`{ty}` is not a field type gpkit knows\nhelp: use one of {}",
             allowed_types()
-        ),
+        );
+    };
+    let mut rust = String::new();
+    for wrapper in &wrappers {
+        rust.push_str(wrapper);
+        rust.push('<');
     }
+    rust.push_str(scalar);
+    rust.push_str(&">".repeat(wrappers.len()));
+    Ok(rust)
 }
 
 /// A `snake_case` Rust identifier that is not a keyword, for fields and
@@ -316,6 +332,22 @@ mod tests {
             err.contains("`u8` is not a field type") && err.contains("string, bool, i32"),
             "{err}"
         );
+    }
+
+    /// Found by fuzzing (a deep input given to `fuzz/fuzz_targets/names.rs`):
+    /// a field type nested 300,000 times, as a crafted `gpkit.toml` may
+    /// record, overflowed the stack.
+    #[test]
+    fn deeply_nested_field_types_do_not_overflow_the_stack() {
+        let depth = 300_000;
+        let ty = format!("{}i64{}", "Option< ".repeat(depth), " >".repeat(depth));
+        assert_eq!(
+            rust_type(&ty).unwrap(),
+            format!("{}i64{}", "Option<".repeat(depth), ">".repeat(depth))
+        );
+        let bad = format!("{}u8{}", "Vec<".repeat(depth), ">".repeat(depth));
+        let err = rust_type(&bad).unwrap_err().to_string();
+        assert!(err.starts_with("`u8` is not a field type"), "{err}");
     }
 
     #[test]
