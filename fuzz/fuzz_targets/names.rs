@@ -6,7 +6,8 @@
 //! - a valid event name's three spellings (the wire name is what the manifest
 //!   records) convert to one another, and are valid event names with the same
 //!   three spellings;
-//! - a field type that maps to Rust maps the same way after trimming.
+//! - a field type that maps to Rust maps the same way after trimming;
+//! - every refusal of a name says what to do instead (a `help:` line).
 #![no_main]
 
 use gpkit::events::{self, EventNames};
@@ -64,6 +65,19 @@ fuzz_target!(|raw: &str| {
     if let Ok(rust) = events::rust_type(raw) {
         assert_eq!(events::rust_type(raw.trim()).ok(), Some(rust));
     }
-    let _ = events::parse_field(raw);
-    let _ = events::check_listener(raw);
+
+    for (what, refusal) in [
+        ("project name", PackageName::parse(raw).err()),
+        ("event name", EventNames::parse(raw).err()),
+        ("field", events::parse_field(raw).err()),
+        ("listener", events::check_listener(raw).err()),
+    ] {
+        if let Some(err) = refusal {
+            let text = format!("{err:#}");
+            assert!(
+                text.contains("\nhelp: "),
+                "{what} {raw:?}: no help line in {text:?}"
+            );
+        }
+    }
 });
