@@ -27,20 +27,16 @@ fuzz_target!(|input: &str| {
 
     if let Ok(Ok(merged)) = merge(base, ours, theirs) {
         let again = merge(base, &merged, theirs).expect("the merged file parses");
-        assert_eq!(
-            again,
-            Ok(merged.clone()),
-            "a second merge changed the result"
-        );
+        assert_eq!(again, Ok(merged), "a second merge changed the result");
     }
 
-    if !has_regions(theirs) {
-        if let Ok(result) = merge(base, ours, theirs) {
-            assert_eq!(
-                result,
-                Ok(ours.to_string()),
-                "a template without regions changed the file"
-            );
-        }
+    if !has_regions(theirs)
+        && let Ok(result) = merge(base, ours, theirs)
+    {
+        assert_eq!(
+            result,
+            Ok(ours.to_string()),
+            "a template without regions changed the file"
+        );
     }
 });
