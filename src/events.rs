@@ -29,20 +29,36 @@ fn allowed_types() -> String {
 }
 
 /// The Rust type of a gpkit field type such as `Option<Vec<uuid>>`.
+///
+/// The wrappers are peeled off in a loop, not by recursion: the type may
+/// come from an untrusted `gpkit.toml`, nested any number of times.
 pub fn rust_type(ty: &str) -> Result<String> {
-    let ty = ty.trim();
-    for (wrapper, rust) in [("Option<", "Option"), ("Vec<", "Vec")] {
-        if let Some(inner) = ty.strip_prefix(wrapper).and_then(|t| t.strip_suffix('>')) {
-            return Ok(format!("{rust}<{}>", rust_type(inner)?));
-        }
+    let mut ty = ty.trim();
+    let mut wrappers = Vec::new();
+    while let Some((rust, inner)) = [("Option<", "Option"), ("Vec<", "Vec")]
+        .into_iter()
+        .find_map(|(wrapper, rust)| {
+            let inner = ty.strip_prefix(wrapper)?.strip_suffix('>')?;
+            Some((rust, inner))
+        })
+    {
+        wrappers.push(rust);
+        ty = inner.trim();
     }
-    match SCALARS.iter().find(|(name, _)| *name == ty) {
-        Some((_, rust)) => Ok((*rust).to_string()),
-        None => bail!(
+    let Some((_, scalar)) = SCALARS.iter().find(|(name, _)| *name == ty) else {
+        bail!(
             "`{ty}` is not a field type gpkit knows\nhelp: use one of {}",
             allowed_types()
-        ),
+        );
+    };
+    let mut rust = String::new();
+    for wrapper in &wrappers {
+        rust.push_str(wrapper);
+        rust.push('<');
     }
+    rust.push_str(scalar);
+    rust.push_str(&">".repeat(wrappers.len()));
+    Ok(rust)
 }
 
 /// A `snake_case` Rust identifier that is not a keyword, for fields and
@@ -98,8 +114,31 @@ pub struct EventNames {
 }
 
 impl EventNames {
-    /// Any spelling (`OrderPlaced`, `order_placed`, `orderPlaced`) of a name.
+    /// Any spelling (`OrderPlaced`, `order_placed`, `orderPlaced`) of a new
+    /// event's name. Its three spellings must convert into one another, so
+    /// that the wire name the manifest records gives back the same module and
+    /// type: `a_b_c` is refused, as its camelCase `aBC` reads back as `a_bc`.
     pub fn parse(raw: &str) -> Result<Self> {
+        let names = Self::recorded(raw)?;
+        if let Some(problem) = names.disagreement() {
+            let suggestion = names::snake_case(&names.type_name);
+            let example = match Self::recorded(&suggestion) {
+                Ok(other) if other.disagreement().is_none() => format!(", such as `{suggestion}`"),
+                _ => String::new(),
+            };
+            bail!(
+                "`{raw}` cannot be spelled the same way in every case: {problem}\n\
+                 help: join one-letter words, and words that start with a digit, to the word \
+                 before{example}"
+            );
+        }
+        Ok(names)
+    }
+
+    /// The names of an event the manifest records, by its wire name. Only
+    /// the checks that make a module name: events recorded before gpkit
+    /// refused ambiguous names keep working.
+    pub fn recorded(raw: &str) -> Result<Self> {
         let help =
             "help: name the event for what happened, such as `orderPlaced` or `user_signed_up`";
         if raw.is_empty() {
@@ -127,6 +166,19 @@ impl EventNames {
             module,
         })
     }
+
+    /// Which spelling reads back as another module, if one does.
+    fn disagreement(&self) -> Option<String> {
+        [&self.wire, &self.type_name].into_iter().find_map(|form| {
+            let module = names::snake_case(form);
+            (module != self.module).then(|| {
+                format!(
+                    "as `{form}` it reads back as `{module}`, not `{}`",
+                    self.module
+                )
+            })
+        })
+    }
 }
 
 /// What the templates print for one event.
@@ -148,7 +200,7 @@ pub struct FieldView {
 
 impl EventView {
     pub fn new(spec: &EventSpec) -> Result<Self> {
-        let names = EventNames::parse(&spec.name)?;
+        let names = EventNames::recorded(&spec.name)?;
         let fields = spec
             .fields
             .iter()
@@ -201,6 +253,73 @@ mod tests {
         }
     }
 
+    /// Found by fuzzing (`fuzz/fuzz_targets/names.rs`): the manifest records
+    /// the wire name, and these names' wire names read back as other
+    /// modules (`a_b_c` was generated as `src/events/a_bc.rs`, and a second
+    /// `add event a_b_c --listener x` added the event twice).
+    #[test]
+    fn names_whose_spellings_disagree_are_refused() {
+        for (raw, problem, example) in [
+            (
+                "a_b_c",
+                "as `aBC` it reads back as `a_bc`, not `a_b_c`",
+                ", such as `abc`",
+            ),
+            (
+                "t-t-isisme-a-rofattnyn-",
+                "as `TTIsismeARofattnyn` it reads back as `tt_isisme_a_rofattnyn`",
+                ", such as `tt_isisme_a_rofattnyn`",
+            ),
+            (
+                "order_2nd",
+                "as `order2nd` it reads back as `order2nd`",
+                "`order2nd`",
+            ),
+        ] {
+            let err = EventNames::parse(raw).unwrap_err().to_string();
+            assert!(
+                err.contains("cannot be spelled the same way in every case")
+                    && err.contains(problem)
+                    && err.contains(example)
+                    && err.contains("help:"),
+                "{raw:?}: {err}"
+            );
+        }
+        assert_eq!(
+            EventNames::parse("a_b_c").unwrap_err().to_string(),
+            "`a_b_c` cannot be spelled the same way in every case: as `aBC` it reads back as \
+             `a_bc`, not `a_b_c`\nhelp: join one-letter words, and words that start with a digit, \
+             to the word before, such as `abc`"
+        );
+        for raw in [
+            "order2nd_placed",
+            "http_request_sent",
+            "user2FAEnabled",
+            "a1",
+        ] {
+            let names = EventNames::parse(raw).unwrap();
+            for form in [&names.wire, &names.type_name, &names.module] {
+                assert_eq!(
+                    EventNames::parse(form).unwrap(),
+                    names,
+                    "{raw:?} as {form:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn recorded_names_of_older_projects_still_read() {
+        let names = EventNames::recorded("aBC").unwrap();
+        assert_eq!(
+            (names.module.as_str(), names.type_name.as_str()),
+            ("a_bc", "ABc")
+        );
+        assert!(EventNames::recorded("tTIsisme").is_ok());
+        assert!(EventNames::recorded("").is_err());
+        assert!(EventNames::recorded("fn").is_err());
+    }
+
     #[test]
     fn field_types_map_to_rust() {
         assert_eq!(rust_type("uuid").unwrap(), "uuid::Uuid");
@@ -213,6 +332,22 @@ mod tests {
             err.contains("`u8` is not a field type") && err.contains("string, bool, i32"),
             "{err}"
         );
+    }
+
+    /// Found by fuzzing (a deep input given to `fuzz/fuzz_targets/names.rs`):
+    /// a field type nested 300,000 times, as a crafted `gpkit.toml` may
+    /// record, overflowed the stack.
+    #[test]
+    fn deeply_nested_field_types_do_not_overflow_the_stack() {
+        let depth = 300_000;
+        let ty = format!("{}i64{}", "Option< ".repeat(depth), " >".repeat(depth));
+        assert_eq!(
+            rust_type(&ty).unwrap(),
+            format!("{}i64{}", "Option<".repeat(depth), ">".repeat(depth))
+        );
+        let bad = format!("{}u8{}", "Vec<".repeat(depth), ">".repeat(depth));
+        let err = rust_type(&bad).unwrap_err().to_string();
+        assert!(err.starts_with("`u8` is not a field type"), "{err}");
     }
 
     #[test]

@@ -119,7 +119,19 @@ impl Manifest {
                 return Err(err).with_context(|| format!("failed to read `{}`", path.display()));
             }
         };
-        let manifest: Self = toml_edit::de::from_str(&text)
+        Self::parse_named(&text, &path)
+    }
+
+    /// Reads manifest text: it must have the manifest's shape, and every
+    /// file it records must be a plain relative path inside the project.
+    /// Errors, never panics, on any text.
+    pub fn parse(text: &str) -> Result<Self> {
+        Self::parse_named(text, Path::new(MANIFEST_FILE))
+    }
+
+    /// [`Manifest::parse`], naming the file as `path` in errors.
+    fn parse_named(text: &str, path: &Path) -> Result<Self> {
+        let manifest: Self = toml_edit::de::from_str(text)
             .with_context(|| format!("`{}` is not a valid gpkit manifest", path.display()))?;
         for file in manifest.files.keys() {
             crate::project_path::check_manifest_path(file)?;

@@ -43,6 +43,12 @@ fn regions(text: &str) -> Result<Vec<Region>> {
             open = Some((name.to_string(), offset + line.len()));
         } else if let Some(name) = marker(line, false) {
             match open.take() {
+                Some((begun, _)) if found.iter().any(|r: &Region| r.name == begun) => {
+                    // Which copy would gpkit update? Neither, rather than guess.
+                    bail!(
+                        "region `{begun}` appears twice; a region's name must be unique in a file"
+                    )
+                }
                 Some((begun, start)) if begun == name => {
                     found.push(Region {
                         name: begun,
@@ -194,5 +200,22 @@ mod tests {
         assert!(regions("// gpkit:begin a\n").is_err());
         assert!(regions("// gpkit:end a\n").is_err());
         assert!(regions("// gpkit:begin a\n// gpkit:begin b\n").is_err());
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/regions.rs`): with two regions
+    /// of one name, a file merged with itself came out "edited by hand"
+    /// (the first region took the second's body, then differed from the base).
+    #[test]
+    fn a_region_name_used_twice_is_an_error() {
+        let text = " // gpkit:begin registry\nr\n// gpkit:end registry\n\
+                    // gpkit:begin registry\n // gpkit:end registry";
+        let err = merge(text, text, text).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "region `registry` appears twice; a region's name must be unique in a file"
+        );
+        assert!(
+            regions("// gpkit:begin a\n// gpkit:end a\n// gpkit:begin b\n// gpkit:end b\n").is_ok()
+        );
     }
 }

@@ -471,6 +471,49 @@ fn envsub_semantics() {
     assert!(parse(sql, Direction::Up, &env).is_err());
 }
 
+/// Found by fuzzing (a deep input given to `fuzz/fuzz_targets/goose.rs`): a line of
+/// expansions nested 300,000 deep, well within goose's 4 MiB line, overflowed the
+/// stack. Nesting is now limited; goose (Go's growable stack) has no limit.
+#[test]
+fn deeply_nested_expansions_are_an_error_not_a_stack_overflow() {
+    let env = |name: &str| (name == "SET").then(|| "value".to_owned());
+    let nested = |depth: usize, operator: &str| {
+        let line = format!(
+            "SELECT '{}x{}';",
+            format!("${{UNSET{operator}").repeat(depth),
+            "}".repeat(depth)
+        );
+        parse(
+            &format!("-- +goose Up\n-- +goose ENVSUB ON\n{line}\n"),
+            Direction::Up,
+            &env,
+        )
+        .map(|p| p.statements.join("|"))
+        .map_err(|e| e.to_string())
+    };
+    let max = parser::interpolate::MAX_NESTING;
+    assert_eq!(nested(max, ":-").unwrap(), "SELECT 'x';");
+    assert_eq!(
+        nested(max, "?").unwrap_err().lines().next().unwrap(),
+        "variable substitution failed: $UNSET: x:"
+    );
+    for (depth, operator) in [
+        (max + 1, ":-"),
+        (300_000, ":-"),
+        (300_000, "-"),
+        (300_000, "?"),
+    ] {
+        let err = nested(depth, operator).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "variable substitution failed: Expansions nested more than {max} deep are not supported:\n"
+            )),
+            "{depth} {operator}: {}",
+            &err[..200]
+        );
+    }
+}
+
 // ---- File names (goose-spec.md §1.1, §1.4) ----
 
 #[test]

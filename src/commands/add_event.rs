@@ -27,7 +27,7 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let existing = components
         .events
         .iter_mut()
-        .find(|e| EventNames::parse(&e.name).is_ok_and(|n| n.module == names.module));
+        .find(|e| EventNames::recorded(&e.name).is_ok_and(|n| n.module == names.module));
     let new_event = existing.is_none();
     let what = match existing {
         Some(event) => {

@@ -32,14 +32,24 @@ fn syn_keyword(name: &str) -> Option<&str> {
     KEYWORDS.iter().copied().find(|k| *k == name)
 }
 
-/// An event name in one of the spellings gpkit accepts.
+/// An event name in one of the spellings gpkit accepts. A one-letter word
+/// followed by another (`a_b_c`, camelCase `aBC`) is refused: its spellings
+/// do not convert into one another.
 fn event_name() -> impl Strategy<Value = String> {
-    (snake_name(), 0..4u8).prop_map(|(snake, spelling)| match spelling {
-        0 => snake,
-        1 => snake.replace('_', "-"),
-        2 => camel(&snake, false),
-        _ => camel(&snake, true),
-    })
+    let unambiguous = |snake: &String| {
+        let words: Vec<&str> = snake.split('_').collect();
+        !words.windows(2).any(|pair| pair[0].len() == 1)
+    };
+    (
+        snake_name().prop_filter("spellings agree", unambiguous),
+        0..4u8,
+    )
+        .prop_map(|(snake, spelling)| match spelling {
+            0 => snake,
+            1 => snake.replace('_', "-"),
+            2 => camel(&snake, false),
+            _ => camel(&snake, true),
+        })
 }
 
 fn camel(snake: &str, upper_first: bool) -> String {

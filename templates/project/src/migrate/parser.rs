@@ -586,15 +586,27 @@ fn is_go_printable(c: char) -> bool {
 ///
 /// The whole line is parsed before anything is expanded, so a syntax error wins
 /// over a `${VAR?}` error, as in the original.
+///
+/// One difference: expansions nested more than [`MAX_NESTING`] deep (`${A:-${B:-...}}`)
+/// are an error. Go's growable stack takes any depth; here a crafted line of
+/// 4 MiB would overflow the stack, and no migration needs that many.
 pub mod interpolate {
     use std::fmt::Write as _;
+
+    /// How deep `${...}` expansions may nest inside one another.
+    pub const MAX_NESTING: usize = 100;
 
     /// Expands the variables in `input`, looking them up with `env`.
     pub fn interpolate(
         input: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<String, String> {
-        let expression = Scanner { input, pos: 0 }.expression(None)?;
+        let mut scanner = Scanner {
+            input,
+            pos: 0,
+            depth: 0,
+        };
+        let expression = scanner.expression(None)?;
         let mut out = String::new();
         expand(&expression, env, &mut out)?;
         Ok(out)
@@ -630,6 +642,8 @@ pub mod interpolate {
     struct Scanner<'a> {
         input: &'a str,
         pos: usize,
+        /// How many `${` the scanner is inside.
+        depth: usize,
     }
 
     impl Scanner<'_> {
@@ -721,16 +735,14 @@ pub mod interpolate {
                 self.next();
                 return Ok(Expansion::Variable(name));
             }
-            let expansion = match self.next() {
-                Some(':') if self.peek() == Some('-') => {
-                    self.next();
-                    Expansion::EmptyDefault(name, self.expression(Some('}'))?)
-                }
-                Some(':') => self.substring(name)?,
-                Some('-') => Expansion::UnsetDefault(name, self.expression(Some('}'))?),
-                Some('?') => Expansion::Required(name, self.expression(Some('}'))?),
-                other => return Err(format!("Expected an operator, got {}", shown(other))),
-            };
+            if self.depth == MAX_NESTING {
+                return Err(format!(
+                    "Expansions nested more than {MAX_NESTING} deep are not supported"
+                ));
+            }
+            self.depth += 1;
+            let expansion = self.operator(name)?;
+            self.depth -= 1;
             let c = self.next();
             if c != Some('}') {
                 return Err(format!(
@@ -739,6 +751,20 @@ pub mod interpolate {
                 ));
             }
             Ok(expansion)
+        }
+
+        /// The operator after `${VAR` and what follows it, up to the closing brace.
+        fn operator(&mut self, name: String) -> Result<Expansion, String> {
+            Ok(match self.next() {
+                Some(':') if self.peek() == Some('-') => {
+                    self.next();
+                    Expansion::EmptyDefault(name, self.expression(Some('}'))?)
+                }
+                Some(':') => self.substring(name)?,
+                Some('-') => Expansion::UnsetDefault(name, self.expression(Some('}'))?),
+                Some('?') => Expansion::Required(name, self.expression(Some('}'))?),
+                other => return Err(format!("Expected an operator, got {}", shown(other))),
+            })
         }
 
         fn substring(&mut self, name: String) -> Result<Expansion, String> {
