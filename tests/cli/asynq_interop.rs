@@ -607,6 +607,55 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
     go_server.stop(Duration::from_secs(15));
 }
 
+/// Separate services on separate queues: the Rust `shop` service publishes
+/// its events to its own queue and to the Go `billing` service's
+/// (`OUTBOX_QUEUES=shop,billing`). The Go server, serving `billing` only,
+/// gets every event once; the Rust worker, serving `shop` only, runs each of
+/// its listeners once; neither takes the other's tasks.
+#[test]
+fn separate_services_on_separate_queues_each_get_every_event() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    project();
+    let valkey = valkey();
+    let db = database();
+    let mut go_server = GoServer::start(&peer, &valkey, &["-queues", "billing", "-handle", "event:"]);
+    let mut worker = start_worker(
+        &db,
+        &valkey,
+        &[("WORKER_QUEUES", "shop=1"), ("OUTBOX_QUEUES", "shop,billing")],
+    );
+
+    let envelopes = dispatch(&db, 12);
+    let mut ids: Vec<String> = envelopes.iter().map(|e| str_of(&e["id"]).to_string()).collect();
+    ids.sort();
+    wait_until(Duration::from_secs(60), "Go ran 12 events", || {
+        go_server.lines("done").len() >= 12
+    });
+    wait_until(Duration::from_secs(60), "each Rust listener ran 12 times", || {
+        listener_runs(&db, "audit", "done").len() >= 12 && listener_runs(&db, "email", "done").len() >= 12
+    });
+
+    let mut go_ids = go_server.ids("done");
+    go_ids.sort();
+    assert_eq!(go_ids, ids, "Go got other events, or some twice");
+    assert!(go_server.lines("done").iter().all(|d| d["queue"] == "billing"));
+    for listener in ["audit", "email"] {
+        let mut runs = listener_runs(&db, listener, "done");
+        runs.sort();
+        assert_eq!(runs, ids, "the Rust listener `{listener}`");
+    }
+    // Each queue's tasks were all processed by its own consumer: 12 event
+    // tasks in `billing` (Go); 12 event and 24 listener tasks in `shop`.
+    wait_until(Duration::from_secs(30), "the queues' counters settle", || {
+        go_queue(&peer, &valkey, "billing")["processed_total"] == 12
+            && go_queue(&peer, &valkey, "shop")["processed_total"] == 36
+    });
+    stop_worker(&mut worker, Duration::from_secs(35));
+    go_server.stop(Duration::from_secs(15));
+}
+
 /// Go-kit events enqueued by a Go asynq client (`event:orderPlaced`, task
 /// id = envelope id) run each Rust listener exactly once with the typed
 /// payload and the Go side's trace parent, through the Rust fan-out, whose
