@@ -66,13 +66,43 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         name.as_str(),
         display(&dest)
     );
-    eprintln!(
-        "\nNext steps:\n  cd {}\n  export DATABASE_URL=postgres://postgres@localhost:5432/{}\n  \
-         cargo run --bin migrate -- up\n  cargo run --bin server",
-        display(&dest),
-        name.crate_name()
-    );
+    eprint!("{}", next_steps(&display(&dest), worker));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to run after `gpkit new project`, with Postgres and Valkey on their
+/// default ports: each line works when typed or pasted as it is (a test runs
+/// them). `.env` holds the settings; a variable set in the environment wins.
+fn next_steps(dir: &str, worker: bool) -> String {
+    let servers = if worker {
+        "Postgres on localhost:5432 and Valkey on localhost:6379"
+    } else {
+        "Postgres on localhost:5432"
+    };
+    let mut steps = format!(
+        "\nNext steps, with {servers}:\n  \
+         cd {}\n  \
+         cp .env.example .env                             # settings: check DATABASE_URL\n  \
+         cargo run --bin migrate -- up --create-database  # create the database and the schema\n  \
+         cargo run --bin server                           # GET /healthz and /readyz on :8080\n",
+        shell_quote(dir)
+    );
+    if worker {
+        steps.push_str(
+            "  cargo run --bin worker                           # in a 2nd terminal, same directory\n",
+        );
+    }
+    steps
+}
+
+/// `word` as one shell word: as it is when that is safe, else in single quotes.
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:@%+=,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// The plan of a whole new project: every blueprint file, its base copy and
@@ -146,4 +176,23 @@ fn check_destination(dest: &std::path::Path) -> Result<()> {
          help: choose another name, or remove the directory first",
         display(dest)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_quoted_only_when_the_shell_needs_it() {
+        assert_eq!(shell_quote("shop"), "shop");
+        assert_eq!(
+            shell_quote("/home/me/src/order-service"),
+            "/home/me/src/order-service"
+        );
+        assert_eq!(
+            shell_quote("/home/me/my projects/shop"),
+            "'/home/me/my projects/shop'"
+        );
+        assert_eq!(shell_quote("/tmp/it's/shop"), r"'/tmp/it'\''s/shop'");
+    }
 }
