@@ -14,8 +14,16 @@ use crate::names::PackageName;
 use crate::plan::Plan;
 use crate::prompt;
 
+mod example;
+
 pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
-    let worker_flag = args.worker();
+    // The example's listener runs in the worker: `--example` implies it.
+    let worker_flag = if args.example {
+        Some(true)
+    } else {
+        args.worker()
+    };
+    let example_flag = args.example();
     let name = prompt::value(
         args.name,
         ctx.no_input,
@@ -36,14 +44,26 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         true,
     )?;
 
+    let example = worker
+        && prompt::choice(
+            example_flag,
+            ctx.no_input,
+            "Add the example (orders: POST /orders, GET /orders/{id}, an event and its listener)?",
+            false,
+        )?;
+
     let answers = Answers {
         name: name.as_str().to_string(),
     };
     let components = Components {
-        events: Vec::new(),
+        events: if example {
+            vec![example::event()?]
+        } else {
+            Vec::new()
+        },
         worker,
     };
-    let plan = plan(answers, components)?;
+    let plan = plan(answers, components, example)?;
 
     let title = format!(
         "Plan for `gpkit new project {}` in `{}`",
@@ -67,6 +87,9 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         display(&dest)
     );
     eprint!("{}", next_steps(&display(&dest), worker));
+    if example {
+        eprint!("{}", example::TRY_IT);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -106,9 +129,15 @@ fn shell_quote(word: &str) -> String {
 }
 
 /// The plan of a whole new project: every blueprint file, its base copy and
-/// the manifest that records them.
-fn plan(answers: Answers, components: Components) -> Result<Plan> {
+/// the manifest that records them; with `example`, the example's edits on
+/// top, as a user's edits after `gpkit add event` and `gpkit new migration`.
+fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan> {
     let tree = blueprint::render(&answers, &components)?;
+    let mut edits = if example {
+        example::files(&tree)?
+    } else {
+        Default::default()
+    };
     let mut manifest = Manifest {
         gpkit: Versions {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -120,7 +149,10 @@ fn plan(answers: Answers, components: Components) -> Result<Plan> {
     };
     let mut plan = Plan::new();
     for (path, file) in &tree {
-        plan.create(path.clone(), file.contents.clone(), file.purpose.clone());
+        match edits.remove(path) {
+            Some(edited) => plan.create(path.clone(), edited, "the example, filled in"),
+            None => plan.create(path.clone(), file.contents.clone(), file.purpose.clone()),
+        }
         manifest.files.insert(
             path.clone(),
             FileRecord {
@@ -134,6 +166,9 @@ fn plan(answers: Answers, components: Components) -> Result<Plan> {
         manifest.to_toml().into_bytes(),
         "what gpkit generated, and who owns each file",
     );
+    for (path, contents) in edits {
+        plan.create(path, contents, "the example (yours)");
+    }
     for (path, file) in tree {
         plan.create(format!("{BASE_DIR}/{path}"), file.contents, "base copy");
     }
