@@ -96,7 +96,7 @@ fn migration_path() -> Result<String> {
     let version = migration::next_version(
         &existing,
         Numbering::Timestamp,
-        super::super::new_migration::now()?,
+        crate::commands::new_migration::now()?,
     )?;
     Ok(format!(
         "migrations/{}",
