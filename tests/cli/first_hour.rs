@@ -5,6 +5,8 @@
 //! and a worker that starts and stops cleanly on SIGTERM. Then: the server
 //! reads `.env` from its working directory, and the dispatch example that
 //! `gpkit add event` prints, and the one in the README, compile as they are.
+//! Linux only: it finds the binary each shell runs under `/proc`.
+#![cfg(target_os = "linux")]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
