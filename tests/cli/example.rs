@@ -89,6 +89,8 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
         &["clippy", "--all-targets", "--", "-D", "warnings"],
     );
     cargo(&project, &["fmt", "--check"]);
+    // Its own tests, with the example's migration among the project's.
+    cargo(&project, &["test"]);
 
     let db = Database::create("gpkit_example");
     migrate(&project, &db, &["up"]);
