@@ -182,6 +182,7 @@ pub enum NewCommand {
 Examples:
   gpkit new project shop
   gpkit new project shop --no-worker
+  gpkit new project shop --example
   gpkit -C ~/src new project order-service
   gpkit --dry-run --diff new project shop")]
     Project(NewProjectArgs),
@@ -223,9 +224,32 @@ pub struct NewProjectArgs {
     /// Leave out the worker (add it later with `gpkit add worker`)
     #[arg(long)]
     pub no_worker: bool,
+
+    /// Add a working example: orders with `POST /orders`, `GET /orders/{id}`,
+    /// the `orderPlaced` event and a listener that confirms orders
+    ///
+    /// Made of what `gpkit add event` and `gpkit new migration` make, filled
+    /// in, so it upgrades like the rest. Needs the worker. Asked when
+    /// interactive (default: no).
+    #[arg(long, conflicts_with_all = ["no_example", "no_worker"])]
+    pub example: bool,
+
+    /// Leave out the example (the default)
+    #[arg(long)]
+    pub no_example: bool,
 }
 
 impl NewProjectArgs {
+    /// Whether a flag chose the example: `Some(true)` for `--example`,
+    /// `Some(false)` for `--no-example`, `None` to ask or take the default.
+    pub fn example(&self) -> Option<bool> {
+        match (self.example, self.no_example) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
     /// Whether a flag chose the worker: `Some(true)` for `--worker`,
     /// `Some(false)` for `--no-worker`, `None` to ask or take the default.
     pub fn worker(&self) -> Option<bool> {

@@ -76,18 +76,68 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     }
     eprintln!("\nAdded the {what}.");
     if new_event {
-        eprintln!(
-            "Dispatch it inside a transaction, in a handler with `State(state): State<AppState>`:"
-        );
-        eprintln!(
-            "  state.transactor.run(async |tx| {{ state.dispatcher.dispatch(&mut *tx, &{} {{ .. }}).await?; Ok(()) }})",
-            names.type_name
-        );
+        eprint!("{}", dispatch_hint(&names));
     }
     for listener in &listeners {
         eprintln!("Fill in `src/listeners/{}/{listener}.rs`.", names.module);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How to dispatch a new event: a complete handler that compiles as it is
+/// in any module of the project (a test builds it), printed after the event
+/// is added.
+fn dispatch_hint(names: &EventNames) -> String {
+    let code = format!(
+        r#"use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use crate::dispatch::Dispatcher;
+use crate::events::{module}::{ty};
+use crate::startup::AppState;
+
+/// Stores `{wire}` in the outbox, in one transaction with your writes.
+pub async fn publish_{module}(
+    State(state): State<AppState>,
+    Json(event): Json<{ty}>,
+) -> StatusCode {{
+    let stored = state
+        .transactor
+        .run(async |tx| {{
+            // Your writes go here, through `&mut *tx`: they commit with the event.
+            state.dispatcher.dispatch(&mut *tx, &event).await?;
+            Ok::<_, anyhow::Error>(())
+        }})
+        .await;
+    match stored {{
+        Ok(()) => StatusCode::ACCEPTED,
+        Err(err) => {{
+            tracing::error!(error = format!("{{err:#}}"), "failed to store {wire}");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }}
+    }}
+}}
+"#,
+        module = names.module,
+        ty = names.type_name,
+        wire = names.wire,
+    );
+    let indented: String = code
+        .lines()
+        .map(|line| {
+            if line.is_empty() {
+                "\n".to_string()
+            } else {
+                format!("    {line}\n")
+            }
+        })
+        .collect();
+    format!(
+        "Dispatch it in the transaction that makes the change it announces, as this \
+         handler does\n(put it in a module under `src/routes/` and route it in \
+         `src/routes/mod.rs`):\n\n{indented}\n"
+    )
 }
 
 fn parse_fields(raw: &[String]) -> Result<Vec<FieldSpec>> {

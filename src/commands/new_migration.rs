@@ -50,7 +50,7 @@ pub fn run(ctx: &Context, args: NewMigrationArgs) -> Result<ExitCode> {
 }
 
 /// The current time, or `SOURCE_DATE_EPOCH` when set (for reproducible output).
-fn now() -> Result<OffsetDateTime> {
+pub(crate) fn now() -> Result<OffsetDateTime> {
     match std::env::var("SOURCE_DATE_EPOCH") {
         Ok(raw) => {
             let seconds: i64 = raw.trim().parse().map_err(|_| {

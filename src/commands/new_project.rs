@@ -14,8 +14,16 @@ use crate::names::PackageName;
 use crate::plan::Plan;
 use crate::prompt;
 
+mod example;
+
 pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
-    let worker_flag = args.worker();
+    // The example's listener runs in the worker: `--example` implies it.
+    let worker_flag = if args.example {
+        Some(true)
+    } else {
+        args.worker()
+    };
+    let example_flag = args.example();
     let name = prompt::value(
         args.name,
         ctx.no_input,
@@ -36,14 +44,26 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         true,
     )?;
 
+    let example = worker
+        && prompt::choice(
+            example_flag,
+            ctx.no_input,
+            "Add the example (orders: POST /orders, GET /orders/{id}, an event and its listener)?",
+            false,
+        )?;
+
     let answers = Answers {
         name: name.as_str().to_string(),
     };
     let components = Components {
-        events: Vec::new(),
+        events: if example {
+            vec![example::event()?]
+        } else {
+            Vec::new()
+        },
         worker,
     };
-    let plan = plan(answers, components)?;
+    let plan = plan(answers, components, example)?;
 
     let title = format!(
         "Plan for `gpkit new project {}` in `{}`",
@@ -66,19 +86,58 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         name.as_str(),
         display(&dest)
     );
-    eprintln!(
-        "\nNext steps:\n  cd {}\n  export DATABASE_URL=postgres://postgres@localhost:5432/{}\n  \
-         cargo run --bin migrate -- up\n  cargo run --bin server",
-        display(&dest),
-        name.crate_name()
-    );
+    eprint!("{}", next_steps(&display(&dest), worker));
+    if example {
+        eprint!("{}", example::TRY_IT);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
+/// What to run after `gpkit new project`, with Postgres and Valkey on their
+/// default ports: each line works when typed or pasted as it is (a test runs
+/// them). `.env` holds the settings; a variable set in the environment wins.
+fn next_steps(dir: &str, worker: bool) -> String {
+    let servers = if worker {
+        "Postgres on localhost:5432 and Valkey on localhost:6379"
+    } else {
+        "Postgres on localhost:5432"
+    };
+    let mut steps = format!(
+        "\nNext steps, with {servers}:\n  \
+         cd {}\n  \
+         cp .env.example .env                             # settings: check DATABASE_URL\n  \
+         cargo run --bin migrate -- up --create-database  # create the database and the schema\n  \
+         cargo run --bin server                           # GET /healthz and /readyz on :8080\n",
+        shell_quote(dir)
+    );
+    if worker {
+        steps.push_str(
+            "  cargo run --bin worker                           # in a 2nd terminal, same directory\n",
+        );
+    }
+    steps
+}
+
+/// `word` as one shell word: as it is when that is safe, else in single quotes.
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:@%+=,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 /// The plan of a whole new project: every blueprint file, its base copy and
-/// the manifest that records them.
-fn plan(answers: Answers, components: Components) -> Result<Plan> {
+/// the manifest that records them; with `example`, the example's edits on
+/// top, as a user's edits after `gpkit add event` and `gpkit new migration`.
+fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan> {
     let tree = blueprint::render(&answers, &components)?;
+    let mut edits = if example {
+        example::files(&tree)?
+    } else {
+        Default::default()
+    };
     let mut manifest = Manifest {
         gpkit: Versions {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -90,7 +149,10 @@ fn plan(answers: Answers, components: Components) -> Result<Plan> {
     };
     let mut plan = Plan::new();
     for (path, file) in &tree {
-        plan.create(path.clone(), file.contents.clone(), file.purpose.clone());
+        match edits.remove(path) {
+            Some(edited) => plan.create(path.clone(), edited, "the example, filled in"),
+            None => plan.create(path.clone(), file.contents.clone(), file.purpose.clone()),
+        }
         manifest.files.insert(
             path.clone(),
             FileRecord {
@@ -104,6 +166,9 @@ fn plan(answers: Answers, components: Components) -> Result<Plan> {
         manifest.to_toml().into_bytes(),
         "what gpkit generated, and who owns each file",
     );
+    for (path, contents) in edits {
+        plan.create(path, contents, "the example (yours)");
+    }
     for (path, file) in tree {
         plan.create(format!("{BASE_DIR}/{path}"), file.contents, "base copy");
     }
@@ -146,4 +211,23 @@ fn check_destination(dest: &std::path::Path) -> Result<()> {
          help: choose another name, or remove the directory first",
         display(dest)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_quoted_only_when_the_shell_needs_it() {
+        assert_eq!(shell_quote("shop"), "shop");
+        assert_eq!(
+            shell_quote("/home/me/src/order-service"),
+            "/home/me/src/order-service"
+        );
+        assert_eq!(
+            shell_quote("/home/me/my projects/shop"),
+            "'/home/me/my projects/shop'"
+        );
+        assert_eq!(shell_quote("/tmp/it's/shop"), r"'/tmp/it'\''s/shop'");
+    }
 }

@@ -620,27 +620,44 @@ fn separate_services_on_separate_queues_each_get_every_event() {
     project();
     let valkey = valkey();
     let db = database();
-    let mut go_server = GoServer::start(&peer, &valkey, &["-queues", "billing", "-handle", "event:"]);
+    let mut go_server =
+        GoServer::start(&peer, &valkey, &["-queues", "billing", "-handle", "event:"]);
     let mut worker = start_worker(
         &db,
         &valkey,
-        &[("WORKER_QUEUES", "shop=1"), ("OUTBOX_QUEUES", "shop,billing")],
+        &[
+            ("WORKER_QUEUES", "shop=1"),
+            ("OUTBOX_QUEUES", "shop,billing"),
+        ],
     );
 
     let envelopes = dispatch(&db, 12);
-    let mut ids: Vec<String> = envelopes.iter().map(|e| str_of(&e["id"]).to_string()).collect();
+    let mut ids: Vec<String> = envelopes
+        .iter()
+        .map(|e| str_of(&e["id"]).to_string())
+        .collect();
     ids.sort();
     wait_until(Duration::from_secs(60), "Go ran 12 events", || {
         go_server.lines("done").len() >= 12
     });
-    wait_until(Duration::from_secs(60), "each Rust listener ran 12 times", || {
-        listener_runs(&db, "audit", "done").len() >= 12 && listener_runs(&db, "email", "done").len() >= 12
-    });
+    wait_until(
+        Duration::from_secs(60),
+        "each Rust listener ran 12 times",
+        || {
+            listener_runs(&db, "audit", "done").len() >= 12
+                && listener_runs(&db, "email", "done").len() >= 12
+        },
+    );
 
     let mut go_ids = go_server.ids("done");
     go_ids.sort();
     assert_eq!(go_ids, ids, "Go got other events, or some twice");
-    assert!(go_server.lines("done").iter().all(|d| d["queue"] == "billing"));
+    assert!(
+        go_server
+            .lines("done")
+            .iter()
+            .all(|d| d["queue"] == "billing")
+    );
     for listener in ["audit", "email"] {
         let mut runs = listener_runs(&db, listener, "done");
         runs.sort();
@@ -648,10 +665,14 @@ fn separate_services_on_separate_queues_each_get_every_event() {
     }
     // Each queue's tasks were all processed by its own consumer: 12 event
     // tasks in `billing` (Go); 12 event and 24 listener tasks in `shop`.
-    wait_until(Duration::from_secs(30), "the queues' counters settle", || {
-        go_queue(&peer, &valkey, "billing")["processed_total"] == 12
-            && go_queue(&peer, &valkey, "shop")["processed_total"] == 36
-    });
+    wait_until(
+        Duration::from_secs(30),
+        "the queues' counters settle",
+        || {
+            go_queue(&peer, &valkey, "billing")["processed_total"] == 12
+                && go_queue(&peer, &valkey, "shop")["processed_total"] == 36
+        },
+    );
     stop_worker(&mut worker, Duration::from_secs(35));
     go_server.stop(Duration::from_secs(15));
 }

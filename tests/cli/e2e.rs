@@ -300,7 +300,7 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
 #[test]
 fn generated_code_is_formatted_whatever_the_name_length() {
     for name in ["a", "a-long-service-name-of-forty-characterss"] {
-        for flags in [&[][..], &["--no-worker"][..]] {
+        for flags in [&[][..], &["--no-worker"][..], &["--example"][..]] {
             let dir = tempfile::tempdir().unwrap();
             gpkit(dir.path())
                 .args(["new", "project", name])

@@ -6,6 +6,8 @@ mod asynq_interop;
 mod e2e;
 mod event_e2e;
 mod event_sequences;
+mod example;
+mod first_hour;
 mod go_peers;
 mod goose_interop;
 mod help;

@@ -30,10 +30,26 @@ fn an_invalid_project_name_is_explained_and_asked_again() {
     session.send_line("shop").unwrap();
     session.exp_string("Include the worker").unwrap();
     session.send_line("").unwrap();
+    session.exp_string("Add the example").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Created project `shop`").unwrap();
     session.exp_eof().unwrap();
 
     assert!(dir.path().join("shop/src/bin/worker.rs").exists());
+    assert!(!dir.path().join("shop/src/routes/orders.rs").exists());
+}
+
+#[test]
+fn the_example_can_be_chosen_at_the_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut session = spawn(dir.path(), &["new", "project", "shop", "--worker"]);
+
+    session.exp_string("Add the example").unwrap();
+    session.send_line("y").unwrap();
+    session.exp_string("Created project `shop`").unwrap();
+    session.exp_eof().unwrap();
+
+    assert!(dir.path().join("shop/src/routes/orders.rs").exists());
 }
 
 #[test]
@@ -53,10 +69,15 @@ fn the_worker_choice_can_be_declined_at_the_prompt() {
 #[test]
 fn flags_and_no_input_never_prompt() {
     let dir = tempfile::tempdir().unwrap();
-    for (args, worker) in [
-        (&["new", "project", "a", "--no-worker"][..], false),
-        (&["new", "project", "b", "--worker"][..], true),
-        (&["--no-input", "new", "project", "c"][..], true),
+    for (args, worker, example) in [
+        (&["new", "project", "a", "--no-worker"][..], false, false),
+        (
+            &["new", "project", "b", "--worker", "--no-example"][..],
+            true,
+            false,
+        ),
+        (&["--no-input", "new", "project", "c"][..], true, false),
+        (&["new", "project", "d", "--example"][..], true, true),
     ] {
         let mut session = spawn(dir.path(), args);
         session.exp_string("Created project").unwrap();
@@ -65,6 +86,11 @@ fn flags_and_no_input_never_prompt() {
         assert_eq!(
             dir.path().join(name).join("src/bin/worker.rs").exists(),
             worker,
+            "{args:?}"
+        );
+        assert_eq!(
+            dir.path().join(name).join("src/routes/orders.rs").exists(),
+            example,
             "{args:?}"
         );
     }

@@ -16,7 +16,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer};
 use sqlx::postgres::PgConnectOptions;
 
-use crate::queue::QueueWeights;
+use crate::queue::{QueueNames, QueueWeights};
 
 /// The whole service configuration.
 #[derive(Debug, confique::Config)]
@@ -87,6 +87,9 @@ pub struct OutboxConfig {
     /// Wake the workers' relays right after a commit: off or valkey
     #[config(env = "OUTBOX_WAKE", default = "off", deserialize_with = from_str::deserialize)]
     pub wake: WakeMode,
+    /// Queues every event is published to, such as default or shop,billing
+    #[config(env = "OUTBOX_QUEUES", default = "default", deserialize_with = from_str::deserialize)]
+    pub queues: QueueNames,
 }
 
 /// How a commit that stored events reaches the relays of other processes.

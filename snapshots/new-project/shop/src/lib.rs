@@ -6,6 +6,7 @@
 pub mod config;
 pub mod database;
 pub mod dispatch;
+pub mod env_file;
 pub mod events;
 pub mod listeners;
 pub mod migrate;

@@ -1,7 +1,9 @@
 //! Configuration errors, as an operator sees them: the server refuses to
 //! start and says which variable is wrong and what it expects, without
-//! revealing secrets.
+//! revealing secrets; and `.env` files, which the binaries read from their
+//! working directory without overriding the environment.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod support;
@@ -13,18 +15,127 @@ fn start_server(vars: &[(&str, &str)]) -> Output {
     run(env!("CARGO_BIN_EXE_server"), &[], vars)
 }
 
-/// Runs `binary` with `args` and exactly `vars` as its environment.
+/// Runs `binary` with `args` and exactly `vars` as its environment, in an
+/// empty working directory (so no `.env` of the project's is read).
 fn run(binary: &str, args: &[&str], vars: &[(&str, &str)]) -> Output {
+    run_in(&WorkDir::new(), binary, args, vars)
+}
+
+/// [`run`] in `dir`.
+fn run_in(dir: &WorkDir, binary: &str, args: &[&str], vars: &[(&str, &str)]) -> Output {
     let mut command = Command::new(binary);
-    command.args(args).env_clear();
+    command.args(args).env_clear().current_dir(dir.path());
     for (key, value) in vars {
         command.env(key, value);
     }
     command.output().expect("run the binary")
 }
 
+/// A working directory of a test's own, removed when dropped.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new() -> Self {
+        let path =
+            std::env::temp_dir().join(format!("config-test-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&path).expect("create the working directory");
+        Self(path)
+    }
+
+    /// A working directory whose `.env` is `text`.
+    fn with_env_file(text: &str) -> Self {
+        let dir = Self::new();
+        std::fs::write(dir.0.join(".env"), text).expect("write .env");
+        dir
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The URL of a database that does not exist on the server the tests use
+/// (`DATABASE_URL`): `migrate` names it in its error, which shows where the
+/// URL came from.
+fn missing_database_url(name: &str) -> String {
+    let server = std::env::var("DATABASE_URL").expect(
+        "these tests need a Postgres server: set DATABASE_URL, \
+         e.g. postgres://postgres@127.0.0.1:5432/postgres",
+    );
+    let mut url = url::Url::parse(&server).expect("DATABASE_URL is a URL");
+    url.set_path(&format!("{name}_{}", uuid::Uuid::now_v7().simple()));
+    url.to_string()
+}
+
 fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn migrate_reads_dotenv_from_its_working_directory() {
+    let url = missing_database_url("from_dotenv");
+    let dir = WorkDir::with_env_file(&format!("# settings\nDATABASE_URL={url}\n"));
+
+    let output = run_in(&dir, env!("CARGO_BIN_EXE_migrate"), &["status"], &[]);
+
+    let stderr = stderr_of(&output);
+    assert!(!output.status.success());
+    let name = url.rsplit('/').next().unwrap();
+    assert!(
+        stderr.contains(&format!("the database \"{name}\" does not exist")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_variable_set_in_the_environment_wins_over_dotenv() {
+    let from_file = missing_database_url("from_dotenv");
+    let from_env = missing_database_url("from_env");
+    let dir = WorkDir::with_env_file(&format!("DATABASE_URL={from_file}\n"));
+
+    let output = run_in(
+        &dir,
+        env!("CARGO_BIN_EXE_migrate"),
+        &["status"],
+        &[("DATABASE_URL", &from_env)],
+    );
+
+    let stderr = stderr_of(&output);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains(from_env.rsplit('/').next().unwrap()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("from_dotenv"), "{stderr}");
+}
+
+#[test]
+fn a_malformed_dotenv_line_is_named_by_file_and_number_without_its_text() {
+    let dir = WorkDir::with_env_file(&format!(
+        "# settings\nRUST_LOG=info\nDATABASE_PASSWORD {SECRET}\n"
+    ));
+
+    let output = run_in(&dir, env!("CARGO_BIN_EXE_migrate"), &["status"], &[]);
+
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("`.env` line 3"), "{stderr}");
+    assert!(stderr.contains("NAME=value"), "{stderr}");
+    assert!(!stderr.contains(SECRET), "the line was shown: {stderr}");
+
+    let unclosed = WorkDir::with_env_file("A=1\nB=\"open\nC=3\n");
+    let output = run_in(&unclosed, env!("CARGO_BIN_EXE_migrate"), &["status"], &[]);
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.contains("`.env` line 2: a quote opened on this line is never closed"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -133,6 +244,35 @@ fn worker_configuration_errors_name_the_variable_and_hide_secrets() {
     assert!(stderr.contains("WORKER_CONCURRENCY"), "{stderr}");
     assert!(stderr.contains("'ten'"), "{stderr}");
     assert!(!stderr.contains(SECRET), "the password leaked: {stderr}");
+}
+
+#[test]
+fn the_worker_reads_dotenv_and_names_a_malformed_line() {
+    let dir =
+        WorkDir::with_env_file("DATABASE_URL=postgres://localhost/app\nWORKER_CONCURRENCY=ten\n");
+    let output = run_in(&dir, env!("CARGO_BIN_EXE_worker"), &[], &[]);
+    let stderr = stderr_of(&output);
+    assert!(!output.status.success());
+    assert!(stderr.contains("WORKER_CONCURRENCY"), "{stderr}");
+    assert!(stderr.contains("'ten'"), "{stderr}");
+
+    // A set variable wins over the file.
+    let output = run_in(
+        &dir,
+        env!("CARGO_BIN_EXE_worker"),
+        &[],
+        &[("WORKER_CONCURRENCY", "eleven")],
+    );
+    let stderr = stderr_of(&output);
+    assert!(stderr.contains("'eleven'"), "{stderr}");
+    assert!(!stderr.contains("'ten'"), "{stderr}");
+
+    let malformed =
+        WorkDir::with_env_file("DATABASE_URL=postgres://localhost/app\n\nWORKER QUEUES\n");
+    let output = run_in(&malformed, env!("CARGO_BIN_EXE_worker"), &[], &[]);
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("`.env` line 3"), "{stderr}");
 }
 
 #[test]

@@ -23,19 +23,26 @@ struct TestDatabase {
 
 impl TestDatabase {
     async fn new() -> Self {
+        let db = Self::not_created("migrate_test");
+        let mut admin = PgConnection::connect(&db.admin_url)
+            .await
+            .expect("connect to DATABASE_URL");
+        admin
+            .execute(format!(r#"CREATE DATABASE "{}""#, db.name).as_str())
+            .await
+            .expect("create the test database");
+        admin.close().await.ok();
+        db
+    }
+
+    /// A database name starting with `prefix` that no database has yet; it
+    /// is dropped on drop if a test creates it.
+    fn not_created(prefix: &str) -> Self {
         let admin_url = std::env::var("DATABASE_URL").expect(
             "these tests need a Postgres server: set DATABASE_URL, \
              e.g. postgres://postgres@127.0.0.1:5432/postgres",
         );
-        let name = format!("migrate_test_{}", uuid::Uuid::now_v7().simple());
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .expect("connect to DATABASE_URL");
-        admin
-            .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
-            .await
-            .expect("create the test database");
-        admin.close().await.ok();
+        let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
         let mut url = url::Url::parse(&admin_url).expect("DATABASE_URL is a URL");
         url.set_path(&name);
         Self {
@@ -43,6 +50,20 @@ impl TestDatabase {
             admin_url,
             name,
         }
+    }
+
+    /// Whether the database exists on the server.
+    async fn exists(&self) -> bool {
+        let mut admin = PgConnection::connect(&self.admin_url)
+            .await
+            .expect("connect to DATABASE_URL");
+        let (exists,): (bool,) =
+            sqlx::query_as("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(&self.name)
+                .fetch_one(&mut admin)
+                .await
+                .expect("look the database up");
+        exists
     }
 
     async fn connect(&self) -> PgConnection {
@@ -478,9 +499,11 @@ async fn duplicate_versions_name_both_files() {
 
 // ---- The `migrate` binary ----
 
+/// The `migrate` binary on `dir`, run there so that no `.env` of the
+/// project's is read.
 fn migrate_binary(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_migrate"));
-    command.arg("--dir").arg(dir);
+    command.arg("--dir").arg(dir).current_dir(dir);
     command
 }
 
@@ -521,6 +544,86 @@ async fn binary_migrates_and_prints_status() {
         .unwrap();
     assert_eq!(by_one.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&by_one.stderr).contains("no next version found"));
+}
+
+#[tokio::test]
+async fn binary_creates_a_missing_database_only_when_asked() {
+    // Upper case, a space and a quote: the name must be quoted in SQL.
+    let db = TestDatabase::not_created("Migrate \"new\" db");
+    let dir = three_files();
+    let migrate = |args: &[&str]| {
+        migrate_binary(dir.path())
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap()
+    };
+
+    let refused = migrate(&["up"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the database \"{}\" does not exist", db.name)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--create-database"), "{stderr}");
+    assert!(!db.exists().await);
+
+    let created = migrate(&["up", "--create-database"]);
+    let stderr = String::from_utf8_lossy(&created.stderr);
+    assert!(created.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("goose: created database \"{}\"", db.name)),
+        "{stderr}"
+    );
+    assert!(db.exists().await);
+    assert_eq!(db.versions().await, [0, 1, 2, 3]);
+
+    // Once it exists, the flag changes nothing.
+    let again = migrate(&["up", "--create-database"]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(!stderr.contains("created database"), "{stderr}");
+    assert!(stderr.contains("goose: no migrations to run"), "{stderr}");
+}
+
+#[tokio::test]
+async fn binary_names_the_database_and_the_reason_when_it_cannot_create_it() {
+    // A role that may log in but not create databases.
+    let db = TestDatabase::not_created("migrate_test");
+    let role = format!("migrate_test_role_{}", uuid::Uuid::now_v7().simple());
+    let mut admin = PgConnection::connect(&db.admin_url)
+        .await
+        .expect("connect to DATABASE_URL");
+    admin
+        .execute(format!(r#"CREATE ROLE "{role}" LOGIN NOCREATEDB PASSWORD 'hunter2'"#).as_str())
+        .await
+        .expect("create a role");
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some("hunter2")).unwrap();
+
+    let dir = three_files();
+    let output = migrate_binary(dir.path())
+        .args(["up", "--create-database"])
+        .env("DATABASE_URL", url.as_str())
+        .output()
+        .unwrap();
+    admin
+        .execute(format!(r#"DROP ROLE "{role}""#).as_str())
+        .await
+        .expect("drop the role");
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("failed to create the database \"{}\"", db.name)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(stderr.contains("CREATEDB"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "the password leaked: {stderr}");
+    assert!(!db.exists().await);
 }
 
 #[test]

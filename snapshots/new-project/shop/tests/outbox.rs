@@ -32,10 +32,11 @@ async fn outbox_rows(pool: &PgPool) -> i64 {
 
 async fn setup() -> (TestDatabase, Transactor, OutboxDispatcher) {
     let db = TestDatabase::migrated().await;
-    sqlx::query("CREATE TABLE orders (id bigint PRIMARY KEY)")
+    // A name of its own: the project's migrations may well have `orders`.
+    sqlx::query("CREATE TABLE outbox_test_orders (id bigint PRIMARY KEY)")
         .execute(&db.pool)
         .await
-        .expect("create the orders table");
+        .expect("create a table of the test's own");
     let transactor = Transactor::new(db.pool.clone());
     (db, transactor, OutboxDispatcher::new())
 }
@@ -48,7 +49,7 @@ async fn an_event_dispatched_in_a_committed_transaction_is_stored_once() {
     // Act
     let envelope = transactor
         .run(async |tx| {
-            sqlx::query("INSERT INTO orders (id) VALUES (7)")
+            sqlx::query("INSERT INTO outbox_test_orders (id) VALUES (7)")
                 .execute(&mut *tx)
                 .await?;
             let envelope = dispatcher
@@ -88,7 +89,7 @@ async fn a_rolled_back_transaction_stores_neither_the_change_nor_the_event() {
     // Act
     let result: Result<(), anyhow::Error> = transactor
         .run(async |tx| {
-            sqlx::query("INSERT INTO orders (id) VALUES (7)")
+            sqlx::query("INSERT INTO outbox_test_orders (id) VALUES (7)")
                 .execute(&mut *tx)
                 .await?;
             dispatcher
@@ -101,7 +102,7 @@ async fn a_rolled_back_transaction_stores_neither_the_change_nor_the_event() {
     // Assert
     assert_eq!(result.unwrap_err().to_string(), "payment declined");
     assert_eq!(outbox_rows(&db.pool).await, 0);
-    let (orders,): (i64,) = sqlx::query_as("SELECT count(*) FROM orders")
+    let (orders,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_test_orders")
         .fetch_one(&db.pool)
         .await
         .unwrap();

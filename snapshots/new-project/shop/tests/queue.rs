@@ -27,13 +27,17 @@ use tokio_util::sync::CancellationToken;
 
 use shop::dispatch::Event;
 use shop::outbox::Envelope;
-use shop::queue::message::{ServerInfo, TaskMessage, WorkerInfo};
+use shop::queue::message::ServerInfo;
+use shop::queue::message::TaskMessage;
+use shop::queue::message::WorkerInfo;
 use shop::queue::{
     Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError, Task,
     keys, scripts,
 };
 use shop::worker::handle_events;
-use shop::worker::listeners::{ListenerContext, Listeners, listener_task_id};
+use shop::worker::listeners::ListenerContext;
+use shop::worker::listeners::Listeners;
+use shop::worker::listeners::listener_task_id;
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())

@@ -16,6 +16,7 @@ use shop::outbox::cleanup;
 use shop::outbox::relay::{Relay, Round};
 use shop::outbox::wake::{self, Wake};
 use shop::outbox::{Envelope, OutboxDispatcher};
+use shop::queue::NewTask;
 use shop::worker::metrics::Metrics;
 
 #[derive(Debug, Serialize)]
@@ -99,6 +100,38 @@ async fn a_thousand_committed_events_become_a_thousand_tasks() {
     let queued = queue.pending_ids().await;
     assert_eq!(queued.len(), expected.len());
     assert!(queued == expected, "the tasks are not in commit order");
+    assert_eq!(unpublished(&db).await, 0);
+}
+
+/// `OUTBOX_QUEUES=shop,billing`: each event reaches both queues, so a
+/// second service consuming `billing` sees every event of this one. A
+/// queue that already has a task counts it as a duplicate, not a loss.
+#[tokio::test]
+async fn every_event_reaches_each_queue_of_outbox_queues() {
+    // Arrange: an event already in the second queue (as after a crash
+    // between one queue's enqueue and the mark).
+    let db = TestDatabase::migrated().await;
+    let shop = TestQueue::new().await;
+    let billing = TestQueue::new().await;
+    let envelopes = dispatch_events(&db, 150).await;
+    let relay = relay(&db, &shop).with_queues(vec![shop.name.clone(), billing.name.clone()]);
+    let first = envelopes[0].id.to_string();
+    let earlier = NewTask::new("event:orderPlaced", first.clone(), b"{}".to_vec())
+        .queue(billing.name.as_str());
+    billing.client.enqueue(&[earlier]).await.unwrap()[0]
+        .as_ref()
+        .expect("the earlier task is queued");
+
+    // Act
+    let rounds = drain(&relay).await;
+
+    // Assert: every event in each queue once, in commit order; one duplicate.
+    let expected: Vec<String> = envelopes.iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(shop.pending_ids().await, expected);
+    assert_eq!(billing.pending_ids().await, expected);
+    let published: usize = rounds.iter().map(|r| r.published).sum();
+    let duplicates: usize = rounds.iter().map(|r| r.duplicates).sum();
+    assert_eq!((published, duplicates), (150, 1));
     assert_eq!(unpublished(&db).await, 0);
 }
 

@@ -9,8 +9,17 @@ use shop::signals::shutdown_signal;
 use shop::telemetry::{self, LogFormat};
 use shop::worker::{self, listeners::Listeners};
 
+fn main() -> ExitCode {
+    // First, while the process has one thread: `.env` sets variables.
+    if let Err(err) = shop::env_file::load() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
+    run()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn run() -> ExitCode {
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(err) => {

@@ -9,7 +9,8 @@
 //! - [`Consumer`]: the worker's loop, running a handler per task type (see
 //!   its module docs for leases, retries, shutdown, recovery, cancellation
 //!   and the server state asynqmon shows).
-//! - [`QueueWeights`]: `WORKER_QUEUES`, such as `default=1,critical=6`.
+//! - [`QueueWeights`]: `WORKER_QUEUES`, such as `default=1,critical=6`;
+//!   [`QueueNames`]: `OUTBOX_QUEUES`, such as `shop,billing`.
 //!
 //! The storage layout ([`keys`]), the protobuf messages ([`message`]:
 //! `TaskMessage`, `ServerInfo`, `WorkerInfo`) and the Lua scripts
@@ -39,6 +40,7 @@ mod client;
 mod consumer;
 pub mod keys;
 pub mod message;
+mod names;
 pub mod scripts;
 mod weights;
 
@@ -47,6 +49,7 @@ pub use client::{
     Client, DEFAULT_MAX_RETRY, DEFAULT_QUEUE, DEFAULT_TIMEOUT, EnqueueOutcome, NewTask,
 };
 pub use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
+pub use names::{QueueNames, check_queue_name};
 pub use weights::QueueWeights;
 
 /// Why a queue operation failed. Never contains the Valkey password.

@@ -57,10 +57,26 @@ pub async fn run(
         .with_context(|| format!("failed to listen on {}", config.worker.metrics_addr))?;
     tracing::info!(
         metrics = %metrics_listener.local_addr()?,
-        queues = ?config.worker.queues,
+        queues = %config.worker.queues,
+        outbox_queues = %config.outbox.queues,
         concurrency = config.worker.concurrency,
         "worker started"
     );
+    let own_queues: Vec<&str> = config.worker.queues.names().collect();
+    if !config
+        .outbox
+        .queues
+        .names()
+        .iter()
+        .any(|queue| own_queues.contains(&queue.as_str()))
+    {
+        tracing::warn!(
+            outbox_queues = %config.outbox.queues,
+            worker_queues = %config.worker.queues,
+            "this worker consumes none of the queues its events go to (OUTBOX_QUEUES): \
+             its listeners run only if another process of this service consumes them"
+        );
+    }
 
     let mut tasks = tokio::task::JoinSet::new();
     if config.outbox.wake == WakeMode::Valkey {

@@ -3,9 +3,19 @@
 
 use std::process::ExitCode;
 
+use shop::env_file;
 use shop::migrate::cli;
 
+fn main() -> ExitCode {
+    // First, while the process has one thread: `.env` sets variables.
+    if let Err(err) = env_file::load() {
+        eprintln!("migrate: {err}");
+        return ExitCode::FAILURE;
+    }
+    run()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn run() -> ExitCode {
     cli::main().await
 }

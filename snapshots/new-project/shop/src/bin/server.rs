@@ -3,12 +3,22 @@
 use std::process::ExitCode;
 
 use shop::config::Config;
+use shop::env_file;
 use shop::signals::shutdown_signal;
 use shop::startup::Application;
 use shop::telemetry::{self, LogFormat};
 
+fn main() -> ExitCode {
+    // First, while the process has one thread: `.env` sets variables.
+    if let Err(err) = env_file::load() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
+    run()
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn run() -> ExitCode {
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(err) => {

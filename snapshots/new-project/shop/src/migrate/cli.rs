@@ -4,16 +4,19 @@
 //! migrate [--dir migrations] [--table goose_db_version] [--allow-missing] <command>
 //! ```
 //!
-//! The database comes from `DATABASE_URL` (or `--database-url`); its value is never
-//! printed. `create`, `fix` and `validate` do not need a database. Log lines go to
+//! The database comes from `DATABASE_URL` (or `--database-url`, or `.env`); its value
+//! is never printed. `up --create-database` first creates the database when it does
+//! not exist. `create`, `fix` and `validate` do not need a database. Log lines go to
 //! stderr in goose's words; the exit code is 0 on success, 1 on failure and 2 on a
 //! usage error.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::str::FromStr;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 use super::files;
@@ -58,13 +61,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Apply all pending migrations.
-    Up,
+    Up(CreateDatabase),
     /// Apply the next pending migration (fails if there is none).
-    UpByOne,
+    UpByOne(CreateDatabase),
     /// Apply pending migrations up to and including VERSION.
     UpTo {
         /// The last version to apply.
         version: i64,
+        #[command(flatten)]
+        create: CreateDatabase,
     },
     /// Roll back the most recently applied migration.
     Down,
@@ -102,6 +107,15 @@ enum Command {
     },
 }
 
+/// The `--create-database` flag of the `up` commands.
+#[derive(Args)]
+struct CreateDatabase {
+    /// Create the database named in the URL first if it does not exist, from the
+    /// server's `postgres` database (the role needs the CREATEDB privilege).
+    #[arg(long)]
+    create_database: bool,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
     Text,
@@ -125,7 +139,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .table(&cli.table)
         .allow_missing(cli.allow_missing);
     let database_url = cli.database_url;
-    let connect = async || connect(database_url.as_deref()).await;
+    let connect = async || open(database_url.as_deref(), false).await;
+    let connect_or_create =
+        async |create: CreateDatabase| open(database_url.as_deref(), create.create_database).await;
 
     match cli.command {
         Command::Create {
@@ -146,14 +162,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Validate { format } => return validate_command(&cli.dir, format),
-        Command::Up => {
-            migrator.up(&mut connect().await?).await?;
+        Command::Up(create) => {
+            migrator.up(&mut connect_or_create(create).await?).await?;
         }
-        Command::UpByOne => {
-            migrator.up_by_one(&mut connect().await?).await?;
+        Command::UpByOne(create) => {
+            migrator
+                .up_by_one(&mut connect_or_create(create).await?)
+                .await?;
         }
-        Command::UpTo { version } => {
-            migrator.up_to(&mut connect().await?, version).await?;
+        Command::UpTo { version, create } => {
+            migrator
+                .up_to(&mut connect_or_create(create).await?, version)
+                .await?;
         }
         Command::Down => migrator.down(&mut connect().await?).await?,
         Command::DownTo { version } => migrator.down_to(&mut connect().await?, version).await?,
@@ -169,17 +189,99 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn connect(database_url: Option<&str>) -> anyhow::Result<PgConnection> {
+/// Connects to the database `database_url` names; with `create`, creates it
+/// first if it does not exist.
+async fn open(database_url: Option<&str>, create: bool) -> anyhow::Result<PgConnection> {
     let url =
         database_url.context("no database configured: set DATABASE_URL or pass --database-url")?;
-    // sqlx's connection errors do not include the URL, so the password stays private.
-    let mut conn = PgConnection::connect(url)
-        .await
-        .map_err(|error| anyhow::anyhow!("failed to connect to the database: {error}"))?;
+    // Neither sqlx's errors nor these messages include the URL, so the password
+    // stays private.
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|error| anyhow::anyhow!("the database URL is not a Postgres URL: {error}"))?;
+    let mut conn = match PgConnection::connect_with(&options).await {
+        Ok(conn) => conn,
+        Err(error) if has_code(&error, INVALID_CATALOG_NAME) => {
+            let name = database_name(&options);
+            if !create {
+                anyhow::bail!(
+                    "the database \"{name}\" does not exist; create it with \
+                     `migrate up --create-database` (or `createdb {name}`)"
+                );
+            }
+            create_database(&options, &name).await?;
+            PgConnection::connect_with(&options)
+                .await
+                .map_err(|error| anyhow::anyhow!("failed to connect to the database: {error}"))?
+        }
+        Err(error) => anyhow::bail!("failed to connect to the database: {error}"),
+    };
     apply_database_defaults(&mut conn)
         .await
         .map_err(|error| anyhow::anyhow!("failed to read the database's settings: {error}"))?;
     Ok(conn)
+}
+
+/// SQLSTATE `invalid_catalog_name`: the database does not exist.
+const INVALID_CATALOG_NAME: &str = "3D000";
+/// SQLSTATE `duplicate_database`.
+const DUPLICATE_DATABASE: &str = "42P04";
+/// SQLSTATE `insufficient_privilege`.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// Whether `error` is a database error with SQLSTATE `code`.
+fn has_code(error: &sqlx::Error, code: &str) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|actual| actual == code)
+}
+
+/// The database `options` connect to: the one named, or as Postgres does
+/// without one, the user's name.
+fn database_name(options: &PgConnectOptions) -> String {
+    options
+        .get_database()
+        .unwrap_or(options.get_username())
+        .to_string()
+}
+
+/// Creates the database `name` on the server of `options`, through the
+/// server's `postgres` maintenance database. Another process creating it at
+/// the same time is not an error.
+async fn create_database(options: &PgConnectOptions, name: &str) -> anyhow::Result<()> {
+    let failed =
+        |reason: String| anyhow::anyhow!("failed to create the database \"{name}\": {reason}");
+    // Like `createdb`: the `postgres` database, or `template1` where there is none.
+    let mut conn = match PgConnection::connect_with(&options.clone().database("postgres")).await {
+        Ok(conn) => conn,
+        Err(first) => PgConnection::connect_with(&options.clone().database("template1"))
+            .await
+            .map_err(|_| {
+                failed(format!(
+                    "cannot connect to the server's `postgres` database to create it ({first}); \
+                     create it yourself, such as with `createdb {name}`"
+                ))
+            })?,
+    };
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    match sqlx::query(&format!("CREATE DATABASE {quoted}"))
+        .execute(&mut conn)
+        .await
+    {
+        Ok(_) => eprintln!("goose: created database \"{name}\""),
+        // Made by someone else in the meantime.
+        Err(error) if has_code(&error, DUPLICATE_DATABASE) => {}
+        Err(error) => {
+            let help = if has_code(&error, INSUFFICIENT_PRIVILEGE) {
+                "; connect as a role with the CREATEDB privilege, or have the database created"
+            } else {
+                ""
+            };
+            return Err(failed(format!("{error}{help}")));
+        }
+    }
+    conn.close().await.ok();
+    Ok(())
 }
 
 /// Gives the session the `TimeZone` and `DateStyle` that goose's session gets.

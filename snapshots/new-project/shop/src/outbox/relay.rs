@@ -4,9 +4,10 @@
 //! 1. claim up to `OUTBOX_BATCH_SIZE` unpublished rows in id order with
 //!    `FOR UPDATE SKIP LOCKED`, so replicas never claim the same row;
 //! 2. enqueue each as an asynq task `event:<name>` whose id is the event id,
-//!    all in one pipelined round trip (an id the queue already has is a
-//!    duplicate, which counts as published);
-//! 3. mark the rows that reached the queue with one `UPDATE` and commit.
+//!    into every queue of `OUTBOX_QUEUES`, all in one pipelined round trip
+//!    (an id the queue already has is a duplicate, which counts as
+//!    published);
+//! 3. mark the rows that reached every queue with one `UPDATE` and commit.
 //!
 //! A crash between 2 and 3 rolls the marks back; the next round enqueues the
 //! same ids again, which the queue reports as duplicates, so no event is
@@ -27,8 +28,6 @@ use crate::config::OutboxConfig;
 use crate::queue::{self, Client, EnqueueOutcome, NewTask};
 use crate::worker::metrics::RelayMetrics;
 
-/// The queue events are published to.
-pub const EVENT_QUEUE: &str = "default";
 /// How often a task may be retried before it is archived (Go asynq's default).
 pub const MAX_RETRY: u32 = 25;
 /// How long one handler run may take before asynq considers it failed.
@@ -58,7 +57,8 @@ pub struct Round {
     pub claimed: usize,
     /// Rows marked published (new tasks and duplicates).
     pub published: usize,
-    /// Of those, tasks the queue already had.
+    /// Tasks the queues already had (with several `OUTBOX_QUEUES`, an
+    /// event counts once per queue).
     pub duplicates: usize,
 }
 
@@ -87,7 +87,8 @@ pub struct Relay {
     task_retention: Duration,
     wake: Arc<Notify>,
     metrics: RelayMetrics,
-    queue_name: String,
+    /// Every event goes to each of these queues (`OUTBOX_QUEUES`).
+    queue_names: Vec<String>,
 }
 
 impl Relay {
@@ -101,13 +102,20 @@ impl Relay {
             task_retention: config.task_retention,
             wake: Arc::new(Notify::new()),
             metrics,
-            queue_name: EVENT_QUEUE.to_string(),
+            queue_names: config.queues.names().to_vec(),
         }
     }
 
-    /// Publishes to `queue` instead of [`EVENT_QUEUE`] (tests use their own).
-    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
-        self.queue_name = queue.into();
+    /// Publishes to `queue` alone instead of `OUTBOX_QUEUES` (tests use
+    /// their own).
+    pub fn with_queue(self, queue: impl Into<String>) -> Self {
+        self.with_queues(vec![queue.into()])
+    }
+
+    /// Publishes every event to each of `queues` instead of `OUTBOX_QUEUES`.
+    pub fn with_queues(mut self, queues: Vec<String>) -> Self {
+        assert!(!queues.is_empty(), "a relay needs a queue to publish to");
+        self.queue_names = queues;
         self
     }
 
@@ -132,7 +140,15 @@ impl Relay {
             tx.commit().await?;
             return Ok(Round::default());
         }
-        let tasks: Vec<NewTask> = claimed.iter().map(|event| self.task_for(event)).collect();
+        // One task per event and queue, in event order.
+        let tasks: Vec<NewTask> = claimed
+            .iter()
+            .flat_map(|event| {
+                self.queue_names
+                    .iter()
+                    .map(move |queue| self.task_for(event, queue))
+            })
+            .collect();
         let span = tracing::debug_span!("outbox.enqueue", rows = tasks.len());
         let results = match self.queue.enqueue(&tasks).instrument(span).await {
             Ok(results) => results,
@@ -147,19 +163,27 @@ impl Relay {
                 });
             }
         };
+        // An event is published once it reached every queue; if one queue
+        // failed, the next round enqueues it again, and the queues that have
+        // it already report duplicates.
         let mut published = Vec::with_capacity(claimed.len());
         let mut duplicates = 0;
         let mut first_error = None;
-        for (event, result) in claimed.iter().zip(results) {
-            match result {
-                Ok(EnqueueOutcome::Enqueued) => published.push(event.row_id),
-                Ok(EnqueueOutcome::Duplicate) => {
-                    duplicates += 1;
-                    published.push(event.row_id);
+        let mut results = results.into_iter();
+        for event in &claimed {
+            let mut reached_all = true;
+            for result in results.by_ref().take(self.queue_names.len()) {
+                match result {
+                    Ok(EnqueueOutcome::Enqueued) => {}
+                    Ok(EnqueueOutcome::Duplicate) => duplicates += 1,
+                    Err(err) => {
+                        reached_all = false;
+                        first_error.get_or_insert(err);
+                    }
                 }
-                Err(err) => {
-                    first_error.get_or_insert(err);
-                }
+            }
+            if reached_all {
+                published.push(event.row_id);
             }
         }
         let marked = self
@@ -185,14 +209,14 @@ impl Relay {
         }
     }
 
-    fn task_for(&self, event: &ClaimedEvent) -> NewTask {
+    fn task_for(&self, event: &ClaimedEvent, queue: &str) -> NewTask {
         let payload = serde_json::to_vec(&event.envelope).expect("an envelope serialises");
         NewTask::new(
             event_task_type(&event.envelope.name),
             event.envelope.id.to_string(),
             payload,
         )
-        .queue(self.queue_name.as_str())
+        .queue(queue)
         .max_retry(MAX_RETRY)
         .timeout(TASK_TIMEOUT)
         .retention(self.task_retention)

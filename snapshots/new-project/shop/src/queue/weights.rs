@@ -21,9 +21,7 @@ impl QueueWeights {
             return Err("no queue given; expected name=weight pairs such as default=1".into());
         }
         for (index, (name, weight)) in weights.iter().enumerate() {
-            if name.is_empty() || name.contains(['{', '}', ',', '=']) || name.trim() != name {
-                return Err(format!("`{name}` is not a valid queue name"));
-            }
+            super::check_queue_name(name)?;
             if *weight == 0 {
                 return Err(format!("queue `{name}` has weight 0; weights start at 1"));
             }

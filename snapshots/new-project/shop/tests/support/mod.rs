@@ -36,6 +36,7 @@ pub fn test_config(database_url: &str) -> Config {
             cleanup_interval: Duration::from_secs(3600),
             task_retention: Duration::from_secs(24 * 3600),
             wake: config::WakeMode::Off,
+            queues: Default::default(),
         },
         worker: config::WorkerConfig {
             concurrency: 10,

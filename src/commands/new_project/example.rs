@@ -1,0 +1,105 @@
+//! `gpkit new project --example`: a working slice, made only of what the
+//! other commands make. The event and its listener are what `gpkit add
+//! event orderPlaced --field order_id:uuid --field sku:string --field
+//! quantity:i32 --listener confirm` records and renders; the migration is
+//! named as `gpkit new migration orders` names it; the rest are a user's
+//! edits: the listener's body, `src/routes/orders.rs` and two routes. The
+//! manifest records the event, and the bases hold the files as the commands
+//! rendered them, so the project upgrades like any other.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result, ensure};
+
+use crate::blueprint::{OUTBOX_MIGRATION, Tree};
+use crate::events;
+use crate::manifest::EventSpec;
+use crate::migration::{self, Numbering};
+use crate::templates::{Renderer, template_set};
+
+/// How to try the example once the next steps run.
+pub const TRY_IT: &str = "\nTry the example (the worker confirms each order):
+  curl -si localhost:8080/orders -H 'content-type: application/json' -d '{\"sku\": \"tea\", \"quantity\": 2}'
+  curl -s localhost:8080/orders/<id from the answer>
+";
+
+/// The example's event, as `gpkit add event` records it.
+pub fn event() -> Result<EventSpec> {
+    Ok(EventSpec {
+        name: "orderPlaced".to_string(),
+        fields: ["order_id:uuid", "sku:string", "quantity:i32"]
+            .into_iter()
+            .map(events::parse_field)
+            .collect::<Result<_>>()?,
+        listeners: vec!["confirm".to_string()],
+    })
+}
+
+/// The example's files by path: edits of files in `tree` (the blueprint
+/// with [`event`]) and new files of the user's.
+pub fn files(tree: &Tree) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut files = BTreeMap::new();
+    let renderer = Renderer::new();
+    for template in template_set("example")? {
+        let contents = renderer.render(&template, &minijinja::context! {})?;
+        let path = match template.output {
+            "migrations/orders.sql" => migration_path()?,
+            other => other.to_string(),
+        };
+        files.insert(path, contents);
+    }
+
+    let routes = "src/routes/mod.rs";
+    let text = tree
+        .get(routes)
+        .map(|file| String::from_utf8_lossy(&file.contents).into_owned())
+        .with_context(|| format!("the blueprint has no `{routes}` (this is a bug in gpkit)"))?;
+    let mut edited = text.clone();
+    for (anchor, with) in [
+        ("mod health_check;\n", "mod health_check;\nmod orders;\n"),
+        (
+            "use axum::routing::get;\n",
+            "use axum::routing::{get, post};\n",
+        ),
+        (
+            "        .route(\"/readyz\", get(health_check::ready))\n",
+            "        .route(\"/readyz\", get(health_check::ready))\n        \
+             .route(\"/orders\", post(orders::place))\n        \
+             .route(\"/orders/{id}\", get(orders::show))\n",
+        ),
+    ] {
+        ensure!(
+            edited.contains(anchor),
+            "the example does not fit `{routes}`: no {anchor:?} (this is a bug in gpkit)"
+        );
+        edited = edited.replacen(anchor, with, 1);
+    }
+    files.insert(routes.to_string(), edited.into_bytes());
+
+    let listener = "src/listeners/order_placed/confirm.rs";
+    ensure!(
+        tree.contains_key(listener) && files.contains_key(listener),
+        "the example's listener `{listener}` is missing (this is a bug in gpkit)"
+    );
+    Ok(files)
+}
+
+/// Where `gpkit new migration orders` would write, in a project whose only
+/// migration is the outbox's.
+fn migration_path() -> Result<String> {
+    let outbox = OUTBOX_MIGRATION
+        .trim_start_matches("migrations/")
+        .split_once('_')
+        .and_then(|(version, _)| version.parse::<i64>().ok())
+        .context("the outbox migration has a version (this is a bug in gpkit)")?;
+    let existing = [(outbox, "outbox".to_string())];
+    let version = migration::next_version(
+        &existing,
+        Numbering::Timestamp,
+        crate::commands::new_migration::now()?,
+    )?;
+    Ok(format!(
+        "migrations/{}",
+        migration::file_name(&version, "orders")?
+    ))
+}

@@ -1,0 +1,19 @@
+-- +goose Up
+-- The example slice: orders, and the confirmations the `confirm` listener
+-- of `orderPlaced` records, one per event (its id is the envelope id).
+CREATE TABLE orders (
+    id uuid PRIMARY KEY,
+    sku text NOT NULL,
+    quantity integer NOT NULL CHECK (quantity > 0),
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE order_confirmations (
+    event_id uuid PRIMARY KEY,
+    order_id uuid NOT NULL REFERENCES orders (id),
+    confirmed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- +goose Down
+DROP TABLE order_confirmations;
+DROP TABLE orders;

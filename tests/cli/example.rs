@@ -1,0 +1,194 @@
+//! `gpkit new project --example`: the orders slice works end to end (an
+//! order posted over HTTP is stored with its event, the worker relays it,
+//! and the `confirm` listener's confirmation shows in `GET /orders/{id}`),
+//! bad input gets a 400 with a JSON error, and the project is what the
+//! commands make, so an upgrade finds nothing to do.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::support::gpkit;
+use crate::worker_e2e::{RedisServer, Worker, wait_until};
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `method path` on `addr` with an optional JSON body: the status and the
+/// body, or `None` while nothing answers.
+fn request(addr: &str, method: &str, path: &str, json: Option<&str>) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    let body = json.unwrap_or("");
+    let content_type = if json.is_some() {
+        "Content-Type: application/json\r\n"
+    } else {
+        ""
+    };
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{content_type}\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// A server process, killed if the test ends before stopping it.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|err| panic!("not JSON ({err}): {text}"))
+}
+
+#[test]
+fn the_example_places_an_order_and_its_listener_confirms_it() {
+    let parent = tempfile::tempdir().unwrap();
+    gpkit(parent.path())
+        .args(["new", "project", "shop", "--example"])
+        .assert()
+        .success();
+    let project = parent.path().join("shop");
+
+    // What `add event` records, and nothing for an upgrade to do.
+    let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
+    assert!(
+        manifest.contains("name = \"orderPlaced\"\nlisteners = [\"confirm\"]"),
+        "{manifest}"
+    );
+    gpkit(&project)
+        .args(["upgrade", "templates", "--check"])
+        .assert()
+        .code(0);
+
+    let bins = build_binaries(&project);
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(&project, &["fmt", "--check"]);
+    // Its own tests, with the example's migration among the project's.
+    cargo(&project, &["test"]);
+
+    let db = Database::create("gpkit_example");
+    migrate(&project, &db, &["up"]);
+    let redis = RedisServer::start();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut server = Server(
+        Command::new(bins.join("server"))
+            .current_dir(parent.path())
+            .env_clear()
+            .env("DATABASE_URL", db.url())
+            .env("VALKEY_ADDR", redis.addr())
+            .env("HTTP_ADDR", &addr)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut worker = Worker::start_binary(
+        &bins.join("worker"),
+        &db,
+        &redis,
+        &[("WORKER_QUEUES", "default=1")],
+    );
+    wait_until(Duration::from_secs(30), "the server answers", || {
+        request(&addr, "GET", "/healthz", None).is_some()
+    });
+
+    // Bad input: 400, with what is wrong in a JSON body; nothing stored.
+    for bad in [
+        r#"{"sku": "", "quantity": 1}"#,
+        r#"{"sku": "tea", "quantity": 0}"#,
+        r#"{"sku": "tea"}"#,
+        "not json",
+    ] {
+        let (status, body) = request(&addr, "POST", "/orders", Some(bad)).unwrap();
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(json(&body)["error"].is_string(), "{bad}: {body}");
+    }
+    let (status, body) = request(&addr, "GET", "/orders/not-a-uuid", None).unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(json(&body)["error"].is_string(), "{body}");
+    assert_eq!(psql(&db.url(), "SELECT count(*) FROM outbox_events"), "0");
+
+    // An order: stored with its event in one transaction.
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/orders",
+        Some(r#"{"sku": "tea", "quantity": 2}"#),
+    )
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let order = json(&body);
+    let id = order["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (order["sku"].as_str(), order["quantity"].as_i64()),
+        (Some("tea"), Some(2))
+    );
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT event_name || ' ' || (payload->>'order_id') FROM outbox_events"
+        ),
+        format!("orderPlaced {id}")
+    );
+
+    // The listener's effect: the order is confirmed, once, on the envelope id.
+    wait_until(Duration::from_secs(60), "the order is confirmed", || {
+        let (status, body) = request(&addr, "GET", &format!("/orders/{id}"), None).unwrap();
+        assert_eq!(status, 200, "{body}");
+        json(&body)["confirmed"] == serde_json::Value::Bool(true)
+    });
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT c.order_id = o.id AND c.event_id = e.event_id \
+             FROM order_confirmations c, orders o, outbox_events e"
+        ),
+        "t"
+    );
+    let (status, _) = request(
+        &addr,
+        "GET",
+        "/orders/00000000-0000-7000-8000-000000000000",
+        None,
+    )
+    .unwrap();
+    assert_eq!(status, 404);
+
+    worker.signal("-TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(35)),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+    Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(server.0.wait().unwrap().success());
+}
