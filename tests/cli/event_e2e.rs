@@ -165,7 +165,22 @@ fn an_event_reaches_each_listener_exactly_once() {
     wait_until(Duration::from_secs(60), "both listeners ran", || {
         runs() >= 2
     });
-    std::thread::sleep(Duration::from_secs(3));
+    // Settled: the event task and both listener tasks completed, nothing
+    // waiting, running, scheduled, to retry or archived, so no second run
+    // can still come.
+    let size = |command: &str, set: &str| -> String {
+        redis
+            .cli(&[command, &format!("asynq:{{default}}:{set}")])
+            .unwrap_or_default()
+    };
+    wait_until(Duration::from_secs(30), "the three tasks completed", || {
+        size("ZCARD", "completed") == "3"
+    });
+    assert_eq!(size("LLEN", "pending"), "0");
+    assert_eq!(size("LLEN", "active"), "0");
+    for set in ["scheduled", "retry", "archived"] {
+        assert_eq!(size("ZCARD", set), "0", "tasks in {set}");
+    }
     worker.signal("-TERM");
     assert_eq!(
         worker.wait(Duration::from_secs(35)),

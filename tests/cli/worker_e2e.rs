@@ -264,15 +264,40 @@ fn three_workers_publish_ten_thousand_events_each_exactly_once() {
     let (db, ids) = database_with_events(10_000);
 
     let start = Instant::now();
-    let mut workers: Vec<Worker> = (0..3).map(|_| Worker::start(&db, &redis, &[])).collect();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut workers: Vec<Worker> = ports
+        .iter()
+        .map(|port| {
+            let addr = format!("127.0.0.1:{port}");
+            Worker::start(&db, &redis, &[("WORKER_METRICS_ADDR", &addr)])
+        })
+        .collect();
     wait_until(Duration::from_secs(120), "every event is published", || {
         unpublished(&db) == 0
     });
     let elapsed = start.elapsed();
 
     assert_queued_exactly_once(&redis, &ids);
+    // The work was shared: each worker's own count, from its metrics.
+    let per_worker: Vec<u64> = ports
+        .iter()
+        .map(|port| {
+            let metrics = http_get(*port, "/metrics");
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("outbox_published_total "))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no outbox_published_total in:\n{metrics}"))
+        })
+        .collect();
+    assert_eq!(per_worker.iter().sum::<u64>(), 10_000, "{per_worker:?}");
+    assert!(
+        per_worker.iter().filter(|n| **n > 0).count() >= 2,
+        "one worker published everything: {per_worker:?}"
+    );
     eprintln!(
-        "three workers published 10000 events in {elapsed:.2?} (including start-up): {:.0} events/s",
+        "three workers published 10000 events in {elapsed:.2?} (including start-up): {:.0} events/s, \
+         {per_worker:?} each",
         10_000.0 / elapsed.as_secs_f64()
     );
     for worker in &mut workers {
@@ -408,6 +433,13 @@ fn sigterm_during_a_busy_batch_exits_cleanly_and_holds_nothing() {
     let code = worker.wait(Duration::from_secs(6));
 
     assert_eq!(code, Some(0));
+    // The signal came in the middle of the drain: it stopped with events
+    // left to publish, rather than after finishing them.
+    let left = unpublished(&db);
+    assert!(
+        left > 0 && left < 30_000,
+        "{left} unpublished: the drain was not running when the signal came"
+    );
     let sessions = psql(
         &db.url(),
         &format!(

@@ -1074,6 +1074,49 @@ async fn a_task_past_its_deadline_fails_without_running() {
     assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 2);
 }
 
+/// A handler still running when the task's timeout is up is stopped, and
+/// the run counts as a failure with Go's error text: retried, then archived.
+#[tokio::test]
+async fn a_handler_that_outlives_its_timeout_is_stopped_and_fails() {
+    // Arrange: a 1 s timeout, one retry, a handler that would take a minute.
+    let queue = TestQueue::new().await;
+    queue
+        .enqueue(&[NewTask::new("job:slow", "slow", b"".to_vec())
+            .queue(queue.name.as_str())
+            .timeout(Duration::from_secs(1))
+            .max_retry(1)])
+        .await;
+    let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let (on_start, on_finish) = (started.clone(), finished.clone());
+    consumer.handle("job:slow", move |_task: Task| {
+        let (on_start, on_finish) = (on_start.clone(), on_finish.clone());
+        async move {
+            on_start.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            on_finish.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(60),
+        "the task to be archived",
+        || async { queue.state("slow").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: started twice (the run and its retry), stopped both times.
+    assert_eq!(started.load(Ordering::SeqCst), 2);
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
+    let fields = queue.stored_fields("slow").await;
+    assert_eq!(text(&fields, 7), "context deadline exceeded", "error_msg");
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 2);
+}
+
 #[tokio::test]
 async fn a_handler_reads_the_headers_of_its_task() {
     // Arrange

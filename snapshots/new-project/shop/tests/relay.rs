@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 use shop::database::Transactor;
 use shop::dispatch::{Dispatcher, Event};
 use shop::outbox::cleanup;
-use shop::outbox::relay::{Relay, Round};
+use shop::outbox::relay::{Relay, RelayError, Round};
 use shop::outbox::wake::{self, Wake};
 use shop::outbox::{Envelope, OutboxDispatcher};
 use shop::queue::NewTask;
-use shop::worker::metrics::Metrics;
+use shop::worker::metrics::{Metrics, RelayMetrics};
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {
@@ -84,12 +84,17 @@ async fn a_thousand_committed_events_become_a_thousand_tasks() {
     // Arrange
     let db = TestDatabase::migrated().await;
     let queue = TestQueue::new().await;
-    let envelopes = dispatch_events(&db, 1_000).await;
+    // Ten transactions, committed one after the other, of 100 events each.
+    let mut envelopes = Vec::new();
+    for _ in 0..10 {
+        envelopes.extend(dispatch_events(&db, 100).await);
+    }
 
     // Act
     let rounds = drain(&relay(&db, &queue)).await;
 
-    // Assert: full batches of 100, each id queued once, in commit order.
+    // Assert: full batches of 100, each id queued once, in commit order
+    // across the transactions and within each.
     assert_eq!(rounds.len(), 10);
     assert!(
         rounds
@@ -132,6 +137,49 @@ async fn every_event_reaches_each_queue_of_outbox_queues() {
     let published: usize = rounds.iter().map(|r| r.published).sum();
     let duplicates: usize = rounds.iter().map(|r| r.duplicates).sum();
     assert_eq!((published, duplicates), (150, 1));
+    assert_eq!(unpublished(&db).await, 0);
+}
+
+/// A round in which some enqueues fail marks only the events that reached
+/// every queue; a later round publishes them, the queue that has them
+/// already reporting duplicates.
+#[tokio::test]
+async fn events_that_did_not_reach_every_queue_stay_unpublished() {
+    // Arrange: a second queue whose every task is refused before anything
+    // is written (a blank name), beside a good one.
+    let db = TestDatabase::migrated().await;
+    let shop = TestQueue::new().await;
+    let billing = TestQueue::new().await;
+    let envelopes = dispatch_events(&db, 20).await;
+    let broken = relay(&db, &shop).with_queues(vec![shop.name.clone(), " ".to_string()]);
+
+    // Act
+    let failed = broken.publish_batch().await;
+
+    // Assert: an error, nothing marked, the tasks that did reach `shop` kept.
+    assert!(
+        matches!(
+            failed,
+            Err(RelayError::Queue {
+                claimed: 20,
+                published: 0,
+                ..
+            })
+        ),
+        "{failed:?}"
+    );
+    assert_eq!(unpublished(&db).await, 20);
+    let expected: Vec<String> = envelopes.iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(shop.pending_ids().await, expected);
+
+    // With both queues good, the next rounds publish every event to both.
+    let fixed = relay(&db, &shop).with_queues(vec![shop.name.clone(), billing.name.clone()]);
+    let rounds = drain(&fixed).await;
+    let published: usize = rounds.iter().map(|r| r.published).sum();
+    let duplicates: usize = rounds.iter().map(|r| r.duplicates).sum();
+    assert_eq!((published, duplicates), (20, 20));
+    assert_eq!(billing.pending_ids().await, expected);
+    assert_eq!(shop.pending_ids().await, expected);
     assert_eq!(unpublished(&db).await, 0);
 }
 
@@ -246,24 +294,61 @@ async fn cleanup_deletes_only_published_rows_past_the_retention() {
     );
 }
 
-/// Starts `relay` with a poll interval of 30 s, so that only a wake-up can
-/// make it publish within the test, and lets its first (empty) round pass.
-async fn start_sleepy_relay(relay: Relay, stop: &CancellationToken) -> tokio::task::JoinHandle<()> {
+/// Starts `relay` and waits until its first round, an empty one, is done:
+/// with a poll interval of 30 s, only a wake-up can make it publish within
+/// the test after that.
+async fn start_sleepy_relay(
+    (relay, metrics): (Relay, RelayMetrics),
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     let running = tokio::spawn(relay.run(stop.clone()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    while metrics.rounds.get() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the relay never finished its first round"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     running
 }
 
-fn sleepy_relay(db: &TestDatabase, queue: &TestQueue) -> Relay {
+/// Waits until a relay is subscribed to the wake-up channel, so that a
+/// wake-up published from now on reaches it.
+async fn wait_for_a_subscriber(queue: &TestQueue) {
+    let mut conn = queue.connection().await;
+    let started = Instant::now();
+    loop {
+        let (_, subscribers): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(wake::CHANNEL)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if subscribers > 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the relay never subscribed to the wake-up channel"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A relay polling every 30 s, and its metrics.
+fn sleepy_relay(db: &TestDatabase, queue: &TestQueue) -> (Relay, RelayMetrics) {
     let mut config = support::test_config("postgres://unused@localhost/unused");
     config.outbox.poll_interval = Duration::from_secs(30);
-    Relay::new(
+    let metrics = Metrics::new().relay;
+    let relay = Relay::new(
         db.pool.clone(),
         queue.client.clone(),
         &config.outbox,
-        Metrics::new().relay,
+        metrics.clone(),
     )
-    .with_queue(queue.name.clone())
+    .with_queue(queue.name.clone());
+    (relay, metrics)
 }
 
 /// Commits one event with `transactor` and returns how long it took to
@@ -296,7 +381,7 @@ async fn a_commit_wakes_the_relay_of_its_own_process_at_once() {
     let queue = TestQueue::new().await;
     let stop = CancellationToken::new();
     let relay = sleepy_relay(&db, &queue);
-    let wake = Wake::local(relay.waker());
+    let wake = Wake::local(relay.0.waker());
     let running = start_sleepy_relay(relay, &stop).await;
     let transactor = Transactor::new(db.pool.clone()).after_commit(move || wake.signal());
 
@@ -318,10 +403,11 @@ async fn a_published_wake_up_reaches_the_relay_of_another_process() {
     let relay = sleepy_relay(&db, &queue);
     let subscriber = tokio::spawn(wake::forward_published(
         queue.client.clone(),
-        relay.waker(),
+        relay.0.waker(),
         stop.clone(),
     ));
     let running = start_sleepy_relay(relay, &stop).await;
+    wait_for_a_subscriber(&queue).await;
     // The committing side knows nothing of the relay: only the channel.
     let wake = Wake::publishing(queue.client.clone());
     let transactor = Transactor::new(db.pool.clone()).after_commit(move || wake.signal());

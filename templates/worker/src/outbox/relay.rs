@@ -228,7 +228,9 @@ impl Relay {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
         while !shutdown.is_cancelled() {
-            let wait = match self.publish_batch().await {
+            let round = self.publish_batch().await;
+            self.metrics.rounds.inc();
+            let wait = match round {
                 Ok(round) => {
                     backoff.reset();
                     if round.claimed > 0 {

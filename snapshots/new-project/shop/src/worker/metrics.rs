@@ -29,6 +29,8 @@ pub struct RelayMetrics {
     pub published: Counter,
     /// Events the queue already had.
     pub duplicates: Counter,
+    /// Relay rounds done, empty ones included.
+    pub rounds: Counter,
     /// Failed relay rounds.
     pub errors: Counter,
     /// Unpublished events.
@@ -57,6 +59,11 @@ impl Metrics {
             "duplicates",
             "Events the queue already had",
             relay.duplicates.clone(),
+        );
+        registry.register(
+            "relay_rounds",
+            "Relay rounds done, empty ones included",
+            relay.rounds.clone(),
         );
         registry.register("relay_errors", "Failed relay rounds", relay.errors.clone());
         registry.register("backlog", "Unpublished events", relay.backlog.clone());
