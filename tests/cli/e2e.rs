@@ -187,7 +187,7 @@ pub fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
 }
 
 #[test]
-fn a_project_without_the_worker_builds_cleanly_too() {
+fn a_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
     let dir = tempfile::tempdir().unwrap();
     gpkit(dir.path())
         .args(["new", "project", "lean", "--no-worker"])
@@ -200,6 +200,7 @@ fn a_project_without_the_worker_builds_cleanly_too() {
         &["clippy", "--all-targets", "--", "-D", "warnings"],
     );
     cargo(&project, &["fmt", "--check"]);
+    cargo(&project, &["test"]);
 }
 
 /// The default project (with the worker), generated and built once per

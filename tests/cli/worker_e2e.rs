@@ -523,3 +523,96 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
     );
     assert!(stdout.matches("test result: ok.").count() == 2, "{stdout}");
 }
+
+/// The relay rounds the worker on metrics `port` has done (0 while its
+/// metrics endpoint is not up yet).
+fn relay_rounds(port: u16) -> u64 {
+    if TcpStream::connect(("127.0.0.1", port)).is_err() {
+        return 0;
+    }
+    http_get(port, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix("outbox_relay_rounds_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `OUTBOX_WAKE=valkey` through the worker binary: with a 30 s poll
+/// interval, an event committed after the worker's first (empty) round
+/// reaches the queue at once only because a wake-up was published.
+#[test]
+fn a_published_wake_up_makes_the_worker_binary_relay_at_once() {
+    let redis = RedisServer::start();
+    let (db, _) = database_with_events(0);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = Worker::start(
+        &db,
+        &redis,
+        &[
+            ("OUTBOX_WAKE", "valkey"),
+            ("OUTBOX_POLL_INTERVAL", "30s"),
+            ("WORKER_METRICS_ADDR", &addr),
+        ],
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the first round and the subscription",
+        || {
+            relay_rounds(port) >= 1
+                && redis
+                    .cli(&["PUBSUB", "NUMSUB", "outbox:wake"])
+                    .is_some_and(|out| out.lines().nth(1) == Some("1"))
+        },
+    );
+
+    insert_events(&db, 1);
+    redis.cli(&["PUBLISH", "outbox:wake", ""]).unwrap();
+    let took = wait_until(Duration::from_secs(10), "the event is queued", || {
+        redis.pending_ids().len() == 1
+    });
+
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} with a 30 s poll interval"
+    );
+    assert_eq!(
+        relay_rounds(port),
+        2,
+        "a round other than the woken one ran"
+    );
+    worker.signal("-TERM");
+    assert_eq!(worker.wait(Duration::from_secs(30)), Some(0));
+}
+
+/// The cleanup loop through the worker binary: published rows past
+/// `OUTBOX_RETENTION` are deleted, recent and unpublished ones stay.
+#[test]
+fn the_worker_binary_deletes_published_rows_past_the_retention() {
+    let redis = RedisServer::start();
+    let (db, _) = database_with_events(0);
+    psql(
+        &db.url(),
+        "INSERT INTO outbox_events (event_id, event_name, payload, created_at, published_at) \
+         SELECT gen_random_uuid(), 'orderPlaced', '{}'::jsonb, now() - interval '2 hours', \
+                now() - interval '2 hours' FROM generate_series(1, 250) \
+         UNION ALL SELECT gen_random_uuid(), 'orderPlaced', '{}'::jsonb, now(), now() \
+                FROM generate_series(1, 3)",
+    );
+    let mut worker = Worker::start(
+        &db,
+        &redis,
+        &[
+            ("OUTBOX_RETENTION", "1h"),
+            ("OUTBOX_CLEANUP_INTERVAL", "1s"),
+        ],
+    );
+
+    let count = || psql(&db.url(), "SELECT count(*) FROM outbox_events");
+    wait_until(Duration::from_secs(30), "the old rows are deleted", || {
+        count() == "3"
+    });
+    worker.signal("-TERM");
+    assert_eq!(worker.wait(Duration::from_secs(30)), Some(0));
+    assert_eq!(count(), "3", "a recent row was deleted");
+}
