@@ -1,29 +1,19 @@
 //! gpkit scaffolds Rust backend services in which a transactional outbox is
 //! the default way to publish events.
 //!
-//! [`run`] is the one entry point: it takes the parsed command line and
-//! executes it. Each command plans its changes ([`plan`]) from the project's
-//! [`blueprint`] and [`manifest`] before it writes anything.
+//! [`run`] is the one entry point: it takes the parsed command line
+//! ([`cli`]) and executes it ([`commands`]). The layers, top down:
+//! - [`commands`]: one module per command, from arguments to a plan, asking
+//!   what is missing through [`prompt`];
+//! - [`engine`]: what every command shares: blueprint → reconcile → plan →
+//!   apply, the manifest, managed regions, `Cargo.toml` merges, templates;
+//! - [`domain`]: the naming and domain rules (names, events, migrations).
 
-pub mod blueprint;
-pub mod cargo_toml;
 pub mod cli;
 pub mod commands;
-pub mod events;
-pub mod journal;
-pub mod line_endings;
-pub mod lock;
-pub mod manifest;
-pub mod migration;
-pub mod names;
-pub mod plan;
-pub mod project;
-pub mod project_path;
+pub mod domain;
+pub mod engine;
 pub mod prompt;
-pub mod reconcile;
-pub mod regions;
-pub mod templates;
-pub mod update;
 
 use std::process::ExitCode;
 

@@ -5,8 +5,8 @@
 //! [`Manifest::to_toml`] and read again, it is the same manifest.
 #![no_main]
 
-use gpkit::events::EventView;
-use gpkit::manifest::Manifest;
+use gpkit::domain::events::EventView;
+use gpkit::engine::manifest::Manifest;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {

@@ -10,8 +10,8 @@
 //! - every refusal of a name says what to do instead (a `help:` line).
 #![no_main]
 
-use gpkit::events::{self, EventNames};
-use gpkit::names::{self, PackageName};
+use gpkit::domain::events::{self, EventNames};
+use gpkit::domain::names::{self, PackageName};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|raw: &str| {

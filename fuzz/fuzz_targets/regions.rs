@@ -6,7 +6,7 @@
 //! - a template without regions leaves the user's file as it is.
 #![no_main]
 
-use gpkit::regions::{has_regions, merge};
+use gpkit::engine::regions::{has_regions, merge};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &str| {

@@ -7,9 +7,9 @@ use anyhow::{Result, bail};
 
 use super::Context;
 use crate::cli::AddEventArgs;
-use crate::events::{self, EventNames};
-use crate::manifest::{EventSpec, FieldSpec};
-use crate::reconcile::Options;
+use crate::domain::events::{self, EventNames};
+use crate::engine::manifest::{EventSpec, FieldSpec};
+use crate::engine::reconcile::Options;
 
 pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit add event", false)?;
@@ -94,7 +94,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use crate::dispatch::Dispatcher;
-use crate::events::{module}::{ty};
+use crate::domain::events::{module}::{ty};
 use crate::startup::AppState;
 
 /// Stores `{wire}` in the outbox, in one transaction with your writes.

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use super::Context;
-use crate::blueprint::OUTBOX_MIGRATION;
-use crate::reconcile::Options;
+use crate::engine::blueprint::OUTBOX_MIGRATION;
+use crate::engine::reconcile::Options;
 
 pub fn run(ctx: &Context) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit add worker", false)?;

@@ -13,17 +13,17 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
-use crate::blueprint;
-use crate::journal::{self, JOURNAL_FILE};
-use crate::lock::ProjectLock;
-use crate::manifest::Components;
-use crate::project::Project;
-use crate::project_path;
-use crate::reconcile::{self, FileChange, Options, Outcome};
-use crate::update;
+use crate::engine::blueprint;
+use crate::engine::journal::{self, JOURNAL_FILE};
+use crate::engine::lock::ProjectLock;
+use crate::engine::manifest::Components;
+use crate::engine::project::Project;
+use crate::engine::project_path;
+use crate::engine::reconcile::{self, FileChange, Options, Outcome};
+use crate::engine::update;
 
 use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand, UpgradeCommand};
-use crate::plan::Plan;
+use crate::engine::plan::Plan;
 
 /// The resolved global flags.
 #[derive(Debug, Clone)]

@@ -7,15 +7,15 @@ use time::OffsetDateTime;
 
 use super::Context;
 use crate::cli::NewMigrationArgs;
-use crate::migration::{self, Numbering, SQL_TEMPLATE};
-use crate::plan::Plan;
+use crate::domain::migration::{self, Numbering, SQL_TEMPLATE};
+use crate::engine::plan::Plan;
 
 /// Where migrations live in a generated project.
 const MIGRATIONS_DIR: &str = "migrations";
 
 pub fn run(ctx: &Context, args: NewMigrationArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit new migration", false)?;
-    crate::project_path::refuse_links(&project.root, MIGRATIONS_DIR)?;
+    crate::engine::project_path::refuse_links(&project.root, MIGRATIONS_DIR)?;
     let dir = project.root.join(MIGRATIONS_DIR);
     let existing = migration::existing_versions(&dir)?;
     let numbering = if args.sequential {

@@ -5,13 +5,13 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, bail};
 
 use super::{Context, display};
-use crate::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::cli::NewProjectArgs;
-use crate::manifest::{
+use crate::domain::names::PackageName;
+use crate::engine::blueprint::{self, TEMPLATE_SET_VERSION};
+use crate::engine::manifest::{
     Answers, BASE_DIR, Components, FileRecord, MANIFEST_FILE, Manifest, Versions, sha256_hex,
 };
-use crate::names::PackageName;
-use crate::plan::Plan;
+use crate::engine::plan::Plan;
 use crate::prompt;
 
 mod example;

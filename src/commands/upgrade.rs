@@ -8,12 +8,12 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 
 use super::Context;
-use crate::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::cli::{ReportFormat, UpgradeArgs};
-use crate::manifest::Owner;
-use crate::plan::{Action, Plan};
-use crate::reconcile::{self, FileChange, Options, Outcome};
-use crate::update;
+use crate::engine::blueprint::{self, TEMPLATE_SET_VERSION};
+use crate::engine::manifest::Owner;
+use crate::engine::plan::{Action, Plan};
+use crate::engine::reconcile::{self, FileChange, Options, Outcome};
+use crate::engine::update;
 
 /// Exit code of `--check` when an upgrade is available.
 const EXIT_AVAILABLE: u8 = 2;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use gpkit::line_endings::{is_crlf, to_crlf};
+use gpkit::engine::line_endings::{is_crlf, to_crlf};
 
 use crate::support::{gpkit, new_project, read_tree};
 

@@ -2,8 +2,8 @@
 //! `snapshots/template-set.lock` pins a hash of everything the templates
 //! render for each option combination, per version.
 
-use gpkit::blueprint::{self, TEMPLATE_SET_VERSION};
-use gpkit::manifest::{Answers, Components, sha256_hex};
+use gpkit::engine::blueprint::{self, TEMPLATE_SET_VERSION};
+use gpkit::engine::manifest::{Answers, Components, sha256_hex};
 
 use crate::support::repo;
 

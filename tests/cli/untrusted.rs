@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpkit::manifest::sha256_hex;
+use gpkit::engine::manifest::sha256_hex;
 
 use crate::support::{Entry, disk_state, gpkit, new_project};
 

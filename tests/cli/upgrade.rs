@@ -7,7 +7,7 @@ use std::process::Command;
 
 use predicates::str::contains;
 
-use gpkit::blueprint::TEMPLATE_SET_VERSION;
+use gpkit::engine::blueprint::TEMPLATE_SET_VERSION;
 
 use crate::support::{
     assert_text_snapshot, assert_tree_snapshot, changed_since, copy_tree, disk_state, gpkit,

@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result, ensure};
 
-use crate::blueprint::{OUTBOX_MIGRATION, Tree};
-use crate::events;
-use crate::manifest::EventSpec;
-use crate::migration::{self, Numbering};
-use crate::templates::{Renderer, template_set};
+use crate::domain::events;
+use crate::domain::migration::{self, Numbering};
+use crate::engine::blueprint::{OUTBOX_MIGRATION, Tree};
+use crate::engine::manifest::EventSpec;
+use crate::engine::templates::{Renderer, template_set};
 
 /// How to try the example once the next steps run.
 pub const TRY_IT: &str = "\nTry the example (the worker confirms each order):

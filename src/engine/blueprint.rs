@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use minijinja::context;
 
-use crate::events::EventView;
-use crate::manifest::{Answers, Components, Owner};
-use crate::names::PackageName;
-use crate::templates::{Renderer, TemplateFile, template_set};
+use crate::domain::events::EventView;
+use crate::domain::names::PackageName;
+use crate::engine::manifest::{Answers, Components, Owner};
+use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.

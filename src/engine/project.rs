@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
-use crate::blueprint::TEMPLATE_SET_VERSION;
-use crate::manifest::{BASE_DIR, Manifest};
-use crate::project_path;
+use crate::engine::blueprint::TEMPLATE_SET_VERSION;
+use crate::engine::manifest::{BASE_DIR, Manifest};
+use crate::engine::project_path;
 
 /// A gpkit project found at `root`.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::project_path;
+use crate::engine::project_path;
 
 /// The directory whose lock is taken.
 const LOCK_DIR: &str = ".gpkit";

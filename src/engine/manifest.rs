@@ -106,7 +106,7 @@ impl Manifest {
     /// is not a gpkit project.
     pub fn load(root: &Path) -> Result<Self> {
         let path = root.join(MANIFEST_FILE);
-        crate::project_path::refuse_links(root, MANIFEST_FILE)?;
+        crate::engine::project_path::refuse_links(root, MANIFEST_FILE)?;
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
@@ -134,7 +134,7 @@ impl Manifest {
         let manifest: Self = toml_edit::de::from_str(text)
             .with_context(|| format!("`{}` is not a valid gpkit manifest", path.display()))?;
         for file in manifest.files.keys() {
-            crate::project_path::check_manifest_path(file)?;
+            crate::engine::project_path::check_manifest_path(file)?;
         }
         Ok(manifest)
     }

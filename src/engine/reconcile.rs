@@ -15,10 +15,10 @@ use std::fmt;
 use anyhow::Result;
 use diffy::{ConflictStyle, MergeOptions};
 
-use crate::blueprint::Tree;
-use crate::manifest::Owner;
-use crate::project::Project;
-use crate::{cargo_toml, line_endings, regions};
+use crate::engine::blueprint::Tree;
+use crate::engine::manifest::Owner;
+use crate::engine::project::Project;
+use crate::engine::{cargo_toml, line_endings, regions};
 
 /// What happened, or will happen, to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use similar::TextDiff;
 
-use crate::journal::{Journal, State};
-use crate::manifest::BASE_DIR;
-use crate::project_path;
+use crate::engine::journal::{Journal, State};
+use crate::engine::manifest::BASE_DIR;
+use crate::engine::project_path;
 
 /// What happens to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +181,7 @@ impl Plan {
 
     /// Applies the plan to the existing tree at `root`, all or nothing even
     /// if the process is killed: every new content is staged in a file
-    /// beside its destination, then the journal (see [`crate::journal`]) is
+    /// beside its destination, then the journal (see [`crate::engine::journal`]) is
     /// committed, then the staging files are renamed into place and the
     /// deletions done. A run killed before the commit is rolled back by the
     /// next one, a run killed after it is rolled forward.

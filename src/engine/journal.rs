@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::BASE_DIR;
-use crate::project_path;
+use crate::engine::manifest::BASE_DIR;
+use crate::engine::project_path;
 
 /// Where the journal lives while a plan is applied.
 pub const JOURNAL_FILE: &str = ".gpkit/journal.json";

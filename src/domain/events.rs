@@ -5,8 +5,8 @@
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use crate::manifest::{EventSpec, FieldSpec};
-use crate::names::{self, is_rust_keyword};
+use crate::domain::names::{self, is_rust_keyword};
+use crate::engine::manifest::{EventSpec, FieldSpec};
 
 /// The field types an event may have, and their Rust types.
 const SCALARS: &[(&str, &str)] = &[

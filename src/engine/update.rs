@@ -3,12 +3,12 @@
 
 use anyhow::Result;
 
-use crate::blueprint::TEMPLATE_SET_VERSION;
-use crate::line_endings;
-use crate::manifest::{BASE_DIR, Components, FileRecord, MANIFEST_FILE, sha256_hex};
-use crate::plan::Plan;
-use crate::project::Project;
-use crate::reconcile::{FileChange, Outcome};
+use crate::engine::blueprint::TEMPLATE_SET_VERSION;
+use crate::engine::line_endings;
+use crate::engine::manifest::{BASE_DIR, Components, FileRecord, MANIFEST_FILE, sha256_hex};
+use crate::engine::plan::Plan;
+use crate::engine::project::Project;
+use crate::engine::reconcile::{FileChange, Outcome};
 
 /// The plan that applies `changes` to `project` and records `components`
 /// and the current template set in the manifest.
@@ -76,12 +76,12 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
 
 fn reason(change: &FileChange) -> String {
     match &change.outcome {
-        Outcome::Created if change.owner == crate::manifest::Owner::User => {
+        Outcome::Created if change.owner == crate::engine::manifest::Owner::User => {
             "new file, yours to edit (gpkit will not rewrite it)".into()
         }
         Outcome::Created => "new kit file".into(),
         Outcome::Updated => "kit file, unchanged by you: replaced with the current template".into(),
-        Outcome::Merged if change.owner == crate::manifest::Owner::User => {
+        Outcome::Merged if change.owner == crate::engine::manifest::Owner::User => {
             "your file: gpkit's managed entries updated, the rest kept".into()
         }
         Outcome::Merged => "kit file you edited: merged, your edits kept".into(),

@@ -1,0 +1,26 @@
+//! The engine every command shares: from what a project should contain to
+//! the files on disk, all or nothing.
+//!
+//! - what a project should contain: [`blueprint`] renders the embedded
+//!   [`templates`] for the [`manifest`]'s answers and components;
+//! - what to do with each file: [`reconcile`] compares the blueprint with
+//!   the [`project`] on disk (3-way, with [`regions`] in user files and
+//!   [`cargo_toml`] merges), and [`update`] turns the decisions into a
+//!   [`plan`] with the new manifest;
+//! - how it reaches the disk: [`plan`] applies all or nothing through the
+//!   [`journal`], under the project's [`lock`], never through a link
+//!   ([`project_path`]), keeping each file's [`line_endings`].
+
+pub mod blueprint;
+pub mod cargo_toml;
+pub mod journal;
+pub mod line_endings;
+pub mod lock;
+pub mod manifest;
+pub mod plan;
+pub mod project;
+pub mod project_path;
+pub mod reconcile;
+pub mod regions;
+pub mod templates;
+pub mod update;
