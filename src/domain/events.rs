@@ -3,10 +3,28 @@
 //! planned, and turned into what the templates print.
 
 use anyhow::{Result, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::domain::names::{self, is_rust_keyword};
-use crate::engine::manifest::{EventSpec, FieldSpec};
+
+/// An event as `gpkit add event` recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventSpec {
+    /// The wire name, lowerCamelCase (`orderPlaced`).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<String>,
+}
+
+/// One field of an event: its name and its gpkit type (`i64`, `Option<uuid>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldSpec {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: String,
+}
 
 /// The field types an event may have, and their Rust types.
 const SCALARS: &[(&str, &str)] = &[

@@ -12,6 +12,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+
+pub use crate::domain::events::{EventSpec, FieldSpec};
 use sha2::{Digest, Sha256};
 
 /// The manifest's file name, at the project root.
@@ -72,25 +74,6 @@ pub struct Components {
     /// Events added with `gpkit add event`, in the order they were added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventSpec>,
-}
-
-/// An event as `gpkit add event` recorded it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventSpec {
-    /// The wire name, lowerCamelCase (`orderPlaced`).
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fields: Vec<FieldSpec>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub listeners: Vec<String>,
-}
-
-/// One field of an event: its name and its gpkit type (`i64`, `Option<uuid>`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FieldSpec {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub ty: String,
 }
 
 /// What gpkit knows of one generated file.
