@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e::{Database, build_binaries, cargo, cargo_lock, migrate, psql, shared_target};
+use crate::e2e::{Database, build_binaries, migrate, psql};
 use crate::go_peers::go_peer;
 use crate::support::{gpkit, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
@@ -180,42 +180,8 @@ fn project() -> &'static Path {
         }
         write("src/bin/asynq_dispatch.rs", DISPATCH);
         build_binaries(&project);
-        for name in ["worker", "migrate", "asynq_dispatch"] {
-            copy_own_binary(&project, name);
-        }
         project
     })
-}
-
-/// Copies the binary `name` of `project` from the shared target directory
-/// to `<project>/.bin/`, making sure it is this project's: generated
-/// projects of other test runs on the machine build into the same
-/// directory, and one of them can replace `debug/<name>` between a build
-/// and its copy. A copy without the project's path in its debug info is
-/// relinked (its source touched) and copied again.
-fn copy_own_binary(project: &Path, name: &str) {
-    let copy = project.join(".bin").join(name);
-    for _ in 0..3 {
-        {
-            let _one_at_a_time = cargo_lock();
-            std::fs::copy(shared_target().join("debug").join(name), &copy).unwrap();
-        }
-        let ours = Command::new("grep")
-            .arg("-qaF")
-            .arg(project)
-            .arg(&copy)
-            .status()
-            .unwrap();
-        if ours.success() {
-            return;
-        }
-        eprintln!("debug/{name} was another project's; building it again");
-        let source = project.join(format!("src/bin/{name}.rs"));
-        let file = std::fs::File::options().append(true).open(source).unwrap();
-        file.set_modified(std::time::SystemTime::now()).unwrap();
-        cargo(project, &["build", "--bin", name]);
-    }
-    panic!("could not get a build of `{name}` of {}", project.display());
 }
 
 /// A fresh database, migrated.

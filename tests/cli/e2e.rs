@@ -71,9 +71,13 @@ pub fn build_binaries(project: &Path) -> PathBuf {
     let _one_at_a_time = cargo_lock();
     let bins = project.join(".bin");
     std::fs::create_dir_all(&bins).unwrap();
-    let names: Vec<&str> = ["server", "migrate", "worker"]
-        .into_iter()
-        .filter(|name| project.join(format!("src/bin/{name}.rs")).exists())
+    // Every binary of the project: the kit's and any a test added.
+    let names: Vec<String> = std::fs::read_dir(project.join("src/bin"))
+        .unwrap()
+        .filter_map(|entry| {
+            let path = entry.unwrap().path();
+            (path.extension()? == "rs").then(|| path.file_stem().unwrap().to_string_lossy().into())
+        })
         .collect();
     for attempt in 1..=5 {
         let build = cargo_unlocked(project, &["build", "--all-targets"]);

@@ -127,8 +127,7 @@ fn an_event_reaches_each_listener_exactly_once() {
     }
     write(&project, "src/bin/dispatch_demo.rs", DISPATCH_DEMO);
     let bins = build_binaries(&project);
-    cargo(&project, &["build", "--bin", "dispatch_demo"]);
-    let dispatch_demo = crate::e2e::shared_target().join("debug/dispatch_demo");
+    let dispatch_demo = bins.join("dispatch_demo");
 
     // Migrate a fresh database and dispatch.
     let db = Database::create("gpkit_events");
