@@ -94,7 +94,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 
 use crate::dispatch::Dispatcher;
-use crate::domain::events::{module}::{ty};
+use crate::events::{module}::{ty};
 use crate::startup::AppState;
 
 /// Stores `{wire}` in the outbox, in one transaction with your writes.
