@@ -7,7 +7,8 @@
 //! Subcommands (each prints one JSON object on stdout):
 //! - `sample`: the enqueue script's SHA and a real encoded task message for
 //!   a 1 KB event, for redis-benchmark;
-//! - `seed`: a backlog of unpublished events with 1 KB payloads;
+//! - `seed`: a backlog of unpublished events with 1 KB payloads (of
+//!   `orderPlaced`, which has no listeners, or of `--name`);
 //! - `relay`: one relay (`Relay::run`), until the queue holds `--expect`
 //!   tasks; per-phase timings of its rounds, CPU time and peak RSS;
 //! - `load`: commits events at a steady rate (one per transaction, through
@@ -16,7 +17,9 @@
 //!   woken after each commit;
 //! - `insert-cost`: a business transaction with and without the outbox
 //!   insert;
-//! - `verify`: every event is in the queue exactly once.
+//! - `verify`: every event is in the queue exactly once;
+//! - `verify-listeners`: after a worker ran, every event's task and the
+//!   task of each `--listener` completed once, and nothing else is left.
 //!
 //! Configuration comes from the project's own `Config::from_env`
 //! (`DATABASE_URL`, `VALKEY_ADDR`, `OUTBOX_*`).
@@ -43,6 +46,7 @@ use outbox_bench::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIME
 use outbox_bench::outbox::{Envelope, OutboxDispatcher};
 use outbox_bench::queue::message::TaskMessage;
 use outbox_bench::queue::{Client, keys, scripts};
+use outbox_bench::worker::listeners::listener_task_id;
 use outbox_bench::worker::metrics::Metrics;
 
 #[derive(Parser)]
@@ -68,6 +72,10 @@ enum Command {
     Seed {
         #[arg(long)]
         events: i64,
+        /// The event name (its payload is the 1 KB `orderPlaced` JSON,
+        /// which a listener of an event without fields decodes).
+        #[arg(long, default_value = OrderPlaced::NAME)]
+        name: String,
     },
     Relay {
         /// Stop once the queue's pending list holds this many tasks.
@@ -99,6 +107,12 @@ enum Command {
     Verify {
         #[arg(long)]
         expect: i64,
+    },
+    VerifyListeners {
+        /// The listeners every event has (their task ids derive from the
+        /// event id, see `worker::listeners::listener_task_id`).
+        #[arg(long = "listener", required = true)]
+        listeners: Vec<String>,
     },
 }
 
@@ -380,7 +394,7 @@ async fn cmd_sample(cli: &Cli, message_file: &std::path::Path) -> anyhow::Result
     Ok(())
 }
 
-async fn cmd_seed(cli: &Cli, events: i64) -> anyhow::Result<()> {
+async fn cmd_seed(cli: &Cli, events: i64, name: &str) -> anyhow::Result<()> {
     let config = config()?;
     let pool = pool(&config).await?;
     let template = serde_json::to_value(OrderPlaced::sized(0, cli.payload_bytes))?;
@@ -395,7 +409,7 @@ async fn cmd_seed(cli: &Cli, events: i64) -> anyhow::Result<()> {
                     '{}'::jsonb, now() \
              FROM generate_series($3::bigint, $4::bigint) g",
         )
-        .bind(OrderPlaced::NAME)
+        .bind(name)
         .bind(&template)
         .bind(from)
         .bind(to)
@@ -738,12 +752,89 @@ async fn cmd_verify(cli: &Cli, expect: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// After a worker drained the outbox: every row is published, and the
+/// queue's completed set holds exactly each event's task and one task per
+/// listener and event (ids as the fan-out derives them), each once; the
+/// processed and failed counters and the other states are reported too.
+async fn cmd_verify_listeners(cli: &Cli, listeners: &[String]) -> anyhow::Result<()> {
+    let config = config()?;
+    let pool = pool(&config).await?;
+    let mut conn = redis_conn(&config).await?;
+    let queue = &cli.queue;
+    let completed: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys::completed(queue))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await?;
+    let completed: HashSet<String> = completed.into_iter().collect();
+    let ids: Vec<(uuid::Uuid,)> = sqlx::query_as("SELECT event_id FROM outbox_events")
+        .fetch_all(&pool)
+        .await?;
+    let mut expected = HashSet::new();
+    for (id,) in &ids {
+        expected.insert(id.to_string());
+        for listener in listeners {
+            expected.insert(listener_task_id(*id, listener).to_string());
+        }
+    }
+    let (unpublished,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
+            .fetch_one(&pool)
+            .await?;
+    let (processed, failed): (Option<i64>, Option<i64>) = redis::cmd("MGET")
+        .arg(keys::processed_total(queue))
+        .arg(keys::failed_total(queue))
+        .query_async(&mut conn)
+        .await?;
+    let mut left = serde_json::Map::new();
+    for (state, key, list) in [
+        ("pending", keys::pending(queue), true),
+        ("active", keys::active(queue), true),
+        ("scheduled", keys::scheduled(queue), false),
+        ("retry", keys::retry(queue), false),
+        ("archived", keys::archived(queue), false),
+    ] {
+        let n: i64 = redis::cmd(if list { "LLEN" } else { "ZCARD" })
+            .arg(key)
+            .query_async(&mut conn)
+            .await?;
+        left.insert(state.to_string(), json!(n));
+    }
+    let missing = expected.difference(&completed).count();
+    let unexpected = completed.difference(&expected).count();
+    let processed = processed.unwrap_or(0);
+    let failed = failed.unwrap_or(0);
+    let ok = missing == 0
+        && unexpected == 0
+        && unpublished == 0
+        && processed == expected.len() as i64
+        && failed == 0
+        && left.values().all(|n| n.as_i64() == Some(0));
+    println!(
+        "{}",
+        json!({
+            "ok": ok,
+            "events": ids.len(),
+            "expected_tasks": expected.len(),
+            "completed": completed.len(),
+            "missing": missing,
+            "unexpected": unexpected,
+            "processed": processed,
+            "failed": failed,
+            "unpublished_rows": unpublished,
+            "left": left,
+        })
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match &cli.command {
         Command::Sample { message_file } => cmd_sample(&cli, message_file).await,
-        Command::Seed { events } => cmd_seed(&cli, *events).await,
+        Command::Seed { events, name } => cmd_seed(&cli, *events, name).await,
         Command::Relay {
             expect,
             start_at,
@@ -757,5 +848,6 @@ async fn main() -> anyhow::Result<()> {
         } => cmd_load(&cli, *rate, *seconds, *wake).await,
         Command::InsertCost { iterations } => cmd_insert_cost(&cli, *iterations).await,
         Command::Verify { expect } => cmd_verify(&cli, *expect).await,
+        Command::VerifyListeners { listeners } => cmd_verify_listeners(&cli, listeners).await,
     }
 }

@@ -5,7 +5,7 @@
 // It talks to the Valkey at $VALKEY_ADDR and prints one JSON object per
 // line on stdout, for the tests to parse; asynq's own logs go to stderr.
 //
-//	asynqpeer serve [flags]          an asynq.Server with a ServeMux
+//	asynqpeer serve [flags]          an asynq.Server with a ServeMux (-quiet: count only)
 //	asynqpeer enqueue [flags]        an asynq.Client enqueuing stdin's envelopes
 //	asynqpeer info <queue> <id>...   Inspector.GetTaskInfo, one line per id
 //	asynqpeer list <queue> <state>   Inspector.List{Pending,...,Completed}Tasks
@@ -18,6 +18,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -112,6 +114,12 @@ func main() {
 // the Go kit's struct. A payload note "sleep:<ms>" makes it take that long
 // (less if the task's context ends); -fail makes every run fail with that
 // message after decoding.
+//
+// With -quiet, for benchmarks (scripts/bench-outbox), the handler only
+// decodes the envelope, as the Go kit's fan-out does for an event without
+// listeners, and counts: no line per task (a task that is not an envelope
+// still prints its "failed" line), no notes, no -fail. The "stopped" line
+// then carries "handled" and "failed", the counts of handler runs.
 func serve(args []string) {
 	flags := flag.NewFlagSet("serve", flag.ExitOnError)
 	queues := flags.String("queues", "default", "comma-separated queues served, equal weights")
@@ -119,6 +127,7 @@ func serve(args []string) {
 	concurrency := flags.Int("concurrency", 10, "handlers run at once")
 	fail := flags.String("fail", "", "fail every run with this error message")
 	shutdownTimeout := flags.Duration("shutdown-timeout", 8*time.Second, "asynq.Config.ShutdownTimeout")
+	quiet := flags.Bool("quiet", false, "decode and count only: no line per task (for benchmarks)")
 	_ = flags.Parse(args)
 
 	weights := map[string]int{}
@@ -131,9 +140,13 @@ func serve(args []string) {
 		ShutdownTimeout: *shutdownTimeout,
 		LogLevel:        asynq.WarnLevel,
 	})
+	var counts taskCounts
 	mux := asynq.NewServeMux()
 	for _, pattern := range strings.Split(*handle, ",") {
 		mux.HandleFunc(pattern, func(ctx context.Context, t *asynq.Task) error {
+			if *quiet {
+				return counts.handle(ctx, t)
+			}
 			return handleTask(ctx, t, *fail)
 		})
 	}
@@ -145,7 +158,35 @@ func serve(args []string) {
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	<-signals
 	srv.Shutdown()
+	if *quiet {
+		emit(map[string]any{"event": "stopped",
+			"handled": counts.handled.Load(), "failed": counts.failed.Load()})
+		return
+	}
 	emit(map[string]string{"event": "stopped"})
+}
+
+// taskCounts is the handler of serve -quiet: it counts the runs that
+// decoded an envelope (handled) and those that did not (failed).
+type taskCounts struct {
+	handled, failed atomic.Int64
+}
+
+// handle decodes the envelope strictly, as handleTask does, and counts;
+// it prints a line only for a task that is not an envelope.
+func (c *taskCounts) handle(ctx context.Context, t *asynq.Task) error {
+	var envelope Envelope
+	decoder := json.NewDecoder(bytes.NewReader(t.Payload()))
+	decoder.DisallowUnknownFields()
+	if err := decoder.Decode(&envelope); err != nil {
+		c.failed.Add(1)
+		id, _ := asynq.GetTaskID(ctx)
+		err = fmt.Errorf("not a Go kit envelope: %w", err)
+		emit(map[string]any{"event": "failed", "id": id, "type": t.Type(), "error": err.Error()})
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	c.handled.Add(1)
+	return nil
 }
 
 // handleTask is the ServeMux handler: it records the task as the Go kit
