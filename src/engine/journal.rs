@@ -137,7 +137,7 @@ pub fn recover(root: &Path) -> Result<Option<String>> {
     let done = match journal.state {
         State::Staging => {
             for dest in &journal.writes {
-                remove_if_there(&journal.staging_path(root, dest))?;
+                project_path::remove_if_there(&journal.staging_path(root, dest))?;
             }
             "an earlier gpkit run was interrupted before it changed any file; \
              its staging files were removed"
@@ -151,7 +151,7 @@ pub fn recover(root: &Path) -> Result<Option<String>> {
                 }
             }
             for dest in &journal.deletes {
-                remove_if_there(&root.join(dest))?;
+                project_path::remove_if_there(&root.join(dest))?;
             }
             "an earlier gpkit run was interrupted while it renamed its files into place; \
              the remaining renames and deletions were done, so the project is as that run \
@@ -160,15 +160,6 @@ pub fn recover(root: &Path) -> Result<Option<String>> {
     };
     Journal::remove(root)?;
     Ok(Some(done.to_string()))
-}
-
-/// Removes the file (or link) at `path`, if there is one; never a directory.
-fn remove_if_there(path: &Path) -> Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.is_dir() => std::fs::remove_file(path)
-            .with_context(|| format!("failed to remove `{}`", path.display())),
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]

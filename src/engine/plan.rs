@@ -226,13 +226,8 @@ impl Plan {
                     Action::Delete { .. } => continue,
                 };
                 let tmp = journal.staging_path(root, &change.path);
-                // A leftover of an interrupted run (or anything put there) goes;
-                // removing a link removes the link, not what it points to.
-                if std::fs::symlink_metadata(&tmp).is_ok_and(|m| !m.is_dir()) {
-                    std::fs::remove_file(&tmp).with_context(|| {
-                        format!("failed to remove the leftover `{}`", tmp.display())
-                    })?;
-                }
+                // A leftover of an interrupted run (or anything put there) goes.
+                project_path::remove_if_there(&tmp)?;
                 write_file(&tmp, new)?;
                 staged.push(tmp);
                 fault::point("staged", staged.len());

@@ -129,6 +129,16 @@ pub fn read_regular(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
         .with_context(|| format!("failed to read `{}`", path.display()))
 }
 
+/// Removes the file (or link) at `path`, if there is one; a link is removed
+/// itself, never what it points to, and a directory is left alone.
+pub fn remove_if_there(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_dir() => std::fs::remove_file(path)
+            .with_context(|| format!("failed to remove `{}`", path.display())),
+        _ => Ok(()),
+    }
+}
+
 /// Creates `path` with `contents`; fails if anything (a file, a link) is
 /// already there, without following it.
 pub fn create_new(path: &Path, contents: &[u8]) -> Result<()> {

@@ -8,28 +8,15 @@ use std::process::Command;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
+use gpkit::domain::names::is_rust_keyword;
+
 use crate::support::{gpkit, new_project};
 
 /// One snake_case word of 1 to 40 characters (a valid listener name).
 fn snake_name() -> impl Strategy<Value = String> {
     "[a-z][a-z0-9]{0,12}(_[a-z][a-z0-9]{0,8}){0,3}"
         .prop_map(|name| name.chars().take(40).collect::<String>())
-        .prop_filter("not a keyword", |name| {
-            syn_keyword(name).is_none() && name.trim_end_matches('_').len() == name.len()
-        })
-}
-
-/// Rust keywords that gpkit rightly refuses as names.
-fn syn_keyword(name: &str) -> Option<&str> {
-    const KEYWORDS: &[&str] = &[
-        "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum",
-        "extern", "false", "fn", "for", "gen", "if", "impl", "in", "let", "loop", "match", "mod",
-        "move", "mut", "pub", "ref", "return", "self", "static", "struct", "super", "trait",
-        "true", "type", "unsafe", "use", "where", "while", "abstract", "become", "box", "do",
-        "final", "macro", "override", "priv", "typeof", "unsized", "virtual", "yield", "try",
-        "union", "test", "std", "core",
-    ];
-    KEYWORDS.iter().copied().find(|k| *k == name)
+        .prop_filter("not a keyword", |name| !is_rust_keyword(name))
 }
 
 /// An event name in one of the spellings gpkit accepts. A one-letter word

@@ -6,8 +6,6 @@
 //! reason, except when `GPKIT_REQUIRE_GO` is set (`scripts/test` sets it
 //! under CI), where a missing toolchain fails them.
 
-#![allow(dead_code)] // until the interop modules use every helper
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,17 +3,9 @@
 //! must exit 1 with a message naming the path, and leave every file outside
 //! the project (and the project itself) byte for byte as it was.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
 use gpkit::engine::manifest::sha256_hex;
 
-use crate::support::{Entry, disk_state, gpkit, new_project};
-
-/// Everything under `dir`, links not followed.
-fn disk_state_of(dir: &Path) -> BTreeMap<String, Entry> {
-    disk_state(dir, &[])
-}
+use crate::support::{disk_state, gpkit, new_project};
 
 /// A workspace with a project `shop` and, beside it, a directory `outside`
 /// holding a victim file.
@@ -53,7 +45,7 @@ impl Workspace {
     /// Runs gpkit in the project with `args`, expects exit 1 with `needle`
     /// in the error, and checks that nothing changed anywhere.
     fn refused(&self, args: &[&str], needle: &str) {
-        let before = disk_state_of(self.dir.path());
+        let before = disk_state(self.dir.path(), &[]);
         let output = gpkit(&self.project()).args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
@@ -61,7 +53,7 @@ impl Workspace {
             stderr.contains(needle),
             "{args:?}: {needle:?} not in: {stderr}"
         );
-        let after = disk_state_of(self.dir.path());
+        let after = disk_state(self.dir.path(), &[]);
         let changed: Vec<&String> = before
             .keys()
             .chain(after.keys())

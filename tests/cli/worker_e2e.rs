@@ -282,12 +282,8 @@ fn three_workers_publish_ten_thousand_events_each_exactly_once() {
     let per_worker: Vec<u64> = ports
         .iter()
         .map(|port| {
-            let metrics = http_get(*port, "/metrics");
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix("outbox_published_total "))
-                .and_then(|n| n.trim().parse().ok())
-                .unwrap_or_else(|| panic!("no outbox_published_total in:\n{metrics}"))
+            metric(*port, "outbox_published_total")
+                .unwrap_or_else(|| panic!("the worker on port {port} has no metrics"))
         })
         .collect();
     assert_eq!(per_worker.iter().sum::<u64>(), 10_000, "{per_worker:?}");
@@ -524,17 +520,23 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
     assert!(stdout.matches("test result: ok.").count() == 2, "{stdout}");
 }
 
+/// The value of the counter `name` on the worker's metrics endpoint at
+/// `port`; `None` while the endpoint is not up or has no such counter.
+fn metric(port: u16, name: &str) -> Option<u64> {
+    TcpStream::connect(("127.0.0.1", port)).ok()?;
+    http_get(port, "/metrics").lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// The relay rounds the worker on metrics `port` has done (0 while its
 /// metrics endpoint is not up yet).
 fn relay_rounds(port: u16) -> u64 {
-    if TcpStream::connect(("127.0.0.1", port)).is_err() {
-        return 0;
-    }
-    http_get(port, "/metrics")
-        .lines()
-        .find_map(|l| l.strip_prefix("outbox_relay_rounds_total "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    metric(port, "outbox_relay_rounds_total").unwrap_or(0)
 }
 
 /// `OUTBOX_WAKE=valkey` through the worker binary: with a 30 s poll
