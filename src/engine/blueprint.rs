@@ -18,7 +18,11 @@ use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 2;
+pub const TEMPLATE_SET_VERSION: u32 = 3;
+
+/// The oldest Rust the generated projects build with: their Cargo.toml's
+/// `rust-version`, the newest that any of their dependencies declares.
+pub const GENERATED_RUST_VERSION: &str = "1.89";
 
 /// The outbox migration, which the relay cannot work without.
 pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
@@ -65,6 +69,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         name => name.as_str(),
         crate_name => name.crate_name(),
         gpkit_version => env!("CARGO_PKG_VERSION"),
+        rust_version => GENERATED_RUST_VERSION,
         worker => components.worker,
         events => &events,
     };

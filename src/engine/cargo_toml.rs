@@ -10,6 +10,10 @@
 use anyhow::{Context, Result};
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
+/// The `[package]` keys gpkit manages: what the generated code needs of
+/// the compiler. The package's name, version and the rest are the user's.
+const PACKAGE_KEYS: &[&str] = &["edition", "rust-version"];
+
 /// The dependency tables gpkit manages entries in.
 const DEPENDENCY_TABLES: &[&str] = &["dependencies", "dev-dependencies", "build-dependencies"];
 
@@ -36,6 +40,7 @@ pub fn merge(base: &str, ours: &str, theirs: &str) -> Result<Merged> {
         merge_table(&base, &mut doc, &theirs, table, &mut notes);
     }
     merge_bins(&base, &mut doc, &theirs, &mut notes);
+    merge_package_keys(&base, &mut doc, &theirs, &mut notes);
     Ok(Merged {
         text: doc.to_string(),
         notes,
@@ -129,6 +134,54 @@ fn merge_table(
     }
     if was_sorted {
         ours.sort_values();
+    }
+}
+
+/// The kit's `[package]` keys follow the templates unless the user changed
+/// or removed them.
+fn merge_package_keys(
+    base: &DocumentMut,
+    doc: &mut DocumentMut,
+    theirs: &DocumentMut,
+    notes: &mut Vec<String>,
+) {
+    let Some(ours) = doc.get_mut("package").and_then(Item::as_table_mut) else {
+        return;
+    };
+    for key in PACKAGE_KEYS {
+        let old = table(base, "package").and_then(|t| t.get(key));
+        let wanted = table(theirs, "package").and_then(|t| t.get(key));
+        let current = ours.get(key);
+        let same = |a: Option<&Item>, b: Option<&Item>| a.map(normalized) == b.map(normalized);
+        if same(current, wanted) {
+            continue;
+        }
+        if !same(current, old) {
+            if current.is_none() {
+                notes.push(format!("[package] `{key}`: you removed it; left out"));
+            } else if let Some(wanted) = wanted {
+                notes.push(format!(
+                    "[package] `{key}`: you changed it; kept yours (gpkit's is `{}`)",
+                    normalized(wanted)
+                ));
+            }
+            continue;
+        }
+        match wanted {
+            Some(wanted) => {
+                let decor = current
+                    .and_then(|c| c.as_value())
+                    .map(|v| v.decor().clone());
+                let mut new = wanted.clone();
+                if let (Some(decor), Some(value)) = (decor, new.as_value_mut()) {
+                    *value.decor_mut() = decor;
+                }
+                ours.insert(key, new);
+            }
+            None => {
+                ours.remove(key);
+            }
+        }
     }
 }
 
@@ -254,6 +307,35 @@ redis = "1"
 "#
         );
         assert!(merged.notes.is_empty(), "{:?}", merged.notes);
+    }
+
+    #[test]
+    fn the_kits_package_keys_follow_the_templates_unless_the_user_changed_them() {
+        let base = "[package]\nname = \"shop\"\nedition = \"2024\"\npublish = false\n";
+        let theirs = "[package]\nname = \"shop\"\nedition = \"2024\"\nrust-version = \"1.89\"\n";
+        let merged = merge(base, base, theirs).unwrap();
+        assert!(
+            merged.text.contains("rust-version = \"1.89\""),
+            "{}",
+            merged.text
+        );
+        assert!(
+            merged.text.contains("publish = false"),
+            "the user's key stays"
+        );
+
+        let ours = base.replace("edition = \"2024\"", "edition = \"2021\"");
+        let theirs = theirs.replace("edition = \"2024\"", "edition = \"2027\"");
+        let merged = merge(base, &ours, &theirs).unwrap();
+        assert!(merged.text.contains("edition = \"2021\""));
+        assert!(
+            merged.notes.contains(
+                &"[package] `edition`: you changed it; kept yours (gpkit's is `\"2027\"`)"
+                    .to_string()
+            ),
+            "{:?}",
+            merged.notes
+        );
     }
 
     #[test]
