@@ -22,7 +22,8 @@ Examples:
   gpkit -C shop add worker
   gpkit --dry-run --diff new project shop
   gpkit -C shop new migration add_orders
-  gpkit -C shop upgrade templates";
+  gpkit -C shop upgrade templates
+  gpkit -C shop doctor";
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
@@ -61,6 +62,21 @@ pub enum Command {
     /// The same as `gpkit upgrade templates`
     #[command(name = "upgrade-templates", hide = true)]
     UpgradeTemplates(UpgradeArgs),
+    /// Check that this project can run here: toolchain, settings, servers
+    ///
+    /// Checks the Rust toolchain against the project's `rust-version`, reads
+    /// the settings as the project's binaries do (the environment over
+    /// `.env`), connects to Postgres and Valkey, compares the migrations in
+    /// `migrations/` with those applied, and tells whether a template upgrade
+    /// is available. Each problem comes with its fix. Writes nothing.
+    ///
+    /// Exit codes: 0 when every check passed (warnings allowed), 1 when one
+    /// failed.
+    #[command(after_help = "\
+Examples:
+  gpkit doctor
+  gpkit -C shop doctor --format json")]
+    Doctor(DoctorArgs),
     /// Print a shell completion script for gpkit
     #[command(after_help = "\
 Examples:
@@ -74,6 +90,13 @@ Examples:
   gpkit man > ~/.local/share/man/man1/gpkit.1
   gpkit man | man -l -")]
     Man,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Report format
+    #[arg(long, value_enum, default_value_t = ReportFormat::Text)]
+    pub format: ReportFormat,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 mod add_event;
 mod add_worker;
 mod completions;
+mod doctor;
 mod new_migration;
 mod new_project;
 mod upgrade;
@@ -123,6 +124,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Completions(args) => completions::completions(args.shell),
         Command::Man => completions::man(),
+        Command::Doctor(args) => doctor::run(&ctx, args),
     }
 }
 

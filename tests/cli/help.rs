@@ -15,6 +15,7 @@ const COMMANDS: &[&[&str]] = &[
     &["upgrade", "templates"],
     &["completions"],
     &["man"],
+    &["doctor"],
 ];
 
 #[test]

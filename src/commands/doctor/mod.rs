@@ -1,0 +1,92 @@
+//! `gpkit doctor`: checks that a project can run on this machine: the Rust
+//! toolchain, `.env`, Postgres and the migrations, Valkey, and whether a
+//! template upgrade is available. Each problem comes with its fix; a failed
+//! check makes the exit code 1. It reads and connects, and writes nothing.
+
+mod environment;
+mod postgres;
+mod report;
+mod toolchain;
+mod valkey;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::{Context, display};
+use crate::cli::{DoctorArgs, ReportFormat};
+use crate::engine::blueprint::TEMPLATE_SET_VERSION;
+use crate::engine::manifest::Manifest;
+use report::{Finding, Report};
+
+/// The variables the checks read, from the environment or `.env`.
+const SETTINGS: &[&str] = &[
+    "DATABASE_URL",
+    "GOOSE_MIGRATION_DIR",
+    "GOOSE_TABLE",
+    "VALKEY_URL",
+    "VALKEY_ADDR",
+    "VALKEY_PASSWORD",
+    "VALKEY_DB",
+    "VALKEY_SENTINEL_ADDRS",
+    "VALKEY_CLUSTER_ADDRS",
+];
+
+pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
+    let manifest = Manifest::load(&ctx.dir)?;
+    let root = ctx.dir.as_path();
+    let mut findings = vec![templates(&manifest), toolchain::check(root)];
+    let (settings, env_finding) = environment::load(root, SETTINGS);
+    findings.push(env_finding);
+    let (connected, client) = postgres::connect(&settings);
+    findings.push(connected);
+    findings.push(match client {
+        Some(mut client) => postgres::check_migrations(root, &mut client, &settings),
+        None => Finding::skip("migrations", "needs a connection to Postgres"),
+    });
+    findings.push(valkey::check(&settings));
+    let report = Report {
+        project: match display(root).as_str() {
+            "." => manifest.answers.name.clone(),
+            shown => shown.to_string(),
+        },
+        findings,
+    };
+    super::print_out(&match args.format {
+        ReportFormat::Text => report.to_text(),
+        ReportFormat::Json => report.to_json(),
+    })?;
+    Ok(if report.failed() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Whether this gpkit has newer templates than the project was made with.
+fn templates(manifest: &Manifest) -> Finding {
+    let project = manifest.gpkit.template_set;
+    match project.cmp(&TEMPLATE_SET_VERSION) {
+        std::cmp::Ordering::Equal => Finding::ok(
+            "templates",
+            format!("template set {project}, the newest this gpkit has"),
+        ),
+        std::cmp::Ordering::Less => Finding::warn(
+            "templates",
+            format!(
+                "template set {project}; this gpkit has set {TEMPLATE_SET_VERSION}, an upgrade is \
+                 available"
+            ),
+            "gpkit upgrade templates --dry-run --diff, then gpkit upgrade templates",
+        ),
+        std::cmp::Ordering::Greater => Finding::fail(
+            "templates",
+            format!(
+                "template set {project} comes from gpkit {}, newer than this gpkit (set \
+                 {TEMPLATE_SET_VERSION})",
+                manifest.gpkit.version
+            ),
+            format!("install gpkit {} or later", manifest.gpkit.version),
+        ),
+    }
+}
