@@ -16,6 +16,8 @@ mod interrupted;
 mod line_endings;
 mod new_migration;
 mod new_project;
+mod own_postgres;
+mod postgres_tls;
 mod prompts;
 mod server_state_interop;
 mod support;

@@ -211,14 +211,30 @@ async fn open(database_url: Option<&str>, create: bool) -> anyhow::Result<PgConn
             create_database(&options, &name).await?;
             PgConnection::connect_with(&options)
                 .await
-                .map_err(|error| anyhow::anyhow!("failed to connect to the database: {error}"))?
+                .map_err(|error| connect_failed(&options, &error))?
         }
-        Err(error) => anyhow::bail!("failed to connect to the database: {error}"),
+        Err(error) => return Err(connect_failed(&options, &error)),
     };
     apply_database_defaults(&mut conn)
         .await
         .map_err(|error| anyhow::anyhow!("failed to read the database's settings: {error}"))?;
     Ok(conn)
+}
+
+/// Why connecting to the server of `options` failed, naming the host and
+/// port; a certificate that does not verify gets what to check.
+fn connect_failed(options: &PgConnectOptions, error: &sqlx::Error) -> anyhow::Error {
+    let server = format!("{}:{}", options.get_host(), options.get_port());
+    let text = error.to_string();
+    if text.contains("certificate") {
+        anyhow::anyhow!(
+            "failed to connect to the database at {server}: the server's TLS certificate \
+             does not verify: {text}; check that `sslrootcert` names the CA that signed it and \
+             that the host in DATABASE_URL is a name the certificate was issued for"
+        )
+    } else {
+        anyhow::anyhow!("failed to connect to the database at {server}: {text}")
+    }
 }
 
 /// SQLSTATE `invalid_catalog_name`: the database does not exist.
