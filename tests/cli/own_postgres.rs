@@ -105,12 +105,6 @@ impl OwnPostgres {
         );
         Self { dir, port }
     }
-
-    /// The directory the cluster lives in; files put here for the server
-    /// (certificates) must be given to its owner.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
 }
 
 impl Drop for OwnPostgres {
