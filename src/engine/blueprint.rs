@@ -27,6 +27,11 @@ pub const GENERATED_RUST_VERSION: &str = "1.89";
 /// The outbox migration, which the relay cannot work without.
 pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
 
+/// The listeners' inbox migration. Every project has it, with or without the
+/// worker, so its version is never older than a migration already applied
+/// (goose refuses those): set 3 added it, dated the day set 3 was made.
+pub const INBOX_MIGRATION: &str = "migrations/20261130000000_inbox.sql";
+
 /// Files that are the user's from the moment they are written. gpkit never
 /// rewrites them; it only edits managed regions and dependency tables.
 /// Every other file of the template set is kit-owned.

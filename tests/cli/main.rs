@@ -12,6 +12,7 @@ mod first_hour;
 mod go_peers;
 mod goose_interop;
 mod help;
+mod inbox_e2e;
 mod interrupted;
 mod line_endings;
 mod new_migration;

@@ -26,17 +26,17 @@ fn writes_a_timestamped_goose_file() {
     let dir = project();
 
     gpkit(&dir.path().join("shop"))
-        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .env("SOURCE_DATE_EPOCH", "1800000000")
         .args(["new", "migration", "Add orders table"])
         .assert()
         .success()
         .stderr(contains(
-            "Created migrations/20231114221320_add_orders_table.sql",
+            "Created migrations/20270115080000_add_orders_table.sql",
         ));
 
     let text = std::fs::read_to_string(
         dir.path()
-            .join("shop/migrations/20231114221320_add_orders_table.sql"),
+            .join("shop/migrations/20270115080000_add_orders_table.sql"),
     )
     .unwrap();
     assert_eq!(
@@ -50,7 +50,7 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
     let dir = project();
     for name in ["first", "second"] {
         gpkit(&dir.path().join("shop"))
-            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .env("SOURCE_DATE_EPOCH", "1800000000")
             .args(["new", "migration", name])
             .assert()
             .success();
@@ -59,10 +59,23 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
         migrations(&dir),
         [
             "20200101000100_outbox.sql",
-            "20231114221320_first.sql",
-            "20231114221321_second.sql"
+            "20261130000000_inbox.sql",
+            "20270115080000_first.sql",
+            "20270115080001_second.sql"
         ]
     );
+}
+
+#[test]
+fn a_clock_behind_the_newest_migration_still_gets_a_later_version() {
+    let dir = project();
+    // 2023-11-14, before the kit's inbox migration of 2026-11-30.
+    gpkit(&dir.path().join("shop"))
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .args(["new", "migration", "late"])
+        .assert()
+        .success()
+        .stderr(contains("Created migrations/20261130000001_late.sql"));
 }
 
 #[test]
@@ -76,7 +89,12 @@ fn sequential_numbering_counts_up() {
     }
     assert_eq!(
         migrations(&dir),
-        ["00001_a.sql", "00002_b.sql", "20200101000100_outbox.sql"]
+        [
+            "00001_a.sql",
+            "00002_b.sql",
+            "20200101000100_outbox.sql",
+            "20261130000000_inbox.sql"
+        ]
     );
 }
 
@@ -114,10 +132,10 @@ fn dry_run_writes_nothing() {
     let dir = project();
     let before = disk_state(dir.path(), &[]);
     gpkit(&dir.path().join("shop"))
-        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .env("SOURCE_DATE_EPOCH", "1800000000")
         .args(["--dry-run", "new", "migration", "add_orders"])
         .assert()
         .success()
-        .stdout(contains("create  migrations/20231114221320_add_orders.sql"));
+        .stdout(contains("create  migrations/20270115080000_add_orders.sql"));
     assert_eq!(disk_state(dir.path(), &[]), before);
 }

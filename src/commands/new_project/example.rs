@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result, ensure};
 
 use crate::domain::events;
 use crate::domain::migration::{self, Numbering};
-use crate::engine::blueprint::{OUTBOX_MIGRATION, Tree};
+use crate::engine::blueprint::{INBOX_MIGRATION, OUTBOX_MIGRATION, Tree};
 use crate::engine::manifest::EventSpec;
 use crate::engine::templates::{Renderer, template_set};
 
@@ -85,14 +85,17 @@ pub fn files(tree: &Tree) -> Result<BTreeMap<String, Vec<u8>>> {
 }
 
 /// Where `gpkit new migration orders` would write, in a project whose only
-/// migration is the outbox's.
+/// migrations are the kit's.
 fn migration_path() -> Result<String> {
-    let outbox = OUTBOX_MIGRATION
-        .trim_start_matches("migrations/")
-        .split_once('_')
-        .and_then(|(version, _)| version.parse::<i64>().ok())
-        .context("the outbox migration has a version (this is a bug in gpkit)")?;
-    let existing = [(outbox, "outbox".to_string())];
+    let existing = [OUTBOX_MIGRATION, INBOX_MIGRATION]
+        .iter()
+        .map(|path| {
+            path.trim_start_matches("migrations/")
+                .split_once('_')
+                .and_then(|(version, name)| Some((version.parse::<i64>().ok()?, name.to_string())))
+                .context("a kit migration has a version (this is a bug in gpkit)")
+        })
+        .collect::<Result<Vec<_>>>()?;
     let version = migration::next_version(
         &existing,
         Numbering::Timestamp,

@@ -128,6 +128,9 @@ pub struct WorkerConfig {
     /// Address of the worker's metrics endpoint, such as 0.0.0.0:9090
     #[config(env = "WORKER_METRICS_ADDR", default = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
+    /// How long the inbox remembers that a listener handled an event
+    #[config(env = "INBOX_RETENTION", default = "168h", deserialize_with = duration::deserialize)]
+    pub inbox_retention: Duration,
 }
 
 /// Why the configuration could not be loaded. The message names the

@@ -8,8 +8,10 @@
 //! Each listener task then retries on its own.
 //!
 //! Delivery is at least once: a listener can see the same event again (after
-//! a crash, a timeout or a retry), so it must be idempotent on
-//! [`ListenerContext::event_id`].
+//! a crash, a timeout, a retry or a replay). Database work done through
+//! [`ListenerContext::once`] happens once per event all the same (the
+//! inbox, `super::inbox`); anything else a listener does must be idempotent
+//! on [`ListenerContext::event_id`].
 //!
 //! An event whose payload does not decode into the listener's type is
 //! retried like any failure, not archived: the producer and this listener
@@ -26,7 +28,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::dispatch::Event;
@@ -48,6 +50,26 @@ pub struct ListenerContext {
     pub headers: BTreeMap<String, String>,
     /// The database, for listeners that write.
     pub pool: PgPool,
+    /// The listener's name, its key in the inbox.
+    pub listener: String,
+}
+
+impl ListenerContext {
+    /// Runs `work` in one transaction, once per event for this listener:
+    /// `Some` with its value when it ran and committed, `None` when an
+    /// earlier delivery of the event already did (see `super::inbox`). An
+    /// error rolls everything back, and the retry runs `work` again.
+    ///
+    /// Put the listener's database writes in `work`, and the events it
+    /// dispatches in turn (pass `tx` to the dispatcher). Work outside the
+    /// database (an e-mail, an HTTP call) does not belong here: make it
+    /// idempotent on [`Self::event_id`] by itself.
+    pub async fn once<T, F>(&self, work: F) -> Result<Option<T>, ListenerError>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
+    {
+        super::inbox::once(&self.pool, &self.listener, self.event_id, work).await
+    }
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<(), ListenerError>> + Send>>;
@@ -91,6 +113,7 @@ impl Listener {
             metadata: envelope.metadata.clone(),
             headers,
             pool,
+            listener: self.name.clone(),
         };
         (self.run)(envelope, context).await
     }

@@ -4,7 +4,7 @@
 //! - the consumer, with the event fan-out and every listener registered by
 //!   task type;
 //! - the outbox relay (woken by published wake-ups with `OUTBOX_WAKE=valkey`)
-//!   and the cleanup loop;
+//!   and the cleanup loops (published events, expired inbox records);
 //! - the metrics endpoint and the backlog gauges.
 //!
 //! On shutdown (SIGTERM or Ctrl-C in the binary) the relay stops claiming
@@ -13,6 +13,7 @@
 //! head of their queue; the database pool is closed, so no Postgres session
 //! (and no lock) outlives the process.
 
+pub mod inbox;
 pub mod listeners;
 pub mod metrics;
 
@@ -86,6 +87,12 @@ pub async fn run(
     tasks.spawn(cleanup::run(
         pool.clone(),
         config.outbox.retention,
+        config.outbox.cleanup_interval,
+        stop.clone(),
+    ));
+    tasks.spawn(inbox::run_cleanup(
+        pool.clone(),
+        config.worker.inbox_retention,
         config.outbox.cleanup_interval,
         stop.clone(),
     ));

@@ -43,6 +43,7 @@ pub fn test_config(database_url: &str) -> Config {
             queues: "default=1".parse().unwrap(),
             shutdown_timeout: Duration::from_secs(30),
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
+            inbox_retention: Duration::from_secs(168 * 3600),
         },
     }
 }

@@ -1,0 +1,193 @@
+//! The inbox end to end: a listener that records a payment and dispatches
+//! a receipt in one `ctx.once`, its worker killed with SIGKILL at random
+//! moments, over and over, then left to finish. Every payment is recorded
+//! once and every receipt exists once, although deliveries repeated.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::support::{gpkit, repo};
+use crate::worker_e2e::{RedisServer, Worker, wait_until};
+
+/// The listener: counts each attempt outside the transaction, then does
+/// its work once.
+const LEDGER: &str = r#"//! `ledger`: records a payment and sends its receipt, once per event.
+
+use crate::dispatch::Dispatcher;
+use crate::events::payment_taken::PaymentTaken;
+use crate::events::receipt_sent::ReceiptSent;
+use crate::outbox::OutboxDispatcher;
+use crate::worker::listeners::{ListenerContext, ListenerError};
+
+pub async fn handle(event: PaymentTaken, ctx: ListenerContext) -> Result<(), ListenerError> {
+    sqlx::query("INSERT INTO attempts (event_id) VALUES ($1)")
+        .bind(ctx.event_id)
+        .execute(&ctx.pool)
+        .await?;
+    ctx.once(async |tx| {
+        sqlx::query("INSERT INTO ledger (payment_id) VALUES ($1)")
+            .bind(event.payment_id)
+            .execute(&mut *tx)
+            .await?;
+        // Long enough for a kill to land inside the transaction.
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let receipt = ReceiptSent { payment_id: event.payment_id };
+        OutboxDispatcher::new().dispatch(&mut *tx, &receipt).await?;
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+"#;
+
+const TABLES: &str = "-- +goose Up
+CREATE TABLE attempts (event_id uuid NOT NULL);
+CREATE TABLE ledger (payment_id bigint NOT NULL);
+
+-- +goose Down
+DROP TABLE ledger;
+DROP TABLE attempts;
+";
+
+fn write(project: &Path, path: &str, text: &str) {
+    std::fs::write(project.join(path), text).unwrap();
+}
+
+fn number(db: &Database, sql: &str) -> u64 {
+    psql(&db.url(), sql).parse().unwrap()
+}
+
+/// A small pseudo-random sequence (xorshift), seeded from the clock; the
+/// seed is printed so that a failing run can be replayed.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn a_listener_killed_at_random_points_records_and_dispatches_each_event_once() {
+    // A project with the two events and the listener filled in.
+    let parent = repo().join("target/e2e-inbox");
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(&parent).unwrap();
+    gpkit(&parent)
+        .args(["--no-input", "new", "project", "payments"])
+        .assert()
+        .success();
+    let project = parent.join("payments");
+    for (event, listener) in [("paymentTaken", Some("ledger")), ("receiptSent", None)] {
+        let mut add = gpkit(&project);
+        add.args(["add", "event", event, "--field", "payment_id:i64"]);
+        if let Some(listener) = listener {
+            add.args(["--listener", listener]);
+        }
+        add.assert().success();
+    }
+    write(&project, "src/listeners/payment_taken/ledger.rs", LEDGER);
+    write(&project, "migrations/20270101000000_ledger.sql", TABLES);
+    let bins = build_binaries(&project);
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+
+    let db = Database::create("gpkit_inbox");
+    migrate(&project, &db, &["up"]);
+    const PAYMENTS: u64 = 400;
+    psql(
+        &db.url(),
+        &format!(
+            "INSERT INTO outbox_events (event_id, event_name, payload) \
+             SELECT gen_random_uuid(), 'paymentTaken', jsonb_build_object('payment_id', g) \
+             FROM generate_series(1, {PAYMENTS}) g"
+        ),
+    );
+    let redis = RedisServer::start();
+    let env = [("WORKER_QUEUES", "default=1"), ("WORKER_CONCURRENCY", "4")];
+
+    // Kill workers at random moments while they work.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("kill schedule seed: {seed}");
+    let mut random = Random(seed);
+    let mut kills = 0;
+    while kills < 8 && number(&db, "SELECT count(*) FROM ledger") < PAYMENTS * 3 / 4 {
+        let mut worker = Worker::start_binary(&bins.join("worker"), &db, &redis, &env);
+        std::thread::sleep(Duration::from_millis(300 + random.below(900)));
+        worker.signal("-KILL");
+        worker.wait(Duration::from_secs(10));
+        kills += 1;
+    }
+
+    // One last worker finishes, once the killed workers' leases expire.
+    let mut worker = Worker::start_binary(&bins.join("worker"), &db, &redis, &env);
+    let started = Instant::now();
+    wait_until(
+        Duration::from_secs(180),
+        "every payment is recorded",
+        || number(&db, "SELECT count(*) FROM inbox_processed") == PAYMENTS,
+    );
+    // Settled: nothing left to run that could record a payment again.
+    let size = |command: &str, set: &str| {
+        redis
+            .cli(&[command, &format!("asynq:{{default}}:{set}")])
+            .unwrap_or_default()
+    };
+    wait_until(Duration::from_secs(120), "the queue is settled", || {
+        size("LLEN", "pending") == "0"
+            && size("LLEN", "active") == "0"
+            && size("ZCARD", "retry") == "0"
+            && number(
+                &db,
+                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL",
+            ) == 0
+    });
+    worker.signal("-TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(35)),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+
+    let attempts = number(&db, "SELECT count(*) FROM attempts");
+    eprintln!(
+        "{kills} kills; {attempts} attempts for {PAYMENTS} payments; finished {:?} after the last kill",
+        started.elapsed()
+    );
+    assert_eq!(number(&db, "SELECT count(*) FROM ledger"), PAYMENTS);
+    assert_eq!(
+        number(&db, "SELECT count(DISTINCT payment_id) FROM ledger"),
+        PAYMENTS
+    );
+    assert_eq!(
+        number(
+            &db,
+            "SELECT count(*) FROM outbox_events WHERE event_name = 'receiptSent'"
+        ),
+        PAYMENTS
+    );
+    assert_eq!(
+        number(
+            &db,
+            "SELECT count(DISTINCT payload->>'payment_id') FROM outbox_events \
+             WHERE event_name = 'receiptSent'"
+        ),
+        PAYMENTS
+    );
+    assert!(
+        attempts > PAYMENTS,
+        "no delivery repeated ({attempts} attempts): the kills did not exercise the inbox"
+    );
+    assert_eq!(size("ZCARD", "archived"), "0");
+}
