@@ -46,6 +46,7 @@ use outbox_bench::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIME
 use outbox_bench::outbox::{Envelope, OutboxDispatcher};
 use outbox_bench::queue::message::TaskMessage;
 use outbox_bench::queue::{Client, keys, scripts};
+use outbox_bench::worker::inbox;
 use outbox_bench::worker::listeners::listener_task_id;
 use outbox_bench::worker::metrics::Metrics;
 
@@ -101,6 +102,13 @@ enum Command {
         wake: WakeArg,
     },
     InsertCost {
+        #[arg(long, default_value_t = 3000)]
+        iterations: u32,
+    },
+    /// What `ListenerContext::once` (the inbox) adds to a listener's
+    /// transaction: the same business INSERT in a plain transaction and in
+    /// `inbox::once`, alternating.
+    InboxCost {
         #[arg(long, default_value_t = 3000)]
         iterations: u32,
     },
@@ -712,6 +720,58 @@ async fn cmd_insert_cost(cli: &Cli, iterations: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn cmd_inbox_cost(iterations: u32) -> anyhow::Result<()> {
+    let config = config()?;
+    let pool = pool(&config).await?;
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS bench_ledger; \
+         CREATE TABLE bench_ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+           event_id uuid NOT NULL, amount bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    let transactor = Transactor::new(pool.clone());
+    let business = async |tx: &mut sqlx::PgConnection, id: uuid::Uuid, n: u64| {
+        sqlx::query("INSERT INTO bench_ledger (event_id, amount) VALUES ($1, $2)")
+            .bind(id)
+            .bind(i64::try_from(n).unwrap_or(0))
+            .execute(&mut *tx)
+            .await?;
+        Ok::<_, anyhow::Error>(())
+    };
+    let (mut plain, mut once) = (Vec::new(), Vec::new());
+    let warmup = 200;
+    for n in 0..u64::from(iterations + warmup) {
+        // Alternate which variant goes first, so drift affects both alike.
+        for with_inbox in if n % 2 == 0 { [false, true] } else { [true, false] } {
+            let id = uuid::Uuid::now_v7();
+            let t0 = Instant::now();
+            if with_inbox {
+                let ran = inbox::once(&pool, "bench", id, async |tx| business(tx, id, n).await).await?;
+                anyhow::ensure!(ran.is_some(), "a new event id was skipped");
+            } else {
+                transactor.run(async |tx| business(tx, id, n).await).await?;
+            }
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            if n >= u64::from(warmup) {
+                if with_inbox { once.push(ms) } else { plain.push(ms) }
+            }
+        }
+    }
+    sqlx::raw_sql("DROP TABLE bench_ledger; DELETE FROM inbox_processed WHERE listener = 'bench'")
+        .execute(&pool)
+        .await?;
+    println!(
+        "{}",
+        json!({
+            "iterations": iterations,
+            "tx_plain": summary_ms(plain),
+            "tx_once": summary_ms(once),
+        })
+    );
+    Ok(())
+}
+
 async fn cmd_verify(cli: &Cli, expect: i64) -> anyhow::Result<()> {
     let config = config()?;
     let pool = pool(&config).await?;
@@ -847,6 +907,7 @@ async fn main() -> anyhow::Result<()> {
             wake,
         } => cmd_load(&cli, *rate, *seconds, *wake).await,
         Command::InsertCost { iterations } => cmd_insert_cost(&cli, *iterations).await,
+        Command::InboxCost { iterations } => cmd_inbox_cost(*iterations).await,
         Command::Verify { expect } => cmd_verify(&cli, *expect).await,
         Command::VerifyListeners { listeners } => cmd_verify_listeners(&cli, listeners).await,
     }
