@@ -105,6 +105,18 @@ enum Command {
         #[arg(long, default_value_t = 3000)]
         iterations: u32,
     },
+    /// From commit to the listener running, through a worker process of
+    /// the project started with `BENCH_RECORD_LISTENER_RUNS=1` (its first
+    /// `benchDone` listener then records when it ran in `listener_runs`):
+    /// commits `benchDone` events at `rate` for `seconds`, with `wake`.
+    ListenerLatency {
+        #[arg(long, default_value_t = 20)]
+        rate: u32,
+        #[arg(long, default_value_t = 10)]
+        seconds: u32,
+        #[arg(long, value_enum, default_value = "valkey")]
+        wake: WakeArg,
+    },
     /// What `ListenerContext::once` (the inbox) adds to a listener's
     /// transaction: the same business INSERT in a plain transaction and in
     /// `inbox::once`, alternating.
@@ -148,6 +160,16 @@ struct OrderPlaced {
 
 impl Event for OrderPlaced {
     const NAME: &'static str = "orderPlaced";
+}
+
+/// The end-to-end run's event, `benchDone` (the project's listeners decode
+/// it; the event has no fields, so they ignore the payload).
+#[derive(Serialize)]
+#[serde(transparent)]
+struct BenchDone(OrderPlaced);
+
+impl Event for BenchDone {
+    const NAME: &'static str = "benchDone";
 }
 
 impl OrderPlaced {
@@ -720,6 +742,54 @@ async fn cmd_insert_cost(cli: &Cli, iterations: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn cmd_listener_latency(
+    cli: &Cli,
+    rate: u32,
+    seconds: u32,
+    wake: WakeArg,
+) -> anyhow::Result<()> {
+    let config = config()?;
+    let pool = pool(&config).await?;
+    sqlx::raw_sql("TRUNCATE listener_runs").execute(&pool).await?;
+    let (transactor, method) = load_transactor(pool.clone(), &config, wake, None).await?;
+    let dispatcher = OutboxDispatcher::new();
+    let total = u64::from(rate) * u64::from(seconds);
+    let mut committed: Vec<(uuid::Uuid, i64)> = Vec::with_capacity(total as usize);
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    for n in 0..total {
+        ticker.tick().await;
+        let event = BenchDone(OrderPlaced::sized(20_000_000 + n, cli.payload_bytes));
+        let envelope = transactor
+            .run(async |tx| dispatcher.dispatch(&mut *tx, &event).await.map_err(anyhow::Error::from))
+            .await?;
+        committed.push((envelope.id, now_ns()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ran: BTreeMap<uuid::Uuid, i64> = BTreeMap::new();
+    while ran.len() < committed.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ran = sqlx::query_as::<_, (uuid::Uuid, i64)>("SELECT event_id, ran_at_ns FROM listener_runs")
+            .fetch_all(&pool)
+            .await?
+            .into_iter()
+            .collect();
+    }
+    let latencies: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, at)| ran.get(id).map(|ran| (ran - at) as f64 / 1e6))
+        .collect();
+    println!(
+        "{}",
+        json!({
+            "wake": method,
+            "events": total,
+            "missing": committed.len() - latencies.len(),
+            "latency": summary_ms(latencies),
+        })
+    );
+    Ok(())
+}
+
 async fn cmd_inbox_cost(iterations: u32) -> anyhow::Result<()> {
     let config = config()?;
     let pool = pool(&config).await?;
@@ -908,6 +978,11 @@ async fn main() -> anyhow::Result<()> {
         } => cmd_load(&cli, *rate, *seconds, *wake).await,
         Command::InsertCost { iterations } => cmd_insert_cost(&cli, *iterations).await,
         Command::InboxCost { iterations } => cmd_inbox_cost(*iterations).await,
+        Command::ListenerLatency {
+            rate,
+            seconds,
+            wake,
+        } => cmd_listener_latency(&cli, *rate, *seconds, *wake).await,
         Command::Verify { expect } => cmd_verify(&cli, *expect).await,
         Command::VerifyListeners { listeners } => cmd_verify_listeners(&cli, listeners).await,
     }

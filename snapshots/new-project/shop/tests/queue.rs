@@ -455,6 +455,67 @@ async fn the_consumer_runs_handlers_and_completes_tasks() {
     );
 }
 
+/// A consumer of `queue` that polls only every 15-45 s and reports when
+/// its `job:ping` handler ran; its consumer runs on `client`.
+fn sleepy_consumer(
+    queue: &TestQueue,
+    client: Client,
+    wake_on_published: bool,
+) -> (Running, tokio::sync::mpsc::UnboundedReceiver<Instant>) {
+    let (ran, runs) = tokio::sync::mpsc::unbounded_channel();
+    let options = ConsumerOptions {
+        poll_interval: Duration::from_secs(30),
+        wake_on_published,
+        ..queue.options()
+    };
+    let mut consumer = Consumer::new(client, options);
+    consumer.handle("job:ping", move |_task: Task| {
+        let ran = ran.clone();
+        async move {
+            ran.send(Instant::now()).ok();
+            Ok(())
+        }
+    });
+    (Running::start(consumer), runs)
+}
+
+#[tokio::test]
+async fn an_idle_consumer_wakes_when_its_own_process_enqueues() {
+    let queue = TestQueue::new().await;
+    let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), false);
+    // Let it find the queue empty and go to sleep for its 15-45 s poll.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let enqueued = Instant::now();
+    queue.enqueue(&[queue.task("job:ping", "a")]).await;
+    let ran = tokio::time::timeout(Duration::from_secs(10), runs.recv())
+        .await
+        .expect("the handler ran long before the next poll")
+        .unwrap();
+    running.stop().await;
+
+    assert!(ran - enqueued < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn an_idle_consumer_wakes_when_another_process_publishes_its_enqueue() {
+    let queue = TestQueue::new().await;
+    let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), true);
+    // Another process: a client of its own, publishing its enqueues.
+    let other = Client::connect(&server_addr(), None, 0).await.unwrap();
+    other.enqueued().set_publish(true);
+    // Let the consumer go to sleep and subscribe.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let outcome = other.enqueue(&[queue.task("job:ping", "b")]).await.unwrap();
+    assert_eq!(outcome[0].as_ref().unwrap(), &EnqueueOutcome::Enqueued);
+    tokio::time::timeout(Duration::from_secs(10), runs.recv())
+        .await
+        .expect("the handler ran long before the next poll")
+        .unwrap();
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn a_failing_handler_is_retried_then_archived() {
     // Arrange

@@ -15,6 +15,7 @@ use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 use secrecy::{ExposeSecret, SecretString};
 
 use super::message::TaskMessage;
+use super::wakeup::{self, Enqueued};
 use super::{QueueError, keys, scripts};
 use crate::config::ValkeyConfig;
 
@@ -33,6 +34,8 @@ pub struct Client {
     conn: ConnectionManager,
     /// For dedicated connections, such as a pub/sub subscription.
     client: redis::Client,
+    /// Wakes idle consumers after each enqueue (see [`wakeup`]).
+    enqueued: Enqueued,
 }
 
 /// A task to enqueue. The id is the deduplication key: while a task with
@@ -172,12 +175,21 @@ impl Client {
             addr: addr.to_string(),
             source,
         })?;
-        Ok(Self { conn, client })
+        Ok(Self {
+            conn,
+            client,
+            enqueued: Enqueued::default(),
+        })
     }
 
     /// [`Client::connect`] with the project's `VALKEY_*` settings.
     pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
         Self::connect(&config.addr, config.password.as_ref(), config.db).await
+    }
+
+    /// The signal every enqueue through this client (and its clones) gives.
+    pub fn enqueued(&self) -> &Enqueued {
+        &self.enqueued
     }
 
     /// Publishes `message` on the pub/sub `channel`.
@@ -214,7 +226,9 @@ impl Client {
         let replies = if valid.is_empty() {
             Vec::new()
         } else {
-            self.run_enqueue_scripts(&valid).await?
+            let replies = self.run_enqueue_scripts(&valid).await?;
+            self.enqueued.signal();
+            replies
         };
 
         let mut replies = replies.into_iter();
@@ -269,6 +283,9 @@ impl Client {
         pipe.sadd(keys::ALL_QUEUES, &queues).ignore();
         for invocation in &invocations {
             pipe.invoke_script(invocation);
+        }
+        if self.enqueued.publish() {
+            pipe.publish(wakeup::CHANNEL, queues.join(",")).ignore();
         }
         pipe.query_async(&mut self.conn.clone()).await
     }

@@ -25,6 +25,10 @@
 //! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
 //!   to finish, then are dropped and their tasks put back at the head of
 //!   pending, so the next worker runs them at once.
+//! - Wake-ups: an idle consumer sleeps up to `poll_interval`, but a task
+//!   enqueued by its own process wakes it at once, and with
+//!   `wake_on_published` so does one another process enqueued (see
+//!   [`super::wakeup`]).
 //! - In the background, as Go asynq: due retries and scheduled tasks are
 //!   forwarded to pending, expired leases recovered (one task that cannot
 //!   be recovered is logged and skipped, not the rest of the round), and
@@ -46,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::broker::is_not_found;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
-use super::{Client, QueueError, QueueWeights, default_retry_delay, keys};
+use super::{Client, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
 
 /// Recovery waits this long past a lease's expiry, to allow for clock skew
 /// between workers (Go asynq's value).
@@ -165,6 +169,9 @@ pub struct ConsumerOptions {
     /// Delay before retry n + 1, given n failures so far.
     /// Default [`default_retry_delay`], Go asynq's.
     pub retry_delay: fn(u32) -> Duration,
+    /// Also wake when another process publishes an enqueue on
+    /// [`wakeup::CHANNEL`] (`OUTBOX_WAKE=valkey`). Default off.
+    pub wake_on_published: bool,
 }
 
 impl Default for ConsumerOptions {
@@ -180,6 +187,7 @@ impl Default for ConsumerOptions {
             recover_interval: Duration::from_secs(60),
             cleanup_interval: Duration::from_secs(8),
             retry_delay: default_retry_delay,
+            wake_on_published: false,
         }
     }
 }
@@ -266,6 +274,9 @@ impl Consumer {
         background.spawn(worker.clone().heartbeat(heartbeat.clone()));
         background.spawn(worker.clone().maintain(maintenance.clone()));
         background.spawn(worker.clone().listen_for_cancellations(heartbeat.clone()));
+        if options.wake_on_published {
+            background.spawn(worker.clone().listen_for_enqueues(heartbeat.clone()));
+        }
 
         let mut running = JoinSet::new();
         let slots = Arc::new(Semaphore::new(options.concurrency));
@@ -277,6 +288,9 @@ impl Consumer {
                 slot = slots.clone().acquire_owned() => slot.expect("never closed"),
             };
             while running.try_join_next().is_some() {}
+            // Listening before looking: an enqueue during the dequeue still wakes.
+            let mut enqueued = pin!(worker.client.enqueued().next());
+            enqueued.as_mut().enable();
             let pause = match worker.dequeue(slot, &mut running).await {
                 Ok(true) => continue,
                 Ok(false) => jittered(options.poll_interval),
@@ -288,6 +302,7 @@ impl Consumer {
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
+                () = enqueued => {}
                 () = sleep(pause) => {}
             }
         }
@@ -573,14 +588,44 @@ impl Worker {
     }
 
     /// Cancels the running tasks whose ids are published on `asynq:cancel`,
-    /// until `stop`; subscribes again after a lost connection.
+    /// until `stop`.
     async fn listen_for_cancellations(self: Arc<Self>, stop: CancellationToken) {
+        let worker = Arc::clone(&self);
+        self.listen(
+            keys::CANCEL_CHANNEL,
+            "task cancellations",
+            stop,
+            move |id| worker.active.cancel(&id),
+        )
+        .await;
+    }
+
+    /// Wakes this process's idle consumers when another process publishes
+    /// an enqueue (see [`super::wakeup`]), until `stop`.
+    async fn listen_for_enqueues(self: Arc<Self>, stop: CancellationToken) {
+        let enqueued = self.client.enqueued().clone();
+        self.listen(wakeup::CHANNEL, "enqueue wake-ups", stop, move |_queues| {
+            enqueued.signal()
+        })
+        .await;
+    }
+
+    /// Calls `on_message` with each message published on `channel` until
+    /// `stop`; subscribes again after a lost connection. `what` names the
+    /// messages in logs.
+    async fn listen(
+        &self,
+        channel: &str,
+        what: &str,
+        stop: CancellationToken,
+        on_message: impl Fn(String),
+    ) {
         loop {
             let subscribed = tokio::select! {
                 () = stop.cancelled() => return,
                 subscribed = tokio::time::timeout(
                     RESUBSCRIBE_DELAY,
-                    self.client.subscribe(keys::CANCEL_CHANNEL),
+                    self.client.subscribe(channel),
                 ) => subscribed,
             };
             match subscribed {
@@ -593,16 +638,18 @@ impl Worker {
                         };
                         let Some(message) = message else { break };
                         match message.get_payload::<String>() {
-                            Ok(id) => self.active.cancel(&id),
-                            Err(err) => tracing::warn!(error = %err, "unreadable cancellation"),
+                            Ok(payload) => on_message(payload),
+                            Err(err) => {
+                                tracing::warn!(error = %err, "unreadable message on {channel}")
+                            }
                         }
                     }
-                    tracing::warn!("the cancellation subscription was lost; subscribing again");
+                    tracing::warn!("the subscription to {what} was lost; subscribing again");
                 }
                 Ok(Err(err)) => {
-                    tracing::warn!(error = %err, "cannot subscribe to task cancellations");
+                    tracing::warn!(error = %err, "cannot subscribe to {what}");
                 }
-                Err(_) => tracing::warn!("subscribing to task cancellations timed out"),
+                Err(_) => tracing::warn!("subscribing to {what} timed out"),
             }
             tokio::select! {
                 () = stop.cancelled() => return,

@@ -42,6 +42,7 @@ pub mod keys;
 pub mod message;
 mod names;
 pub mod scripts;
+pub mod wakeup;
 mod weights;
 
 pub use broker::default_retry_delay;

@@ -43,6 +43,10 @@ pub async fn run(
     let queue = Client::from_config(&config.valkey)
         .await
         .context("the worker needs Valkey at start-up")?;
+    // Consumers of other processes wake at once for what this one enqueues.
+    queue
+        .enqueued()
+        .set_publish(config.outbox.wake == WakeMode::Valkey);
     let metrics = Metrics::new();
     let stop = CancellationToken::new();
 
@@ -128,6 +132,7 @@ fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listene
         queues: config.worker.queues.clone(),
         concurrency: config.worker.concurrency,
         shutdown_timeout: config.worker.shutdown_timeout,
+        wake_on_published: config.outbox.wake == WakeMode::Valkey,
         ..ConsumerOptions::default()
     };
     let mut consumer = Consumer::new(queue.clone(), options);
