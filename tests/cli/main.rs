@@ -15,6 +15,7 @@ mod interrupted;
 mod line_endings;
 mod new_migration;
 mod new_project;
+mod outbox_ops;
 mod prompts;
 mod server_state_interop;
 mod support;
