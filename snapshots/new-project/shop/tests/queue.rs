@@ -38,6 +38,7 @@ use shop::worker::handle_events;
 use shop::worker::listeners::ListenerContext;
 use shop::worker::listeners::Listeners;
 use shop::worker::listeners::listener_task_id;
+use shop::worker::metrics::ListenerMetrics;
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
@@ -1356,6 +1357,7 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
         pool,
         Arc::new(listeners),
         Duration::ZERO,
+        ListenerMetrics::default(),
     );
     (consumer, runs)
 }
