@@ -4,7 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
 use shop::config::Config;
 use shop::listeners::register as register_listeners;
 use shop::operations::{self, cli::Cli};
@@ -12,9 +11,9 @@ use shop::worker::listeners::Listeners;
 
 fn main() -> ExitCode {
     // Arguments first: `--help` and mistakes need no configuration.
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::from_args() {
         Ok(cli) => cli,
-        Err(err) => return operations::cli::usage_error(&err),
+        Err(code) => return code,
     };
     // Then, while the process has one thread: `.env` sets variables.
     if let Err(err) = shop::env_file::load() {

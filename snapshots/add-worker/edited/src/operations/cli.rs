@@ -39,6 +39,14 @@ pub enum Command {
     Purge(purge::Args),
 }
 
+impl Cli {
+    /// The process's arguments. On a mistake, or `--help`, what clap has
+    /// to say is printed and the exit code returned ([`usage_error`]).
+    pub fn from_args() -> Result<Self, ExitCode> {
+        Self::try_parse().map_err(|err| usage_error(&err))
+    }
+}
+
 /// Reports an argument error (exit 64) or prints the help or version
 /// that clap was asked for (exit 0).
 pub fn usage_error(err: &clap::Error) -> ExitCode {
