@@ -103,6 +103,11 @@ struct Ops<'a> {
 
 impl Ops<'_> {
     fn run(&self, args: &[&str]) -> Output {
+        self.run_with(&[], args)
+    }
+
+    /// Runs with `env` on top of the test's environment.
+    fn run_with(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
         Command::new(&self.bin)
             .args(args)
             .current_dir(self.project)
@@ -111,6 +116,7 @@ impl Ops<'_> {
             .env("VALKEY_ADDR", self.redis.addr())
             .env("WORKER_QUEUES", "default=1")
             .env("OUTBOX_RETENTION", "168h")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .unwrap()
@@ -482,6 +488,19 @@ fn the_outbox_command_follows_replays_retries_and_purges_events() {
         state(&db, &redis),
         before,
         "a bad argument changed something"
+    );
+
+    // Without Valkey, `list` still works and `status` says what it needs.
+    let offline = [("VALKEY_ADDR", "127.0.0.1:1")];
+    let listed = ops.run_with(&offline, &["list", "--unpublished"]);
+    assert_eq!(listed.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(&four));
+    let status = ops.run_with(&offline, &["status"]);
+    let err = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("this command needs Valkey") && err.contains("127.0.0.1:1"),
+        "{err}"
     );
 
     // replay: order 2 to every listener, order 3 to `email` alone, and the

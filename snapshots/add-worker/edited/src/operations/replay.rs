@@ -91,11 +91,11 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         return Ok(ExitCode::FAILURE);
     }
 
+    let client = context.queue().await?;
     let mut replayed = Vec::with_capacity(planned.len());
     for chunk in planned.chunks(BATCH) {
         let new_tasks: Vec<NewTask> = chunk.iter().map(|(_, task)| task.clone()).collect();
-        let results = context
-            .queue
+        let results = client
             .enqueue(&new_tasks)
             .await
             .with_context(|| format!("{} task(s) were queued before", replayed.len()))?;

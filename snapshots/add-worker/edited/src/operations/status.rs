@@ -45,9 +45,10 @@ pub struct Status {
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let retention = context.config.outbox.retention;
     let outbox = rows::stats(&context.pool, retention).await?;
+    let client = context.queue().await?;
     let mut queues = Vec::new();
     for queue in context.all_queues() {
-        let counts = context.queue.queue_counts(&queue).await?;
+        let counts = client.queue_counts(&queue).await?;
         queues.push(QueueStatus { queue, counts });
     }
     let lag = outbox.oldest_unpublished_age_seconds.unwrap_or(0.0);

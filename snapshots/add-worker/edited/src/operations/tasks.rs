@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::Context;
 use super::rows::EventRow;
 use crate::outbox::relay::event_task_type;
-use crate::queue::{QueueError, TaskInfo};
+use crate::queue::{Client, QueueError, TaskInfo};
 use crate::worker::listeners::{listener_task_id, listener_task_type};
 
 /// What `show` reports for a task that is not in the queue: not queued yet
@@ -35,7 +35,8 @@ pub struct EventTasks {
 }
 
 /// Looks up the tasks of `event` in every queue of `OUTBOX_QUEUES`.
-pub async fn of_event(context: &Context, event: &EventRow) -> Result<EventTasks, QueueError> {
+pub async fn of_event(context: &Context, event: &EventRow) -> anyhow::Result<EventTasks> {
+    let client = context.queue().await?;
     let id = event.id.to_string();
     let mut tasks = EventTasks {
         event_tasks: Vec::new(),
@@ -45,13 +46,13 @@ pub async fn of_event(context: &Context, event: &EventRow) -> Result<EventTasks,
         let task_type = event_task_type(&event.name);
         tasks
             .event_tasks
-            .push(lookup(context, queue, &id, &task_type).await?);
+            .push(lookup(client, queue, &id, &task_type).await?);
         for listener in context.listeners.of(&event.name) {
             let task_id = listener_task_id(event.id, listener.name()).to_string();
             let task_type = listener_task_type(&event.name, listener.name());
             tasks.listener_tasks.push(ListenerTask {
                 listener: listener.name().to_string(),
-                task: lookup(context, queue, &task_id, &task_type).await?,
+                task: lookup(client, queue, &task_id, &task_type).await?,
             });
         }
     }
@@ -60,13 +61,12 @@ pub async fn of_event(context: &Context, event: &EventRow) -> Result<EventTasks,
 
 /// The task, or a [`MISSING`] one with what it would be.
 async fn lookup(
-    context: &Context,
+    client: &Client,
     queue: &str,
     id: &str,
     task_type: &str,
 ) -> Result<TaskInfo, QueueError> {
-    Ok(context
-        .queue
+    Ok(client
         .task_info(queue, id)
         .await?
         .unwrap_or_else(|| TaskInfo {

@@ -30,6 +30,7 @@ pub mod tasks;
 pub mod time;
 
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use anyhow::Context as _;
 use sqlx::PgPool;
@@ -48,13 +49,25 @@ pub const USAGE: u8 = 64;
 /// What every subcommand works with.
 pub struct Context {
     pub pool: PgPool,
-    pub queue: Client,
+    /// Connected at first use: `list` and `purge` work while Valkey is down.
+    queue: OnceLock<Client>,
     pub config: Config,
     /// This service's listeners, to find an event's listener tasks.
     pub listeners: Listeners,
 }
 
 impl Context {
+    /// The queue, connected (and PINGed) the first time it is needed.
+    pub async fn queue(&self) -> anyhow::Result<&Client> {
+        if let Some(client) = self.queue.get() {
+            return Ok(client);
+        }
+        let client = Client::from_config(&self.config.valkey)
+            .await
+            .context("this command needs Valkey")?;
+        Ok(self.queue.get_or_init(|| client))
+    }
+
     /// The queues events go to (`OUTBOX_QUEUES`): where their event tasks
     /// and, after the fan-out, their listener tasks are.
     pub fn outbox_queues(&self) -> &[String] {
@@ -76,22 +89,14 @@ impl Context {
 
 /// Connects to Postgres and Valkey and runs `cli`'s subcommand.
 pub async fn run(config: Config, listeners: Listeners, cli: Cli) -> ExitCode {
-    let result = async {
-        let queue = Client::from_config(&config.valkey)
-            .await
-            .context("the outbox command needs Valkey")?;
-        let pool = database::connect_lazy(&config.database);
-        let context = Context {
-            pool,
-            queue,
-            config,
-            listeners,
-        };
-        let code = dispatch(&context, cli).await;
-        context.pool.close().await;
-        code
-    }
-    .await;
+    let context = Context {
+        pool: database::connect_lazy(&config.database),
+        queue: OnceLock::new(),
+        config,
+        listeners,
+    };
+    let result = dispatch(&context, cli).await;
+    context.pool.close().await;
     match result {
         Ok(code) => code,
         Err(err) => {

@@ -55,13 +55,14 @@ fn matches(task_type: &str, filter: Option<&str>) -> bool {
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
+    let client = context.queue().await?;
     let mut retried = Vec::new();
     for queue in context.all_queues() {
-        for (message, archived_at) in context.queue.archived_tasks(&queue, args.since).await? {
+        for (message, archived_at) in client.archived_tasks(&queue, args.since).await? {
             if !matches(&message.r#type, args.listener.as_deref()) {
                 continue;
             }
-            if context.queue.run_task(&queue, &message.id).await? == RunOutcome::Queued {
+            if client.run_task(&queue, &message.id).await? == RunOutcome::Queued {
                 retried.push(Retried {
                     queue: queue.clone(),
                     id: message.id,
