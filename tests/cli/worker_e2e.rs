@@ -578,6 +578,11 @@ fn a_published_wake_up_makes_the_worker_binary_relay_at_once() {
         took < Duration::from_secs(5),
         "took {took:?} with a 30 s poll interval"
     );
+    // The task is visible before the round has marked, committed and
+    // counted itself.
+    wait_until(Duration::from_secs(5), "the woken round is counted", || {
+        relay_rounds(port) >= 2
+    });
     assert_eq!(
         relay_rounds(port),
         2,
