@@ -219,7 +219,14 @@ fn merge_bins(
         if !present && base_names.contains(&name) {
             notes.push(format!("[[bin]] `{name}`: you removed it; left out"));
         } else if !present {
-            ours.push(bin.clone());
+            // Next to the last binary, not wherever the template had it:
+            // toml_edit orders tables by position, and a tie keeps the
+            // array's order.
+            let mut bin = bin.clone();
+            if let Some(last) = ours.iter().filter_map(Table::position).max() {
+                bin.set_position(last);
+            }
+            ours.push(bin);
         }
     }
     let removed: Vec<&str> = base_names
@@ -384,6 +391,26 @@ redis = "1"
         assert!(!merged.text.contains("redis"));
         assert!(!merged.text.contains("worker"));
         assert_eq!(merged.text.matches("[[bin]]").count(), 1);
+    }
+
+    #[test]
+    fn new_binaries_follow_the_last_binary_not_the_dependencies() {
+        let theirs = THEIRS.replace(
+            "[dependencies]",
+            "[[bin]]\nname = \"outbox\"\npath = \"src/bin/outbox.rs\"\n\n[dependencies]",
+        );
+        let merged = merge(BASE, BASE, &theirs).unwrap();
+        let bins: Vec<&str> = merged
+            .text
+            .lines()
+            .filter_map(|l| l.strip_prefix("name = "))
+            .collect();
+        assert_eq!(bins, ["\"shop\"", "\"server\"", "\"worker\"", "\"outbox\""]);
+        assert!(
+            merged.text.find("outbox").unwrap() < merged.text.find("[dependencies]").unwrap(),
+            "{}",
+            merged.text
+        );
     }
 
     #[test]

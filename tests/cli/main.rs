@@ -17,6 +17,7 @@ mod interrupted;
 mod line_endings;
 mod new_migration;
 mod new_project;
+mod outbox_ops;
 mod own_postgres;
 mod postgres_tls;
 mod prompts;

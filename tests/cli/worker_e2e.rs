@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::e2e::{Database, binary, built_project, migrate, psql};
 
 /// A port nothing listens on right now.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -522,7 +522,7 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
 
 /// The value of the counter `name` on the worker's metrics endpoint at
 /// `port`; `None` while the endpoint is not up or has no such counter.
-fn metric(port: u16, name: &str) -> Option<u64> {
+pub fn metric(port: u16, name: &str) -> Option<u64> {
     TcpStream::connect(("127.0.0.1", port)).ok()?;
     http_get(port, "/metrics").lines().find_map(|line| {
         line.strip_prefix(name)?
@@ -578,6 +578,11 @@ fn a_published_wake_up_makes_the_worker_binary_relay_at_once() {
         took < Duration::from_secs(5),
         "took {took:?} with a 30 s poll interval"
     );
+    // The task is visible before the round has marked, committed and
+    // counted itself.
+    wait_until(Duration::from_secs(5), "the woken round is counted", || {
+        relay_rounds(port) >= 2
+    });
     assert_eq!(
         relay_rounds(port),
         2,

@@ -10,6 +10,7 @@ pub mod env_file;
 pub mod events;
 pub mod listeners;
 pub mod migrate;
+pub mod operations;
 pub mod outbox;
 pub mod queue;
 pub mod routes;

@@ -31,13 +31,15 @@ use shop::queue::message::ServerInfo;
 use shop::queue::message::TaskMessage;
 use shop::queue::message::WorkerInfo;
 use shop::queue::{
-    Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError, Task,
-    keys, scripts,
+    Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError,
+    RunOutcome, Task, keys, scripts,
 };
 use shop::worker::handle_events;
 use shop::worker::listeners::ListenerContext;
 use shop::worker::listeners::Listeners;
+use shop::worker::listeners::SkipRetry;
 use shop::worker::listeners::listener_task_id;
+use shop::worker::metrics::{ListenerLabels, ListenerMetrics};
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
@@ -1417,6 +1419,7 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
         pool,
         Arc::new(listeners),
         Duration::ZERO,
+        ListenerMetrics::default(),
     );
     (consumer, runs)
 }
@@ -1513,4 +1516,122 @@ async fn a_task_that_is_not_an_event_envelope_is_archived_at_once() {
     let fields = queue.stored_fields("garbage").await;
     assert!(!fields.contains_key(&6), "never retried");
     assert!(text(&fields, 7).contains("not an event envelope"));
+}
+
+#[tokio::test]
+async fn an_event_task_under_a_new_id_reaches_the_listeners_again_with_the_same_event_id() {
+    // Arrange: the relay's task (id = event id), and a replay of the same
+    // envelope under a new task id, as `outbox replay` queues it.
+    let queue = TestQueue::new().await;
+    let (consumer, runs) = consumer_with_listener(&queue, queue.options());
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    let mut replay = event_task(&queue, &envelope);
+    replay.id = uuid::Uuid::now_v7().to_string();
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the first run", || async {
+        runs.lock().unwrap().len() == 1
+    })
+    .await;
+    queue.enqueue(&[replay]).await;
+    eventually(Duration::from_secs(10), "the replayed run", || async {
+        runs.lock().unwrap().len() == 2
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: two runs, one event id for the listener to deduplicate on.
+    let runs = runs.lock().unwrap();
+    assert!(
+        runs.iter()
+            .all(|(_, context)| context.event_id == envelope.id)
+    );
+}
+
+#[tokio::test]
+async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
+    // Arrange: a listener that gives up once, then succeeds.
+    let queue = TestQueue::new().await;
+    let attempts = Arc::new(Mutex::new(0));
+    let counted = attempts.clone();
+    let mut listeners = Listeners::new();
+    listeners.listen("once", move |_: Pinged, _: ListenerContext| {
+        let counted = counted.clone();
+        async move {
+            let mut attempts = counted.lock().unwrap();
+            *attempts += 1;
+            if *attempts == 1 {
+                return Err(SkipRetry("not now".into()).into());
+            }
+            Ok(())
+        }
+    });
+    let pool = sqlx::PgPool::connect_lazy("postgres://unused@127.0.0.1:1/unused").unwrap();
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let metrics = ListenerMetrics::default();
+    handle_events(
+        &mut consumer,
+        queue.client.clone(),
+        pool,
+        Arc::new(listeners),
+        Duration::from_secs(60),
+        metrics.clone(),
+    );
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+    let task = listener_task_id(envelope.id, "once").to_string();
+
+    // Act: archived at once; asynq's "run" puts it back.
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state(&task).await.as_deref() == Some("archived") },
+    )
+    .await;
+    let archived = queue
+        .client
+        .archived_tasks(&queue.name, None)
+        .await
+        .unwrap();
+    let info = queue
+        .client
+        .task_info(&queue.name, &task)
+        .await
+        .unwrap()
+        .unwrap();
+    let outcome = queue.client.run_task(&queue.name, &task).await.unwrap();
+    eventually(Duration::from_secs(10), "the task to complete", || async {
+        queue.state(&task).await.as_deref() == Some("completed")
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    assert_eq!(archived.len(), 1);
+    assert_eq!(archived[0].0.id, task);
+    assert_eq!((info.state.as_str(), info.retried), ("archived", 0));
+    assert_eq!(info.last_error.as_deref(), Some("not now (not retried)"));
+    assert!(info.archived_at.is_some());
+    assert_eq!(outcome, RunOutcome::Queued);
+    assert_eq!(*attempts.lock().unwrap(), 2);
+    let counts = queue.client.queue_counts(&queue.name).await.unwrap();
+    // The listener task is kept for its retention; the event task had none.
+    assert_eq!((counts.archived, counts.completed), (0, 1));
+    let labels = ListenerLabels {
+        event: Pinged::NAME.into(),
+        listener: "once".into(),
+    };
+    assert_eq!(metrics.failed.get_or_create(&labels).get(), 1);
+    assert_eq!(metrics.succeeded.get_or_create(&labels).get(), 1);
+    assert_eq!(
+        queue
+            .client
+            .run_task(&queue.name, "no-such-task")
+            .await
+            .unwrap(),
+        RunOutcome::Missing
+    );
 }

@@ -87,6 +87,12 @@ pub fn completed(queue: &str) -> String {
     format!("asynq:{{{queue}}}:completed")
 }
 
+/// The set of a queue's group names (task aggregation, not used by this
+/// kit; asynq's "run" script keeps it tidy).
+pub fn all_groups(queue: &str) -> String {
+    format!("asynq:{{{queue}}}:groups")
+}
+
 /// The prefix of the group sets (task aggregation, not used by this kit).
 pub fn group_prefix(queue: &str) -> String {
     format!("asynq:{{{queue}}}:g:")

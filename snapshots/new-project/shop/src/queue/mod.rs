@@ -9,6 +9,8 @@
 //! - [`Consumer`]: the worker's loop, running a handler per task type (see
 //!   its module docs for leases, retries, shutdown, recovery, cancellation
 //!   and the server state asynqmon shows).
+//! - [`TaskInfo`], [`QueueCounts`] and [`Client::run_task`]: what the
+//!   `outbox` command reads and does, as asynqmon would (module `inspect`).
 //! - [`QueueWeights`]: `WORKER_QUEUES`, such as `default=1,critical=6`;
 //!   [`QueueNames`]: `OUTBOX_QUEUES`, such as `shop,billing`.
 //!
@@ -38,6 +40,7 @@
 mod broker;
 mod client;
 mod consumer;
+mod inspect;
 pub mod keys;
 pub mod message;
 mod names;
@@ -50,6 +53,7 @@ pub use client::{
     Client, DEFAULT_MAX_RETRY, DEFAULT_QUEUE, DEFAULT_TIMEOUT, EnqueueOutcome, NewTask,
 };
 pub use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
+pub use inspect::{QueueCounts, RunOutcome, TaskInfo};
 pub use names::{QueueNames, check_queue_name};
 pub use weights::QueueWeights;
 

@@ -294,6 +294,45 @@ return redis.status_reply("OK")
     )
 });
 
+/// Go asynq's `RunTask` (asynqmon's and the CLI's "run"): moves a task
+/// waiting in `:scheduled`, `:retry` or `:archived` to pending, keeping
+/// its message (so its retry count) as it is. Returns 1 when moved, 0 when
+/// the task does not exist, -1 when it is active, -2 when already pending.
+///
+/// KEYS: task hash, pending, groups. ARGV: task id, queue key prefix,
+/// group key prefix.
+pub static RUN_TASK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call("EXISTS", KEYS[1]) == 0 then
+	return 0
+end
+local state, group = unpack(redis.call("HMGET", KEYS[1], "state", "group"))
+if state == "active" then
+	return -1
+elseif state == "pending" then
+	return -2
+elseif state == "aggregating" then
+	local n = redis.call("ZREM", ARGV[3] .. group, ARGV[1])
+	if n == 0 then
+		return redis.error_reply("internal error: task id not found in zset " .. tostring(ARGV[3] .. group))
+	end
+	if redis.call("ZCARD", ARGV[3] .. group) == 0 then
+		redis.call("SREM", KEYS[3], group)
+	end
+else
+	local n = redis.call("ZREM", ARGV[2] .. state, ARGV[1])
+	if n == 0 then
+		return redis.error_reply("internal error: task id not found in zset " .. tostring(ARGV[2] .. state))
+	end
+end
+redis.call("LPUSH", KEYS[2], ARGV[1])
+redis.call("HSET", KEYS[1], "state", "pending")
+return 1
+"#,
+    )
+});
+
 /// Moves up to 100 due tasks of `:scheduled` or `:retry` to pending.
 /// Returns how many moved.
 ///

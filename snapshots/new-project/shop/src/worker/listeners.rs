@@ -1,11 +1,13 @@
 //! Listeners: the functions that react to events, and the fan-out that
 //! gives each its own task.
 //!
-//! The relay queues one `event:<name>` task per event. Its handler (the
-//! fan-out) queues one `listener:<name>:<listener>` task per listener
-//! registered for that event, with a task id derived from the event id and
-//! the listener's name, so a retried fan-out never queues a second copy.
-//! Each listener task then retries on its own.
+//! The relay queues one `event:<name>` task per event, whose task id is the
+//! event id. Its handler (the fan-out) queues one `listener:<name>:<listener>`
+//! task per listener registered for that event, with a task id derived from
+//! the event task's id and the listener's name ([`listener_task_id`]), so a
+//! retried fan-out never queues a second copy. Each listener task then
+//! retries on its own; a listener that returns [`SkipRetry`] gives up at
+//! once (its task is archived, where `outbox retry-archived` finds it).
 //!
 //! Delivery is at least once: a listener can see the same event again (after
 //! a crash, a timeout, a retry or a replay). Database work done through
@@ -36,6 +38,13 @@ use crate::outbox::{Envelope, Metadata};
 
 /// What a listener returns on failure; the task is retried.
 pub type ListenerError = anyhow::Error;
+
+/// A failure that retrying cannot fix: return it (`Err(SkipRetry(..).into())`)
+/// and the listener's task is archived at once instead of retried, as Go's
+/// `asynq.SkipRetry` does. `outbox retry-archived` runs it again later.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} (not retried)")]
+pub struct SkipRetry(pub String);
 
 /// What a listener gets besides the event.
 #[derive(Debug, Clone)]
@@ -199,10 +208,12 @@ pub fn listener_task_type(event: &str, listener: &str) -> String {
     format!("listener:{event}:{listener}")
 }
 
-/// The task id of `listener`'s task for the event `event_id`: a UUIDv5 of
-/// the listener's name in the event id's namespace, the same on every retry.
-pub fn listener_task_id(event_id: Uuid, listener: &str) -> Uuid {
-    Uuid::new_v5(&event_id, listener.as_bytes())
+/// The task id of `listener`'s task for the event task `event_task_id`: a
+/// UUIDv5 of the listener's name in the event task id's namespace, the same
+/// on every retry. The relay's event task id is the event id, so the
+/// listener tasks of an event are `listener_task_id(event_id, name)`.
+pub fn listener_task_id(event_task_id: Uuid, listener: &str) -> Uuid {
+    Uuid::new_v5(&event_task_id, listener.as_bytes())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The worker's metrics, in the Prometheus text format on
 //! `WORKER_METRICS_ADDR` (`GET /metrics`): the relay's counters of published
-//! events, duplicates and errors, and gauges of the outbox backlog.
+//! events, duplicates and errors, gauges of the outbox backlog, and each
+//! listener's counts of successful and failed runs.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -10,8 +11,10 @@ use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
@@ -39,16 +42,50 @@ pub struct RelayMetrics {
     pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
 }
 
+/// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub event: String,
+    pub listener: String,
+}
+
+/// Runs of each listener, by outcome. Cloning shares them.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerMetrics {
+    /// Runs that returned `Ok`.
+    pub succeeded: Family<ListenerLabels, Counter>,
+    /// Runs that failed (each retry counts once).
+    pub failed: Family<ListenerLabels, Counter>,
+}
+
+impl ListenerMetrics {
+    /// Counts one run of `listener` of `event`.
+    pub fn record(&self, event: &str, listener: &str, succeeded: bool) {
+        let labels = ListenerLabels {
+            event: event.to_string(),
+            listener: listener.to_string(),
+        };
+        let family = if succeeded {
+            &self.succeeded
+        } else {
+            &self.failed
+        };
+        family.get_or_create(&labels).inc();
+    }
+}
+
 /// Every metric of the worker, registered for export.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub relay: RelayMetrics,
+    pub listeners: ListenerMetrics,
     registry: Arc<Registry>,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let relay = RelayMetrics::default();
+        let listeners = ListenerMetrics::default();
         let mut registry = Registry::with_prefix("outbox");
         registry.register(
             "published",
@@ -72,8 +109,19 @@ impl Metrics {
             "Age of the oldest unpublished event",
             relay.oldest_unpublished_age.clone(),
         );
+        registry.register(
+            "listener_succeeded",
+            "Listener runs that succeeded, by event and listener",
+            listeners.succeeded.clone(),
+        );
+        registry.register(
+            "listener_failed",
+            "Listener runs that failed, by event and listener",
+            listeners.failed.clone(),
+        );
         Self {
             relay,
+            listeners,
             registry: Arc::new(registry),
         }
     }

@@ -24,8 +24,10 @@ use anyhow::Context as _;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use self::listeners::{Listener, Listeners, listener_task_id};
-use self::metrics::Metrics;
+use uuid::Uuid;
+
+use self::listeners::{Listener, Listeners, SkipRetry, listener_task_id};
+use self::metrics::{ListenerMetrics, Metrics};
 use crate::config::{Config, WakeMode};
 use crate::database;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
@@ -50,7 +52,13 @@ pub async fn run(
     let metrics = Metrics::new();
     let stop = CancellationToken::new();
 
-    let consumer = consumer(config, queue.clone(), pool.clone(), Arc::new(listeners));
+    let consumer = consumer(
+        config,
+        queue.clone(),
+        pool.clone(),
+        Arc::new(listeners),
+        metrics.listeners.clone(),
+    );
     let relay = Relay::new(
         pool.clone(),
         queue.clone(),
@@ -127,7 +135,13 @@ pub async fn run(
 
 /// The consumer with the fan-out handler for every `event:` task and a
 /// handler per listener.
-fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listeners>) -> Consumer {
+fn consumer(
+    config: &Config,
+    queue: Client,
+    pool: PgPool,
+    listeners: Arc<Listeners>,
+    metrics: ListenerMetrics,
+) -> Consumer {
     let options = ConsumerOptions {
         queues: config.worker.queues.clone(),
         concurrency: config.worker.concurrency,
@@ -142,19 +156,21 @@ fn consumer(config: &Config, queue: Client, pool: PgPool, listeners: Arc<Listene
         pool,
         listeners,
         config.outbox.task_retention,
+        metrics,
     );
     consumer
 }
 
 /// Registers on `consumer` the fan-out handler for every `event:` task and
 /// a handler per listener; listener tasks are kept `task_retention` after
-/// success.
+/// success. Each listener run is counted in `metrics`.
 pub fn handle_events(
     consumer: &mut Consumer,
     queue: Client,
     pool: PgPool,
     listeners: Arc<Listeners>,
     task_retention: std::time::Duration,
+    metrics: ListenerMetrics,
 ) {
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
@@ -166,18 +182,25 @@ pub fn handle_events(
         }
     });
     for listener in listeners.all() {
-        let (listener, pool) = (listener.clone(), pool.clone());
+        let (listener, pool, metrics) = (listener.clone(), pool.clone(), metrics.clone());
         consumer.handle(listener.task_type(), move |task| {
-            let (listener, pool) = (listener.clone(), pool.clone());
-            async move { run_listener(&listener, pool, task).await }
+            let (listener, pool, metrics) = (listener.clone(), pool.clone(), metrics.clone());
+            async move {
+                let result = run_listener(&listener, pool, task).await;
+                metrics.record(listener.event(), listener.name(), result.is_ok());
+                result
+            }
         });
     }
 }
 
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
-/// listener, in the event task's queue, with ids derived from the event id,
-/// so a retried fan-out queues nothing twice (duplicates count as done).
-/// Each listener task carries the event task's headers.
+/// listener, in the event task's queue, with ids derived from the event
+/// task's id, so a retried fan-out queues nothing twice (duplicates count as
+/// done). The relay's event task has the event id as its id; a replay
+/// (`outbox replay`) queues the same envelope under a new task id, and so
+/// gets new listener tasks. Each listener task carries the event task's
+/// headers.
 pub async fn fan_out(
     queue: &Client,
     listeners: &Listeners,
@@ -190,13 +213,16 @@ pub async fn fan_out(
             task.id
         ))
     })?;
+    // A task id that is not a UUID (a foreign producer's) falls back to the
+    // event id.
+    let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
         .map(|listener| {
             NewTask::new(
                 listener.task_type(),
-                listener_task_id(envelope.id, listener.name()).to_string(),
+                listener_task_id(namespace, listener.name()).to_string(),
                 task.payload.clone(),
             )
             .queue(task.queue.as_str())
@@ -217,8 +243,9 @@ pub async fn fan_out(
 /// dispatches in turn continue the same trace).
 ///
 /// A payload that is not an envelope at all is archived at once (retrying
-/// cannot fix it); an event whose payload does not decode into the
-/// listener's type is retried, see [`Listeners::listen`].
+/// cannot fix it), and so is a run that fails with [`SkipRetry`]; an event
+/// whose payload does not decode into the listener's type is retried, see
+/// [`Listeners::listen`].
 async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -236,6 +263,9 @@ async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(
         retried = task.retried,
     );
     let run = tracing::Instrument::instrument(listener.call(envelope, task.headers, pool), span);
-    trace_context::scope(context, run).await?;
-    Ok(())
+    match trace_context::scope(context, run).await {
+        Ok(()) => Ok(()),
+        Err(err) if err.is::<SkipRetry>() => Err(HandlerError::skip_retry(err)),
+        Err(err) => Err(err.into()),
+    }
 }
