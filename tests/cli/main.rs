@@ -22,3 +22,4 @@ mod template_set;
 mod untrusted;
 mod upgrade;
 mod worker_e2e;
+mod worker_ops;

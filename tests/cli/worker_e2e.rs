@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::e2e::{Database, binary, built_project, migrate, psql};
 
 /// A port nothing listens on right now.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -41,6 +41,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// The persistence options it runs with.
+    persistence: Vec<String>,
 }
 
 impl RedisServer {
@@ -50,17 +52,24 @@ impl RedisServer {
 
     /// Starts `binary` (`redis-server`, or a `valkey-server`).
     pub fn start_binary(binary: &str) -> Self {
+        Self::start_with_persistence(binary, &["--appendonly", "yes", "--appendfsync", "always"])
+    }
+
+    /// Starts `binary` with `persistence` options (snapshots are off unless
+    /// they turn them on with `--save`).
+    pub fn start_with_persistence(binary: &str, persistence: &[&str]) -> Self {
         let mut server = Self {
             binary: binary.to_string(),
             port: free_port(),
             dir: tempfile::tempdir().unwrap(),
             child: None,
+            persistence: persistence.iter().map(|s| s.to_string()).collect(),
         };
         server.restart();
         server
     }
 
-    fn restart(&mut self) {
+    pub fn restart(&mut self) {
         let child = Command::new(&self.binary)
             .args([
                 "--bind",
@@ -70,7 +79,7 @@ impl RedisServer {
                 "--save",
                 "",
             ])
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(&self.persistence)
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -82,7 +91,7 @@ impl RedisServer {
         });
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -136,7 +145,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    fn start(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Self {
+    pub fn start(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Self {
         Self::start_binary(&binary("worker"), db, redis, env)
     }
 
@@ -214,7 +223,7 @@ impl Drop for Worker {
 }
 
 /// A migrated database with `count` committed events; returns their ids.
-fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
+pub fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
     let db = Database::create("gpkit_worker");
     migrate(built_project(), &db, &["up"]);
     insert_events(&db, count);
@@ -222,7 +231,7 @@ fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
     (db, ids)
 }
 
-fn insert_events(db: &Database, count: u32) {
+pub fn insert_events(db: &Database, count: u32) {
     psql(
         &db.url(),
         &format!(
@@ -535,7 +544,7 @@ fn metric(port: u16, name: &str) -> Option<u64> {
 
 /// The relay rounds the worker on metrics `port` has done (0 while its
 /// metrics endpoint is not up yet).
-fn relay_rounds(port: u16) -> u64 {
+pub fn relay_rounds(port: u16) -> u64 {
     metric(port, "outbox_relay_rounds_total").unwrap_or(0)
 }
 

@@ -128,7 +128,7 @@ pub async fn run(
     tracing::info!("shutting down");
     stop.cancel();
     let (consumed, ()) = tokio::join!(consuming, stop_loops(&mut tasks));
-    if tokio::time::timeout(STOP_GRACE, pool.close())
+    if tokio::time::timeout(CLOSE_GRACE, pool.close())
         .await
         .is_err()
     {
@@ -139,9 +139,12 @@ pub async fn run(
     Ok(())
 }
 
-/// How long the loops may take to stop once shutdown began, and the pool
-/// to close, before whatever still waits on a hung call is dropped.
+/// How long the loops may take to stop once shutdown began before
+/// whatever still waits on a hung call is dropped.
 pub const STOP_GRACE: Duration = Duration::from_millis(800);
+/// How long closing the pool may take: it waits for the connections in
+/// use, which a hung Postgres never gives back.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(300);
 
 /// Waits for `tasks` to stop, at most [`STOP_GRACE`]; then aborts the rest.
 async fn stop_loops(tasks: &mut JoinSet<()>) {
