@@ -3,6 +3,7 @@
 mod add_event;
 mod add_worker;
 mod asynq_interop;
+mod deploy;
 mod e2e;
 mod event_e2e;
 mod event_sequences;

@@ -244,7 +244,11 @@ fn readyz_fails_while_valkey_is_down_and_recovers_when_it_is_back() {
     let (status, body) = get(metrics, "/readyz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("postgres: ok"), "{body}");
-    assert!(body.lines().any(|l| l.starts_with("valkey: ") && l != "valkey: ok"), "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("valkey: ") && l != "valkey: ok"),
+        "{body}"
+    );
     assert!(body.contains("relay: ok"), "{body}");
     assert_eq!(get(metrics, "/healthz").0, 200, "alive while not ready");
 
@@ -280,7 +284,10 @@ fn a_valkey_without_persistence_is_warned_about_and_one_with_aof_is_not() {
         .find(|line| line.contains(PERSISTENCE_WARNING))
         .unwrap_or_else(|| panic!("no warning: {log}"));
     assert!(warning.contains("\"WARN\""), "{warning}");
-    assert!(warning.contains("appendonly yes, appendfsync everysec"), "{warning}");
+    assert!(
+        warning.contains("appendonly yes, appendfsync everysec"),
+        "{warning}"
+    );
 
     let persistent = RedisServer::start();
     let log = start_up_log(&persistent);

@@ -1,6 +1,7 @@
 //! The worker's metrics, in the Prometheus text format on
 //! `WORKER_METRICS_ADDR` (`GET /metrics`): the relay's counters of published
-//! events, duplicates and errors, and gauges of the outbox backlog.
+//! events, duplicates and errors, and gauges of the outbox backlog and of
+//! the relay's last round.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -37,6 +38,9 @@ pub struct RelayMetrics {
     pub backlog: Gauge,
     /// Age of the oldest unpublished event, in seconds.
     pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
+    /// When the last relay round (good or failed) finished, in Unix
+    /// seconds; 0 before the first.
+    pub last_round_unix: Gauge<f64, AtomicU64>,
 }
 
 /// Every metric of the worker, registered for export.
@@ -71,6 +75,11 @@ impl Metrics {
             "oldest_unpublished_age_seconds",
             "Age of the oldest unpublished event",
             relay.oldest_unpublished_age.clone(),
+        );
+        registry.register(
+            "relay_last_round_timestamp_seconds",
+            "When the last relay round finished, in Unix seconds",
+            relay.last_round_unix.clone(),
         );
         Self {
             relay,
@@ -112,7 +121,11 @@ impl Default for Metrics {
 /// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`] until `shutdown`.
 pub async fn watch_backlog(pool: PgPool, metrics: RelayMetrics, shutdown: CancellationToken) {
     loop {
-        match Store.backlog(&pool).await {
+        let backlog = tokio::select! {
+            () = shutdown.cancelled() => break,
+            backlog = Store.backlog(&pool) => backlog,
+        };
+        match backlog {
             Ok(backlog) => {
                 metrics.backlog.set(backlog.events);
                 metrics
