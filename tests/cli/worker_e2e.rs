@@ -114,6 +114,11 @@ impl RedisServer {
             .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }

@@ -8,6 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -226,6 +227,48 @@ fn sigterm_while_postgres_hangs_stops_the_worker_within_two_seconds() {
         "{}",
         worker.log()
     );
+}
+
+#[test]
+fn sigterm_while_valkey_hangs_stops_the_worker_within_two_seconds() {
+    let redis = RedisServer::start();
+    let (db, _) = database_with_events(0);
+    let metrics = free_port();
+    let addr = format!("127.0.0.1:{metrics}");
+    let mut worker = Worker::start(
+        &db,
+        &redis,
+        &[("WORKER_METRICS_ADDR", &addr), ("OUTBOX_WAKE", "valkey")],
+    );
+    wait_until(Duration::from_secs(30), "the worker is ready", || {
+        TcpStream::connect(("127.0.0.1", metrics)).is_ok() && get(metrics, "/readyz").0 == 200
+    });
+
+    // The server stops answering; connections stay open.
+    let pid = redis.pid().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (status, body) = get(metrics, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("valkey: no answer within 2s"), "{body}");
+    assert!(body.contains("postgres: ok"), "{body}");
+
+    worker.signal("-TERM");
+    let (took, code) = exit_of(&mut worker, Duration::from_secs(30));
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+
+    assert_eq!(code, Some(0), "{}", worker.log());
+    assert!(
+        took < Duration::from_secs(2),
+        "the worker took {took:?} to exit after SIGTERM"
+    );
+    eprintln!("exit after SIGTERM with Valkey hung: {took:?}");
 }
 
 #[test]
