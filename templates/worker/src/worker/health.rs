@@ -72,24 +72,15 @@ impl Readiness {
 
     /// Whether a relay round finished within `stuck_after`.
     fn relay_progress(&self) -> Result<(), String> {
-        let last_round = self.relay.last_round_unix.get();
-        let since_round = if last_round > 0.0 {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64();
-            Duration::from_secs_f64((now - last_round).max(0.0))
-        } else {
-            self.started.elapsed().unwrap_or_default()
-        };
-        if since_round <= self.stuck_after {
-            Ok(())
-        } else {
-            Err(format!(
-                "no relay round finished for {}s",
-                since_round.as_secs()
-            ))
-        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        progress_since(
+            self.relay.last_round_unix.get(),
+            self.started.elapsed().unwrap_or_default(),
+            now,
+            self.stuck_after,
+        )
     }
 
     /// `GET /healthz` and `GET /readyz`.
@@ -126,9 +117,53 @@ impl Readiness {
     }
 }
 
+/// Whether the relay whose last round finished at `last_round_unix` (Unix
+/// seconds, 0 before the first), in a worker up for `up_for`, made a round
+/// within `stuck_after` of `now` (since the Unix epoch).
+fn progress_since(
+    last_round_unix: f64,
+    up_for: Duration,
+    now: Duration,
+    stuck_after: Duration,
+) -> Result<(), String> {
+    let since_round = if last_round_unix > 0.0 {
+        Duration::from_secs_f64((now.as_secs_f64() - last_round_unix).max(0.0))
+    } else {
+        up_for
+    };
+    if since_round <= stuck_after {
+        Ok(())
+    } else {
+        Err(format!(
+            "no relay round finished for {}s",
+            since_round.as_secs()
+        ))
+    }
+}
+
 /// `check`, or a timeout error after [`CHECK_TIMEOUT`].
 async fn bounded(check: impl Future<Output = Result<(), String>>) -> Result<(), String> {
     tokio::time::timeout(CHECK_TIMEOUT, check)
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {}s", CHECK_TIMEOUT.as_secs())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relay_is_stuck_only_when_no_round_finished_for_too_long() {
+        let stuck_after = Duration::from_secs(150);
+        let now = Duration::from_secs(1_000_000);
+        let at = |ago: u64| (now - Duration::from_secs(ago)).as_secs_f64();
+        let up_for = Duration::from_secs(3600);
+        assert!(progress_since(at(1), up_for, now, stuck_after).is_ok());
+        assert!(progress_since(at(150), up_for, now, stuck_after).is_ok());
+        let err = progress_since(at(151), up_for, now, stuck_after).unwrap_err();
+        assert_eq!(err, "no relay round finished for 151s");
+        // Before the first round, the worker's age counts.
+        assert!(progress_since(0.0, Duration::from_secs(10), now, stuck_after).is_ok());
+        assert!(progress_since(0.0, up_for, now, stuck_after).is_err());
+    }
 }
