@@ -166,6 +166,20 @@ Examples:
   gpkit --dry-run --diff add worker
   gpkit -C shop add worker")]
     Worker,
+    /// Add container files: a Dockerfile, .dockerignore and compose.yaml
+    ///
+    /// The Dockerfile builds one image holding `server`, `migrate` and (with
+    /// the worker) `worker`: a cached dependency layer, `cargo build
+    /// --locked`, and a small runtime image running as a non-root user.
+    /// `compose.yaml` runs Postgres and Valkey with health checks, `migrate
+    /// up` once, then the server and the worker. Kit files: `gpkit upgrade
+    /// templates` keeps them up to date. Running it again changes nothing.
+    #[command(after_help = "\
+Examples:
+  gpkit add deploy
+  gpkit --dry-run --diff add deploy
+  gpkit -C shop add deploy")]
+    Deploy,
     /// Add a typed event, and listeners for it
     ///
     /// The name may be spelled `OrderPlaced`, `order_placed` or `orderPlaced`:
@@ -260,6 +274,15 @@ pub struct NewProjectArgs {
     /// Leave out the example (the default)
     #[arg(long)]
     pub no_example: bool,
+
+    /// Add container files (Dockerfile, .dockerignore, compose.yaml), as
+    /// `gpkit add deploy` does; asked when interactive (default: no)
+    #[arg(long, conflicts_with = "no_deploy")]
+    pub deploy: bool,
+
+    /// Leave out the container files (the default)
+    #[arg(long)]
+    pub no_deploy: bool,
 }
 
 impl NewProjectArgs {
@@ -267,6 +290,17 @@ impl NewProjectArgs {
     /// `Some(false)` for `--no-example`, `None` to ask or take the default.
     pub fn example(&self) -> Option<bool> {
         match (self.example, self.no_example) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Whether a flag chose the container files: `Some(true)` for
+    /// `--deploy`, `Some(false)` for `--no-deploy`, `None` to ask or take
+    /// the default.
+    pub fn deploy(&self) -> Option<bool> {
+        match (self.deploy, self.no_deploy) {
             (true, _) => Some(true),
             (_, true) => Some(false),
             _ => None,

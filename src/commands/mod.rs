@@ -1,6 +1,7 @@
 //! Command dispatch and what every command shares: where it runs, whether it
 //! may write, and how a plan is shown or applied.
 
+mod add_deploy;
 mod add_event;
 mod add_worker;
 mod completions;
@@ -118,6 +119,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::New(NewCommand::Project(args)) => new_project::run(&ctx, args),
         Command::New(NewCommand::Migration(args)) => new_migration::run(&ctx, args),
         Command::Add(AddCommand::Worker) => add_worker::run(&ctx),
+        Command::Add(AddCommand::Deploy) => add_deploy::run(&ctx),
         Command::Add(AddCommand::Event(args)) => add_event::run(&ctx, args),
         Command::Upgrade(UpgradeCommand::Templates(args)) | Command::UpgradeTemplates(args) => {
             upgrade::run(&ctx, args)

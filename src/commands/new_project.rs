@@ -24,6 +24,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         args.worker()
     };
     let example_flag = args.example();
+    let deploy_flag = args.deploy();
     let name = prompt::value(
         args.name,
         ctx.no_input,
@@ -51,6 +52,12 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
             "Add the example (orders: POST /orders, GET /orders/{id}, an event and its listener)?",
             false,
         )?;
+    let deploy = prompt::choice(
+        deploy_flag,
+        ctx.no_input,
+        "Add container files (Dockerfile, compose.yaml)?",
+        false,
+    )?;
 
     let answers = Answers {
         name: name.as_str().to_string(),
@@ -62,6 +69,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
             Vec::new()
         },
         worker,
+        deploy,
     };
     let plan = plan(answers, components, example)?;
 

@@ -60,9 +60,10 @@ pub struct BlueprintFile {
 pub type Tree = BTreeMap<String, BlueprintFile>;
 
 /// Renders the files that a project with `answers` and `components` has:
-/// the `project` template set, plus the `worker` set when the worker is on.
-/// Files shared by both (configuration, `lib.rs`, `Cargo.toml`) switch on
-/// the `worker` variable.
+/// the `project` template set, plus the `worker` set when the worker is on
+/// and the `deploy` set (container files) when deploy is on. Files shared
+/// by several (configuration, `lib.rs`, `Cargo.toml`, the container files)
+/// switch on the `worker` and `deploy` variables.
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let events = components
@@ -76,6 +77,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         gpkit_version => env!("CARGO_PKG_VERSION"),
         rust_version => GENERATED_RUST_VERSION,
         worker => components.worker,
+        deploy => components.deploy,
         events => &events,
     };
     let renderer = Renderer::new();
@@ -83,6 +85,9 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let mut sets = vec!["project"];
     if components.worker {
         sets.push("worker");
+    }
+    if components.deploy {
+        sets.push("deploy");
     }
     for set in sets {
         for file in template_set(set)? {
@@ -183,6 +188,9 @@ fn purpose(path: &str, contents: &[u8]) -> String {
         "README.md" => "how to configure, migrate and run the service",
         ".gitignore" => "keeps build output and local secrets out of git",
         ".env.example" => "every environment variable the service reads, with defaults",
+        "Dockerfile" => "the container image: server, worker and migrate, as a non-root user",
+        ".dockerignore" => "keeps build output and secrets out of the image's build context",
+        "compose.yaml" => "Postgres, Valkey, migrate, server and worker for docker compose",
         p if p.starts_with("migrations/") => "goose migration",
         _ => "project file",
     };

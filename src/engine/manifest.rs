@@ -71,9 +71,18 @@ pub struct Answers {
 pub struct Components {
     #[serde(default)]
     pub worker: bool,
+    /// The container files (`Dockerfile`, `.dockerignore`, `compose.yaml`)
+    /// of `gpkit add deploy`. Recorded only when on, so manifests of
+    /// projects without them read as before.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub deploy: bool,
     /// Events added with `gpkit add event`, in the order they were added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventSpec>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// What gpkit knows of one generated file.
@@ -166,6 +175,7 @@ mod tests {
             },
             components: Components {
                 worker: true,
+                deploy: true,
                 events: vec![EventSpec {
                     name: "orderPlaced".into(),
                     fields: vec![FieldSpec {

@@ -107,7 +107,7 @@ pub fn build_binaries(project: &Path) -> PathBuf {
 
 /// Whether `binary` was built from `project`: a debug build names the
 /// directory it was compiled in (the package root) in its debug info.
-fn built_from(binary: &Path, project: &Path) -> bool {
+pub fn built_from(binary: &Path, project: &Path) -> bool {
     let root = project.canonicalize().unwrap();
     let needle = root.to_string_lossy();
     let bytes = std::fs::read(binary).unwrap();

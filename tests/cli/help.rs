@@ -10,6 +10,7 @@ const COMMANDS: &[&[&str]] = &[
     &["new", "migration"],
     &["add"],
     &["add", "worker"],
+    &["add", "deploy"],
     &["add", "event"],
     &["upgrade"],
     &["upgrade", "templates"],

@@ -3,6 +3,7 @@
 mod add_event;
 mod add_worker;
 mod asynq_interop;
+mod deploy;
 mod doctor;
 mod e2e;
 mod event_e2e;
@@ -27,3 +28,4 @@ mod template_set;
 mod untrusted;
 mod upgrade;
 mod worker_e2e;
+mod worker_ops;

@@ -32,11 +32,17 @@ fn an_invalid_project_name_is_explained_and_asked_again() {
     session.send_line("").unwrap();
     session.exp_string("Add the example").unwrap();
     session.send_line("").unwrap();
+    session.exp_string("Add container files").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Created project `shop`").unwrap();
     session.exp_eof().unwrap();
 
     assert!(dir.path().join("shop/src/bin/worker.rs").exists());
     assert!(!dir.path().join("shop/src/routes/orders.rs").exists());
+    assert!(
+        !dir.path().join("shop/Dockerfile").exists(),
+        "the container files are not the default"
+    );
 }
 
 #[test]
@@ -46,6 +52,8 @@ fn the_example_can_be_chosen_at_the_prompt() {
 
     session.exp_string("Add the example").unwrap();
     session.send_line("y").unwrap();
+    session.exp_string("Add container files").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Created project `shop`").unwrap();
     session.exp_eof().unwrap();
 
@@ -59,6 +67,8 @@ fn the_worker_choice_can_be_declined_at_the_prompt() {
 
     session.exp_string("Include the worker").unwrap();
     session.send_line("n").unwrap();
+    session.exp_string("Add container files").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Created project `lean`").unwrap();
     session.exp_eof().unwrap();
 
@@ -67,17 +77,57 @@ fn the_worker_choice_can_be_declined_at_the_prompt() {
 }
 
 #[test]
+fn the_container_files_can_be_chosen_at_the_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut session = spawn(dir.path(), &["new", "project", "shop", "--no-example"]);
+
+    session.exp_string("Include the worker").unwrap();
+    session.send_line("").unwrap();
+    session.exp_string("Add container files").unwrap();
+    session.send_line("y").unwrap();
+    session.exp_string("Created project `shop`").unwrap();
+    session.exp_eof().unwrap();
+
+    for file in ["Dockerfile", ".dockerignore", "compose.yaml"] {
+        assert!(dir.path().join("shop").join(file).exists(), "{file}");
+    }
+}
+
+#[test]
 fn flags_and_no_input_never_prompt() {
     let dir = tempfile::tempdir().unwrap();
-    for (args, worker, example) in [
-        (&["new", "project", "a", "--no-worker"][..], false, false),
+    for (args, worker, example, deploy) in [
         (
-            &["new", "project", "b", "--worker", "--no-example"][..],
+            &["new", "project", "a", "--no-worker", "--no-deploy"][..],
+            false,
+            false,
+            false,
+        ),
+        (
+            &[
+                "new",
+                "project",
+                "b",
+                "--worker",
+                "--no-example",
+                "--deploy",
+            ][..],
+            true,
+            false,
+            true,
+        ),
+        (
+            &["--no-input", "new", "project", "c"][..],
+            true,
+            false,
+            false,
+        ),
+        (
+            &["new", "project", "d", "--example", "--no-deploy"][..],
+            true,
             true,
             false,
         ),
-        (&["--no-input", "new", "project", "c"][..], true, false),
-        (&["new", "project", "d", "--example"][..], true, true),
     ] {
         let mut session = spawn(dir.path(), args);
         session.exp_string("Created project").unwrap();
@@ -91,6 +141,11 @@ fn flags_and_no_input_never_prompt() {
         assert_eq!(
             dir.path().join(name).join("src/routes/orders.rs").exists(),
             example,
+            "{args:?}"
+        );
+        assert_eq!(
+            dir.path().join(name).join("compose.yaml").exists(),
+            deploy,
             "{args:?}"
         );
     }

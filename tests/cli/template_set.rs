@@ -10,19 +10,20 @@ use crate::support::repo;
 /// A hash over every rendered file of every option combination.
 fn rendered_hash() -> String {
     let mut all = Vec::new();
-    for worker in [false, true] {
+    for (worker, deploy) in [(false, false), (true, false), (false, true), (true, true)] {
         let tree = blueprint::render(
             &Answers {
                 name: "shop".into(),
             },
             &Components {
                 worker,
+                deploy,
                 events: Vec::new(),
             },
         )
         .unwrap();
         for (path, file) in tree {
-            all.extend_from_slice(format!("{worker} {path} {} ", file.owner).as_bytes());
+            all.extend_from_slice(format!("{worker} {deploy} {path} {} ", file.owner).as_bytes());
             all.extend_from_slice(sha256_hex(&file.contents).as_bytes());
             all.push(b'\n');
         }

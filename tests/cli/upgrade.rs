@@ -337,3 +337,74 @@ fn release_fixtures_upgrade_to_the_current_templates() {
         assert_eq!(code, 0, "{release}: not up to date after the upgrade");
     }
 }
+
+/// The container files are kit files like the others: a kit change reaches
+/// them (merged with the user's edits), and one the user deleted comes
+/// back only with `--restore-deleted`.
+#[test]
+fn the_container_files_are_upgraded_like_the_other_kit_files() {
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        .args(["new", "project", "shop", "--deploy"])
+        .assert()
+        .success();
+    let project = dir.path().join("shop");
+    // As if an earlier gpkit had written an older Postgres image ...
+    for copy in ["compose.yaml", ".gpkit/base/compose.yaml"] {
+        crate::support::edit(
+            &project.join(copy),
+            "image: postgres:17",
+            "image: postgres:15",
+        );
+    }
+    // ... and the user then changed the port and the Dockerfile.
+    crate::support::edit(
+        &project.join("compose.yaml"),
+        "\"8080:8080\"",
+        "\"8000:8080\"",
+    );
+    crate::support::edit(
+        &project.join("Dockerfile"),
+        "ENV HTTP_ADDR=0.0.0.0:8080 LOG_FORMAT=json",
+        "ENV HTTP_ADDR=0.0.0.0:8080 LOG_FORMAT=json TZ=UTC",
+    );
+    std::fs::remove_file(project.join(".dockerignore")).unwrap();
+
+    let (code, report) = upgrade(&project, &["--allow-dirty"]);
+
+    assert_eq!(code, 0, "{report}");
+    assert!(line(&report, "compose.yaml").contains("merged"), "{report}");
+    assert!(
+        line(&report, ".dockerignore").contains("deleted by you"),
+        "{report}"
+    );
+    let compose = std::fs::read_to_string(project.join("compose.yaml")).unwrap();
+    assert!(
+        compose.contains("image: postgres:17"),
+        "the kit's change is missing"
+    );
+    assert!(compose.contains("\"8000:8080\""), "the user's edit is lost");
+    let dockerfile = std::fs::read_to_string(project.join("Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains("LOG_FORMAT=json TZ=UTC"),
+        "the user's edit is lost"
+    );
+    assert!(!project.join(".dockerignore").exists());
+
+    let (code, report) = upgrade(&project, &["--restore-deleted", "--allow-dirty"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        line(&report, ".dockerignore").contains("created"),
+        "{report}"
+    );
+    assert!(project.join(".dockerignore").is_file());
+}
+
+/// The line of `report` about `path`.
+fn line(report: &str, path: &str) -> String {
+    report
+        .lines()
+        .find(|line| line.split_whitespace().any(|word| word == path))
+        .unwrap_or_else(|| panic!("{path} is not in the report:\n{report}"))
+        .to_string()
+}

@@ -41,6 +41,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// The persistence options it runs with.
+    persistence: Vec<String>,
 }
 
 impl RedisServer {
@@ -50,17 +52,24 @@ impl RedisServer {
 
     /// Starts `binary` (`redis-server`, or a `valkey-server`).
     pub fn start_binary(binary: &str) -> Self {
+        Self::start_with_persistence(binary, &["--appendonly", "yes", "--appendfsync", "always"])
+    }
+
+    /// Starts `binary` with `persistence` options (snapshots are off unless
+    /// they turn them on with `--save`).
+    pub fn start_with_persistence(binary: &str, persistence: &[&str]) -> Self {
         let mut server = Self {
             binary: binary.to_string(),
             port: free_port(),
             dir: tempfile::tempdir().unwrap(),
             child: None,
+            persistence: persistence.iter().map(|s| s.to_string()).collect(),
         };
         server.restart();
         server
     }
 
-    fn restart(&mut self) {
+    pub fn restart(&mut self) {
         let child = Command::new(&self.binary)
             .args([
                 "--bind",
@@ -70,7 +79,7 @@ impl RedisServer {
                 "--save",
                 "",
             ])
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(&self.persistence)
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -82,7 +91,7 @@ impl RedisServer {
         });
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -103,6 +112,11 @@ impl RedisServer {
             .status
             .success()
             .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn addr(&self) -> String {
@@ -136,7 +150,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    fn start(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Self {
+    pub fn start(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Self {
         Self::start_binary(&binary("worker"), db, redis, env)
     }
 
@@ -214,7 +228,7 @@ impl Drop for Worker {
 }
 
 /// A migrated database with `count` committed events; returns their ids.
-fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
+pub fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
     let db = Database::create("gpkit_worker");
     migrate(built_project(), &db, &["up"]);
     insert_events(&db, count);
@@ -222,7 +236,7 @@ fn database_with_events(count: u32) -> (Database, BTreeSet<String>) {
     (db, ids)
 }
 
-fn insert_events(db: &Database, count: u32) {
+pub fn insert_events(db: &Database, count: u32) {
     psql(
         &db.url(),
         &format!(
@@ -535,7 +549,7 @@ pub fn metric(port: u16, name: &str) -> Option<u64> {
 
 /// The relay rounds the worker on metrics `port` has done (0 while its
 /// metrics endpoint is not up yet).
-fn relay_rounds(port: u16) -> u64 {
+pub fn relay_rounds(port: u16) -> u64 {
     metric(port, "outbox_relay_rounds_total").unwrap_or(0)
 }
 

@@ -42,6 +42,12 @@ pub struct DatabaseConfig {
     /// Maximum number of pooled connections
     #[config(env = "DATABASE_MAX_CONNECTIONS", default = 10)]
     pub max_connections: u32,
+    /// How long to wait for a connection to Postgres (a new one, or one from the pool)
+    #[config(env = "DATABASE_CONNECT_TIMEOUT", default = "5s", deserialize_with = duration::deserialize)]
+    pub connect_timeout: Duration,
+    /// How long one SQL statement may run before Postgres cancels it; 0 for no limit
+    #[config(env = "DATABASE_STATEMENT_TIMEOUT", default = "30s", deserialize_with = duration::deserialize)]
+    pub statement_timeout: Duration,
 }
 
 /// The HTTP server.

@@ -4,17 +4,64 @@
 use std::fmt;
 use std::sync::Arc;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 
 use crate::config::DatabaseConfig;
 
 /// A lazily connecting pool: building it needs no live database, so the
 /// server starts (and reports not ready) while Postgres is still coming up.
+///
+/// Waiting for a connection gives up after `DATABASE_CONNECT_TIMEOUT`, and
+/// Postgres cancels a statement that runs longer than
+/// `DATABASE_STATEMENT_TIMEOUT`, so an unreachable or hung database makes
+/// calls fail instead of waiting forever.
 pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
     PgPoolOptions::new()
         .max_connections(config.max_connections)
-        .connect_lazy_with(config.url.connect_options())
+        .acquire_timeout(config.connect_timeout)
+        .connect_lazy_with(connect_options(config))
+}
+
+/// The connection options of `config`, with its statement timeout.
+pub fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
+    let millis = config.statement_timeout.as_millis().to_string();
+    config
+        .url
+        .connect_options()
+        .options([("statement_timeout", millis.as_str())])
+}
+
+/// Opens one connection and runs `SELECT 1`, within
+/// `DATABASE_CONNECT_TIMEOUT`; the error says why Postgres cannot be used
+/// (refused, unknown host, wrong password, no answer in time) and names
+/// the server, without its password.
+pub async fn check_reachable(config: &DatabaseConfig) -> Result<(), UnreachableError> {
+    let attempt = async {
+        let mut connection = PgConnection::connect_with(&connect_options(config)).await?;
+        sqlx::query("SELECT 1").execute(&mut connection).await?;
+        connection.close().await
+    };
+    let reason = match tokio::time::timeout(config.connect_timeout, attempt).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => format!(
+            "no answer within {} (DATABASE_CONNECT_TIMEOUT)",
+            humantime::format_duration(config.connect_timeout)
+        ),
+    };
+    Err(UnreachableError {
+        url: config.url.redacted(),
+        reason,
+    })
+}
+
+/// Postgres cannot be used: where and why.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach Postgres at {url}: {reason}")]
+pub struct UnreachableError {
+    url: String,
+    reason: String,
 }
 
 /// Runs closures in a database transaction: commit when the closure returns

@@ -1,14 +1,17 @@
 //! The health probes, through a real listener: `/healthz` answers while the
-//! process runs; `/readyz` follows the database.
+//! process runs; `/readyz` follows the database. And the pool's statement
+//! timeout, which keeps a hung query from holding a request forever.
 
 mod support;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use support::TestDatabase;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use shop::database;
 use shop::startup::Application;
 
 /// Sends `GET path` and returns the status code.
@@ -78,4 +81,21 @@ async fn the_server_stops_on_request() {
         TcpStream::connect(addr).await.is_err(),
         "still listening after shutdown"
     );
+}
+
+#[tokio::test]
+async fn postgres_cancels_a_statement_past_the_statement_timeout() {
+    let db = TestDatabase::empty().await;
+    let mut config = support::test_config(&url_of(&db)).database;
+    config.statement_timeout = Duration::from_millis(200);
+    let pool = database::connect_lazy(&config);
+
+    let err = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&pool)
+        .await
+        .expect_err("the statement should have been cancelled");
+
+    let code = err.as_database_error().and_then(|err| err.code());
+    assert_eq!(code.as_deref(), Some("57014"), "not query_canceled: {err}");
+    pool.close().await;
 }

@@ -36,7 +36,13 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     loop {
-        match delete_expired(&pool, retention).await {
+        // A hung database must not hold up shutdown: the batch in hand is
+        // rolled back, and the next run deletes it.
+        let deleted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            deleted = delete_expired(&pool, retention) => deleted,
+        };
+        match deleted {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "deleted published outbox events"),
             Err(err) => tracing::warn!(error = %err, "outbox cleanup failed"),

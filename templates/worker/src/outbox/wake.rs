@@ -94,7 +94,11 @@ pub async fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, Que
 pub async fn forward_published(client: Client, relay: Arc<Notify>, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     while !shutdown.is_cancelled() {
-        let wait = match client.subscribe(CHANNEL).await {
+        let subscribed = tokio::select! {
+            () = shutdown.cancelled() => return,
+            subscribed = client.subscribe(CHANNEL) => subscribed,
+        };
+        let wait = match subscribed {
             Ok(subscription) => {
                 backoff.reset();
                 let mut messages = subscription.into_on_message();

@@ -37,6 +37,7 @@
 //! What was worth reusing from it, its copy of Go's scripts and of
 //! `asynq.proto`, is reused as source, with tests pinning both.
 
+mod admin;
 mod broker;
 mod client;
 mod consumer;

@@ -20,6 +20,8 @@ pub fn test_config(database_url: &str) -> Config {
         database: config::DatabaseConfig {
             url: database_url.parse().expect("a valid Postgres URL"),
             max_connections: 5,
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
         },
         http: config::HttpConfig {
             addr: "127.0.0.1:0".parse().unwrap(),

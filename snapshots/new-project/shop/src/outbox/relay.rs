@@ -222,14 +222,23 @@ impl Relay {
         .retention(self.task_retention)
     }
 
-    /// Runs rounds until `shutdown` is cancelled. The round in hand is
-    /// finished (or rolled back) before it returns; no transaction is held
-    /// while it waits.
+    /// Runs rounds until `shutdown` is cancelled. The round in hand gets
+    /// [`SHUTDOWN_GRACE`] to finish; one still waiting on the database or
+    /// the queue then is dropped, which rolls it back (its events go out in
+    /// the next round, the queue reporting any it already has as
+    /// duplicates). No transaction is held while it waits.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
         while !shutdown.is_cancelled() {
-            let round = self.publish_batch().await;
+            let round = tokio::select! {
+                round = self.publish_batch() => round,
+                () = grace_after(&shutdown) => {
+                    tracing::warn!("relay round abandoned at shutdown; its events stay unpublished");
+                    break;
+                }
+            };
             self.metrics.rounds.inc();
+            self.metrics.last_round_unix.set(unix_now());
             let wait = match round {
                 Ok(round) => {
                     backoff.reset();
@@ -260,6 +269,23 @@ impl Relay {
         }
         tracing::info!("outbox relay stopped");
     }
+}
+
+/// How long the round in hand may go on after shutdown began.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+
+/// Completes [`SHUTDOWN_GRACE`] after `shutdown` is cancelled.
+async fn grace_after(shutdown: &CancellationToken) {
+    shutdown.cancelled().await;
+    tokio::time::sleep(SHUTDOWN_GRACE).await;
+}
+
+/// The time now, in Unix seconds.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 /// An error and its causes on one line.
