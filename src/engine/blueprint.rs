@@ -18,7 +18,7 @@ use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 2;
+pub const TEMPLATE_SET_VERSION: u32 = 3;
 
 /// The outbox migration, which the relay cannot work without.
 pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";

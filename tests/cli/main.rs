@@ -21,4 +21,5 @@ mod support;
 mod template_set;
 mod untrusted;
 mod upgrade;
+mod valkey_infra;
 mod worker_e2e;
