@@ -1,11 +1,11 @@
 //! The generated worker on production-style Valkey set-ups, each started by
 //! the test on free loopback ports: TLS with a private CA (and a wrong CA
 //! refused), an ACL user limited to `asynq:*` keys (and a wrong password
-//! refused), and a Sentinel group whose master is killed with SIGKILL.
-//! The TLS and the Sentinel tests print their figures (relay throughput,
-//! failover time); nothing is asserted on speed.
-//! Each run goes from committed outbox rows to listener runs recorded in
-//! Postgres.
+//! refused), a Sentinel group whose master is killed with SIGKILL, and a
+//! cluster of three masters. Each run goes from committed outbox rows to
+//! listener runs recorded in Postgres. The TLS-against-plaintext, Sentinel
+//! and cluster tests print their figures (relay throughput, failover time,
+//! events delivered); nothing is asserted on speed.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -748,4 +748,128 @@ fn the_relay_drains_the_same_backlog_over_tls_and_over_plaintext() {
         rate(plain),
         rate(over_tls) / rate(plain)
     );
+}
+
+/// Sum over the nodes on `ports` of `PUBSUB NUMSUB channel` (node-local).
+fn subscribers(ports: &[u16], channel: &str) -> u64 {
+    ports
+        .iter()
+        .filter_map(|port| cli(&["-p", &port.to_string(), "PUBSUB", "NUMSUB", channel]))
+        .filter_map(|out| {
+            out.lines()
+                .nth(1)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[test]
+fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once() {
+    const EVENTS: u32 = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let _nodes: Vec<Server> = ports
+        .iter()
+        .map(|port| {
+            let node_dir = dir.path().join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            Server::start_on(
+                *port,
+                &node_dir,
+                &[
+                    "--port",
+                    &port.to_string(),
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ],
+            )
+        })
+        .collect();
+    for port in &ports {
+        wait_until(Duration::from_secs(10), "the node answers", || {
+            cli(&["-p", &port.to_string(), "PING"]).as_deref() == Some("PONG")
+        });
+    }
+    let addrs: Vec<String> = ports
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    let mut create = vec!["--cluster", "create"];
+    create.extend(addrs.iter().map(String::as_str));
+    create.push("--cluster-yes");
+    cli(&create).expect("redis-cli --cluster create");
+    for port in &ports {
+        wait_until(Duration::from_secs(30), "the cluster is ok", || {
+            cli(&["-p", &port.to_string(), "CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+        });
+    }
+
+    // The relay, the fan-out and both listeners, on the cluster.
+    let db = database();
+    let events = commit_events(&db, EVENTS);
+    let cluster_addrs = addrs.join(",");
+    let start = Instant::now();
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_CLUSTER_ADDRS", &cluster_addrs),
+            ("OUTBOX_WAKE", "valkey"),
+            ("OUTBOX_POLL_INTERVAL", "30s"),
+        ],
+    );
+    wait_for_listeners(&db, events.len(), Duration::from_secs(600));
+    eprintln!(
+        "cluster: {EVENTS} events relayed and both listeners run in {:.1?}",
+        start.elapsed()
+    );
+
+    // A wake-up published on any node reaches the relay (it polls only
+    // every 30 s).
+    wait_until(Duration::from_secs(30), "the relay subscribed", || {
+        subscribers(&ports, "outbox:wake") > 0
+    });
+    let all = commit_events(&db, 1);
+    for port in &ports {
+        cli(&["-p", &port.to_string(), "PUBLISH", "outbox:wake", ""]).unwrap();
+    }
+    wait_until(Duration::from_secs(10), "the woken relay publishes", || {
+        unpublished(&db) == 0
+    });
+    wait_for_listeners(&db, all.len(), Duration::from_secs(60));
+    worker.stop();
+
+    // Every event's task exists exactly once: completed, and nowhere else.
+    let in_cluster = |command: &str, key: &str| -> Vec<String> {
+        cli(&["-c", "-p", &ports[0].to_string(), command, key, "0", "-1"])
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let completed: BTreeSet<String> = in_cluster("ZRANGE", "asynq:{default}:completed")
+        .into_iter()
+        .collect();
+    let delivered = all.iter().filter(|id| completed.contains(*id)).count();
+    eprintln!(
+        "cluster: {delivered} of {} events delivered as tasks",
+        all.len()
+    );
+    assert_eq!(delivered, all.len(), "an event task is missing");
+    for (command, key) in [
+        ("LRANGE", "asynq:{default}:pending"),
+        ("LRANGE", "asynq:{default}:active"),
+        ("ZRANGE", "asynq:{default}:retry"),
+        ("ZRANGE", "asynq:{default}:archived"),
+    ] {
+        let elsewhere = in_cluster(command, key);
+        assert!(
+            elsewhere.iter().all(|id| !all.contains(id)),
+            "an event task is also in {key}"
+        );
+    }
 }

@@ -53,10 +53,11 @@ pub struct HttpConfig {
     pub addr: SocketAddr,
 }
 
-/// Valkey (or Redis), where events are queued, in one of three forms:
+/// Valkey (or Redis), where events are queued, in one of four forms:
 /// `VALKEY_ADDR` (with `VALKEY_USERNAME`, `VALKEY_PASSWORD`, `VALKEY_DB`),
-/// `VALKEY_URL`, or a Sentinel group (`VALKEY_SENTINEL_ADDRS` and
-/// `VALKEY_SENTINEL_MASTER`). Setting two forms is an error naming both.
+/// `VALKEY_URL`, a Sentinel group (`VALKEY_SENTINEL_ADDRS` and
+/// `VALKEY_SENTINEL_MASTER`), or a cluster (`VALKEY_CLUSTER_ADDRS`).
+/// Setting two forms is an error naming both.
 #[derive(Debug, Default, confique::Config)]
 #[config(validate = Self::validate)]
 pub struct ValkeyConfig {
@@ -90,6 +91,9 @@ pub struct ValkeyConfig {
     /// Password of the sentinels, if they require one
     #[config(env = "VALKEY_SENTINEL_PASSWORD")]
     pub sentinel_password: Option<SecretString>,
+    /// Valkey Cluster: some of its nodes, such as node-1:6379,node-2:6379
+    #[config(env = "VALKEY_CLUSTER_ADDRS")]
+    pub cluster_addrs: Option<AddrList>,
 }
 
 impl ValkeyConfig {
@@ -119,6 +123,23 @@ impl ValkeyConfig {
                 "VALKEY_SENTINEL_ADDRS and {other} are both set; with Sentinel the sentinels \
                  name the server: unset {other}"
             ));
+        }
+        if self.cluster_addrs.is_some() {
+            let other = [
+                ("VALKEY_URL", self.url.is_some()),
+                ("VALKEY_ADDR", given(&self.addr)),
+                ("VALKEY_SENTINEL_ADDRS", sentinel),
+                ("VALKEY_DB", self.db.is_some_and(|db| db != 0)),
+            ]
+            .into_iter()
+            .find_map(|(name, set)| set.then_some(name));
+            if let Some(other) = other {
+                return Err(format!(
+                    "VALKEY_CLUSTER_ADDRS and {other} are both set; a cluster is named by \
+                     VALKEY_CLUSTER_ADDRS alone (with VALKEY_USERNAME and VALKEY_PASSWORD), \
+                     and has database 0 only"
+                ));
+            }
         }
         if sentinel && self.sentinel_addrs.is_none() {
             return Err("VALKEY_SENTINEL_MASTER is set but VALKEY_SENTINEL_ADDRS is not; \
@@ -626,6 +647,17 @@ mod tests {
                 .validate()
                 .unwrap_err()
                 .contains("VALKEY_CA_CERT")
+        );
+
+        let cluster_and_addr = ValkeyConfig {
+            cluster_addrs: Some("n1:6379,n2:6379".parse().unwrap()),
+            addr: Some("cache:6379".into()),
+            ..ValkeyConfig::default()
+        };
+        let err = cluster_and_addr.validate().unwrap_err();
+        assert!(
+            err.contains("VALKEY_CLUSTER_ADDRS") && err.contains("VALKEY_ADDR"),
+            "{err}"
         );
 
         assert!(ValkeyConfig::default().validate().is_ok());

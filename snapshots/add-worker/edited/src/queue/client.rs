@@ -243,6 +243,10 @@ impl Client {
         // SCRIPT LOAD first, in the same pipeline, so that the EVALSHAs
         // after it never meet NOSCRIPT (a restarted or flushed server):
         // always exactly one round trip.
+        let mut conn = self.conn.clone();
+        if conn.is_cluster() {
+            return Self::run_per_queue(&mut conn, messages, &queues, &invocations).await;
+        }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         pipe.load_script(&scripts::ENQUEUE).ignore();
@@ -250,7 +254,41 @@ impl Client {
         for invocation in &invocations {
             pipe.invoke_script(invocation);
         }
-        pipe.query_async(&mut self.conn.clone()).await
+        pipe.query_async(&mut conn).await
+    }
+
+    /// In a cluster, a pipeline stays within one slot: `asynq:queues` on its
+    /// own, then one pipeline per queue (its keys share the `{queue}` tag).
+    /// The replies come back in the order of `messages`.
+    async fn run_per_queue(
+        conn: &mut Connection,
+        messages: &[&TaskMessage],
+        queues: &[&str],
+        invocations: &[redis::ScriptInvocation<'_>],
+    ) -> redis::RedisResult<Vec<redis::RedisResult<i64>>> {
+        redis::cmd("SADD")
+            .arg(keys::ALL_QUEUES)
+            .arg(queues)
+            .query_async::<()>(conn)
+            .await?;
+        let mut replies: Vec<Option<redis::RedisResult<i64>>> =
+            messages.iter().map(|_| None).collect();
+        for queue in queues {
+            let indexes: Vec<usize> = (0..messages.len())
+                .filter(|i| messages[*i].queue == *queue)
+                .collect();
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            pipe.load_script(&scripts::ENQUEUE).ignore();
+            for i in &indexes {
+                pipe.invoke_script(&invocations[*i]);
+            }
+            let results: Vec<redis::RedisResult<i64>> = pipe.query_async(conn).await?;
+            for (i, result) in indexes.into_iter().zip(results) {
+                replies[i] = Some(result);
+            }
+        }
+        Ok(replies.into_iter().flatten().collect())
     }
 
     /// The shared connection, for the consumer's commands.

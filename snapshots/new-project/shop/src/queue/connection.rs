@@ -1,6 +1,6 @@
 //! How the service reaches Valkey. [`Target`] turns the `VALKEY_*` settings
-//! into a single server (plain TCP or TLS, optionally with an ACL user) or a
-//! Sentinel group; [`Connection`] is the one shared, self-healing
+//! into a single server (plain TCP or TLS, optionally with an ACL user), a
+//! Sentinel group or a cluster; [`Connection`] is the one shared, self-healing
 //! connection every command goes through, and [`Target::subscribe`] opens
 //! the dedicated pub/sub connections (outbox wake-ups, task cancellations).
 //! Every connection of the process is made here, with the same options.
@@ -15,6 +15,16 @@
 //! failed command still reports its error: the relay and the consumer retry
 //! on their own schedule, and every script is safe to run again.
 //!
+//! # Cluster
+//!
+//! The `redis` crate's cluster connection routes each command, and each
+//! script by its first key, to the node that owns the slot. Every key of a
+//! queue carries the `{queue}` hash tag, so each script touches one slot;
+//! a pipeline must stay within one slot too, so the client splits its
+//! batches by queue in cluster mode ([`Connection::is_cluster`]). Pub/sub
+//! messages reach every node of a cluster, so subscriptions connect to the
+//! first node that answers.
+//!
 //! # TLS
 //!
 //! `rediss://` and `valkeys://` URLs use TLS (rustls, with the `ring`
@@ -25,6 +35,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError,
@@ -53,6 +65,9 @@ enum Kind {
     Server(Box<redis::Client>),
     /// A Sentinel group: the master is looked up when connecting.
     Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+    /// A cluster: its client for commands, and one client per node given,
+    /// for subscriptions.
+    Cluster(Box<ClusterClient>, Vec<redis::Client>),
 }
 
 impl Target {
@@ -90,6 +105,41 @@ impl Target {
                 kind: Kind::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
                 shown: format!("master `{master}` of the sentinels {}", addrs.0.join(",")),
                 db,
+            });
+        }
+        if let Some(addrs) = &config.cluster_addrs {
+            let mut nodes = Vec::new();
+            for addr in &addrs.0 {
+                let (host, port) = split_addr(addr)?;
+                let mut redis = RedisConnectionInfo::default();
+                if let Some(username) = username {
+                    redis = redis.set_username(username);
+                }
+                if let Some(password) = password {
+                    redis = redis.set_password(password);
+                }
+                let info = ConnectionAddr::Tcp(host, port)
+                    .into_connection_info()
+                    .map_err(QueueError::Redis)?
+                    .set_redis_settings(redis);
+                nodes.push(redis::Client::open(info).map_err(QueueError::Redis)?);
+            }
+            let mut builder = ClusterClientBuilder::new(
+                nodes.iter().map(|node| node.get_connection_info().clone()),
+            )
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(10));
+            if let Some(username) = username {
+                builder = builder.username(username);
+            }
+            if let Some(password) = password {
+                builder = builder.password(password);
+            }
+            let client = builder.build().map_err(QueueError::Redis)?;
+            return Ok(Self {
+                kind: Kind::Cluster(Box::new(client), nodes),
+                shown: format!("the cluster of {}", addrs.0.join(",")),
+                db: 0,
             });
         }
         if let Some(url) = &config.url {
@@ -162,10 +212,12 @@ impl Target {
     /// a wrong address, certificate or password fails at start-up.
     pub async fn connect(&self) -> Result<Connection, QueueError> {
         let connect = async {
-            let client = self.client().await?;
-            let mut conn = manager(client).await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await?;
-            Ok(conn)
+            let mut link = match &self.kind {
+                Kind::Cluster(cluster, _) => Link::Cluster(cluster.get_async_connection().await?),
+                _ => Link::Server(manager(self.client().await?).await?),
+            };
+            redis::cmd("PING").query_async::<String>(&mut link).await?;
+            Ok(link)
         };
         let conn = connect.await.map_err(|source| self.connect_error(source))?;
         Ok(Connection {
@@ -187,11 +239,24 @@ impl Target {
         subscribe.await.map_err(|source| self.connect_error(source))
     }
 
-    /// A client for the server, or for the master the sentinels name now.
+    /// A client for the server, for the master the sentinels name now, or
+    /// for the first node of a cluster that answers.
     async fn client(&self) -> RedisResult<redis::Client> {
         match &self.kind {
             Kind::Server(client) => Ok(client.as_ref().clone()),
             Kind::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+            Kind::Cluster(_, nodes) => {
+                let mut last = None;
+                for node in nodes {
+                    match node.get_multiplexed_async_connection().await {
+                        Ok(_) => return Ok(node.clone()),
+                        Err(err) => last = Some(err),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    RedisError::from((redis::ErrorKind::InvalidClientConfig, "no cluster node"))
+                }))
+            }
         }
     }
 
@@ -224,17 +289,53 @@ fn invalid_url() -> QueueError {
     QueueError::Url
 }
 
-/// The shared connection: cheap to clone, clones share one socket. Under
-/// Sentinel it follows the master (see the module docs).
+/// The shared connection: cheap to clone, clones share one socket (one per
+/// node in a cluster). Under Sentinel it follows the master (see the
+/// module docs).
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
 }
 
+/// The connection proper: to one server, or to a cluster.
+#[derive(Clone)]
+enum Link {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Server(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 struct Shared {
     target: Target,
     /// The connection in use and its generation, counted up at each swap.
-    current: RwLock<(u64, ConnectionManager)>,
+    current: RwLock<(u64, Link)>,
     /// Held while the master is looked up, so that one lookup runs at once.
     resolving: tokio::sync::Mutex<()>,
 }
@@ -245,7 +346,13 @@ impl Connection {
         &self.shared.target
     }
 
-    fn current(&self) -> (u64, ConnectionManager) {
+    /// Whether this is a cluster connection, where a pipeline must stay
+    /// within one slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.shared.target.kind, Kind::Cluster(..))
+    }
+
+    fn current(&self) -> (u64, Link) {
         let current = self
             .shared
             .current
@@ -276,7 +383,7 @@ impl Connection {
                     .current
                     .write()
                     .unwrap_or_else(|e| e.into_inner());
-                *current = (failed_generation + 1, conn);
+                *current = (failed_generation + 1, Link::Server(conn));
                 tracing::info!(valkey = %self.shared.target.shown, "connected to the master the sentinels name");
             }
             Err(err) => {
