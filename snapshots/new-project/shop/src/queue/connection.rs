@@ -45,7 +45,7 @@ use redis::{
 use secrecy::ExposeSecret;
 
 use super::QueueError;
-use crate::config::ValkeyConfig;
+use crate::config::{ValkeyConfig, ValkeyUrl};
 
 /// The default server when no form is configured.
 const DEFAULT_ADDR: &str = "localhost:6379";
@@ -75,135 +75,119 @@ impl Target {
     /// not `host:port` or a CA file that cannot be read; the configuration
     /// itself checked that only one form is set.
     pub fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
-        let db = i64::from(config.db.unwrap_or(0));
-        let username = config.username.as_deref().filter(|name| !name.is_empty());
-        let password = config.password.as_ref().map(|p| p.expose_secret());
         if let (Some(addrs), Some(master)) = (&config.sentinel_addrs, &config.sentinel_master) {
-            let sentinels = addrs
-                .0
-                .iter()
-                .map(|addr| split_addr(addr).map(|(host, port)| ConnectionAddr::Tcp(host, port)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut builder =
-                SentinelClientBuilder::new(sentinels, master, SentinelServerType::Master)
-                    .map_err(QueueError::Redis)?
-                    .set_client_to_redis_db(db);
-            if let Some(username) = username {
-                builder = builder.set_client_to_redis_username(username);
-            }
-            if let Some(password) = password {
-                builder = builder.set_client_to_redis_password(password);
-            }
-            if let Some(username) = config.sentinel_username.as_deref() {
-                builder = builder.set_client_to_sentinel_username(username);
-            }
-            if let Some(password) = &config.sentinel_password {
-                builder = builder.set_client_to_sentinel_password(password.expose_secret());
-            }
-            let client = builder.build().map_err(QueueError::Redis)?;
-            return Ok(Self {
-                kind: Kind::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
-                shown: format!("master `{master}` of the sentinels {}", addrs.0.join(",")),
-                db,
-            });
+            return Self::sentinel(config, &addrs.0, master);
         }
         if let Some(addrs) = &config.cluster_addrs {
-            let mut nodes = Vec::new();
-            for addr in &addrs.0 {
-                let (host, port) = split_addr(addr)?;
-                let mut redis = RedisConnectionInfo::default();
-                if let Some(username) = username {
-                    redis = redis.set_username(username);
-                }
-                if let Some(password) = password {
-                    redis = redis.set_password(password);
-                }
-                let info = ConnectionAddr::Tcp(host, port)
-                    .into_connection_info()
-                    .map_err(QueueError::Redis)?
-                    .set_redis_settings(redis);
-                nodes.push(redis::Client::open(info).map_err(QueueError::Redis)?);
-            }
-            let mut builder = ClusterClientBuilder::new(
-                nodes.iter().map(|node| node.get_connection_info().clone()),
-            )
-            .connection_timeout(Duration::from_secs(5))
-            .response_timeout(Duration::from_secs(10));
-            if let Some(username) = username {
-                builder = builder.username(username);
-            }
-            if let Some(password) = password {
-                builder = builder.password(password);
-            }
-            let client = builder.build().map_err(QueueError::Redis)?;
-            return Ok(Self {
-                kind: Kind::Cluster(Box::new(client), nodes),
-                shown: format!("the cluster of {}", addrs.0.join(",")),
-                db: 0,
-            });
+            return Self::cluster(config, &addrs.0);
         }
         if let Some(url) = &config.url {
-            let parsed = url::Url::parse(url.expose()).map_err(|_| invalid_url())?;
-            let shown = format!(
-                "{}:{}",
-                parsed.host_str().unwrap_or_default(),
-                parsed.port().unwrap_or(6379)
-            );
-            let info = url
-                .expose()
-                .into_connection_info()
-                .map_err(|_| invalid_url())?;
-            let db = info.redis_settings().db();
-            let client = if url.is_tls() {
-                install_crypto_provider();
-                let root_cert = match &config.ca_cert {
-                    Some(path) => {
-                        Some(std::fs::read(path).map_err(|source| QueueError::CaCert {
-                            path: path.display().to_string(),
-                            source,
-                        })?)
-                    }
-                    None => None,
-                };
-                let certificates = TlsCertificates {
-                    client_tls: None,
-                    root_cert,
-                };
-                redis::Client::build_with_tls(info, certificates)
-            } else {
-                redis::Client::open(info)
-            }
-            .map_err(|source| QueueError::Connect {
-                addr: shown.clone(),
-                source,
-            })?;
-            return Ok(Self {
-                kind: Kind::Server(Box::new(client)),
-                shown,
-                db,
-            });
+            return Self::url(config, url);
         }
         let addr = config
             .addr
             .as_deref()
             .filter(|addr| !addr.is_empty())
             .unwrap_or(DEFAULT_ADDR);
-        let (host, port) = split_addr(addr)?;
-        let mut redis = RedisConnectionInfo::default().set_db(db);
-        if let Some(username) = username {
-            redis = redis.set_username(username);
-        }
-        if let Some(password) = password {
-            redis = redis.set_password(password);
-        }
-        let info = ConnectionAddr::Tcp(host, port)
-            .into_connection_info()
+        Ok(Self {
+            kind: Kind::Server(Box::new(node(config, addr)?)),
+            shown: addr.to_string(),
+            db: i64::from(config.db.unwrap_or(0)),
+        })
+    }
+
+    /// `VALKEY_SENTINEL_*`: the master `master` of the sentinels at `addrs`.
+    fn sentinel(config: &ValkeyConfig, addrs: &[String], master: &str) -> Result<Self, QueueError> {
+        let sentinels = addrs
+            .iter()
+            .map(|addr| split_addr(addr).map(|(host, port)| ConnectionAddr::Tcp(host, port)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let db = i64::from(config.db.unwrap_or(0));
+        let mut builder = SentinelClientBuilder::new(sentinels, master, SentinelServerType::Master)
             .map_err(QueueError::Redis)?
-            .set_redis_settings(redis);
-        let client = redis::Client::open(info).map_err(QueueError::Redis)?;
+            .set_client_to_redis_db(db);
+        if let Some(username) = username(config) {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        if let Some(password) = &config.password {
+            builder = builder.set_client_to_redis_password(password.expose_secret());
+        }
+        if let Some(username) = config.sentinel_username.as_deref() {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = &config.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password.expose_secret());
+        }
+        let client = builder.build().map_err(QueueError::Redis)?;
+        Ok(Self {
+            kind: Kind::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
+            shown: format!("master `{master}` of the sentinels {}", addrs.join(",")),
+            db,
+        })
+    }
+
+    /// `VALKEY_CLUSTER_ADDRS`: the cluster some of whose nodes are `addrs`.
+    fn cluster(config: &ValkeyConfig, addrs: &[String]) -> Result<Self, QueueError> {
+        let nodes = addrs
+            .iter()
+            .map(|addr| node(config, addr))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut builder =
+            ClusterClientBuilder::new(nodes.iter().map(|node| node.get_connection_info().clone()))
+                .connection_timeout(Duration::from_secs(5))
+                .response_timeout(Duration::from_secs(10));
+        if let Some(username) = username(config) {
+            builder = builder.username(username);
+        }
+        if let Some(password) = &config.password {
+            builder = builder.password(password.expose_secret());
+        }
+        let client = builder.build().map_err(QueueError::Redis)?;
+        Ok(Self {
+            kind: Kind::Cluster(Box::new(client), nodes),
+            shown: format!("the cluster of {}", addrs.join(",")),
+            db: 0,
+        })
+    }
+
+    /// `VALKEY_URL`, with TLS for `rediss://` and `valkeys://`, trusting
+    /// `VALKEY_CA_CERT` when set.
+    fn url(config: &ValkeyConfig, url: &ValkeyUrl) -> Result<Self, QueueError> {
+        let parsed = url::Url::parse(url.expose()).map_err(|_| QueueError::Url)?;
+        let shown = format!(
+            "{}:{}",
+            parsed.host_str().unwrap_or_default(),
+            parsed.port().unwrap_or(6379)
+        );
+        let info = url
+            .expose()
+            .into_connection_info()
+            .map_err(|_| QueueError::Url)?;
+        let db = info.redis_settings().db();
+        let client = if url.is_tls() {
+            install_crypto_provider();
+            let root_cert = match &config.ca_cert {
+                Some(path) => Some(std::fs::read(path).map_err(|source| QueueError::CaCert {
+                    path: path.display().to_string(),
+                    source,
+                })?),
+                None => None,
+            };
+            let certificates = TlsCertificates {
+                client_tls: None,
+                root_cert,
+            };
+            redis::Client::build_with_tls(info, certificates)
+        } else {
+            redis::Client::open(info)
+        }
+        .map_err(|source| QueueError::Connect {
+            addr: shown.clone(),
+            source,
+        })?;
         Ok(Self {
             kind: Kind::Server(Box::new(client)),
-            shown: addr.to_string(),
+            shown,
             db,
         })
     }
@@ -278,15 +262,34 @@ async fn manager(client: redis::Client) -> RedisResult<ConnectionManager> {
     ConnectionManager::new_with_config(client, config).await
 }
 
+/// A client for the server at `addr` (`host:port`), with the user,
+/// password and database of `config`.
+fn node(config: &ValkeyConfig, addr: &str) -> Result<redis::Client, QueueError> {
+    let (host, port) = split_addr(addr)?;
+    let mut redis = RedisConnectionInfo::default().set_db(i64::from(config.db.unwrap_or(0)));
+    if let Some(username) = username(config) {
+        redis = redis.set_username(username);
+    }
+    if let Some(password) = &config.password {
+        redis = redis.set_password(password.expose_secret());
+    }
+    let info = ConnectionAddr::Tcp(host, port)
+        .into_connection_info()
+        .map_err(QueueError::Redis)?
+        .set_redis_settings(redis);
+    redis::Client::open(info).map_err(QueueError::Redis)
+}
+
+/// `VALKEY_USERNAME`, unless empty.
+fn username(config: &ValkeyConfig) -> Option<&str> {
+    config.username.as_deref().filter(|name| !name.is_empty())
+}
+
 /// rustls needs a process-wide crypto provider when more than one is
 /// compiled in (another dependency may bring `aws-lc-rs`); use `ring`.
 fn install_crypto_provider() {
     // An error means one is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-fn invalid_url() -> QueueError {
-    QueueError::Url
 }
 
 /// The shared connection: cheap to clone, clones share one socket (one per
