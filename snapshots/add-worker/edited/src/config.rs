@@ -142,30 +142,28 @@ impl ValkeyConfig {
             }
         }
         if sentinel && self.sentinel_addrs.is_none() {
-            return Err("VALKEY_SENTINEL_MASTER is set but VALKEY_SENTINEL_ADDRS is not; \
-                        expected the sentinels' addresses, such as sentinel-1:26379,sentinel-2:26379"
-                .to_string());
+            return Err(String::from(
+                "VALKEY_SENTINEL_MASTER is set but VALKEY_SENTINEL_ADDRS is not; expected the \
+                 sentinels' addresses, such as sentinel-1:26379,sentinel-2:26379",
+            ));
         }
         if sentinel && !given(&self.sentinel_master) {
-            return Err(
-                "VALKEY_SENTINEL_ADDRS is set but VALKEY_SENTINEL_MASTER is not; \
-                        expected the name of the master the sentinels monitor"
-                    .to_string(),
-            );
+            return Err(String::from(
+                "VALKEY_SENTINEL_ADDRS is set but VALKEY_SENTINEL_MASTER is not; expected the \
+                 name of the master the sentinels monitor",
+            ));
         }
         if sentinel_credentials && !sentinel {
-            return Err(
+            return Err(String::from(
                 "VALKEY_SENTINEL_USERNAME or VALKEY_SENTINEL_PASSWORD is set without \
-                        VALKEY_SENTINEL_ADDRS"
-                    .to_string(),
-            );
+                 VALKEY_SENTINEL_ADDRS",
+            ));
         }
         if self.ca_cert.is_some() && !self.url.as_ref().is_some_and(ValkeyUrl::is_tls) {
-            return Err(
-                "VALKEY_CA_CERT is set but TLS is off; expected VALKEY_URL with \
-                        rediss:// or valkeys://"
-                    .to_string(),
-            );
+            return Err(String::from(
+                "VALKEY_CA_CERT is set but TLS is off; expected VALKEY_URL with rediss:// or \
+                 valkeys://",
+            ));
         }
         Ok(())
     }
