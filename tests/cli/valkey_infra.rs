@@ -708,6 +708,9 @@ fn drain(events: u32, env: &[(&str, &str)], port: u16, tls_args: &[&str]) -> Dur
     elapsed
 }
 
+/// Checks that TLS delivers the same backlog exactly once, and prints the
+/// relay throughput of both. The figure means something only when the test
+/// runs alone (`--test-threads 1`) on a quiet machine; it is never asserted.
 #[test]
 fn the_relay_drains_the_same_backlog_over_tls_and_over_plaintext() {
     const EVENTS: u32 = 5_000;
