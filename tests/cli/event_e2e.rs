@@ -13,7 +13,7 @@ use crate::support::{gpkit, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 /// What the test's listeners do: record each run in `listener_runs`.
-fn listener_body(listener: &str) -> String {
+pub(crate) fn listener_body(listener: &str) -> String {
     format!(
         r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the test.
 

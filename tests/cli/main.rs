@@ -27,5 +27,6 @@ mod support;
 mod template_set;
 mod untrusted;
 mod upgrade;
+mod valkey_infra;
 mod worker_e2e;
 mod worker_ops;

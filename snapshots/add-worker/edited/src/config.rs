@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -58,18 +59,224 @@ pub struct HttpConfig {
     pub addr: SocketAddr,
 }
 
-/// Valkey (or Redis), where events are queued.
-#[derive(Debug, confique::Config)]
+/// Valkey (or Redis), where events are queued, in one of four forms:
+/// `VALKEY_ADDR` (with `VALKEY_USERNAME`, `VALKEY_PASSWORD`, `VALKEY_DB`),
+/// `VALKEY_URL`, a Sentinel group (`VALKEY_SENTINEL_ADDRS` and
+/// `VALKEY_SENTINEL_MASTER`), or a cluster (`VALKEY_CLUSTER_ADDRS`).
+/// Setting two forms is an error naming both.
+#[derive(Debug, Default, confique::Config)]
+#[config(validate = Self::validate)]
 pub struct ValkeyConfig {
-    /// host:port of the Valkey server
-    #[config(env = "VALKEY_ADDR", default = "localhost:6379")]
-    pub addr: String,
+    /// host:port of the Valkey server (default localhost:6379)
+    #[config(env = "VALKEY_ADDR")]
+    pub addr: Option<String>,
+    /// ACL user, if the server has users (default: the `default` user)
+    #[config(env = "VALKEY_USERNAME")]
+    pub username: Option<String>,
     /// Password, if the server requires one
     #[config(env = "VALKEY_PASSWORD")]
     pub password: Option<SecretString>,
-    /// Logical database number
-    #[config(env = "VALKEY_DB", default = 0)]
-    pub db: u32,
+    /// Logical database number (default 0)
+    #[config(env = "VALKEY_DB")]
+    pub db: Option<u32>,
+    /// Connection URL instead of VALKEY_ADDR, such as rediss://user:password@host:6380/0
+    #[config(env = "VALKEY_URL")]
+    pub url: Option<ValkeyUrl>,
+    /// PEM file of the CA that signs the server's TLS certificate (default: the public web roots)
+    #[config(env = "VALKEY_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+    /// Sentinels to ask for the master, such as sentinel-1:26379,sentinel-2:26379
+    #[config(env = "VALKEY_SENTINEL_ADDRS")]
+    pub sentinel_addrs: Option<AddrList>,
+    /// Name of the master the sentinels monitor, such as mymaster
+    #[config(env = "VALKEY_SENTINEL_MASTER")]
+    pub sentinel_master: Option<String>,
+    /// ACL user on the sentinels, if they have users
+    #[config(env = "VALKEY_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+    /// Password of the sentinels, if they require one
+    #[config(env = "VALKEY_SENTINEL_PASSWORD")]
+    pub sentinel_password: Option<SecretString>,
+    /// Valkey Cluster: some of its nodes, such as node-1:6379,node-2:6379
+    #[config(env = "VALKEY_CLUSTER_ADDRS")]
+    pub cluster_addrs: Option<AddrList>,
+}
+
+impl ValkeyConfig {
+    /// One form at a time, each complete; a CA only where TLS is on.
+    fn validate(&self) -> Result<(), String> {
+        let url = self.url.is_some().then_some("VALKEY_URL");
+        let addr = [
+            ("VALKEY_ADDR", given(&self.addr)),
+            ("VALKEY_USERNAME", given(&self.username)),
+            ("VALKEY_PASSWORD", self.password.is_some()),
+            ("VALKEY_DB", self.db.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(name, set)| set.then_some(name));
+        let sentinel = self.sentinel_addrs.is_some() || given(&self.sentinel_master);
+        let sentinel_credentials =
+            given(&self.sentinel_username) || self.sentinel_password.is_some();
+        if let (Some(url), Some(addr)) = (url, addr) {
+            return Err(format!(
+                "{url} and {addr} are both set; use either VALKEY_URL alone or VALKEY_ADDR \
+                 with VALKEY_USERNAME, VALKEY_PASSWORD and VALKEY_DB"
+            ));
+        }
+        if let (true, Some(other)) = (sentinel, url.or(given(&self.addr).then_some("VALKEY_ADDR")))
+        {
+            return Err(format!(
+                "VALKEY_SENTINEL_ADDRS and {other} are both set; with Sentinel the sentinels \
+                 name the server: unset {other}"
+            ));
+        }
+        if self.cluster_addrs.is_some() {
+            let other = [
+                ("VALKEY_URL", self.url.is_some()),
+                ("VALKEY_ADDR", given(&self.addr)),
+                ("VALKEY_SENTINEL_ADDRS", sentinel),
+                ("VALKEY_DB", self.db.is_some_and(|db| db != 0)),
+            ]
+            .into_iter()
+            .find_map(|(name, set)| set.then_some(name));
+            if let Some(other) = other {
+                return Err(format!(
+                    "VALKEY_CLUSTER_ADDRS and {other} are both set; a cluster is named by \
+                     VALKEY_CLUSTER_ADDRS alone (with VALKEY_USERNAME and VALKEY_PASSWORD), \
+                     and has database 0 only"
+                ));
+            }
+        }
+        if sentinel && self.sentinel_addrs.is_none() {
+            return Err(String::from(
+                "VALKEY_SENTINEL_MASTER is set but VALKEY_SENTINEL_ADDRS is not; expected the \
+                 sentinels' addresses, such as sentinel-1:26379,sentinel-2:26379",
+            ));
+        }
+        if sentinel && !given(&self.sentinel_master) {
+            return Err(String::from(
+                "VALKEY_SENTINEL_ADDRS is set but VALKEY_SENTINEL_MASTER is not; expected the \
+                 name of the master the sentinels monitor",
+            ));
+        }
+        if sentinel_credentials && !sentinel {
+            return Err(String::from(
+                "VALKEY_SENTINEL_USERNAME or VALKEY_SENTINEL_PASSWORD is set without \
+                 VALKEY_SENTINEL_ADDRS",
+            ));
+        }
+        if self.ca_cert.is_some() && !self.url.as_ref().is_some_and(ValkeyUrl::is_tls) {
+            return Err(String::from(
+                "VALKEY_CA_CERT is set but TLS is off; expected VALKEY_URL with rediss:// or \
+                 valkeys://",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether an optional setting holds something (an empty variable is unset).
+fn given(value: &Option<String>) -> bool {
+    value
+        .as_deref()
+        .is_some_and(|value| !value.trim().is_empty())
+}
+
+/// `VALKEY_URL`: `redis://`, `rediss://` (TLS), `valkey://` or `valkeys://`
+/// (TLS), with an optional user, password and database. Its `Debug` form
+/// hides the password.
+#[derive(Clone)]
+pub struct ValkeyUrl(SecretString);
+
+impl ValkeyUrl {
+    /// The URL, password included, for the connection only.
+    pub fn expose(&self) -> &str {
+        self.0.expose_secret()
+    }
+
+    /// Whether the scheme asks for TLS.
+    pub fn is_tls(&self) -> bool {
+        self.expose().starts_with("rediss://") || self.expose().starts_with("valkeys://")
+    }
+
+    /// The URL with its password replaced by `***`, for logs and errors.
+    pub fn redacted(&self) -> String {
+        redact_url(self.expose())
+    }
+}
+
+impl FromStr for ValkeyUrl {
+    type Err = String;
+
+    /// The error never repeats the URL, which may hold a password.
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        const EXPECTED: &str = "expected redis://, rediss:// (TLS), valkey:// or valkeys:// (TLS), \
+                                such as rediss://user:password@host:6380/0";
+        let url =
+            url::Url::parse(raw).map_err(|err| format!("not a valid URL ({err}); {EXPECTED}"))?;
+        if !matches!(url.scheme(), "redis" | "rediss" | "valkey" | "valkeys") {
+            return Err(format!("the scheme is `{}`; {EXPECTED}", url.scheme()));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(format!("the URL names no host; {EXPECTED}"));
+        }
+        let path = url.path().trim_matches('/');
+        if !path.is_empty() && path.parse::<u32>().is_err() {
+            return Err(format!(
+                "the path `/{path}` is not a database number; {EXPECTED}"
+            ));
+        }
+        if url.fragment().is_some() || url.query().is_some() {
+            return Err(format!(
+                "the URL has a query or a fragment (such as #insecure), which this service \
+                 does not use; {EXPECTED}"
+            ));
+        }
+        Ok(Self(SecretString::from(raw)))
+    }
+}
+
+impl<'de> Deserialize<'de> for ValkeyUrl {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        raw.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Debug for ValkeyUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ValkeyUrl").field(&self.redacted()).finish()
+    }
+}
+
+/// A comma-separated list of `host:port` addresses, such as
+/// `VALKEY_SENTINEL_ADDRS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrList(pub Vec<String>);
+
+impl FromStr for AddrList {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let addrs: Vec<String> = raw
+            .split(',')
+            .map(str::trim)
+            .filter(|addr| !addr.is_empty())
+            .map(str::to_string)
+            .collect();
+        if addrs.is_empty() {
+            return Err("expected host:port addresses separated by commas".to_string());
+        }
+        Ok(Self(addrs))
+    }
+}
+
+impl<'de> Deserialize<'de> for AddrList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        raw.parse()
+            .map_err(|err| serde::de::Error::custom(format!("`{raw}`: {err}")))
+    }
 }
 
 /// The outbox relay and its housekeeping.
@@ -161,8 +368,15 @@ fn explain(message: &str) -> String {
     let missing = message
         .strip_prefix("required configuration value is missing: '")
         .and_then(|rest| rest.strip_suffix('\''));
-    match missing.and_then(|path| leaf(&Config::META, path)) {
-        Some((env, doc)) => format!("{env} is not set; expected {}", doc.trim()),
+    if let Some((env, doc)) = missing.and_then(|path| leaf(&Config::META, path)) {
+        return format!("{env} is not set; expected {}", doc.trim());
+    }
+    // A check across settings (`ValkeyConfig::validate`) says it all itself.
+    match message
+        .strip_prefix("config validation of `")
+        .and_then(|rest| rest.split_once("` failed: "))
+    {
+        Some((_, reason)) => reason.to_string(),
         None => message.to_string(),
     }
 }
@@ -354,6 +568,114 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("scheme is `mysql`"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn a_valkey_url_hides_its_password_and_refuses_other_schemes() {
+        for raw in [
+            "redis://app:hunter2@cache:6379/0",
+            "rediss://app:hunter2@cache:6380",
+            "valkey://:hunter2@cache",
+            "valkeys://app:hunter2@cache:6380/2",
+        ] {
+            let url: ValkeyUrl = raw.parse().unwrap();
+            let shown = format!("{url:?}");
+            assert!(
+                !shown.contains("hunter2") && shown.contains("***"),
+                "{shown}"
+            );
+            let tls = raw.starts_with("rediss:") || raw.starts_with("valkeys:");
+            assert_eq!(url.is_tls(), tls, "{raw}");
+        }
+        for raw in [
+            "http://app:hunter2@cache",
+            "rediss://app:hunter2@cache/zero",
+            "rediss://app:hunter2@cache#insecure",
+        ] {
+            let err = raw.parse::<ValkeyUrl>().unwrap_err();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn two_valkey_forms_are_an_error_naming_both() {
+        let both = ValkeyConfig {
+            url: Some("redis://cache:6379".parse().unwrap()),
+            addr: Some("cache:6379".into()),
+            ..ValkeyConfig::default()
+        };
+        let err = both.validate().unwrap_err();
+        assert!(
+            err.contains("VALKEY_URL") && err.contains("VALKEY_ADDR"),
+            "{err}"
+        );
+
+        let with_password = ValkeyConfig {
+            url: Some("redis://cache:6379".parse().unwrap()),
+            password: Some(SecretString::from("hunter2")),
+            ..ValkeyConfig::default()
+        };
+        let err = with_password.validate().unwrap_err();
+        assert!(
+            err.contains("VALKEY_PASSWORD") && !err.contains("hunter2"),
+            "{err}"
+        );
+
+        let sentinel_and_url = ValkeyConfig {
+            url: Some("redis://cache:6379".parse().unwrap()),
+            sentinel_addrs: Some("s1:26379,s2:26379".parse().unwrap()),
+            sentinel_master: Some("mymaster".into()),
+            ..ValkeyConfig::default()
+        };
+        let err = sentinel_and_url.validate().unwrap_err();
+        assert!(
+            err.contains("VALKEY_SENTINEL_ADDRS") && err.contains("VALKEY_URL"),
+            "{err}"
+        );
+
+        let no_master = ValkeyConfig {
+            sentinel_addrs: Some("s1:26379".parse().unwrap()),
+            ..ValkeyConfig::default()
+        };
+        assert!(
+            no_master
+                .validate()
+                .unwrap_err()
+                .contains("VALKEY_SENTINEL_MASTER")
+        );
+
+        let ca_without_tls = ValkeyConfig {
+            url: Some("redis://cache:6379".parse().unwrap()),
+            ca_cert: Some("ca.pem".into()),
+            ..ValkeyConfig::default()
+        };
+        assert!(
+            ca_without_tls
+                .validate()
+                .unwrap_err()
+                .contains("VALKEY_CA_CERT")
+        );
+
+        let cluster_and_addr = ValkeyConfig {
+            cluster_addrs: Some("n1:6379,n2:6379".parse().unwrap()),
+            addr: Some("cache:6379".into()),
+            ..ValkeyConfig::default()
+        };
+        let err = cluster_and_addr.validate().unwrap_err();
+        assert!(
+            err.contains("VALKEY_CLUSTER_ADDRS") && err.contains("VALKEY_ADDR"),
+            "{err}"
+        );
+
+        assert!(ValkeyConfig::default().validate().is_ok());
+        let explained = explain(&format!(
+            "config validation of `ValkeyConfig` failed: {}",
+            both.validate().unwrap_err()
+        ));
+        assert!(
+            explained.starts_with("VALKEY_URL and VALKEY_ADDR"),
+            "{explained}"
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! on asynq and this service can share one Valkey and consume each other's
 //! tasks, and asynqmon and the asynq CLI can inspect the queues.
 //!
+//! - [`Target`] and [`Connection`]: where Valkey is (a server over TCP or
+//!   TLS, or a Sentinel group) and the one connection every command uses.
 //! - [`Client`]: one shared, self-reconnecting connection; [`Client::enqueue`]
 //!   writes a batch of [`NewTask`]s in one pipelined round trip, reporting
 //!   per task whether it was [`EnqueueOutcome::Enqueued`] or a
@@ -40,6 +42,7 @@
 mod admin;
 mod broker;
 mod client;
+mod connection;
 mod consumer;
 mod inspect;
 pub mod keys;
@@ -53,6 +56,7 @@ pub use broker::default_retry_delay;
 pub use client::{
     Client, DEFAULT_MAX_RETRY, DEFAULT_QUEUE, DEFAULT_TIMEOUT, EnqueueOutcome, NewTask,
 };
+pub use connection::{Connection, Target};
 pub use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
 pub use inspect::{QueueCounts, RunOutcome, TaskInfo};
 pub use names::{QueueNames, check_queue_name};
@@ -69,6 +73,16 @@ pub enum QueueError {
     },
     #[error("`{0}` is not a Valkey address; expected host:port, such as localhost:6379")]
     Address(String),
+    #[error(
+        "VALKEY_URL is not a Valkey URL; expected redis://, rediss://, valkey:// or valkeys://"
+    )]
+    Url,
+    #[error("cannot read the CA certificate VALKEY_CA_CERT `{path}`")]
+    CaCert {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("Valkey command failed")]
     Redis(#[from] redis::RedisError),
     #[error("Valkey sent an unexpected reply: {0}")]

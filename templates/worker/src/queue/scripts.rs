@@ -6,6 +6,19 @@
 //! exactly as a Go worker moves it. Copyright 2020 Kentaro Hibino, MIT
 //! licence. Scripts run with EVALSHA; [`redis::Script`] falls back to
 //! loading the script when the server does not know it yet.
+//!
+//! # Valkey Cluster
+//!
+//! A script runs on the node that owns the slot of its first key. Every
+//! key a script touches is in that slot: the keys it gets through KEYS all
+//! carry the queue's `{queue}` hash tag, and five scripts (DEQUEUE,
+//! ARCHIVE, FORWARD, LIST_LEASE_EXPIRED, DELETE_EXPIRED_COMPLETED) also
+//! build task (and group) keys from a prefix argument, as Go asynq does,
+//! because the task ids are only known inside the script. Those prefixes
+//! carry the same tag (guarded by a test in `keys`), so the keys are in the
+//! same slot and the scripts run on Valkey Cluster and Redis Cluster; they
+//! are not declared in KEYS (Go asynq issues #480, #951), which a server
+//! that enforced declared keys would refuse.
 
 use std::sync::LazyLock;
 

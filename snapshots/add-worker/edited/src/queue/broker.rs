@@ -61,16 +61,25 @@ impl Client {
         lease_until: DateTime<Utc>,
     ) -> Result<(), QueueError> {
         let score = lease_until.timestamp();
-        let mut pipe = redis::pipe();
-        for (queue, ids) in leases {
-            let members: Vec<(i64, &str)> = ids.iter().map(|id| (score, id.as_str())).collect();
-            pipe.cmd("ZADD")
-                .arg(keys::lease(queue))
-                .arg("XX")
-                .arg(members)
-                .ignore();
+        let mut conn = self.conn();
+        // In a cluster each queue is its own slot: one pipeline per queue.
+        let groups: Vec<&[(String, Vec<String>)]> = if conn.is_cluster() {
+            leases.chunks(1).collect()
+        } else {
+            vec![leases]
+        };
+        for group in groups {
+            let mut pipe = redis::pipe();
+            for (queue, ids) in group {
+                let members: Vec<(i64, &str)> = ids.iter().map(|id| (score, id.as_str())).collect();
+                pipe.cmd("ZADD")
+                    .arg(keys::lease(queue))
+                    .arg("XX")
+                    .arg(members)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
         }
-        pipe.query_async::<()>(&mut self.conn()).await?;
         Ok(())
     }
 
@@ -304,12 +313,19 @@ impl Client {
         for worker in workers {
             invocation.arg(&worker.task_id).arg(worker.encode_to_vec());
         }
+        // Two commands, not one pipeline: the keys are in different cluster
+        // slots.
         let mut conn = self.conn();
-        redis::pipe()
-            .zadd(keys::ALL_SERVERS, &server_key, expiry)
-            .ignore()
-            .zadd(keys::ALL_WORKERS, &workers_key, expiry)
-            .ignore()
+        redis::cmd("ZADD")
+            .arg(keys::ALL_SERVERS)
+            .arg(expiry)
+            .arg(&server_key)
+            .query_async::<()>(&mut conn)
+            .await?;
+        redis::cmd("ZADD")
+            .arg(keys::ALL_WORKERS)
+            .arg(expiry)
+            .arg(&workers_key)
             .query_async::<()>(&mut conn)
             .await?;
         invocation.invoke_async::<()>(&mut conn).await?;
@@ -322,13 +338,16 @@ impl Client {
         let server_key = keys::server_info(&server.host, pid, &server.server_id);
         let workers_key = keys::workers(&server.host, pid, &server.server_id);
         let mut conn = self.conn();
-        redis::pipe()
-            .zrem(keys::ALL_SERVERS, &server_key)
-            .ignore()
-            .zrem(keys::ALL_WORKERS, &workers_key)
-            .ignore()
-            .query_async::<()>(&mut conn)
-            .await?;
+        for (all, key) in [
+            (keys::ALL_SERVERS, &server_key),
+            (keys::ALL_WORKERS, &workers_key),
+        ] {
+            redis::cmd("ZREM")
+                .arg(all)
+                .arg(key)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
         scripts::CLEAR_SERVER_STATE
             .key(&server_key)
             .key(&workers_key)

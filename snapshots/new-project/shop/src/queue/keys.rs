@@ -135,4 +135,41 @@ mod tests {
         assert_eq!(server_info("h", 7, "s"), "asynq:servers:{h:7:s}");
         assert_eq!(workers("h", 7, "s"), "asynq:workers:{h:7:s}");
     }
+
+    /// The hash tag of `key`: what Valkey Cluster hashes to pick its slot.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').expect("a hash tag");
+        let close = open + key[open..].find('}').expect("a closed hash tag");
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn every_key_a_script_touches_shares_its_queues_slot() {
+        // The prefixes scripts build task and group keys from (see
+        // `scripts`) carry the same tag as the keys passed in KEYS.
+        let day = "2026-01-02T03:04:05Z".parse().unwrap();
+        for key in [
+            task("shop", "id"),
+            task_prefix("shop"),
+            group_prefix("shop"),
+            pending("shop"),
+            active("shop"),
+            lease("shop"),
+            scheduled("shop"),
+            retry("shop"),
+            archived("shop"),
+            completed("shop"),
+            paused("shop"),
+            processed_on("shop", day),
+            failed_on("shop", day),
+            processed_total("shop"),
+            failed_total("shop"),
+        ] {
+            assert_eq!(hash_tag(&key), "shop", "{key}");
+        }
+        assert_eq!(
+            hash_tag(&server_info("h", 7, "s")),
+            hash_tag(&workers("h", 7, "s"))
+        );
+    }
 }

@@ -1,0 +1,878 @@
+//! The generated worker on production-style Valkey set-ups, each started by
+//! the test on free loopback ports: TLS with a private CA (and a wrong CA
+//! refused), an ACL user limited to `asynq:*` keys (and a wrong password
+//! refused), a Sentinel group whose master is killed with SIGKILL, and a
+//! cluster of three masters. Each run goes from committed outbox rows to
+//! listener runs recorded in Postgres. The TLS-against-plaintext, Sentinel
+//! and cluster tests print their figures (relay throughput, failover time,
+//! events delivered); nothing is asserted on speed.
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::e2e::{Database, build_binaries, migrate, psql};
+use crate::event_e2e::listener_body;
+use crate::support::{gpkit, repo};
+use crate::worker_e2e::wait_until;
+
+/// A port nothing listens on right now (below 55535, see the cluster bus).
+fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port < 55_535 {
+            return port;
+        }
+    }
+}
+
+/// A project with the event `orderPlaced` and two listeners that record
+/// each run in `listener_runs`; built once, its binaries directory.
+fn project() -> &'static Path {
+    static BINS: OnceLock<PathBuf> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let parent = repo().join("target/e2e-valkey");
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        gpkit(&parent)
+            .args(["--no-input", "new", "project", "infra"])
+            .assert()
+            .success();
+        let project = parent.join("infra");
+        gpkit(&project)
+            .args(["add", "event", "orderPlaced"])
+            .args(["--field", "order_id:i64", "--field", "note:string"])
+            .args(["--listener", "audit", "--listener", "email"])
+            .assert()
+            .success();
+        gpkit(&project)
+            .env("SOURCE_DATE_EPOCH", "1800000000")
+            .args(["new", "migration", "listener_runs"])
+            .assert()
+            .success();
+        std::fs::write(
+            project.join("migrations/20270115080000_listener_runs.sql"),
+            "-- +goose Up\nCREATE TABLE listener_runs (listener text NOT NULL, event_id uuid NOT NULL, \
+             order_id bigint NOT NULL, note text NOT NULL);\n\n-- +goose Down\nDROP TABLE listener_runs;\n",
+        )
+        .unwrap();
+        for listener in ["audit", "email"] {
+            std::fs::write(
+                project.join(format!("src/listeners/order_placed/{listener}.rs")),
+                listener_body(listener),
+            )
+            .unwrap();
+        }
+        build_binaries(&project);
+        project
+    })
+}
+
+fn bin(name: &str) -> PathBuf {
+    project().join(".bin").join(name)
+}
+
+/// A migrated database of the project.
+fn database() -> Database {
+    let db = Database::create("gpkit_valkey");
+    migrate(project(), &db, &["up"]);
+    db
+}
+
+/// Commits `count` `orderPlaced` events; returns all event ids so far.
+fn commit_events(db: &Database, count: u32) -> BTreeSet<String> {
+    psql(
+        &db.url(),
+        &format!(
+            "INSERT INTO outbox_events (event_id, event_name, payload) \
+             SELECT gen_random_uuid(), 'orderPlaced', jsonb_build_object('order_id', g, 'note', 'n') \
+             FROM generate_series(1, {count}) g"
+        ),
+    );
+    psql(&db.url(), "SELECT event_id FROM outbox_events")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn count(db: &Database, sql: &str) -> u64 {
+    psql(&db.url(), sql).parse().unwrap()
+}
+
+fn unpublished(db: &Database) -> u64 {
+    count(
+        db,
+        "SELECT count(*) FROM outbox_events WHERE published_at IS NULL",
+    )
+}
+
+/// Distinct (listener, event) pairs that ran.
+fn listener_pairs(db: &Database) -> u64 {
+    count(
+        db,
+        "SELECT count(*) FROM (SELECT DISTINCT listener, event_id FROM listener_runs) runs",
+    )
+}
+
+/// Waits until both listeners ran for each of `events` events.
+fn wait_for_listeners(db: &Database, events: usize, limit: Duration) {
+    wait_until(limit, "every listener ran for every event", || {
+        listener_pairs(db) == 2 * events as u64
+    });
+    assert_eq!(unpublished(db), 0);
+}
+
+/// The worker binary with `env` (and nothing else of the environment but
+/// PATH): consuming `default`, metrics on a free port, JSON logs.
+struct Worker {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Worker {
+    fn start(db: &Database, dir: &Path, env: &[(&str, &str)]) -> Self {
+        let log = dir.join(format!("worker-{}.log", free_port()));
+        let mut command = Command::new(bin("worker"));
+        command
+            .current_dir(project())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", db.url())
+            .env("WORKER_QUEUES", "default=1")
+            .env("WORKER_METRICS_ADDR", "127.0.0.1:0")
+            .env("OUTBOX_POLL_INTERVAL", "100ms")
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::inherit());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        Self {
+            child: command.spawn().unwrap(),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit on its own; its exit code.
+    fn exit_code(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the worker did not exit: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, and a clean exit.
+    fn stop(mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(
+            self.exit_code(Duration::from_secs(40)),
+            Some(0),
+            "{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A redis-server (or sentinel) of the test's own, killed on drop.
+struct Server {
+    child: Option<Child>,
+    port: u16,
+}
+
+impl Server {
+    fn start_on(port: u16, dir: &Path, args: &[&str]) -> Self {
+        let child = Command::new("redis-server")
+            .args(args)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (Debian: redis-server)");
+        Self {
+            child: Some(child),
+            port,
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// redis-cli with `args`; stdout when it succeeded.
+fn cli(args: &[&str]) -> Option<String> {
+    let output = Command::new("redis-cli").args(args).output().ok()?;
+    let out = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    (output.status.success() && !out.starts_with("ERR") && !out.contains("Could not connect"))
+        .then_some(out)
+}
+
+fn run(program: &str, args: &[&str], dir: &Path) {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A CA (`<name>.pem`, `<name>.key`) made with openssl in `dir`.
+fn make_ca(dir: &Path, name: &str) {
+    run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+        ],
+        dir,
+    );
+}
+
+/// A TLS Redis on a free port with a certificate for 127.0.0.1 signed by
+/// a fresh test CA `ca.pem` in `dir`.
+fn tls_server(dir: &Path) -> Server {
+    make_ca(dir, "ca");
+    run(
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "srv.key",
+            "-out",
+            "srv.csr",
+        ],
+        dir,
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            "-out",
+            "srv.pem",
+        ],
+        dir,
+    );
+    let port = free_port();
+    let server = Server::start_on(
+        port,
+        dir,
+        &[
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &dir.join("srv.pem").display().to_string(),
+            "--tls-key-file",
+            &dir.join("srv.key").display().to_string(),
+            "--tls-ca-cert-file",
+            &dir.join("ca.pem").display().to_string(),
+            "--tls-auth-clients",
+            "no",
+        ],
+    );
+    let ca = dir.join("ca.pem").display().to_string();
+    wait_until(Duration::from_secs(10), "the TLS server answers", || {
+        cli(&["--tls", "--cacert", &ca, "-p", &port.to_string(), "PING"]).as_deref() == Some("PONG")
+    });
+    server
+}
+
+#[test]
+fn over_tls_with_a_private_ca_the_relay_and_the_listeners_run_and_a_wrong_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = tls_server(dir.path());
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let ca = dir.path().join("ca.pem").display().to_string();
+    let db = database();
+    let events = commit_events(&db, 1_000);
+
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[("VALKEY_URL", &url), ("VALKEY_CA_CERT", &ca)],
+    );
+    wait_for_listeners(&db, events.len(), Duration::from_secs(180));
+    worker.stop();
+
+    // Another CA: the certificate does not verify, and the worker says so.
+    make_ca(dir.path(), "other");
+    let other = dir.path().join("other.pem").display().to_string();
+    let mut refused = Worker::start(
+        &db,
+        dir.path(),
+        &[("VALKEY_URL", &url), ("VALKEY_CA_CERT", &other)],
+    );
+    assert_ne!(refused.exit_code(Duration::from_secs(60)), Some(0));
+    let log = refused.log();
+    assert!(
+        log.contains(&format!(
+            "cannot connect to Valkey at 127.0.0.1:{}",
+            server.port
+        )),
+        "{log}"
+    );
+    assert!(log.contains("UnknownIssuer"), "{log}");
+
+    // Without VALKEY_CA_CERT the public roots do not know the test CA either.
+    let mut public_roots = Worker::start(&db, dir.path(), &[("VALKEY_URL", &url)]);
+    assert_ne!(public_roots.exit_code(Duration::from_secs(60)), Some(0));
+    assert!(
+        public_roots.log().contains("UnknownIssuer"),
+        "{}",
+        public_roots.log()
+    );
+}
+
+#[test]
+fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
+    const PASSWORD: &str = "relay-secret-7f3a";
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let _server = Server::start_on(port.parse().unwrap(), dir.path(), &["--port", &port]);
+    wait_until(Duration::from_secs(10), "redis-server answers", || {
+        cli(&["-p", &port, "PING"]).as_deref() == Some("PONG")
+    });
+    // Keys under asynq:, the two channels the worker uses, no admin
+    // commands; the default user is switched off.
+    let acl = |args: &[&str]| {
+        let mut all = vec![
+            "-p",
+            &port,
+            "--user",
+            "admin",
+            "--pass",
+            "admin",
+            "--no-auth-warning",
+        ];
+        all.extend_from_slice(args);
+        cli(&all)
+    };
+    cli(&[
+        "-p", &port, "ACL", "SETUSER", "admin", "on", ">admin", "~*", "&*", "+@all",
+    ])
+    .unwrap();
+    acl(&[
+        "ACL",
+        "SETUSER",
+        "relay",
+        "on",
+        &format!(">{PASSWORD}"),
+        "resetkeys",
+        "~asynq:*",
+        "resetchannels",
+        "&outbox:*",
+        "&asynq:cancel",
+        "+@all",
+        "-@dangerous",
+    ])
+    .unwrap();
+    acl(&["ACL", "SETUSER", "default", "off"]).unwrap();
+
+    let db = database();
+    let events = commit_events(&db, 200);
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            (
+                "VALKEY_URL",
+                &format!("redis://relay:{PASSWORD}@127.0.0.1:{port}"),
+            ),
+            ("OUTBOX_WAKE", "valkey"),
+        ],
+    );
+    wait_for_listeners(&db, events.len(), Duration::from_secs(120));
+    worker.stop();
+    let denied = acl(&["ACL", "LOG"]).unwrap_or_default();
+    assert!(
+        !denied.contains("relay"),
+        "the relay was denied something: {denied}"
+    );
+
+    // The ADDR form with a user, and a wrong password: a clear error.
+    let mut refused = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_ADDR", &format!("127.0.0.1:{port}")),
+            ("VALKEY_USERNAME", "relay"),
+            ("VALKEY_PASSWORD", "not-the-password"),
+        ],
+    );
+    assert_ne!(refused.exit_code(Duration::from_secs(60)), Some(0));
+    let log = refused.log();
+    assert!(
+        log.contains(&format!("cannot connect to Valkey at 127.0.0.1:{port}")),
+        "{log}"
+    );
+    assert!(log.contains("Password authentication failed"), "{log}");
+    assert!(
+        !log.contains("not-the-password"),
+        "the password leaked: {log}"
+    );
+}
+
+#[test]
+fn the_worker_refuses_two_valkey_forms_naming_both() {
+    let db = database();
+    let output = Command::new(bin("worker"))
+        .current_dir(project())
+        .env_clear()
+        .env("DATABASE_URL", db.url())
+        .env("VALKEY_URL", "redis://app:hunter2@127.0.0.1:1")
+        .env("VALKEY_ADDR", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("VALKEY_URL and VALKEY_ADDR are both set"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// `INFO replication` field `name` of the server on `port`.
+fn replication(port: u16, name: &str) -> Option<String> {
+    let info = cli(&["-p", &port.to_string(), "INFO", "replication"])?;
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}:")))
+        .map(|value| value.trim().to_string())
+}
+
+/// The members of the sorted set or list `key` on the server on `port`.
+fn members(port: u16, command: &str, key: &str) -> Vec<String> {
+    cli(&["-p", &port.to_string(), command, key, "0", "-1"])
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (master_port, replica_port) = (free_port(), free_port());
+    for name in ["master", "replica"] {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+    }
+    let mut master = Server::start_on(
+        master_port,
+        &dir.path().join("master"),
+        &["--port", &master_port.to_string()],
+    );
+    let _replica = Server::start_on(
+        replica_port,
+        &dir.path().join("replica"),
+        &[
+            "--port",
+            &replica_port.to_string(),
+            "--replicaof",
+            "127.0.0.1",
+            &master_port.to_string(),
+        ],
+    );
+    wait_until(Duration::from_secs(20), "the replica is in sync", || {
+        replication(replica_port, "master_link_status").as_deref() == Some("up")
+    });
+    let sentinel_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let _sentinels: Vec<SentinelProcess> = sentinel_ports
+        .iter()
+        .map(|port| SentinelProcess::start(dir.path(), *port, master_port))
+        .collect();
+    wait_until(
+        Duration::from_secs(30),
+        "every sentinel knows the replica and the other sentinels",
+        || {
+            sentinel_ports.iter().all(|port| {
+                let info =
+                    cli(&["-p", &port.to_string(), "SENTINEL", "MASTER", "m1"]).unwrap_or_default();
+                let field = |name: &str| {
+                    let lines: Vec<&str> = info.lines().collect();
+                    lines
+                        .iter()
+                        .position(|line| *line == name)
+                        .and_then(|i| lines.get(i + 1).map(|v| v.to_string()))
+                };
+                field("num-slaves").as_deref() == Some("1")
+                    && field("num-other-sentinels").as_deref() == Some("2")
+            })
+        },
+    );
+    let sentinel_addrs = sentinel_ports
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect::<Vec<_>>()
+        .join(",");
+
+    // Events flow through the master.
+    let db = database();
+    let first = commit_events(&db, 300);
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_SENTINEL_ADDRS", &sentinel_addrs),
+            ("VALKEY_SENTINEL_MASTER", "m1"),
+            ("OUTBOX_WAKE", "valkey"),
+        ],
+    );
+    wait_for_listeners(&db, first.len(), Duration::from_secs(120));
+    wait_until(
+        Duration::from_secs(10),
+        "the replica has every write",
+        || {
+            replication(master_port, "master_repl_offset")
+                == replication(replica_port, "master_repl_offset")
+        },
+    );
+
+    // SIGKILL the master, commit more events at once: the relay meets the
+    // dead master, asks the sentinels, and finds the promoted replica.
+    master.kill();
+    let killed = Instant::now();
+    let all = commit_events(&db, 300);
+    wait_until(Duration::from_secs(60), "the relay publishes again", || {
+        unpublished(&db) < 300
+    });
+    let failover = killed.elapsed();
+    wait_for_listeners(&db, all.len(), Duration::from_secs(120));
+    eprintln!(
+        "failover seen by the relay: {failover:.2?} from SIGKILL to the first event published"
+    );
+    assert_eq!(replication(replica_port, "role").as_deref(), Some("master"));
+    worker.stop();
+
+    // Every event's task exists exactly once: completed, and nowhere else.
+    let completed: BTreeSet<String> = members(replica_port, "ZRANGE", "asynq:{default}:completed")
+        .into_iter()
+        .collect();
+    assert!(all.is_subset(&completed), "an event task is missing");
+    for (command, key) in [
+        ("LRANGE", "asynq:{default}:pending"),
+        ("LRANGE", "asynq:{default}:active"),
+        ("ZRANGE", "asynq:{default}:retry"),
+        ("ZRANGE", "asynq:{default}:archived"),
+        ("ZRANGE", "asynq:{default}:scheduled"),
+    ] {
+        let elsewhere = members(replica_port, command, key);
+        assert!(
+            elsewhere.iter().all(|id| !all.contains(id)),
+            "an event task is also in {key}"
+        );
+    }
+}
+
+/// A sentinel watching `m1` on `master_port`, from a config file of its own
+/// (sentinel rewrites it).
+struct SentinelProcess(Child);
+
+impl SentinelProcess {
+    fn start(dir: &Path, port: u16, master_port: u16) -> Self {
+        let conf = dir.join(format!("sentinel-{port}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor m1 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds m1 1000\n\
+                 sentinel failover-timeout m1 4000\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Drains `events` committed events with one relay-only worker (it
+/// consumes the queue `idle`) over `env`; the time taken, after checking
+/// that the queue on `port` (reached with `tls_args`) holds each once.
+fn drain(events: u32, env: &[(&str, &str)], port: u16, tls_args: &[&str]) -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let db = database();
+    let ids = commit_events(&db, events);
+    let mut env = env.to_vec();
+    env.push(("WORKER_QUEUES", "idle=1"));
+    let start = Instant::now();
+    let worker = Worker::start(&db, dir.path(), &env);
+    wait_until(Duration::from_secs(300), "every event is published", || {
+        unpublished(&db) == 0
+    });
+    let elapsed = start.elapsed();
+    worker.stop();
+    let mut args = tls_args.to_vec();
+    let port = port.to_string();
+    args.extend(["-p", &port, "LRANGE", "asynq:{default}:pending", "0", "-1"]);
+    let queued: Vec<String> = cli(&args)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let unique: BTreeSet<String> = queued.iter().cloned().collect();
+    assert_eq!(queued.len(), unique.len(), "an event was queued twice");
+    assert!(unique == ids, "the queue does not hold exactly the events");
+    elapsed
+}
+
+/// Checks that TLS delivers the same backlog exactly once, and prints the
+/// relay throughput of both. The figure means something only when the test
+/// runs alone (`--test-threads 1`) on a quiet machine; it is never asserted.
+#[test]
+fn the_relay_drains_the_same_backlog_over_tls_and_over_plaintext() {
+    const EVENTS: u32 = 5_000;
+    let dir = tempfile::tempdir().unwrap();
+    let tls = tls_server(dir.path());
+    let ca = dir.path().join("ca.pem").display().to_string();
+    let plain_port = free_port();
+    let plain_dir = tempfile::tempdir().unwrap();
+    let _plain = Server::start_on(
+        plain_port,
+        plain_dir.path(),
+        &["--port", &plain_port.to_string()],
+    );
+    wait_until(Duration::from_secs(10), "redis-server answers", || {
+        cli(&["-p", &plain_port.to_string(), "PING"]).as_deref() == Some("PONG")
+    });
+
+    let over_tls = drain(
+        EVENTS,
+        &[
+            ("VALKEY_URL", &format!("rediss://127.0.0.1:{}", tls.port)),
+            ("VALKEY_CA_CERT", &ca),
+        ],
+        tls.port,
+        &["--tls", "--cacert", &ca],
+    );
+    let plain = drain(
+        EVENTS,
+        &[("VALKEY_URL", &format!("redis://127.0.0.1:{plain_port}"))],
+        plain_port,
+        &[],
+    );
+    let rate = |elapsed: Duration| f64::from(EVENTS) / elapsed.as_secs_f64();
+    eprintln!(
+        "relay throughput, {EVENTS} events, one worker (debug build, including start-up): \
+         TLS {:.0} events/s, plaintext {:.0} events/s, TLS/plaintext {:.2}",
+        rate(over_tls),
+        rate(plain),
+        rate(over_tls) / rate(plain)
+    );
+}
+
+/// Sum over the nodes on `ports` of `PUBSUB NUMSUB channel` (node-local).
+fn subscribers(ports: &[u16], channel: &str) -> u64 {
+    ports
+        .iter()
+        .filter_map(|port| cli(&["-p", &port.to_string(), "PUBSUB", "NUMSUB", channel]))
+        .filter_map(|out| {
+            out.lines()
+                .nth(1)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[test]
+fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once() {
+    const EVENTS: u32 = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let _nodes: Vec<Server> = ports
+        .iter()
+        .map(|port| {
+            let node_dir = dir.path().join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            Server::start_on(
+                *port,
+                &node_dir,
+                &[
+                    "--port",
+                    &port.to_string(),
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ],
+            )
+        })
+        .collect();
+    for port in &ports {
+        wait_until(Duration::from_secs(10), "the node answers", || {
+            cli(&["-p", &port.to_string(), "PING"]).as_deref() == Some("PONG")
+        });
+    }
+    let addrs: Vec<String> = ports
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    let mut create = vec!["--cluster", "create"];
+    create.extend(addrs.iter().map(String::as_str));
+    create.push("--cluster-yes");
+    cli(&create).expect("redis-cli --cluster create");
+    for port in &ports {
+        wait_until(Duration::from_secs(30), "the cluster is ok", || {
+            cli(&["-p", &port.to_string(), "CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+        });
+    }
+
+    // The relay, the fan-out and both listeners, on the cluster.
+    let db = database();
+    let events = commit_events(&db, EVENTS);
+    let cluster_addrs = addrs.join(",");
+    let start = Instant::now();
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_CLUSTER_ADDRS", &cluster_addrs),
+            ("OUTBOX_WAKE", "valkey"),
+            ("OUTBOX_POLL_INTERVAL", "30s"),
+        ],
+    );
+    wait_for_listeners(&db, events.len(), Duration::from_secs(600));
+    eprintln!(
+        "cluster: {EVENTS} events relayed and both listeners run in {:.1?}",
+        start.elapsed()
+    );
+
+    // A wake-up published on any node reaches the relay (it polls only
+    // every 30 s).
+    wait_until(Duration::from_secs(30), "the relay subscribed", || {
+        subscribers(&ports, "outbox:wake") > 0
+    });
+    let all = commit_events(&db, 1);
+    for port in &ports {
+        cli(&["-p", &port.to_string(), "PUBLISH", "outbox:wake", ""]).unwrap();
+    }
+    wait_until(Duration::from_secs(10), "the woken relay publishes", || {
+        unpublished(&db) == 0
+    });
+    wait_for_listeners(&db, all.len(), Duration::from_secs(60));
+    worker.stop();
+
+    // Every event's task exists exactly once: completed, and nowhere else.
+    let in_cluster = |command: &str, key: &str| -> Vec<String> {
+        cli(&["-c", "-p", &ports[0].to_string(), command, key, "0", "-1"])
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let completed: BTreeSet<String> = in_cluster("ZRANGE", "asynq:{default}:completed")
+        .into_iter()
+        .collect();
+    let delivered = all.iter().filter(|id| completed.contains(*id)).count();
+    eprintln!(
+        "cluster: {delivered} of {} events delivered as tasks",
+        all.len()
+    );
+    assert_eq!(delivered, all.len(), "an event task is missing");
+    for (command, key) in [
+        ("LRANGE", "asynq:{default}:pending"),
+        ("LRANGE", "asynq:{default}:active"),
+        ("ZRANGE", "asynq:{default}:retry"),
+        ("ZRANGE", "asynq:{default}:archived"),
+    ] {
+        let elsewhere = in_cluster(command, key);
+        assert!(
+            elsewhere.iter().all(|id| !all.contains(id)),
+            "an event task is also in {key}"
+        );
+    }
+}
