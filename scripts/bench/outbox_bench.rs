@@ -251,7 +251,7 @@ fn process_stats() -> serde_json::Value {
 
 // ---------------------------------------------------------------------------
 // Per-phase timing of relay rounds, from the relay's own tracing spans
-// (`outbox.claim`, `outbox.enqueue`, `outbox.mark`) and the gaps between
+// (`outbox.claim`, which also marks, and `outbox.enqueue`) and the gaps between
 // them. Valid when one relay runs in the process (rounds are sequential).
 
 #[derive(Default)]
@@ -281,12 +281,10 @@ where
         let mut phases = self.0.lock().unwrap();
         // The gap before this span, named after what runs in it.
         let gap = match (phases.last_close, name) {
-            // mark closed -> commit, loop, begin -> next claim
-            (Some(("outbox.mark", at)), "outbox.claim") => Some(("commit+begin", at)),
+            // enqueue closed -> replies, commit, loop, begin -> next claim
+            (Some(("outbox.enqueue", at)), "outbox.claim") => Some(("commit+begin", at)),
             // claim closed -> build the tasks (serde_json of each envelope)
             (Some(("outbox.claim", at)), "outbox.enqueue") => Some(("build_tasks", at)),
-            // enqueue closed -> sort the replies
-            (Some(("outbox.enqueue", at)), "outbox.mark") => Some(("replies", at)),
             _ => None,
         };
         if let Some((gap, at)) = gap {
@@ -307,7 +305,6 @@ where
         let key = match name {
             "outbox.claim" => "claim",
             "outbox.enqueue" => "enqueue",
-            "outbox.mark" => "mark",
             _ => return,
         };
         phases.samples.entry(key).or_default().push(micros);

@@ -300,7 +300,7 @@ fn a_project_passes_once_its_database_exists_and_is_migrated() {
     let (status, detail, _) = finding(&json, "migrations");
     assert_eq!(status, "fail");
     assert!(
-        detail.starts_with("1 of 2 migration(s) not applied: ")
+        detail.starts_with("1 of 3 migration(s) not applied: ")
             && detail.contains("_add_orders.sql"),
         "{detail}"
     );
@@ -309,6 +309,6 @@ fn a_project_passes_once_its_database_exists_and_is_migrated() {
             &db.url(),
             "SELECT count(*) FROM goose_db_version WHERE version_id > 0"
         ),
-        "1"
+        "2"
     );
 }

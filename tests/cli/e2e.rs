@@ -276,16 +276,23 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         &db.url(),
         "SELECT version_id, is_applied FROM goose_db_version ORDER BY id",
     );
-    assert_eq!(versions, "0|t\n20200101000100|t");
+    assert_eq!(versions, "0|t\n20200101000100|t\n20261130000000|t");
     let status = String::from_utf8(migrate(project, &db, &["status"]).stderr).unwrap();
     assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
+    assert!(status.contains("-- 20261130000000_inbox.sql"), "{status}");
     let version = String::from_utf8(migrate(project, &db, &["version"]).stderr).unwrap();
     assert!(
-        version.contains("goose: version 20200101000100"),
+        version.contains("goose: version 20261130000000"),
         "{version}"
     );
 
-    // migrate down removes it again and keeps the version-0 row.
+    // migrate down, twice, removes the inbox and the outbox again and keeps
+    // the version-0 row.
+    migrate(project, &db, &["down"]);
+    assert_eq!(
+        psql(&db.url(), "SELECT to_regclass('inbox_processed') IS NULL"),
+        "t"
+    );
     migrate(project, &db, &["down"]);
     assert_eq!(
         psql(&db.url(), "SELECT to_regclass('outbox_events') IS NULL"),

@@ -24,8 +24,10 @@ use crate::support::{gpkit, new_project};
 
 /// The version of the outbox migration every generated project has.
 const OUTBOX: i64 = 20200101000100;
-/// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1700000000`.
-const ORDERS: i64 = 20231114221320;
+/// The kit's inbox migration, in every project since template set 3.
+const INBOX: i64 = 20261130000000;
+/// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
+const ORDERS: i64 = 20270115080000;
 
 /// One migration run by goose (`goosepeer up`, `down`, ...).
 #[derive(Debug, Deserialize)]
@@ -265,7 +267,7 @@ fn exists(db: &Database, name: &str) -> bool {
 fn project_migrations(parent: &Path) -> PathBuf {
     let project = new_project(parent, &["--no-worker"]);
     gpkit(&project)
-        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .env("SOURCE_DATE_EPOCH", "1800000000")
         .args(["new", "migration", "add orders table"])
         .assert()
         .success();
@@ -293,8 +295,12 @@ fn migrate_agrees_with_what_goose_applied() {
         return;
     };
     let outbox = format!("{OUTBOX}_outbox.sql");
+    let inbox = format!("{INBOX}_inbox.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
-    assert_eq!(tools.files(), [outbox.as_str(), orders.as_str()]);
+    assert_eq!(
+        tools.files(),
+        [outbox.as_str(), inbox.as_str(), orders.as_str()]
+    );
 
     let applied: Vec<GooseResult> = tools.goose(&["up"]);
 
@@ -302,10 +308,12 @@ fn migrate_agrees_with_what_goose_applied() {
         .iter()
         .map(|r| (r.version, r.direction.as_str()))
         .collect();
-    assert_eq!(applied, [(OUTBOX, "up"), (ORDERS, "up")]);
-    assert!(exists(&db, "outbox_events") && exists(&db, "orders"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, ORDERS]);
-    tools.assert_both_report(&[&outbox, &orders], ORDERS);
+    assert_eq!(applied, [(OUTBOX, "up"), (INBOX, "up"), (ORDERS, "up")]);
+    assert!(
+        exists(&db, "outbox_events") && exists(&db, "inbox_processed") && exists(&db, "orders")
+    );
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, ORDERS]);
+    tools.assert_both_report(&[&outbox, &inbox, &orders], ORDERS);
     // Nothing left for migrate to do.
     let log = tools.migrate(&["up"]);
     assert!(
@@ -314,7 +322,7 @@ fn migrate_agrees_with_what_goose_applied() {
         )),
         "{log}"
     );
-    assert_eq!(version_rows(&db), [0, OUTBOX, ORDERS]);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, ORDERS]);
 }
 
 /// `migrate down` and `migrate up` on a database goose migrated: goose sees
@@ -328,26 +336,30 @@ fn goose_agrees_with_migrate_down_and_up() {
         return;
     };
     let outbox = format!("{OUTBOX}_outbox.sql");
+    let inbox = format!("{INBOX}_inbox.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
-    assert_eq!(version_rows(&db), [0, OUTBOX]);
-    tools.assert_both_report(&[&outbox], OUTBOX);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX]);
+    tools.assert_both_report(&[&outbox, &inbox], INBOX);
 
     let log = tools.migrate(&["up"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(exists(&db, "orders"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, ORDERS]);
-    tools.assert_both_report(&[&outbox, &orders], ORDERS);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, ORDERS]);
+    tools.assert_both_report(&[&outbox, &inbox, &orders], ORDERS);
 
     // The other way round: goose rolls back what migrate applied.
     let rolled_back: Vec<GooseResult> = tools.goose(&["down"]);
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
-    tools.assert_both_report(&[&outbox], OUTBOX);
+    tools.assert_both_report(&[&outbox, &inbox], INBOX);
+    let log = tools.migrate(&["down"]);
+    assert_eq!(migrate_ran(&log), [inbox.as_str()]);
+    assert!(!exists(&db, "inbox_processed") && exists(&db, "outbox_events"));
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [outbox.as_str()]);
     assert!(!exists(&db, "outbox_events"));
@@ -370,8 +382,8 @@ fn both_report_the_applied_at_time_of_the_row() {
 
     let goose: Vec<GooseStatus> = tools.goose(&["status"]);
     let migrate = migrate_status_lines(&tools.migrate(&["status"]));
-    assert!(goose.len() == 2 && migrate.len() == 2);
-    for (i, version) in [OUTBOX, ORDERS].into_iter().enumerate() {
+    assert!(goose.len() == 3 && migrate.len() == 3);
+    for (i, version) in [OUTBOX, INBOX].into_iter().enumerate() {
         // goose: RFC 3339 of the row read as UTC; migrate: Go's ANSIC layout.
         let (rfc3339, ansic) = row_time(&db, version);
         let goose_at = goose[i].applied_at.as_deref().unwrap();
@@ -442,10 +454,10 @@ fn created_file(log: &str) -> String {
 
 /// A migration that holds the lock for a while, so that the tool started
 /// second finds it taken.
-const SLOW: i64 = 20231114221400;
+const SLOW: i64 = 20270115080100;
 /// A `NO TRANSACTION` migration (`CREATE INDEX CONCURRENTLY`), slow to roll
 /// back.
-const CONCURRENT: i64 = 20231114221500;
+const CONCURRENT: i64 = 20270115080200;
 
 /// [`project_migrations`] plus a slow migration and a `NO TRANSACTION` one.
 fn race_migrations(parent: &Path) -> PathBuf {
@@ -513,7 +525,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         );
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, ORDERS, SLOW, CONCURRENT],
+            [0, OUTBOX, INBOX, ORDERS, SLOW, CONCURRENT],
             "round {round}"
         );
         for relation in ["outbox_events", "orders", "order_audit", "orders_total_idx"] {
@@ -544,7 +556,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
             return;
         };
         tools.migrate(&["up"]);
-        let last_two = tools.files().split_off(2);
+        let last_two = tools.files().split_off(3);
 
         let goose = spawn(tools.goose_command(&[], &["down"]));
         let migrate = spawn(tools.migrate_command(&["down"]));
@@ -558,7 +570,11 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         let mut rolled_back = [by_goose, by_migrate].concat();
         rolled_back.sort();
         assert_eq!(rolled_back, last_two, "round {round}");
-        assert_eq!(version_rows(&db), [0, OUTBOX, ORDERS], "round {round}");
+        assert_eq!(
+            version_rows(&db),
+            [0, OUTBOX, INBOX, ORDERS],
+            "round {round}"
+        );
         assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
     }
 }
@@ -609,9 +625,9 @@ fn either_tool_creates_the_same_version_table_for_the_other() {
 
     // Each tool migrates on the table the other made.
     let applied: Vec<GooseResult> = on_migrate_table.goose(&["up"]);
-    assert_eq!(applied.len(), 2);
+    assert_eq!(applied.len(), 3);
     let log = on_goose_table.migrate(&["up"]);
-    assert_eq!(migrate_ran(&log).len(), 2);
+    assert_eq!(migrate_ran(&log).len(), 3);
     let all: Vec<String> = on_migrate_table.files();
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     on_migrate_table.assert_both_report(&all, ORDERS);
@@ -781,14 +797,12 @@ fn a_schema_qualified_version_table_is_shared() {
     let applied: Vec<GooseResult> = tools.goose(&["up-by-one"]);
     assert_eq!(applied[0].version, OUTBOX);
     let log = tools.migrate(&["up"]);
-    assert_eq!(
-        migrate_ran(&log),
-        [format!("{ORDERS}_add_orders_table.sql")]
-    );
+    let inbox = format!("{INBOX}_inbox.sql");
+    let orders = format!("{ORDERS}_add_orders_table.sql");
+    assert_eq!(migrate_ran(&log), [inbox.as_str(), orders.as_str()]);
 
-    assert_eq!(version_rows_of(&db, table), [0, OUTBOX, ORDERS]);
+    assert_eq!(version_rows_of(&db, table), [0, OUTBOX, INBOX, ORDERS]);
     assert!(!exists(&db, "goose_db_version"));
     let outbox = format!("{OUTBOX}_outbox.sql");
-    let orders = format!("{ORDERS}_add_orders_table.sql");
-    tools.assert_both_report(&[&outbox, &orders], ORDERS);
+    tools.assert_both_report(&[&outbox, &inbox, &orders], ORDERS);
 }

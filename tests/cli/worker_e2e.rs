@@ -1,6 +1,6 @@
 //! The generated worker as a process, against real Postgres and a Redis
 //! server of the test's own (so it can be stopped): several replicas, a
-//! SIGKILL between enqueue and mark, a 10-second queue outage, and SIGTERM
+//! SIGKILL between enqueue and commit, a 10-second queue outage, and SIGTERM
 //! during a busy batch.
 
 use std::collections::BTreeSet;
@@ -317,11 +317,29 @@ fn three_workers_publish_ten_thousand_events_each_exactly_once() {
 }
 
 #[test]
-fn a_worker_killed_between_enqueue_and_mark_causes_no_second_task() {
-    // Arrange: a lock that lets the relay claim and enqueue, but blocks its
-    // UPDATE, so it is stopped exactly between enqueue and mark.
+fn a_worker_killed_between_enqueue_and_commit_causes_no_second_task() {
+    // Arrange: the relay claims and marks its batch, enqueues it, then
+    // commits; a deferred trigger makes that commit wait for an advisory
+    // lock the test holds, so the worker is stopped exactly between enqueue
+    // and commit.
     let redis = RedisServer::start();
     let (db, ids) = database_with_events(100);
+    // A backend waiting on a lock notices its client died only when it
+    // checks the socket: every 100 ms, then it rolls back.
+    psql(
+        &db.url(),
+        &format!(
+            "ALTER DATABASE \"{}\" SET client_connection_check_interval = '100ms'",
+            db.name
+        ),
+    );
+    psql(
+        &db.url(),
+        "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_advisory_lock(4242); PERFORM pg_advisory_unlock(4242); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER hold_commit AFTER UPDATE ON outbox_events \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()",
+    );
     let mut blocker = Command::new("psql")
         .args([&db.url(), "-q"])
         .stdin(Stdio::piped())
@@ -329,15 +347,11 @@ fn a_worker_killed_between_enqueue_and_mark_causes_no_second_task() {
         .spawn()
         .unwrap();
     let mut blocker_input = blocker.stdin.take().unwrap();
-    writeln!(
-        blocker_input,
-        "BEGIN; LOCK TABLE outbox_events IN SHARE MODE;"
-    )
-    .unwrap();
+    writeln!(blocker_input, "SELECT pg_advisory_lock(4242);").unwrap();
     wait_until(Duration::from_secs(10), "the lock is held", || {
         psql(
             &db.url(),
-            "SELECT count(*) FROM pg_locks WHERE relation = 'outbox_events'::regclass AND mode = 'ShareLock' AND granted",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND granted",
         ) == "1"
     });
     let mut worker = Worker::start(&db, &redis, &[]);
@@ -345,13 +359,34 @@ fn a_worker_killed_between_enqueue_and_mark_causes_no_second_task() {
         redis.pending_ids().len() == 100
     });
 
-    // Act: kill it before it can mark, release the lock, start another.
+    // Act: kill it while its commit waits, release the lock, start another.
+    wait_until(
+        Duration::from_secs(10),
+        "the commit waits for the lock",
+        || {
+            psql(
+                &db.url(),
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted",
+            ) == "1"
+        },
+    );
     worker.signal("-KILL");
     worker.wait(Duration::from_secs(10));
+    wait_until(
+        Duration::from_secs(10),
+        "the killed session is gone",
+        || {
+            psql(
+                &db.url(),
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted",
+            ) == "0"
+        },
+    );
     assert_eq!(unpublished(&db), 100, "the marks died with the worker");
-    writeln!(blocker_input, "COMMIT;").unwrap();
+    writeln!(blocker_input, "SELECT pg_advisory_unlock(4242);").unwrap();
     drop(blocker_input);
     blocker.wait().unwrap();
+    psql(&db.url(), "DROP TRIGGER hold_commit ON outbox_events");
     let metrics_port = free_port();
     let mut second = Worker::start(
         &db,

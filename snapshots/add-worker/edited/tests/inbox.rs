@@ -15,7 +15,9 @@ use uuid::Uuid;
 use shop::dispatch::{Dispatcher, Event};
 use shop::outbox::{Envelope, OutboxDispatcher};
 use shop::worker::inbox;
-use shop::worker::listeners::{ListenerContext, ListenerError, Listeners};
+use shop::worker::listeners::ListenerContext;
+use shop::worker::listeners::ListenerError;
+use shop::worker::listeners::Listeners;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct PaymentTaken {

@@ -108,6 +108,39 @@ async fn a_thousand_committed_events_become_a_thousand_tasks() {
     assert_eq!(unpublished(&db).await, 0);
 }
 
+/// Keyset claiming: a full round makes the next claim start after its last
+/// row; a row whose transaction commits late, below that point, is found
+/// once a round comes back short and the claim starts from the beginning.
+#[tokio::test]
+async fn an_event_committed_late_below_the_relays_position_is_still_published() {
+    // Arrange: a transaction takes the lowest row id and stays open.
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let relay = relay(&db, &queue);
+    let mut late = db.pool.begin().await.unwrap();
+    let late_event = OutboxDispatcher::new()
+        .dispatch(&mut *late, &OrderPlaced { order_id: 9_999 })
+        .await
+        .unwrap();
+    dispatch_events(&db, 250).await;
+
+    // Act and assert: two full rounds, then the late commit.
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 100);
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 100);
+    late.commit().await.unwrap();
+    // Resumed after the second batch: the 50 rows above it, a short round.
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 50);
+    // So the next claim starts from the beginning, and finds the late row.
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 1);
+    assert_eq!(unpublished(&db).await, 0);
+    assert!(
+        queue
+            .pending_ids()
+            .await
+            .contains(&late_event.id.to_string())
+    );
+}
+
 /// `OUTBOX_QUEUES=shop,billing`: each event reaches both queues, so a
 /// second service consuming `billing` sees every event of this one. A
 /// queue that already has a task counts it as a duplicate, not a loss.

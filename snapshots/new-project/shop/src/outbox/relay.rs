@@ -2,20 +2,32 @@
 //!
 //! One round, in one short transaction:
 //! 1. claim up to `OUTBOX_BATCH_SIZE` unpublished rows in id order with
-//!    `FOR UPDATE SKIP LOCKED`, so replicas never claim the same row;
+//!    `FOR UPDATE SKIP LOCKED`, so replicas never claim the same row, and
+//!    mark them published, in one statement;
 //! 2. enqueue each as an asynq task `event:<name>` whose id is the event id,
 //!    into every queue of `OUTBOX_QUEUES`, all in one pipelined round trip
 //!    (an id the queue already has is a duplicate, which counts as
 //!    published);
-//! 3. mark the rows that reached every queue with one `UPDATE` and commit.
+//! 3. unmark the rows that did not reach every queue, if any, and commit.
 //!
-//! A crash between 2 and 3 rolls the marks back; the next round enqueues the
+//! Keyset claiming: while rounds come back full (draining a backlog), each
+//! claim starts its index scan after the highest row id the previous round
+//! claimed, so it never walks the entries of rows already published, which
+//! pile up while any session holds an old snapshot (vacuum cannot remove
+//! them). A row id is taken at insert, not at commit, so a transaction that
+//! commits late can leave an unpublished row below that point: a round that
+//! comes back short, and every [`RESCAN_EVERY`]th full round, makes the next
+//! claim start from the beginning again, and such a row is published then.
+//!
+//! The marks belong to the round's transaction: a crash before the commit
+//! rolls them back; the next round enqueues the
 //! same ids again, which the queue reports as duplicates, so no event is
 //! lost and none is queued twice. A full batch re-polls at once; a short one
 //! waits for the poll interval or a wake-up; a failed round backs off
 //! exponentially with jitter, up to 30 seconds.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -38,6 +50,11 @@ pub const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// enqueue those events again, which the queue reports as duplicates of the
 /// tasks it already has. It takes about a third off every round.
 const RELAY_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
+/// Full rounds in a row after which the claim starts from the beginning
+/// again, so that under a backlog that never ends, a row that committed
+/// late below the keyset position waits at most this many rounds.
+pub const RESCAN_EVERY: u32 = 100;
 
 /// The longest wait between failed rounds.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -89,6 +106,10 @@ pub struct Relay {
     metrics: RelayMetrics,
     /// Every event goes to each of these queues (`OUTBOX_QUEUES`).
     queue_names: Vec<String>,
+    /// The next claim starts after this row id (0: from the beginning).
+    after: AtomicI64,
+    /// Full rounds since the claim last started from the beginning.
+    full_rounds: AtomicU32,
 }
 
 impl Relay {
@@ -103,6 +124,8 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             metrics,
             queue_names: config.queues.names().to_vec(),
+            after: AtomicI64::new(0),
+            full_rounds: AtomicU32::new(0),
         }
     }
 
@@ -128,14 +151,13 @@ impl Relay {
     /// One round: claim, enqueue, mark, commit.
     pub async fn publish_batch(&self) -> Result<Round, RelayError> {
         let mut tx = self.pool.begin_with(RELAY_BEGIN).await?;
-        let claimed = self
-            .store
-            .claim(&mut tx, self.batch_size)
-            .instrument(tracing::debug_span!(
-                "outbox.claim",
-                limit = self.batch_size
-            ))
-            .await?;
+        // Until this round ends well, the next one starts from the beginning.
+        let after = self.after.swap(0, Ordering::Relaxed);
+        let mut claimed = self.claim(&mut tx, after).await?;
+        if claimed.is_empty() && after > 0 {
+            claimed = self.claim(&mut tx, 0).await?;
+        }
+        let resume_after = self.resume_after(&claimed);
         if claimed.is_empty() {
             tx.commit().await?;
             return Ok(Round::default());
@@ -186,13 +208,22 @@ impl Relay {
                 published.push(event.row_id);
             }
         }
-        let marked = self
-            .store
-            .mark_published(&mut tx, &published)
-            .instrument(tracing::debug_span!("outbox.mark", rows = published.len()))
-            .await?;
+        if published.len() < claimed.len() {
+            let undelivered: Vec<i64> = claimed
+                .iter()
+                .map(|event| event.row_id)
+                .filter(|row_id| !published.contains(row_id))
+                .collect();
+            self.store
+                .unmark(&mut tx, &undelivered)
+                .instrument(tracing::debug_span!(
+                    "outbox.unmark",
+                    rows = undelivered.len()
+                ))
+                .await?;
+        }
         tx.commit().await?;
-        self.metrics.published.inc_by(marked);
+        self.metrics.published.inc_by(published.len() as u64);
         self.metrics.duplicates.inc_by(duplicates as u64);
         let round = Round {
             claimed: claimed.len(),
@@ -200,13 +231,44 @@ impl Relay {
             duplicates,
         };
         match first_error {
-            None => Ok(round),
+            None => {
+                self.after.store(resume_after, Ordering::Relaxed);
+                Ok(round)
+            }
             Some(source) => Err(RelayError::Queue {
                 claimed: round.claimed,
                 published: round.published,
                 source,
             }),
         }
+    }
+
+    /// Claims the next batch, after row id `after`.
+    async fn claim(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        after: i64,
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+        self.store
+            .claim_and_mark(tx, self.batch_size, after)
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                limit = self.batch_size,
+                after
+            ))
+            .await
+    }
+
+    /// Where the next claim starts if this round succeeds: after its last
+    /// row when it was full, from the beginning when it was short or when
+    /// [`RESCAN_EVERY`] full rounds have passed.
+    fn resume_after(&self, claimed: &[ClaimedEvent]) -> i64 {
+        let full = claimed.len() as u32 >= self.batch_size;
+        if full && self.full_rounds.fetch_add(1, Ordering::Relaxed) + 1 < RESCAN_EVERY {
+            return claimed.last().map_or(0, |event| event.row_id);
+        }
+        self.full_rounds.store(0, Ordering::Relaxed);
+        0
     }
 
     fn task_for(&self, event: &ClaimedEvent, queue: &str) -> NewTask {

@@ -62,20 +62,32 @@ impl Store {
         Ok(id)
     }
 
-    /// Locks up to `limit` unpublished rows, oldest first, skipping rows
-    /// other relays hold. The locks last until `tx` ends.
-    pub async fn claim(
+    /// Claims up to `limit` unpublished rows with a row id above `after`,
+    /// oldest first, skipping rows other relays hold, and marks them
+    /// published, in one statement; returns them in id order. The mark
+    /// commits or rolls back with `tx`, so a relay that fails before its
+    /// commit leaves the rows unpublished; rows it could not deliver it
+    /// gives back with [`Store::unmark`]. `after` lets the index scan start
+    /// past rows already published (the relay's keyset claiming); 0 scans
+    /// from the start.
+    pub async fn claim_and_mark(
         &self,
         tx: &mut PgConnection,
         limit: u32,
+        after: i64,
     ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
-        let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT id, event_id, event_name, payload, metadata, created_at FROM outbox_events \
-             WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        let mut rows: Vec<EventRow> = sqlx::query_as(
+            "UPDATE outbox_events SET published_at = now() WHERE id IN ( \
+               SELECT id FROM outbox_events WHERE published_at IS NULL AND id > $2 \
+               ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             RETURNING id, event_id, event_name, payload, metadata, created_at",
         )
         .bind(i64::from(limit))
+        .bind(after)
         .fetch_all(tx)
         .await?;
+        // RETURNING follows no order; events go out in id order.
+        rows.sort_unstable_by_key(|row| row.0);
         Ok(rows
             .into_iter()
             .map(
@@ -91,6 +103,19 @@ impl Store {
                 },
             )
             .collect())
+    }
+
+    /// Gives back rows claimed in `tx` that did not reach the queue: they
+    /// are unpublished again when `tx` commits.
+    pub async fn unmark(&self, tx: &mut PgConnection, row_ids: &[i64]) -> Result<u64, sqlx::Error> {
+        if row_ids.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query("UPDATE outbox_events SET published_at = NULL WHERE id = ANY($1)")
+            .bind(row_ids)
+            .execute(tx)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// Marks rows as published, in one statement.
