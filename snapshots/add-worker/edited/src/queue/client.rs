@@ -1,19 +1,18 @@
 //! The connection to Valkey and the producer side: [`Client::enqueue`]
 //! writes a batch of [`NewTask`]s in one pipelined round trip.
 //!
-//! A [`Client`] wraps one multiplexed, self-reconnecting connection
-//! (`redis::aio::ConnectionManager`); clones share it, so the relay, the
-//! consumer and every handler use one socket, never one per task.
+//! A [`Client`] wraps one multiplexed, self-reconnecting [`Connection`]
+//! (see [`super::connection`]); clones share it, so the relay, the consumer
+//! and every handler use one socket, never one per task.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
 use prost::Message as _;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
+use super::connection::{Connection, Target};
 use super::message::TaskMessage;
 use super::wakeup::{self, Enqueued};
 use super::{QueueError, keys, scripts};
@@ -31,9 +30,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// connection.
 #[derive(Clone)]
 pub struct Client {
-    conn: ConnectionManager,
-    /// For dedicated connections, such as a pub/sub subscription.
-    client: redis::Client,
+    conn: Connection,
     /// Wakes idle consumers after each enqueue (see [`wakeup`]).
     enqueued: Enqueued,
 }
@@ -152,39 +149,23 @@ impl Client {
         password: Option<&SecretString>,
         db: u32,
     ) -> Result<Self, QueueError> {
-        let (host, port) = split_addr(addr)?;
-        let mut redis = RedisConnectionInfo::default().set_db(i64::from(db));
-        if let Some(password) = password {
-            redis = redis.set_password(password.expose_secret());
-        }
-        let info = ConnectionAddr::Tcp(host, port)
-            .into_connection_info()?
-            .set_redis_settings(redis);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-        let connect = async {
-            let client = redis::Client::open(info)?;
-            let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await?;
-            Ok((conn, client))
-        };
-        let (conn, client) = connect.await.map_err(|source| QueueError::Connect {
-            addr: addr.to_string(),
-            source,
-        })?;
-        Ok(Self {
-            conn,
-            client,
-            enqueued: Enqueued::default(),
+        Self::from_config(&ValkeyConfig {
+            addr: Some(addr.to_string()),
+            password: password.cloned(),
+            db: Some(db),
+            ..ValkeyConfig::default()
         })
+        .await
     }
 
-    /// [`Client::connect`] with the project's `VALKEY_*` settings.
+    /// Connects with the project's `VALKEY_*` settings (an address, a URL
+    /// or a Sentinel group) and PINGs.
     pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
-        Self::connect(&config.addr, config.password.as_ref(), config.db).await
+        let conn = Target::from_config(config)?.connect().await?;
+        Ok(Self {
+            conn,
+            enqueued: Enqueued::default(),
+        })
     }
 
     /// The signal every enqueue through this client (and its clones) gives.
@@ -205,9 +186,7 @@ impl Client {
 
     /// A dedicated connection subscribed to `channel`.
     pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, QueueError> {
-        let mut pubsub = self.client.get_async_pubsub().await?;
-        pubsub.subscribe(channel).await?;
-        Ok(pubsub)
+        self.conn.target().subscribe(channel).await
     }
 
     /// Enqueues a batch of tasks in one pipelined round trip, each with Go
@@ -277,6 +256,22 @@ impl Client {
         // SCRIPT LOAD first, in the same pipeline, so that the EVALSHAs
         // after it never meet NOSCRIPT (a restarted or flushed server):
         // always exactly one round trip.
+        let mut conn = self.conn.clone();
+        if conn.is_cluster() {
+            let replies = Self::run_per_queue(&mut conn, messages, &queues, &invocations).await?;
+            if self.enqueued.publish() {
+                // Best effort, like the wake-up itself: consumers poll anyway.
+                let published = redis::cmd("PUBLISH")
+                    .arg(wakeup::CHANNEL)
+                    .arg(queues.join(","))
+                    .query_async::<i64>(&mut conn)
+                    .await;
+                if let Err(err) = published {
+                    tracing::debug!(error = %err, "could not publish the enqueue wake-up");
+                }
+            }
+            return Ok(replies);
+        }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         pipe.load_script(&scripts::ENQUEUE).ignore();
@@ -287,46 +282,52 @@ impl Client {
         if self.enqueued.publish() {
             pipe.publish(wakeup::CHANNEL, queues.join(",")).ignore();
         }
-        pipe.query_async(&mut self.conn.clone()).await
+        pipe.query_async(&mut conn).await
+    }
+
+    /// In a cluster, a pipeline stays within one slot: `asynq:queues` on its
+    /// own, then one pipeline per queue (its keys share the `{queue}` tag).
+    /// The replies come back in the order of `messages`.
+    async fn run_per_queue(
+        conn: &mut Connection,
+        messages: &[&TaskMessage],
+        queues: &[&str],
+        invocations: &[redis::ScriptInvocation<'_>],
+    ) -> redis::RedisResult<Vec<redis::RedisResult<i64>>> {
+        redis::cmd("SADD")
+            .arg(keys::ALL_QUEUES)
+            .arg(queues)
+            .query_async::<()>(conn)
+            .await?;
+        let mut replies: Vec<Option<redis::RedisResult<i64>>> =
+            messages.iter().map(|_| None).collect();
+        for queue in queues {
+            let indexes: Vec<usize> = (0..messages.len())
+                .filter(|i| messages[*i].queue == *queue)
+                .collect();
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            pipe.load_script(&scripts::ENQUEUE).ignore();
+            for i in &indexes {
+                pipe.invoke_script(&invocations[*i]);
+            }
+            let results: Vec<redis::RedisResult<i64>> = pipe.query_async(conn).await?;
+            for (i, result) in indexes.into_iter().zip(results) {
+                replies[i] = Some(result);
+            }
+        }
+        Ok(replies.into_iter().flatten().collect())
     }
 
     /// The shared connection, for the consumer's commands.
-    pub(super) fn conn(&self) -> ConnectionManager {
+    pub(super) fn conn(&self) -> Connection {
         self.conn.clone()
     }
-}
-
-/// `host:port`, `[v6]:port`, or a bare host (port 6379).
-fn split_addr(addr: &str) -> Result<(String, u16), QueueError> {
-    let invalid = || QueueError::Address(addr.to_string());
-    let (host, port) = match addr.rsplit_once(':') {
-        Some((host, port))
-            if !host.is_empty() && (!host.contains(':') || host.starts_with('[')) =>
-        {
-            (host, port.parse().map_err(|_| invalid())?)
-        }
-        None if !addr.is_empty() => (addr, 6379),
-        _ => return Err(invalid()),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((host.to_string(), port))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_are_host_and_port() {
-        assert_eq!(
-            split_addr("localhost:6379").unwrap(),
-            ("localhost".into(), 6379)
-        );
-        assert_eq!(split_addr("[::1]:7000").unwrap(), ("::1".into(), 7000));
-        assert_eq!(split_addr("valkey").unwrap(), ("valkey".into(), 6379));
-        assert!(split_addr("valkey:port").is_err());
-        assert!(split_addr(":6379").is_err());
-    }
 
     #[test]
     fn a_new_task_has_go_asynq_defaults_and_a_timeout() {

@@ -1,7 +1,8 @@
 //! The worker's metrics, in the Prometheus text format on
 //! `WORKER_METRICS_ADDR` (`GET /metrics`): the relay's counters of published
-//! events, duplicates and errors, gauges of the outbox backlog, and each
-//! listener's counts of successful and failed runs.
+//! events, duplicates and errors, gauges of the outbox backlog and of the
+//! relay's last round, and each listener's counts of successful and failed
+//! runs.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -40,6 +41,9 @@ pub struct RelayMetrics {
     pub backlog: Gauge,
     /// Age of the oldest unpublished event, in seconds.
     pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
+    /// When the last relay round (good or failed) finished, in Unix
+    /// seconds; 0 before the first.
+    pub last_round_unix: Gauge<f64, AtomicU64>,
 }
 
 /// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
@@ -119,6 +123,11 @@ impl Metrics {
             "Listener runs that failed, by event and listener",
             listeners.failed.clone(),
         );
+        registry.register(
+            "relay_last_round_timestamp_seconds",
+            "When the last relay round finished, in Unix seconds",
+            relay.last_round_unix.clone(),
+        );
         Self {
             relay,
             listeners,
@@ -160,7 +169,11 @@ impl Default for Metrics {
 /// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`] until `shutdown`.
 pub async fn watch_backlog(pool: PgPool, metrics: RelayMetrics, shutdown: CancellationToken) {
     loop {
-        match Store.backlog(&pool).await {
+        let backlog = tokio::select! {
+            () = shutdown.cancelled() => break,
+            backlog = Store.backlog(&pool) => backlog,
+        };
+        match backlog {
             Ok(backlog) => {
                 metrics.backlog.set(backlog.events);
                 metrics

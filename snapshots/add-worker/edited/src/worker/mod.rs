@@ -5,27 +5,38 @@
 //!   task type;
 //! - the outbox relay (woken by published wake-ups with `OUTBOX_WAKE=valkey`)
 //!   and the cleanup loops (published events, expired inbox records);
-//! - the metrics endpoint and the backlog gauges.
+//! - the metrics endpoint with the probes `/healthz` and `/readyz`, and the
+//!   backlog gauges.
+//!
+//! At start-up it checks that Postgres and Valkey answer and stops with an
+//! error naming the server and the reason when one does not (an
+//! orchestrator restarts it); it warns when Valkey persists nothing.
 //!
 //! On shutdown (SIGTERM or Ctrl-C in the binary) the relay stops claiming
 //! and finishes or rolls back the batch in hand; running handlers get
 //! `WORKER_SHUTDOWN_TIMEOUT` to finish and unfinished tasks go back to the
 //! head of their queue; the database pool is closed, so no Postgres session
-//! (and no lock) outlives the process.
+//! (and no lock) outlives the process. A loop stuck on a hung database or
+//! Valkey call is dropped within a second.
 
+pub mod health;
 pub mod inbox;
 pub mod listeners;
 pub mod metrics;
+pub mod persistence;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use sqlx::PgPool;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use uuid::Uuid;
 
+use self::health::Readiness;
 use self::listeners::{Listener, Listeners, SkipRetry, listener_task_id};
 use self::metrics::{ListenerMetrics, Metrics};
 use crate::config::{Config, WakeMode};
@@ -41,6 +52,10 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    let metrics = Metrics::new();
+    database::check_reachable(&config.database)
+        .await
+        .context("the worker needs Postgres at start-up")?;
     let pool = database::connect_lazy(&config.database);
     let queue = Client::from_config(&config.valkey)
         .await
@@ -49,7 +64,13 @@ pub async fn run(
     queue
         .enqueued()
         .set_publish(config.outbox.wake == WakeMode::Valkey);
-    let metrics = Metrics::new();
+    persistence::warn_if_off(&queue).await;
+    let readiness = Readiness::new(
+        pool.clone(),
+        queue.clone(),
+        metrics.relay.clone(),
+        config.outbox.poll_interval,
+    );
     let stop = CancellationToken::new();
 
     let consumer = consumer(
@@ -91,7 +112,7 @@ pub async fn run(
         );
     }
 
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = JoinSet::new();
     if config.outbox.wake == WakeMode::Valkey {
         tasks.spawn(wake::forward_published(queue, relay.waker(), stop.clone()));
     }
@@ -113,7 +134,7 @@ pub async fn run(
         metrics.relay.clone(),
         stop.clone(),
     ));
-    let metrics_server = axum::serve(metrics_listener, metrics.router())
+    let metrics_server = axum::serve(metrics_listener, metrics.router().merge(readiness.router()))
         .with_graceful_shutdown(stop.clone().cancelled_owned());
     tasks.spawn(async move {
         if let Err(err) = metrics_server.await {
@@ -125,12 +146,36 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down");
     stop.cancel();
-    let consumed = consuming.await;
-    while tasks.join_next().await.is_some() {}
-    pool.close().await;
+    let (consumed, ()) = tokio::join!(consuming, stop_loops(&mut tasks));
+    if tokio::time::timeout(CLOSE_GRACE, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("Postgres did not answer at shutdown; its sessions end with the process");
+    }
     consumed.context("the consumer panicked")??;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// How long the loops may take to stop once shutdown began before
+/// whatever still waits on a hung call is dropped.
+pub const STOP_GRACE: Duration = Duration::from_millis(800);
+/// How long closing the pool may take: it waits for the connections in
+/// use, which a hung Postgres never gives back.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(300);
+
+/// Waits for `tasks` to stop, at most [`STOP_GRACE`]; then aborts the rest.
+async fn stop_loops(tasks: &mut JoinSet<()>) {
+    let stopped = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {
+        tracing::warn!(
+            loops = tasks.len(),
+            "stopping loops stuck on a hung database or Valkey call"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
 }
 
 /// The consumer with the fan-out handler for every `event:` task and a

@@ -24,7 +24,9 @@
 //!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
 //! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
 //!   to finish, then are dropped and their tasks put back at the head of
-//!   pending, so the next worker runs them at once.
+//!   pending, so the next worker runs them at once. A Valkey call that
+//!   hangs (a dequeue, the server state's removal) is dropped after half a
+//!   second.
 //! - Wake-ups: an idle consumer sleeps up to `poll_interval`, but a task
 //!   enqueued by its own process wakes it at once, and with
 //!   `wake_on_published` so does one another process enqueued (see
@@ -66,6 +68,9 @@ const CANCELED: &str = "context canceled";
 /// The longest pause between two tries of a failed acknowledgement (Go
 /// asynq's syncer interval).
 const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a Valkey call in progress at shutdown (a dequeue, the server
+/// state's removal) may go on before it is dropped.
+const STOP_GRACE: Duration = Duration::from_millis(500);
 /// How long to wait before subscribing to `asynq:cancel` again.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 
@@ -291,7 +296,17 @@ impl Consumer {
             // Listening before looking: an enqueue during the dequeue still wakes.
             let mut enqueued = pin!(worker.client.enqueued().next());
             enqueued.as_mut().enable();
-            let pause = match worker.dequeue(slot, &mut running).await {
+            // A dequeue stuck on a hung Valkey must not hold up shutdown; a
+            // task it took meanwhile is recovered when its lease expires.
+            let dequeued = tokio::select! {
+                biased;
+                dequeued = worker.dequeue(slot, &mut running) => dequeued,
+                () = async {
+                    (&mut shutdown).await;
+                    sleep(STOP_GRACE).await;
+                } => break,
+            };
+            let pause = match dequeued {
                 Ok(true) => continue,
                 Ok(false) => jittered(options.poll_interval),
                 Err(err) => {
@@ -322,7 +337,14 @@ impl Consumer {
             while running.join_next().await.is_some() {}
         }
         heartbeat.cancel();
-        while background.join_next().await.is_some() {}
+        let background_stopped = async { while background.join_next().await.is_some() {} };
+        if tokio::time::timeout(STOP_GRACE, background_stopped)
+            .await
+            .is_err()
+        {
+            tracing::warn!("Valkey did not answer at shutdown; the server state expires by itself");
+            background.abort_all();
+        }
         tracing::info!("consumer stopped");
         Ok(())
     }

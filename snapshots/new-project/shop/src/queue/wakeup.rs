@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
 /// The pub/sub channel an enqueue publishes its queues' names on.
-pub const CHANNEL: &str = "gpkit:enqueued";
+pub const CHANNEL: &str = "outbox:enqueued";
 
 /// "A task was enqueued": shared by every clone of a [`Client`](super::Client).
 #[derive(Debug, Clone, Default)]

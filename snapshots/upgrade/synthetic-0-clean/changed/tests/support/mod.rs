@@ -25,11 +25,7 @@ pub fn test_config(database_url: &str) -> Config {
         http: config::HttpConfig {
             addr: "127.0.0.1:0".parse().unwrap(),
         },
-        valkey: config::ValkeyConfig {
-            addr: "localhost:6379".into(),
-            password: None,
-            db: 0,
-        },
+        valkey: config::ValkeyConfig::default(),
         outbox: config::OutboxConfig {
             poll_interval: Duration::from_secs(1),
             batch_size: 100,
