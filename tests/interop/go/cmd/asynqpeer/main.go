@@ -67,7 +67,12 @@ func fatal(err error) {
 	os.Exit(1)
 }
 
-func redisOpt() asynq.RedisClientOpt {
+// redisOpt connects to VALKEY_CLUSTER_ADDRS (comma-separated nodes of a
+// cluster, Go asynq's RedisClusterClientOpt) when set, else to VALKEY_ADDR.
+func redisOpt() asynq.RedisConnOpt {
+	if nodes := os.Getenv("VALKEY_CLUSTER_ADDRS"); nodes != "" {
+		return asynq.RedisClusterClientOpt{Addrs: strings.Split(nodes, ",")}
+	}
 	addr := os.Getenv("VALKEY_ADDR")
 	if addr == "" {
 		fatal(errors.New("VALKEY_ADDR is not set"))
