@@ -121,6 +121,8 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
         .args(args)
         .current_dir(project)
         .env("CARGO_TARGET_DIR", shared_target())
+        // One-shot builds: incremental state would only fill the disk.
+        .env("CARGO_INCREMENTAL", "0")
         .env("DATABASE_URL", server_url())
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")

@@ -214,6 +214,7 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
         dir: parent.path().to_path_buf(),
         env: vec![
             ("CARGO_TARGET_DIR", shared_target().display().to_string()),
+            ("CARGO_INCREMENTAL", "0".to_string()),
             ("DATABASE_URL", db.url()),
             (
                 "VALKEY_ADDR",
@@ -313,6 +314,7 @@ fn the_server_reads_dotenv_from_its_working_directory(project: &Path, db: &Datab
             .args(["--bin", "server"])
             .current_dir(dir.path())
             .env("CARGO_TARGET_DIR", shared_target())
+            .env("CARGO_INCREMENTAL", "0")
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_BUILD_RUSTFLAGS")
             .env_remove("HTTP_ADDR")

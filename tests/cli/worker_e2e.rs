@@ -554,6 +554,7 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
             .args(["test", "--test", "queue", "--test", "relay"])
             .current_dir(project)
             .env("CARGO_TARGET_DIR", crate::e2e::shared_target())
+            .env("CARGO_INCREMENTAL", "0")
             .env("DATABASE_URL", crate::e2e::server_url())
             .env("VALKEY_ADDR", valkey.addr())
             .output()
