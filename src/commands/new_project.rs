@@ -123,6 +123,7 @@ fn next_steps(dir: &str, worker: bool) -> String {
             "  cargo run --bin worker                           # in a 2nd terminal, same directory\n",
         );
     }
+    steps.push_str("If a step fails, `gpkit doctor` in the project says what to fix.\n");
     steps
 }
 

@@ -198,6 +198,10 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
     let printed = String::from_utf8(created.stderr).unwrap();
     let steps = next_steps(&printed);
     assert!(
+        printed.contains("If a step fails, `gpkit doctor` in the project says what to fix."),
+        "{printed}"
+    );
+    assert!(
         steps
             .iter()
             .any(|step| step.starts_with("cargo run --bin worker")),
