@@ -3,13 +3,13 @@
 //! unreachable is a snapshot; the rest runs against the test's Postgres and
 //! a Valkey the test starts with a password.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, binary, database_url, psql};
 use crate::support::{assert_text_snapshot, disk_state, edit, gpkit, new_project, repo};
+use crate::worker_e2e::free_port;
 
 /// Settings the doctor reads; each test sets the ones it means.
 const SETTINGS: &[&str] = &[
@@ -23,14 +23,6 @@ const SETTINGS: &[&str] = &[
     "VALKEY_SENTINEL_ADDRS",
     "VALKEY_CLUSTER_ADDRS",
 ];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `gpkit doctor <args>` in `project` with only `env` set of the settings:
 /// its exit code and standard output.

@@ -25,6 +25,7 @@ mod prompts;
 mod server_state_interop;
 mod support;
 mod template_set;
+mod test_ca;
 mod untrusted;
 mod upgrade;
 mod valkey_infra;

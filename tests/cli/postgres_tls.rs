@@ -5,93 +5,11 @@
 //! connections only, with a certificate from a test CA issued for
 //! `localhost` (not for 127.0.0.1, so that a host-name mismatch can be shown).
 
-use std::path::Path;
 use std::process::{Command, Output};
 
 use crate::e2e::binary;
 use crate::own_postgres::{OwnPostgres, give_to_owner};
-
-/// Runs `openssl args` in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A CA (`<name>.pem`) in `dir`.
-fn make_ca(dir: &Path, name: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={name}"),
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.pem"),
-        ],
-    );
-}
-
-/// A server certificate `server.pem`/`server.key` for `localhost`, signed by `ca`.
-fn make_server_cert(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=DNS:localhost\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            "-out",
-            "server.pem",
-        ],
-    );
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(
-        dir.join("server.key"),
-        std::fs::Permissions::from_mode(0o600),
-    )
-    .unwrap();
-}
+use crate::test_ca::{make_ca, make_server_cert};
 
 /// `migrate status` with `url` as DATABASE_URL.
 fn migrate_status(url: &str) -> Output {
@@ -109,7 +27,13 @@ fn sslmode_and_sslrootcert_are_honoured_and_a_bad_certificate_is_explained() {
     let certs = tempfile::tempdir().unwrap();
     make_ca(certs.path(), "test-ca");
     make_ca(certs.path(), "other-ca");
-    make_server_cert(certs.path(), "test-ca");
+    make_server_cert(
+        certs.path(),
+        "test-ca",
+        "server",
+        "localhost",
+        "DNS:localhost",
+    );
     give_to_owner(certs.path());
     let cert = certs.path().join("server.pem").display().to_string();
     let key = certs.path().join("server.key").display().to_string();

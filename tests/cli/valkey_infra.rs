@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::e2e::{Database, build_binaries, migrate, psql};
 use crate::event_e2e::listener_body;
 use crate::support::{gpkit, repo};
+use crate::test_ca::{make_ca, make_server_cert};
 use crate::worker_e2e::wait_until;
 
 /// A port nothing listens on right now (below 55535, see the cluster bus).
@@ -249,88 +250,11 @@ fn cli(args: &[&str]) -> Option<String> {
         .then_some(out)
 }
 
-fn run(program: &str, args: &[&str], dir: &Path) {
-    let output = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A CA (`<name>.pem`, `<name>.key`) made with openssl in `dir`.
-fn make_ca(dir: &Path, name: &str) {
-    run(
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={name}"),
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.pem"),
-        ],
-        dir,
-    );
-}
-
 /// A TLS Redis on a free port with a certificate for 127.0.0.1 signed by
 /// a fresh test CA `ca.pem` in `dir`.
 fn tls_server(dir: &Path) -> Server {
     make_ca(dir, "ca");
-    run(
-        "openssl",
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "srv.key",
-            "-out",
-            "srv.csr",
-        ],
-        dir,
-    );
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    run(
-        "openssl",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "srv.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            "-out",
-            "srv.pem",
-        ],
-        dir,
-    );
+    make_server_cert(dir, "ca", "srv", "127.0.0.1", "IP:127.0.0.1,DNS:localhost");
     let port = free_port();
     let server = Server::start_on(
         port,
