@@ -1,11 +1,12 @@
 //! The generated worker on production-style Valkey set-ups, each started by
 //! the test on free loopback ports: TLS with a private CA (and a wrong CA
 //! refused), an ACL user limited to `asynq:*` keys (and a wrong password
-//! refused), a Sentinel group whose master is killed with SIGKILL, and a
+//! refused), a Sentinel group whose master is killed with SIGKILL, a
 //! cluster of three masters (whose tasks Go asynq's cluster client reads
-//! too). Each run goes from committed outbox rows to listener runs recorded
-//! in Postgres. The TLS-against-plaintext, Sentinel
-//! and cluster tests print their figures (relay throughput, failover time,
+//! too), and a Sentinel group and a cluster that speak only TLS
+//! (`VALKEY_TLS`). Each run goes from committed outbox rows to listener
+//! runs recorded in Postgres. The TLS-against-plaintext, Sentinel and
+//! cluster tests print their figures (relay throughput, failover time,
 //! events delivered); nothing is asserted on speed.
 
 use std::collections::BTreeSet;
@@ -838,5 +839,202 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
     assert!(
         all.iter().all(|id| seen_by_go.contains(id)),
         "Go asynq's cluster client misses some event tasks"
+    );
+}
+
+/// The TLS arguments of a server whose certificate (for 127.0.0.1) and CA
+/// are `srv.pem`/`srv.key` and `ca.pem` in `dir`, made once per directory.
+fn tls_only_args(dir: &Path, port: u16) -> Vec<String> {
+    if !dir.join("srv.pem").exists() {
+        make_ca(dir, "ca");
+        make_server_cert(dir, "ca", "srv", "127.0.0.1", "IP:127.0.0.1,DNS:localhost");
+    }
+    let file = |name: &str| dir.join(name).display().to_string();
+    vec![
+        "--port".into(),
+        "0".into(),
+        "--tls-port".into(),
+        port.to_string(),
+        "--tls-cert-file".into(),
+        file("srv.pem"),
+        "--tls-key-file".into(),
+        file("srv.key"),
+        "--tls-ca-cert-file".into(),
+        file("ca.pem"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ]
+}
+
+/// redis-cli over TLS, trusting `ca.pem` in `dir`, with `args`.
+fn tls_cli(dir: &Path, args: &[&str]) -> Option<String> {
+    let ca = dir.join("ca.pem").display().to_string();
+    let mut all = vec!["--tls", "--cacert", &ca];
+    all.extend(args);
+    cli(&all)
+}
+
+#[test]
+fn with_valkey_tls_a_sentinel_group_speaking_only_tls_carries_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let (master_port, sentinel_port) = (free_port(), free_port());
+    let mut args = tls_only_args(dir.path(), master_port);
+    args.extend(["--tls-replication".into(), "yes".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _master = Server::start_on(master_port, dir.path(), &args);
+    wait_until(Duration::from_secs(10), "the TLS master answers", || {
+        tls_cli(dir.path(), &["-p", &master_port.to_string(), "PING"]).as_deref() == Some("PONG")
+    });
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\ntls-port {sentinel_port}\nbind 127.0.0.1\ndir {}\n\
+             tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor m1 127.0.0.1 {master_port} 1\n",
+            dir.path().display(),
+            file("srv.pem"),
+            file("srv.key"),
+            file("ca.pem"),
+        ),
+    )
+    .unwrap();
+    let sentinel = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _sentinel = SentinelProcess(sentinel);
+    wait_until(
+        Duration::from_secs(20),
+        "the TLS sentinel names the master",
+        || {
+            tls_cli(
+                dir.path(),
+                &[
+                    "-p",
+                    &sentinel_port.to_string(),
+                    "SENTINEL",
+                    "GET-MASTER-ADDR-BY-NAME",
+                    "m1",
+                ],
+            )
+            .is_some_and(|out| out.contains(&master_port.to_string()))
+        },
+    );
+
+    let db = database();
+    let events = commit_events(&db, 300);
+    let sentinels = format!("127.0.0.1:{sentinel_port}");
+    let ca = file("ca.pem");
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_SENTINEL_ADDRS", &sentinels),
+            ("VALKEY_SENTINEL_MASTER", "m1"),
+            ("VALKEY_TLS", "true"),
+            ("VALKEY_CA_CERT", &ca),
+            ("OUTBOX_WAKE", "valkey"),
+        ],
+    );
+    wait_for_listeners(&db, events.len(), Duration::from_secs(120));
+    worker.stop();
+
+    // Without VALKEY_TLS the worker speaks plaintext to a TLS-only sentinel
+    // and cannot start.
+    let mut plaintext = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_SENTINEL_ADDRS", &sentinels),
+            ("VALKEY_SENTINEL_MASTER", "m1"),
+        ],
+    );
+    assert_ne!(plaintext.exit_code(Duration::from_secs(60)), Some(0));
+    assert!(
+        plaintext.log().contains("cannot connect to Valkey"),
+        "{}",
+        plaintext.log()
+    );
+}
+
+#[test]
+fn with_valkey_tls_a_cluster_speaking_only_tls_carries_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let _nodes: Vec<Server> = ports
+        .iter()
+        .map(|port| {
+            let node_dir = dir.path().join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let mut args = tls_only_args(dir.path(), *port);
+            args.extend(["--tls-cluster", "yes", "--cluster-enabled", "yes"].map(String::from));
+            args.extend(["--cluster-config-file".into(), "nodes.conf".into()]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Server::start_on(*port, &node_dir, &args)
+        })
+        .collect();
+    for port in &ports {
+        wait_until(Duration::from_secs(10), "the TLS node answers", || {
+            tls_cli(dir.path(), &["-p", &port.to_string(), "PING"]).as_deref() == Some("PONG")
+        });
+    }
+    let addrs: Vec<String> = ports
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    let mut create = vec!["--cluster", "create"];
+    create.extend(addrs.iter().map(String::as_str));
+    create.push("--cluster-yes");
+    tls_cli(dir.path(), &create).expect("redis-cli --tls --cluster create");
+    for port in &ports {
+        wait_until(Duration::from_secs(30), "the cluster is ok", || {
+            tls_cli(dir.path(), &["-p", &port.to_string(), "CLUSTER", "INFO"])
+                .is_some_and(|info| info.contains("cluster_state:ok"))
+        });
+    }
+
+    let db = database();
+    let events = commit_events(&db, 500);
+    let ca = dir.path().join("ca.pem").display().to_string();
+    let worker = Worker::start(
+        &db,
+        dir.path(),
+        &[
+            ("VALKEY_CLUSTER_ADDRS", &addrs.join(",")),
+            ("VALKEY_TLS", "true"),
+            ("VALKEY_CA_CERT", &ca),
+            ("OUTBOX_WAKE", "valkey"),
+        ],
+    );
+    wait_for_listeners(&db, events.len(), Duration::from_secs(180));
+    worker.stop();
+
+    // Every event's task is completed on the cluster, once.
+    let completed: Vec<String> = tls_cli(
+        dir.path(),
+        &[
+            "-c",
+            "-p",
+            &ports[0].to_string(),
+            "ZRANGE",
+            "asynq:{default}:completed",
+            "0",
+            "-1",
+        ],
+    )
+    .unwrap_or_default()
+    .lines()
+    .map(str::to_string)
+    .collect();
+    let unique: BTreeSet<String> = completed.iter().cloned().collect();
+    assert_eq!(unique.len(), completed.len());
+    assert!(
+        events.iter().all(|id| unique.contains(id)),
+        "an event task is missing"
     );
 }

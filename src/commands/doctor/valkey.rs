@@ -14,6 +14,16 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Pings the server (or each sentinel or cluster node) the settings name.
 pub fn check(settings: &Settings) -> Finding {
+    if settings
+        .get("VALKEY_TLS")
+        .is_some_and(|tls| tls.trim().eq_ignore_ascii_case("true"))
+    {
+        return Finding::warn(
+            CHECK,
+            "not checked: VALKEY_TLS asks for TLS",
+            "doctor checks plaintext connections only; start the worker to check this one",
+        );
+    }
     for (list, role) in [
         ("VALKEY_SENTINEL_ADDRS", "sentinel"),
         ("VALKEY_CLUSTER_ADDRS", "cluster node"),

@@ -27,9 +27,13 @@
 //!
 //! # TLS
 //!
-//! `rediss://` and `valkeys://` URLs use TLS (rustls, with the `ring`
-//! provider: nothing to install). The server's certificate must chain to
-//! the public web roots (webpki-roots), or to `VALKEY_CA_CERT` when set.
+//! `rediss://` and `valkeys://` URLs use TLS, and so do `VALKEY_ADDR`, the
+//! sentinels and their master, and a cluster's nodes with `VALKEY_TLS=true`
+//! (rustls, with the `ring` provider: nothing to install). The server's
+//! certificate must chain to the public web roots (webpki-roots), or to
+//! `VALKEY_CA_CERT` when set. Sentinels name the master, and a cluster its
+//! nodes, by the address they announce (an IP unless they are set to
+//! announce host names), so that is the name the certificate must carry.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -40,7 +44,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError,
-    RedisFuture, RedisResult, TlsCertificates, Value,
+    RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
 use secrecy::ExposeSecret;
 
@@ -100,7 +104,7 @@ impl Target {
     fn sentinel(config: &ValkeyConfig, addrs: &[String], master: &str) -> Result<Self, QueueError> {
         let sentinels = addrs
             .iter()
-            .map(|addr| split_addr(addr).map(|(host, port)| ConnectionAddr::Tcp(host, port)))
+            .map(|addr| split_addr(addr).map(|(host, port)| tcp(config, host, port)))
             .collect::<Result<Vec<_>, _>>()?;
         let db = i64::from(config.db.unwrap_or(0));
         let mut builder = SentinelClientBuilder::new(sentinels, master, SentinelServerType::Master)
@@ -117,6 +121,16 @@ impl Target {
         }
         if let Some(password) = &config.sentinel_password {
             builder = builder.set_client_to_sentinel_password(password.expose_secret());
+        }
+        if config.is_tls() {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_tls_mode(TlsMode::Secure);
+            if let Some(certificates) = certificates(config)? {
+                builder = builder
+                    .set_client_to_sentinel_certificates(certificates.clone())
+                    .set_client_to_redis_certificates(certificates);
+            }
         }
         let client = builder.build().map_err(QueueError::Redis)?;
         Ok(Self {
@@ -142,6 +156,12 @@ impl Target {
         if let Some(password) = &config.password {
             builder = builder.password(password.expose_secret());
         }
+        if config.is_tls() {
+            builder = builder.tls(TlsMode::Secure);
+            if let Some(certificates) = certificates(config)? {
+                builder = builder.certs(certificates);
+            }
+        }
         let client = builder.build().map_err(QueueError::Redis)?;
         Ok(Self {
             kind: Kind::Cluster(Box::new(client), nodes),
@@ -164,26 +184,12 @@ impl Target {
             .into_connection_info()
             .map_err(|_| QueueError::Url)?;
         let db = info.redis_settings().db();
-        let client = if url.is_tls() {
-            install_crypto_provider();
-            let root_cert = match &config.ca_cert {
-                Some(path) => Some(std::fs::read(path).map_err(|source| QueueError::CaCert {
-                    path: path.display().to_string(),
-                    source,
-                })?),
-                None => None,
-            };
-            let certificates = TlsCertificates {
-                client_tls: None,
-                root_cert,
-            };
-            redis::Client::build_with_tls(info, certificates)
-        } else {
-            redis::Client::open(info)
-        }
-        .map_err(|source| QueueError::Connect {
-            addr: shown.clone(),
-            source,
+        let client = open(config, info).map_err(|err| match err {
+            QueueError::Redis(source) => QueueError::Connect {
+                addr: shown.clone(),
+                source,
+            },
+            other => other,
         })?;
         Ok(Self {
             kind: Kind::Server(Box::new(client)),
@@ -273,11 +279,61 @@ fn node(config: &ValkeyConfig, addr: &str) -> Result<redis::Client, QueueError> 
     if let Some(password) = &config.password {
         redis = redis.set_password(password.expose_secret());
     }
-    let info = ConnectionAddr::Tcp(host, port)
+    let info = tcp(config, host, port)
         .into_connection_info()
         .map_err(QueueError::Redis)?
         .set_redis_settings(redis);
-    redis::Client::open(info).map_err(QueueError::Redis)
+    open(config, info)
+}
+
+/// The address of `host:port`, over TLS when `config` asks for it.
+fn tcp(config: &ValkeyConfig, host: String, port: u16) -> ConnectionAddr {
+    if config.is_tls() {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    }
+}
+
+/// A client for `info`; over TLS, trusting `VALKEY_CA_CERT` when set.
+fn open(config: &ValkeyConfig, info: redis::ConnectionInfo) -> Result<redis::Client, QueueError> {
+    let client = match certificates(config)? {
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        None if config.is_tls() => redis::Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            },
+        ),
+        None => redis::Client::open(info),
+    };
+    client.map_err(QueueError::Redis)
+}
+
+/// The CA of `VALKEY_CA_CERT` to trust instead of the public web roots,
+/// once TLS is on; also installs rustls' crypto provider.
+fn certificates(config: &ValkeyConfig) -> Result<Option<TlsCertificates>, QueueError> {
+    if !config.is_tls() {
+        return Ok(None);
+    }
+    install_crypto_provider();
+    let Some(path) = &config.ca_cert else {
+        return Ok(None);
+    };
+    let root_cert = std::fs::read(path).map_err(|source| QueueError::CaCert {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Some(TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    }))
 }
 
 /// `VALKEY_USERNAME`, unless empty.
