@@ -58,6 +58,8 @@ const DEFAULT_ADDR: &str = "localhost:6379";
 #[derive(Clone)]
 pub struct Target {
     kind: Kind,
+    /// `VALKEY_CONNECT_TIMEOUT` and `VALKEY_RESPONSE_TIMEOUT`.
+    timeouts: (Duration, Duration),
     /// What errors and logs call it: `host:port`, never a credential.
     shown: String,
     db: i64,
@@ -94,6 +96,7 @@ impl Target {
             .filter(|addr| !addr.is_empty())
             .unwrap_or(DEFAULT_ADDR);
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Server(Box::new(node(config, addr)?)),
             shown: addr.to_string(),
             db: i64::from(config.db.unwrap_or(0)),
@@ -134,6 +137,7 @@ impl Target {
         }
         let client = builder.build().map_err(QueueError::Redis)?;
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
             shown: format!("master `{master}` of the sentinels {}", addrs.join(",")),
             db,
@@ -148,8 +152,8 @@ impl Target {
             .collect::<Result<Vec<_>, _>>()?;
         let mut builder =
             ClusterClientBuilder::new(nodes.iter().map(|node| node.get_connection_info().clone()))
-                .connection_timeout(Duration::from_secs(5))
-                .response_timeout(Duration::from_secs(10));
+                .connection_timeout(config.connect_timeout())
+                .response_timeout(config.response_timeout());
         if let Some(username) = username(config) {
             builder = builder.username(username);
         }
@@ -164,6 +168,7 @@ impl Target {
         }
         let client = builder.build().map_err(QueueError::Redis)?;
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Cluster(Box::new(client), nodes),
             shown: format!("the cluster of {}", addrs.join(",")),
             db: 0,
@@ -192,6 +197,7 @@ impl Target {
             other => other,
         })?;
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Server(Box::new(client)),
             shown,
             db,
@@ -204,7 +210,7 @@ impl Target {
         let connect = async {
             let mut link = match &self.kind {
                 Kind::Cluster(cluster, _) => Link::Cluster(cluster.get_async_connection().await?),
-                _ => Link::Server(manager(self.client().await?).await?),
+                _ => Link::Server(manager(self.client().await?, self.timeouts).await?),
             };
             redis::cmd("PING").query_async::<String>(&mut link).await?;
             Ok(link)
@@ -258,11 +264,15 @@ impl Target {
     }
 }
 
-/// A multiplexed, self-reconnecting connection with the project's timeouts.
-async fn manager(client: redis::Client) -> RedisResult<ConnectionManager> {
+/// A multiplexed, self-reconnecting connection with the project's timeouts
+/// (connect, response).
+async fn manager(
+    client: redis::Client,
+    (connect, response): (Duration, Duration),
+) -> RedisResult<ConnectionManager> {
     let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(connect))
+        .set_response_timeout(Some(response))
         .set_number_of_retries(3)
         .set_max_delay(Duration::from_secs(2));
     ConnectionManager::new_with_config(client, config).await
@@ -334,6 +344,11 @@ fn certificates(config: &ValkeyConfig) -> Result<Option<TlsCertificates>, QueueE
         client_tls: None,
         root_cert: Some(root_cert),
     }))
+}
+
+/// `VALKEY_CONNECT_TIMEOUT` and `VALKEY_RESPONSE_TIMEOUT`.
+fn timeouts(config: &ValkeyConfig) -> (Duration, Duration) {
+    (config.connect_timeout(), config.response_timeout())
 }
 
 /// `VALKEY_USERNAME`, unless empty.
@@ -433,7 +448,7 @@ impl Connection {
         }
         let found = async {
             let client = self.shared.target.client().await?;
-            manager(client).await
+            manager(client, self.shared.target.timeouts).await
         };
         match found.await {
             Ok(conn) => {
