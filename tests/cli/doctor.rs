@@ -4,12 +4,11 @@
 //! a Valkey the test starts with a password.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use crate::e2e::{Database, binary, database_url, psql};
 use crate::support::{assert_text_snapshot, disk_state, edit, gpkit, new_project, repo};
-use crate::worker_e2e::free_port;
+use crate::worker_e2e::{RedisServer, free_port};
 
 /// Settings the doctor reads; each test sets the ones it means.
 const SETTINGS: &[&str] = &[
@@ -166,54 +165,15 @@ fn an_older_template_set_is_a_warning_with_the_upgrade_command() {
     assert!(fix.contains("gpkit upgrade templates"), "{fix}");
 }
 
-/// A Valkey server of the test's own, with a password, stopped on drop.
-struct PasswordValkey {
-    child: Child,
-    port: u16,
-}
-
-impl PasswordValkey {
-    fn start(password: &str) -> Self {
-        let server = std::env::var("VALKEY_SERVER").unwrap_or_else(|_| "valkey-server".into());
-        let port = free_port();
-        let child = Command::new(server)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--requirepass",
-                password,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start valkey-server (scripts/with-services provides it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "valkey-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, port }
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for PasswordValkey {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_project_passes_once_its_database_exists_and_is_migrated() {
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &["--no-input"]);
-    let valkey = PasswordValkey::start("s3cret");
+    let server = std::env::var("VALKEY_SERVER").unwrap_or_else(|_| "valkey-server".into());
+    let valkey = RedisServer::start_with_persistence(
+        &server,
+        &["--requirepass", "s3cret", "--appendonly", "no"],
+    );
     let db = Database::create("doctor");
     let addr = valkey.addr();
     let good_valkey = [

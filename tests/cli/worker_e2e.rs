@@ -98,8 +98,10 @@ impl RedisServer {
         }
     }
 
+    /// Whether the server answers, also when it asks for a password first.
     fn ping(&self) -> bool {
-        self.cli(&["PING"]).is_some_and(|out| out == "PONG")
+        self.cli(&["PING"])
+            .is_some_and(|out| out == "PONG" || out.starts_with("NOAUTH"))
     }
 
     pub(crate) fn cli(&self, args: &[&str]) -> Option<String> {
