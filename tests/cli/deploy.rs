@@ -11,7 +11,7 @@ use std::process::Command;
 
 use gpkit::engine::manifest::{Manifest, Owner};
 use predicates::str::contains;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use crate::e2e::{built_from, built_project, cargo_lock, shared_target};
 use crate::support::{copy_tree, disk_state, gpkit, new_project, read_tree};
@@ -138,21 +138,21 @@ fn string_list(value: &Value) -> Vec<String> {
 
 #[test]
 fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries() {
-    for (flag, app_services) in [
-        ("--worker", &["migrate", "server", "worker"][..]),
-        ("--no-worker", &["migrate", "server"][..]),
+    for (flag, servers, app_services) in [
+        ("--worker", &["postgres", "valkey"][..], &["migrate", "server", "worker"][..]),
+        ("--no-worker", &["postgres"][..], &["migrate", "server"][..]),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let project = new_project(dir.path(), &[flag, "--deploy"]);
         let binaries = cargo_binaries(&project);
         let text = std::fs::read_to_string(project.join("compose.yaml")).unwrap();
-        let compose: Value = serde_yaml::from_str(&text).unwrap();
+        let compose: Value = serde_yaml_ng::from_str(&text).unwrap();
         let services = compose["services"].as_mapping().unwrap();
         let names: BTreeSet<String> = services
             .keys()
             .map(|key| key.as_str().unwrap().to_string())
             .collect();
-        let expected: BTreeSet<String> = ["postgres", "valkey"]
+        let expected: BTreeSet<String> = servers
             .iter()
             .chain(app_services)
             .map(|s| s.to_string())
@@ -181,7 +181,9 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
                 let environment = service["environment"].as_mapping().unwrap();
                 let url = environment["DATABASE_URL"].as_str().unwrap();
                 assert!(url.contains("@postgres:5432/"), "{url}");
-                assert_eq!(environment["VALKEY_ADDR"].as_str(), Some("valkey:6379"));
+                // Valkey only where something uses it: the worker.
+                let valkey = (flag == "--worker").then_some("valkey:6379");
+                assert_eq!(environment.get("VALKEY_ADDR").and_then(Value::as_str), valkey);
             } else {
                 assert!(service["healthcheck"]["test"].is_sequence(), "{name}");
             }
@@ -213,8 +215,9 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
                 "{name} does not wait for the migrations"
             );
         }
-        // Every named volume a service mounts is declared.
+        // Every named volume a service mounts is declared, and no other.
         let volumes = compose["volumes"].as_mapping().unwrap();
+        assert_eq!(volumes.len(), servers.len(), "{flag}: one volume per server");
         for service in services.values() {
             for mount in service.get("volumes").map(string_list).unwrap_or_default() {
                 let volume = mount.split(':').next().unwrap();
