@@ -668,6 +668,30 @@ async fn cmd_load(cli: &Cli, rate: u32, seconds: u32, wake: WakeArg) -> anyhow::
     Ok(())
 }
 
+/// Pairs run before the timed ones by [`alternating`].
+const WARMUP: u32 = 200;
+
+/// Runs `run(variant, n)` for both variants of each `n`, alternating which
+/// goes first so that drift affects both alike; the milliseconds each run
+/// took after the first [`WARMUP`] pairs: (runs of `false`, runs of `true`).
+async fn alternating(
+    iterations: u32,
+    mut run: impl AsyncFnMut(bool, u64) -> anyhow::Result<()>,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for n in 0..u64::from(iterations + WARMUP) {
+        for variant in if n % 2 == 0 { [false, true] } else { [true, false] } {
+            let t0 = Instant::now();
+            run(variant, n).await?;
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            if n >= u64::from(WARMUP) {
+                if variant { with.push(ms) } else { without.push(ms) }
+            }
+        }
+    }
+    Ok((without, with))
+}
+
 async fn cmd_insert_cost(cli: &Cli, iterations: u32) -> anyhow::Result<()> {
     let config = config()?;
     let pool = pool(&config).await?;
@@ -689,37 +713,26 @@ async fn cmd_insert_cost(cli: &Cli, iterations: u32) -> anyhow::Result<()> {
             .await?;
         Ok(())
     };
-    let (mut alone, mut with, mut dispatch) = (Vec::new(), Vec::new(), Vec::new());
-    let warmup = 200;
-    for n in 0..u64::from(iterations + warmup) {
-        // Alternate which variant goes first, so drift affects both alike.
-        for variant in if n % 2 == 0 { [false, true] } else { [true, false] } {
-            let event = OrderPlaced::sized(10_000_000 + n, cli.payload_bytes);
-            let t0 = Instant::now();
-            let inner = transactor
-                .run(async |tx| {
-                    business(&mut *tx, n).await?;
-                    if variant {
-                        let t = Instant::now();
-                        dispatcher.dispatch(&mut *tx, &event).await?;
-                        return Ok::<_, anyhow::Error>(Some(t.elapsed()));
-                    }
-                    Ok(None)
-                })
-                .await?;
-            let total = t0.elapsed().as_secs_f64() * 1000.0;
-            if n < u64::from(warmup) {
-                continue;
-            }
-            match inner {
-                Some(d) => {
-                    with.push(total);
-                    dispatch.push(d.as_secs_f64() * 1000.0);
+    let mut dispatch = Vec::new();
+    let (alone, with) = alternating(iterations, async |variant, n| {
+        let event = OrderPlaced::sized(10_000_000 + n, cli.payload_bytes);
+        let inner = transactor
+            .run(async |tx| {
+                business(&mut *tx, n).await?;
+                if variant {
+                    let t = Instant::now();
+                    dispatcher.dispatch(&mut *tx, &event).await?;
+                    return Ok::<_, anyhow::Error>(Some(t.elapsed()));
                 }
-                None => alone.push(total),
-            }
+                Ok(None)
+            })
+            .await?;
+        if let Some(d) = inner.filter(|_| n >= u64::from(WARMUP)) {
+            dispatch.push(d.as_secs_f64() * 1000.0);
         }
-    }
+        Ok(())
+    })
+    .await?;
     let settings: Vec<(String, String)> = sqlx::query_as(
         "SELECT name, setting FROM pg_settings WHERE name IN ('synchronous_commit', 'fsync', 'wal_sync_method')",
     )
@@ -806,25 +819,17 @@ async fn cmd_inbox_cost(iterations: u32) -> anyhow::Result<()> {
             .await?;
         Ok::<_, anyhow::Error>(())
     };
-    let (mut plain, mut once) = (Vec::new(), Vec::new());
-    let warmup = 200;
-    for n in 0..u64::from(iterations + warmup) {
-        // Alternate which variant goes first, so drift affects both alike.
-        for with_inbox in if n % 2 == 0 { [false, true] } else { [true, false] } {
-            let id = uuid::Uuid::now_v7();
-            let t0 = Instant::now();
-            if with_inbox {
-                let ran = inbox::once(&pool, "bench", id, async |tx| business(tx, id, n).await).await?;
-                anyhow::ensure!(ran.is_some(), "a new event id was skipped");
-            } else {
-                transactor.run(async |tx| business(tx, id, n).await).await?;
-            }
-            let ms = t0.elapsed().as_secs_f64() * 1000.0;
-            if n >= u64::from(warmup) {
-                if with_inbox { once.push(ms) } else { plain.push(ms) }
-            }
+    let (plain, once) = alternating(iterations, async |with_inbox, n| {
+        let id = uuid::Uuid::now_v7();
+        if with_inbox {
+            let ran = inbox::once(&pool, "bench", id, async |tx| business(tx, id, n).await).await?;
+            anyhow::ensure!(ran.is_some(), "a new event id was skipped");
+        } else {
+            transactor.run(async |tx| business(tx, id, n).await).await?;
         }
-    }
+        Ok(())
+    })
+    .await?;
     sqlx::raw_sql("DROP TABLE bench_ledger; DELETE FROM inbox_processed WHERE listener = 'bench'")
         .execute(&pool)
         .await?;
