@@ -211,7 +211,11 @@ fn config() -> anyhow::Result<Config> {
 /// A plain Redis connection for the benchmark's own reads (queue length,
 /// task hashes); the relay uses the project's `Client`.
 async fn redis_conn(config: &Config) -> anyhow::Result<redis::aio::MultiplexedConnection> {
-    let url = format!("redis://{}/{}", config.valkey.addr, config.valkey.db);
+    let url = format!(
+        "redis://{}/{}",
+        config.valkey.addr.as_deref().unwrap_or("localhost:6379"),
+        config.valkey.db.unwrap_or(0)
+    );
     Ok(redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?)
