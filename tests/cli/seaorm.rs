@@ -80,10 +80,7 @@ fn add_the_dispatch_examples(project: &Path, printed: &str) {
 
     std::fs::write(
         project.join("src/dispatch_hint.rs"),
-        format!(
-            "//! What `gpkit add event` printed.\n\n{}",
-            hint.trim_start()
-        ),
+        format!("//! What `gpkit add event` printed.\n\n{}\n", hint.trim()),
     )
     .unwrap();
     std::fs::write(
