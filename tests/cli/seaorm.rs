@@ -147,3 +147,38 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
         .stdout(contains("Up to date with template set"));
     assert_eq!(disk_state(&project, &[]), before);
 }
+
+/// The data layer is an answer of the manifest: `gpkit add worker` later
+/// renders the SeaORM variant of the worker's files (the relay test on
+/// SeaORM, the transactor that wakes the relay), exactly as `new project
+/// --worker` would have.
+#[test]
+fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives() {
+    let later = tempfile::tempdir().unwrap();
+    let at_once = tempfile::tempdir().unwrap();
+    for (dir, worker) in [(&later, "--no-worker"), (&at_once, "--worker")] {
+        gpkit(dir.path())
+            .args(["--no-input", "new", "project", "shop", "--db", "sea-orm"])
+            .arg(worker)
+            .assert()
+            .success();
+        gpkit(&dir.path().join("shop"))
+            .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
+            .assert()
+            .success();
+    }
+    gpkit(&later.path().join("shop"))
+        .args(["add", "worker"])
+        .assert()
+        .success();
+
+    let tree = read_tree(&later.path().join("shop"), &[]);
+    assert!(tree.contains_key("tests/relay_seaorm.rs"));
+    let startup = String::from_utf8_lossy(&tree["src/startup.rs"]).into_owned();
+    assert!(
+        startup.contains("pub transactor: crate::orm::Transactor,"),
+        "{startup}"
+    );
+    assert!(startup.contains(".orm(),"), "{startup}");
+    assert_eq!(tree, read_tree(&at_once.path().join("shop"), &[]));
+}
