@@ -220,6 +220,7 @@ Examples:
   gpkit new project shop
   gpkit new project shop --no-worker
   gpkit new project shop --example
+  gpkit new project shop --db sea-orm
   gpkit -C ~/src new project order-service
   gpkit --dry-run --diff new project shop")]
     Project(NewProjectArgs),
