@@ -182,3 +182,31 @@ fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives()
     assert!(startup.contains(".orm(),"), "{startup}");
     assert_eq!(tree, read_tree(&at_once.path().join("shop"), &[]));
 }
+
+#[test]
+fn a_seaorm_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        .args(["--no-input", "new", "project", "lean", "--db", "sea-orm"])
+        .arg("--no-worker")
+        .assert()
+        .success();
+    let project = dir.path().join("lean");
+    gpkit(&project)
+        .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
+        .assert()
+        .success();
+
+    build_binaries(&project);
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(&project, &["fmt", "--check"]);
+    let tests = cargo(&project, &["test"]);
+    let report = String::from_utf8_lossy(&tests.stdout);
+    assert!(
+        report.contains("test an_entity_and_its_event_commit_together ... ok"),
+        "{report}"
+    );
+}
