@@ -220,6 +220,7 @@ Examples:
   gpkit new project shop
   gpkit new project shop --no-worker
   gpkit new project shop --example
+  gpkit new project shop --db sea-orm
   gpkit -C ~/src new project order-service
   gpkit --dry-run --diff new project shop")]
     Project(NewProjectArgs),
@@ -283,6 +284,14 @@ pub struct NewProjectArgs {
     /// Leave out the container files (the default)
     #[arg(long)]
     pub no_deploy: bool,
+
+    /// The data layer: `sqlx` (the default) or `sea-orm`
+    ///
+    /// With `sea-orm`, transactions hand out SeaORM's `DatabaseTransaction`
+    /// (on the same sqlx pool), and events dispatched on it commit with your
+    /// entities. Asked when interactive. The example needs `sqlx`.
+    #[arg(long, value_name = "LAYER", conflicts_with = "example")]
+    pub db: Option<crate::engine::manifest::DataLayer>,
 }
 
 impl NewProjectArgs {

@@ -50,3 +50,29 @@ pub fn choice(given: Option<bool>, no_input: bool, question: &str, default: bool
         .default(default)
         .interact()?)
 }
+
+/// One of `options` (each shown with its description): `given` (from a
+/// flag), or the one picked from a list with `default` preselected, or
+/// `default` without a terminal.
+pub fn select<T: Copy + PartialEq>(
+    given: Option<T>,
+    no_input: bool,
+    question: &str,
+    options: &[(T, &str)],
+    default: T,
+) -> Result<T> {
+    if let Some(value) = given {
+        return Ok(value);
+    }
+    if !interactive(no_input) {
+        return Ok(default);
+    }
+    let items: Vec<&str> = options.iter().map(|(_, label)| *label).collect();
+    let preselected = options.iter().position(|(v, _)| *v == default).unwrap_or(0);
+    let picked = dialoguer::Select::new()
+        .with_prompt(question)
+        .items(&items)
+        .default(preselected)
+        .interact()?;
+    Ok(options[picked].0)
+}

@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use super::Context;
 use crate::cli::AddEventArgs;
 use crate::domain::events::{self, EventNames};
-use crate::engine::manifest::{EventSpec, FieldSpec};
+use crate::engine::manifest::{DataLayer, EventSpec, FieldSpec};
 use crate::engine::reconcile::Options;
 
 pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
@@ -76,7 +76,7 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     }
     eprintln!("\nAdded the {what}.");
     if new_event {
-        eprint!("{}", dispatch_hint(&names));
+        eprint!("{}", dispatch_hint(&names, project.manifest.answers.db));
     }
     for listener in &listeners {
         eprintln!("Fill in `src/listeners/{}/{listener}.rs`.", names.module);
@@ -85,9 +85,20 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
 }
 
 /// How to dispatch a new event: a complete handler that compiles as it is
-/// in any module of the project (a test builds it), printed after the event
-/// is added.
-fn dispatch_hint(names: &EventNames) -> String {
+/// in any module of the project (tests build it, for each data layer),
+/// printed after the event is added.
+fn dispatch_hint(names: &EventNames, db: DataLayer) -> String {
+    // SeaORM's transaction is a shared reference, passed on as it is.
+    let (writes, tx) = match db {
+        DataLayer::Sqlx => (
+            "// Your writes go here, through `&mut *tx`: they commit with the event.",
+            "&mut *tx",
+        ),
+        DataLayer::SeaOrm => (
+            "// Your entity writes go here, on `tx`: they commit with the event.",
+            "tx",
+        ),
+    };
     let code = format!(
         r#"use axum::Json;
 use axum::extract::State;
@@ -105,8 +116,8 @@ pub async fn publish_{module}(
     let stored = state
         .transactor
         .run(async |tx| {{
-            // Your writes go here, through `&mut *tx`: they commit with the event.
-            state.dispatcher.dispatch(&mut *tx, &event).await?;
+            {writes}
+            state.dispatcher.dispatch({tx}, &event).await?;
             Ok::<_, anyhow::Error>(())
         }})
         .await;

@@ -9,7 +9,8 @@ use crate::cli::NewProjectArgs;
 use crate::domain::names::PackageName;
 use crate::engine::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::engine::manifest::{
-    Answers, BASE_DIR, Components, FileRecord, MANIFEST_FILE, Manifest, Versions, sha256_hex,
+    Answers, BASE_DIR, Components, DataLayer, FileRecord, MANIFEST_FILE, Manifest, Versions,
+    sha256_hex,
 };
 use crate::engine::plan::Plan;
 use crate::prompt;
@@ -45,7 +46,27 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         true,
     )?;
 
+    let db = prompt::select(
+        if args.example {
+            Some(DataLayer::Sqlx)
+        } else {
+            args.db
+        },
+        ctx.no_input,
+        "Data layer for your application code?",
+        &[
+            (DataLayer::Sqlx, "sqlx: SQL queries on sqlx connections"),
+            (
+                DataLayer::SeaOrm,
+                "sea-orm: SeaORM entities, on the same sqlx pool",
+            ),
+        ],
+        DataLayer::Sqlx,
+    )?;
+
+    // The example's handlers are written with sqlx.
     let example = worker
+        && db == DataLayer::Sqlx
         && prompt::choice(
             example_flag,
             ctx.no_input,
@@ -61,6 +82,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
 
     let answers = Answers {
         name: name.as_str().to_string(),
+        db,
     };
     let components = Components {
         events: if example {

@@ -13,12 +13,12 @@ use minijinja::context;
 
 use crate::domain::events::EventView;
 use crate::domain::names::PackageName;
-use crate::engine::manifest::{Answers, Components, Owner};
+use crate::engine::manifest::{Answers, Components, DataLayer, Owner};
 use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 3;
+pub const TEMPLATE_SET_VERSION: u32 = 4;
 
 /// The oldest Rust the generated projects build with: their Cargo.toml's
 /// `rust-version`, the newest that any of their dependencies declares.
@@ -61,11 +61,14 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 
 /// Renders the files that a project with `answers` and `components` has:
 /// the `project` template set, plus the `worker` set when the worker is on
-/// and the `deploy` set (container files) when deploy is on. Files shared
-/// by several (configuration, `lib.rs`, `Cargo.toml`, the container files)
-/// switch on the `worker` and `deploy` variables.
+/// and the `deploy` set (container files) when deploy is on; with the
+/// SeaORM data layer, the `seaorm` set (and `seaorm-worker` with the
+/// worker). Files shared by several (configuration, `lib.rs`, `Cargo.toml`,
+/// the container files) switch on the `worker`, `deploy` and `seaorm`
+/// variables.
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
+    let seaorm = answers.db == DataLayer::SeaOrm;
     let events = components
         .events
         .iter()
@@ -78,6 +81,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         rust_version => GENERATED_RUST_VERSION,
         worker => components.worker,
         deploy => components.deploy,
+        seaorm => seaorm,
         events => &events,
     };
     let renderer = Renderer::new();
@@ -88,6 +92,12 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     }
     if components.deploy {
         sets.push("deploy");
+    }
+    if seaorm {
+        sets.push("seaorm");
+        if components.worker {
+            sets.push("seaorm-worker");
+        }
     }
     for set in sets {
         for file in template_set(set)? {

@@ -64,6 +64,42 @@ pub struct Versions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answers {
     pub name: String,
+    /// The data layer the application code uses. Recorded only when it is
+    /// not the default, so manifests of sqlx projects (and those written
+    /// before the choice existed) read as sqlx.
+    #[serde(default, skip_serializing_if = "DataLayer::is_default")]
+    pub db: DataLayer,
+}
+
+/// The data layer of a project (`gpkit new project --db`): what its
+/// transactions hand to the application code, and what the outbox
+/// dispatcher joins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum DataLayer {
+    /// sqlx alone: transactions are `sqlx` connections.
+    #[default]
+    #[serde(rename = "sqlx")]
+    #[value(name = "sqlx")]
+    Sqlx,
+    /// SeaORM on the same sqlx pool: transactions are SeaORM
+    /// `DatabaseTransaction`s, and events dispatched on them join them.
+    #[serde(rename = "sea-orm")]
+    #[value(name = "sea-orm")]
+    SeaOrm,
+}
+
+impl DataLayer {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// How `--db` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlx => "sqlx",
+            Self::SeaOrm => "sea-orm",
+        }
+    }
 }
 
 /// The optional parts of the project.
@@ -172,6 +208,7 @@ mod tests {
             },
             answers: Answers {
                 name: "shop".into(),
+                db: DataLayer::SeaOrm,
             },
             components: Components {
                 worker: true,
@@ -191,6 +228,27 @@ mod tests {
         assert!(text.starts_with("# Written by gpkit"));
         let back: Manifest = toml_edit::de::from_str(&text).unwrap();
         assert_eq!(back, manifest);
+    }
+
+    #[test]
+    fn a_manifest_without_a_data_layer_is_sqlx_and_sqlx_is_not_written() {
+        let old = "[gpkit]\nversion = \"0.1.0\"\ntemplate_set = 3\n\n[answers]\nname = \"shop\"\n";
+        let manifest = Manifest::parse(old).unwrap();
+        assert_eq!(manifest.answers.db, DataLayer::Sqlx);
+        assert!(
+            !manifest.to_toml().contains("db ="),
+            "{}",
+            manifest.to_toml()
+        );
+
+        let mut seaorm = manifest.clone();
+        seaorm.answers.db = DataLayer::SeaOrm;
+        let text = seaorm.to_toml();
+        assert!(text.contains("db = \"sea-orm\""), "{text}");
+        assert_eq!(
+            Manifest::parse(&text).unwrap().answers.db,
+            DataLayer::SeaOrm
+        );
     }
 
     #[test]

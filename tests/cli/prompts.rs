@@ -30,6 +30,8 @@ fn an_invalid_project_name_is_explained_and_asked_again() {
     session.send_line("shop").unwrap();
     session.exp_string("Include the worker").unwrap();
     session.send_line("").unwrap();
+    session.exp_string("Data layer").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Add the example").unwrap();
     session.send_line("").unwrap();
     session.exp_string("Add container files").unwrap();
@@ -38,6 +40,10 @@ fn an_invalid_project_name_is_explained_and_asked_again() {
     session.exp_eof().unwrap();
 
     assert!(dir.path().join("shop/src/bin/worker.rs").exists());
+    assert!(
+        !dir.path().join("shop/src/orm.rs").exists(),
+        "sqlx is the default data layer"
+    );
     assert!(!dir.path().join("shop/src/routes/orders.rs").exists());
     assert!(
         !dir.path().join("shop/Dockerfile").exists(),
@@ -50,6 +56,8 @@ fn the_example_can_be_chosen_at_the_prompt() {
     let dir = tempfile::tempdir().unwrap();
     let mut session = spawn(dir.path(), &["new", "project", "shop", "--worker"]);
 
+    session.exp_string("Data layer").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Add the example").unwrap();
     session.send_line("y").unwrap();
     session.exp_string("Add container files").unwrap();
@@ -67,6 +75,8 @@ fn the_worker_choice_can_be_declined_at_the_prompt() {
 
     session.exp_string("Include the worker").unwrap();
     session.send_line("n").unwrap();
+    session.exp_string("Data layer").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Add container files").unwrap();
     session.send_line("").unwrap();
     session.exp_string("Created project `lean`").unwrap();
@@ -83,6 +93,8 @@ fn the_container_files_can_be_chosen_at_the_prompt() {
 
     session.exp_string("Include the worker").unwrap();
     session.send_line("").unwrap();
+    session.exp_string("Data layer").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Add container files").unwrap();
     session.send_line("y").unwrap();
     session.exp_string("Created project `shop`").unwrap();
@@ -94,11 +106,37 @@ fn the_container_files_can_be_chosen_at_the_prompt() {
 }
 
 #[test]
+fn sea_orm_can_be_chosen_at_the_prompt_and_then_the_example_is_not_offered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut session = spawn(dir.path(), &["new", "project", "shop", "--worker"]);
+
+    session.exp_string("Data layer").unwrap();
+    // `j` moves down the list (as the down arrow does), Enter picks.
+    session.send_line("j").unwrap();
+    session.exp_string("Add container files").unwrap();
+    session.send_line("").unwrap();
+    session.exp_string("Created project `shop`").unwrap();
+    session.exp_eof().unwrap();
+
+    assert!(dir.path().join("shop/src/orm.rs").exists());
+    let manifest = std::fs::read_to_string(dir.path().join("shop/gpkit.toml")).unwrap();
+    assert!(manifest.contains("db = \"sea-orm\""), "{manifest}");
+}
+
+#[test]
 fn flags_and_no_input_never_prompt() {
     let dir = tempfile::tempdir().unwrap();
     for (args, worker, example, deploy) in [
         (
-            &["new", "project", "a", "--no-worker", "--no-deploy"][..],
+            &[
+                "new",
+                "project",
+                "a",
+                "--no-worker",
+                "--db",
+                "sqlx",
+                "--no-deploy",
+            ][..],
             false,
             false,
             false,
@@ -109,6 +147,8 @@ fn flags_and_no_input_never_prompt() {
                 "project",
                 "b",
                 "--worker",
+                "--db",
+                "sea-orm",
                 "--no-example",
                 "--deploy",
             ][..],

@@ -3,29 +3,35 @@
 //! render for each option combination, per version.
 
 use gpkit::engine::blueprint::{self, TEMPLATE_SET_VERSION};
-use gpkit::engine::manifest::{Answers, Components, sha256_hex};
+use gpkit::engine::manifest::{Answers, Components, DataLayer, sha256_hex};
 
 use crate::support::repo;
 
 /// A hash over every rendered file of every option combination.
 fn rendered_hash() -> String {
     let mut all = Vec::new();
-    for (worker, deploy) in [(false, false), (true, false), (false, true), (true, true)] {
-        let tree = blueprint::render(
-            &Answers {
-                name: "shop".into(),
-            },
-            &Components {
-                worker,
-                deploy,
-                events: Vec::new(),
-            },
-        )
-        .unwrap();
-        for (path, file) in tree {
-            all.extend_from_slice(format!("{worker} {deploy} {path} {} ", file.owner).as_bytes());
-            all.extend_from_slice(sha256_hex(&file.contents).as_bytes());
-            all.push(b'\n');
+    for db in [DataLayer::Sqlx, DataLayer::SeaOrm] {
+        for (worker, deploy) in [(false, false), (true, false), (false, true), (true, true)] {
+            let tree = blueprint::render(
+                &Answers {
+                    name: "shop".into(),
+                    db,
+                },
+                &Components {
+                    worker,
+                    deploy,
+                    events: Vec::new(),
+                },
+            )
+            .unwrap();
+            for (path, file) in tree {
+                let db = db.as_str();
+                all.extend_from_slice(
+                    format!("{db} {worker} {deploy} {path} {} ", file.owner).as_bytes(),
+                );
+                all.extend_from_slice(sha256_hex(&file.contents).as_bytes());
+                all.push(b'\n');
+            }
         }
     }
     sha256_hex(&all)

@@ -1,0 +1,42 @@
+//! The worker: consumes queued tasks (event fan-out and listeners), relays
+//! the outbox to the queue, and cleans up published events.
+
+use std::process::ExitCode;
+
+use shop::config::Config;
+use shop::listeners::register as register_listeners;
+use shop::signals::shutdown_signal;
+use shop::telemetry::{self, LogFormat};
+use shop::worker::{self, listeners::Listeners};
+
+fn main() -> ExitCode {
+    // First, while the process has one thread: `.env` sets variables.
+    if let Err(err) = shop::env_file::load() {
+        eprintln!("error: {err}");
+        return ExitCode::FAILURE;
+    }
+    run()
+}
+
+#[tokio::main]
+async fn run() -> ExitCode {
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    telemetry::init_subscriber(telemetry::get_subscriber(
+        "info",
+        LogFormat::from_env(),
+        std::io::stdout,
+    ));
+    let mut listeners = Listeners::new();
+    register_listeners(&mut listeners);
+    if let Err(err) = worker::run(&config, listeners, shutdown_signal()).await {
+        tracing::error!(error = format!("{err:#}"), "worker stopped");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

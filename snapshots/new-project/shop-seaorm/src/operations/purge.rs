@@ -1,0 +1,76 @@
+//! `outbox purge --published-before 7d`: deletes published rows older than
+//! a time, in bounded batches of short transactions like the cleanup loop,
+//! so it never holds many locks or one long transaction. Unpublished rows
+//! are never deleted. It asks for confirmation on a terminal, `--yes`
+//! otherwise.
+
+use std::process::ExitCode;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::output::{self, Format};
+use super::{Context, rows, time};
+use crate::outbox::cleanup::CLEANUP_BATCH;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Delete rows published before this time (7d: seven days ago, or
+    /// 2026-11-30T08:00:00Z)
+    #[arg(long, value_parser = time::parse_time)]
+    pub published_before: DateTime<Utc>,
+    /// Rows deleted per statement
+    #[arg(long, default_value_t = CLEANUP_BATCH, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    /// Do not ask for confirmation
+    #[arg(long, short)]
+    pub yes: bool,
+}
+
+/// What was deleted (`--format json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Purged {
+    pub published_before: DateTime<Utc>,
+    pub deleted: u64,
+    /// Statements run, the last one short.
+    pub batches: u64,
+}
+
+pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
+    let before = args.published_before;
+    let due = rows::count_published_before(&context.pool, before).await?;
+    let question = format!(
+        "delete {due} event(s) published before {}",
+        output::time(before)
+    );
+    if due > 0 && !output::confirm(&question, args.yes)? {
+        eprintln!("nothing deleted");
+        return Ok(ExitCode::FAILURE);
+    }
+    let mut purged = Purged {
+        published_before: before,
+        deleted: 0,
+        batches: 0,
+    };
+    if due > 0 {
+        loop {
+            let deleted =
+                rows::delete_published_before(&context.pool, before, args.batch_size).await?;
+            purged.deleted += deleted;
+            purged.batches += 1;
+            if deleted < u64::from(args.batch_size) {
+                break;
+            }
+        }
+    }
+    match format {
+        Format::Json => output::print_json(&purged)?,
+        Format::Text => println!(
+            "deleted {} event(s) published before {} in {} batch(es)",
+            purged.deleted,
+            output::time(before),
+            purged.batches
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}

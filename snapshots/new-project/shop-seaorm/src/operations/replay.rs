@@ -1,0 +1,247 @@
+//! `outbox replay`: delivers published events again.
+//!
+//! The queue still holds an event's tasks for `OUTBOX_TASK_RETENTION` and
+//! would refuse their ids as duplicates, so a replay queues the same
+//! envelope (same event id, which listeners deduplicate on) under a new
+//! task id: an `event:` task, whose fan-out derives new listener task ids
+//! from it, or with `--listener` that one listener's task alone. Events are
+//! chosen by id, or by name and creation time; unpublished events are left
+//! to the relay. It asks for confirmation on a terminal, `--yes` otherwise.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use clap::ArgGroup;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::output::{self, Format};
+use super::rows::{self, EventRow, Filter};
+use super::{Context, show, tasks, time};
+use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task_type};
+use crate::queue::{EnqueueOutcome, NewTask};
+use crate::worker::listeners::listener_task_type;
+
+/// Tasks queued per round trip.
+const BATCH: usize = 500;
+
+#[derive(Debug, clap::Args)]
+#[command(group(ArgGroup::new("events").required(true).args(["ids", "name"])))]
+pub struct Args {
+    /// The ids of the events to replay
+    #[arg(conflicts_with_all = ["name", "since", "until"])]
+    pub ids: Vec<Uuid>,
+    /// Replay the published events with this name (with --since)
+    #[arg(long, requires = "since")]
+    pub name: Option<String>,
+    /// With --name: events created at or after this time (2h: two hours
+    /// ago, or 2026-11-30T08:00:00Z)
+    #[arg(long, value_parser = time::parse_time, requires = "name")]
+    pub since: Option<DateTime<Utc>>,
+    /// With --name: events created before this time
+    #[arg(long, value_parser = time::parse_time, requires = "name")]
+    pub until: Option<DateTime<Utc>>,
+    /// Deliver to this listener only
+    #[arg(long)]
+    pub listener: Option<String>,
+    /// Do not ask for confirmation
+    #[arg(long, short)]
+    pub yes: bool,
+}
+
+/// One queued task (`--format json`: `{"replayed": [...]}`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Replayed {
+    pub event_id: Uuid,
+    pub queue: String,
+    pub task_id: String,
+    #[serde(rename = "type")]
+    pub task_type: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Report {
+    replayed: Vec<Replayed>,
+}
+
+pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
+    let events = choose(context, args).await?;
+    if events.is_empty() {
+        match format {
+            Format::Json => output::print_json(&Report { replayed: vec![] })?,
+            Format::Text => println!("no published event matches; nothing replayed"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let queues = queues(context, args.listener.as_deref())?;
+    let planned = plan(context, &events, &queues, args.listener.as_deref())?;
+
+    let target = args
+        .listener
+        .as_ref()
+        .map_or_else(String::new, |l| format!(" to listener `{l}` only"));
+    let question = format!(
+        "replay {} event(s){target} through queue(s) {}",
+        events.len(),
+        queues.join(",")
+    );
+    if !output::confirm(&question, args.yes)? {
+        eprintln!("nothing replayed");
+        return Ok(ExitCode::FAILURE);
+    }
+
+    let client = context.queue().await?;
+    let mut replayed = Vec::with_capacity(planned.len());
+    for chunk in planned.chunks(BATCH) {
+        let new_tasks: Vec<NewTask> = chunk.iter().map(|(_, task)| task.clone()).collect();
+        let results = client
+            .enqueue(&new_tasks)
+            .await
+            .with_context(|| format!("{} task(s) were queued before", replayed.len()))?;
+        for ((event_id, task), result) in chunk.iter().zip(results) {
+            match result {
+                Ok(EnqueueOutcome::Enqueued) => replayed.push(Replayed {
+                    event_id: *event_id,
+                    queue: task.queue.clone(),
+                    task_id: task.id.clone(),
+                    task_type: task.task_type.clone(),
+                }),
+                Ok(EnqueueOutcome::Duplicate) => {
+                    anyhow::bail!("task id {} is taken (should not happen)", task.id)
+                }
+                Err(err) => {
+                    return Err(anyhow::Error::new(err).context(format!(
+                        "cannot queue the replay of {event_id} ({} task(s) were queued before)",
+                        replayed.len()
+                    )));
+                }
+            }
+        }
+    }
+    match format {
+        Format::Json => output::print_json(&Report { replayed })?,
+        Format::Text => {
+            for task in &replayed {
+                println!(
+                    "replayed {} as {} task {} (queue {})",
+                    task.event_id, task.task_type, task.task_id, task.queue
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The events to replay, oldest first. Unknown or unpublished ids are an
+/// error, before anything is queued.
+async fn choose(context: &Context, args: &Args) -> anyhow::Result<Vec<EventRow>> {
+    if args.ids.is_empty() {
+        let filter = Filter {
+            name: args.name.clone(),
+            published: Some(true),
+            since: args.since,
+            until: args.until,
+            limit: None,
+            newest_first: false,
+        };
+        return Ok(rows::list(&context.pool, &filter).await?);
+    }
+    let mut ids = args.ids.clone();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut events = rows::by_ids(&context.pool, &ids).await?;
+    let unknown: Vec<Uuid> = ids
+        .iter()
+        .filter(|id| !events.iter().any(|e| e.id == **id))
+        .copied()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(show::unknown(&unknown).context("nothing was replayed"));
+    }
+    let unpublished: Vec<String> = events
+        .iter()
+        .filter(|e| e.published_at.is_none())
+        .map(|e| e.id.to_string())
+        .collect();
+    if !unpublished.is_empty() {
+        anyhow::bail!(
+            "event {} is not published yet: the relay will deliver it; nothing was replayed",
+            unpublished.join(", ")
+        );
+    }
+    events.sort_by_key(|e| e.created_at);
+    Ok(events)
+}
+
+/// Where the replay goes: every `OUTBOX_QUEUES` queue, as the relay does;
+/// one listener's task goes to the outbox queues this service's workers
+/// consume (`WORKER_QUEUES`), as its fan-out would.
+fn queues(context: &Context, listener: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let outbox = context.outbox_queues().to_vec();
+    if listener.is_none() {
+        return Ok(outbox);
+    }
+    let consumed: Vec<&str> = context.config.worker.queues.names().collect();
+    let queues: Vec<String> = outbox
+        .into_iter()
+        .filter(|q| consumed.contains(&q.as_str()))
+        .collect();
+    if queues.is_empty() {
+        anyhow::bail!(
+            "no queue of OUTBOX_QUEUES ({}) is in WORKER_QUEUES ({}), so no worker of this \
+             service would run the listener; nothing was replayed",
+            context.config.outbox.queues,
+            context.config.worker.queues
+        );
+    }
+    Ok(queues)
+}
+
+/// One new task per event and queue, each with a new id.
+fn plan(
+    context: &Context,
+    events: &[EventRow],
+    queues: &[String],
+    listener: Option<&str>,
+) -> anyhow::Result<Vec<(Uuid, NewTask)>> {
+    let retention = context.config.outbox.task_retention;
+    let mut planned = Vec::with_capacity(events.len() * queues.len());
+    for event in events {
+        let task_type = match listener {
+            None => event_task_type(&event.name),
+            Some(name) => {
+                let listeners = context.listeners.of(&event.name);
+                if !listeners.iter().any(|l| l.name() == name) {
+                    let known: Vec<&str> = listeners.iter().map(|l| l.name()).collect();
+                    anyhow::bail!(
+                        "event `{}` ({}) has no listener `{name}` in this service (its \
+                         listeners: {}); nothing was replayed",
+                        event.name,
+                        event.id,
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    );
+                }
+                listener_task_type(&event.name, name)
+            }
+        };
+        let payload = serde_json::to_vec(&event.envelope())?;
+        for queue in queues {
+            let task = NewTask::new(
+                task_type.clone(),
+                tasks::new_task_id().to_string(),
+                payload.clone(),
+            )
+            .queue(queue)
+            .max_retry(MAX_RETRY)
+            .timeout(TASK_TIMEOUT)
+            .retention(retention);
+            planned.push((event.id, task));
+        }
+    }
+    Ok(planned)
+}

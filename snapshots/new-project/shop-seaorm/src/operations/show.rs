@@ -1,0 +1,113 @@
+//! `outbox show <event_id>`: one event on one screen: its row (name,
+//! times, payload, metadata, trace id), its task in each outbox queue and
+//! each listener's task, with state, retries and last error.
+
+use std::process::ExitCode;
+
+use chrono::Utc;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Context;
+use super::output::{self, Format};
+use super::rows::{self, EventRow};
+use super::tasks::{self, EventTasks};
+use crate::queue::TaskInfo;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The event id (the envelope id)
+    pub id: Uuid,
+}
+
+/// The whole report (`--format json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Shown {
+    pub event: EventRow,
+    pub trace_id: Option<String>,
+    #[serde(flatten)]
+    pub tasks: EventTasks,
+}
+
+pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
+    let event = find(context, args.id).await?;
+    let tasks = tasks::of_event(context, &event).await?;
+    let shown = Shown {
+        trace_id: event.trace_id().map(str::to_string),
+        event,
+        tasks,
+    };
+    match format {
+        Format::Json => output::print_json(&shown)?,
+        Format::Text => print_text(&shown),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The event `id`, or an error that says it is not in the table.
+pub async fn find(context: &Context, id: Uuid) -> anyhow::Result<EventRow> {
+    rows::by_ids(&context.pool, &[id])
+        .await?
+        .pop()
+        .ok_or_else(|| unknown(&[id]))
+}
+
+/// The error for ids that are not in `outbox_events`.
+pub fn unknown(ids: &[Uuid]) -> anyhow::Error {
+    let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    anyhow::anyhow!(
+        "no event {} in outbox_events (never stored, or purged after it was published)",
+        ids.join(", ")
+    )
+}
+
+fn print_text(shown: &Shown) {
+    let event = &shown.event;
+    let age = (Utc::now() - event.created_at).to_std().unwrap_or_default();
+    println!("event      {} {}", event.id, event.name);
+    println!(
+        "created    {} ({} ago)",
+        output::time(event.created_at),
+        output::age(age)
+    );
+    match event.published_at {
+        Some(at) => println!("published  {}", output::time(at)),
+        None => println!("published  not yet (waiting for the relay)"),
+    }
+    println!("trace id   {}", shown.trace_id.as_deref().unwrap_or("-"));
+    println!("payload    {}", event.payload);
+    println!(
+        "metadata   {}",
+        serde_json::to_string(&event.metadata).unwrap_or_default()
+    );
+    println!();
+    for task in &shown.tasks.event_tasks {
+        print_task("event task", task);
+    }
+    for listener in &shown.tasks.listener_tasks {
+        print_task(&format!("listener {}", listener.listener), &listener.task);
+    }
+}
+
+fn print_task(what: &str, task: &TaskInfo) {
+    println!(
+        "{what:<24} {:<10} queue {} task {}",
+        task.state, task.queue, task.id
+    );
+    if task.retried > 0 || task.last_error.is_some() {
+        println!(
+            "{:<24} retried {}/{}, last failed {}: {}",
+            "",
+            task.retried,
+            task.max_retry,
+            output::maybe_time(task.last_failed_at),
+            task.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    if let Some(at) = task.next_process_at {
+        println!("{:<24} next run {}", "", output::time(at));
+    }
+    if let Some(at) = task.archived_at {
+        println!("{:<24} archived {}", "", output::time(at));
+    }
+}

@@ -1,0 +1,115 @@
+//! `outbox status`: the relay's lag (unpublished events and the age of the
+//! oldest), events published in the last minute and hour, rows due for
+//! cleanup, the table's size, and each queue's tasks by state. With
+//! `--max-lag 30s` it exits 2 when the lag is larger, for cron jobs and
+//! probes.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::output::{self, Format};
+use super::rows::{self, TableStats};
+use super::{Context, LAG_EXCEEDED, time};
+use crate::queue::QueueCounts;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Exit 2 when the oldest unpublished event is older than this, such
+    /// as 30s or 5m
+    #[arg(long, value_parser = time::parse_duration)]
+    pub max_lag: Option<Duration>,
+}
+
+/// One queue's counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStatus {
+    pub queue: String,
+    #[serde(flatten)]
+    pub counts: QueueCounts,
+}
+
+/// The whole report (`--format json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub outbox: TableStats,
+    /// `OUTBOX_RETENTION`, which `due_for_cleanup` counts against.
+    pub retention_seconds: u64,
+    pub queues: Vec<QueueStatus>,
+    pub max_lag_seconds: Option<f64>,
+    /// Whether the lag is above `--max-lag` (false without it).
+    pub lag_exceeded: bool,
+}
+
+pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
+    let retention = context.config.outbox.retention;
+    let outbox = rows::stats(&context.pool, retention).await?;
+    let client = context.queue().await?;
+    let mut queues = Vec::new();
+    for queue in context.all_queues() {
+        let counts = client.queue_counts(&queue).await?;
+        queues.push(QueueStatus { queue, counts });
+    }
+    let lag = outbox.oldest_unpublished_age_seconds.unwrap_or(0.0);
+    let lag_exceeded = args.max_lag.is_some_and(|max| lag > max.as_secs_f64());
+    let status = Status {
+        outbox,
+        retention_seconds: retention.as_secs(),
+        queues,
+        max_lag_seconds: args.max_lag.map(|max| max.as_secs_f64()),
+        lag_exceeded,
+    };
+    match format {
+        Format::Json => output::print_json(&status)?,
+        Format::Text => print_text(&status),
+    }
+    Ok(if lag_exceeded {
+        ExitCode::from(LAG_EXCEEDED)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_text(status: &Status) {
+    let outbox = &status.outbox;
+    let lag = outbox.oldest_unpublished_age_seconds.map_or_else(
+        || "none".to_string(),
+        |s| output::age(Duration::from_secs_f64(s)),
+    );
+    println!("outbox_events");
+    println!("  unpublished            {}", outbox.unpublished);
+    println!("  relay lag              {lag} (age of the oldest unpublished event)");
+    println!("  published last minute  {}", outbox.published_last_minute);
+    println!("  published last hour    {}", outbox.published_last_hour);
+    println!(
+        "  due for cleanup        {} (published over {} ago)",
+        outbox.due_for_cleanup,
+        output::age(Duration::from_secs(status.retention_seconds))
+    );
+    println!("  table size             {} bytes", outbox.table_bytes);
+    println!();
+    println!(
+        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "queue", "pending", "active", "scheduled", "retry", "archived", "completed"
+    );
+    for queue in &status.queues {
+        let c = &queue.counts;
+        println!(
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            queue.queue, c.pending, c.active, c.scheduled, c.retry, c.archived, c.completed
+        );
+    }
+    if let Some(max) = status.max_lag_seconds {
+        let verdict = if status.lag_exceeded {
+            "exceeded"
+        } else {
+            "ok"
+        };
+        println!();
+        println!(
+            "max lag {}: {verdict}",
+            output::age(Duration::from_secs_f64(max))
+        );
+    }
+}

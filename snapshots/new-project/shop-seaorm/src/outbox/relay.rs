@@ -1,0 +1,430 @@
+//! The relay: moves committed outbox rows to the queue, at least once.
+//!
+//! One round, in one short transaction:
+//! 1. claim up to `OUTBOX_BATCH_SIZE` unpublished rows in id order with
+//!    `FOR UPDATE SKIP LOCKED`, so replicas never claim the same row, and
+//!    mark them published, in one statement;
+//! 2. enqueue each as an asynq task `event:<name>` whose id is the event id,
+//!    into every queue of `OUTBOX_QUEUES`, all in one pipelined round trip
+//!    (an id the queue already has is a duplicate, which counts as
+//!    published);
+//! 3. unmark the rows that did not reach every queue, if any, and commit.
+//!
+//! Keyset claiming: while rounds come back full (draining a backlog), each
+//! claim starts its index scan after the highest row id the previous round
+//! claimed, so it never walks the entries of rows already published, which
+//! pile up while any session holds an old snapshot (vacuum cannot remove
+//! them). A row id is taken at insert, not at commit, so a transaction that
+//! commits late can leave an unpublished row below that point: a round that
+//! comes back short, and every [`RESCAN_EVERY`]th full round, makes the next
+//! claim start from the beginning again, and such a row is published then.
+//!
+//! The marks belong to the round's transaction: a crash before the commit
+//! rolls them back; the next round enqueues the
+//! same ids again, which the queue reports as duplicates, so no event is
+//! lost and none is queued twice. A full batch re-polls at once; a short one
+//! waits for the poll interval or a wake-up; a failed round backs off
+//! exponentially with jitter, up to 30 seconds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{ClaimedEvent, Store};
+use crate::config::OutboxConfig;
+use crate::queue::{self, Client, EnqueueOutcome, NewTask};
+use crate::worker::metrics::RelayMetrics;
+
+/// How often a task may be retried before it is archived (Go asynq's default).
+pub const MAX_RETRY: u32 = 25;
+/// How long one handler run may take before asynq considers it failed.
+pub const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How a relay round's transaction begins, in the same round trip as the
+/// `BEGIN`: its commit does not wait for the disk. That is safe here, and
+/// only here: a mark lost in a database crash just makes the next round
+/// enqueue those events again, which the queue reports as duplicates of the
+/// tasks it already has. It takes about a third off every round.
+const RELAY_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
+/// Full rounds in a row after which the claim starts from the beginning
+/// again, so that under a backlog that never ends, a row that committed
+/// late below the keyset position waits at most this many rounds.
+pub const RESCAN_EVERY: u32 = 100;
+
+/// The longest wait between failed rounds.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What every event's task type starts with.
+pub const EVENT_TASK_PREFIX: &str = "event:";
+
+/// The asynq task type of an event: `event:<name>`.
+pub fn event_task_type(event_name: &str) -> String {
+    format!("{EVENT_TASK_PREFIX}{event_name}")
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows marked published (new tasks and duplicates).
+    pub published: usize,
+    /// Tasks the queues already had (with several `OUTBOX_QUEUES`, an
+    /// event counts once per queue).
+    pub duplicates: usize,
+}
+
+/// Why a round failed. Rows of the round that did reach the queue are
+/// marked published before the error is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("outbox database error")]
+    Database(#[from] sqlx::Error),
+    #[error("queue error after {published} of {claimed} events were published")]
+    Queue {
+        claimed: usize,
+        published: usize,
+        #[source]
+        source: queue::QueueError,
+    },
+}
+
+/// The relay for one worker process.
+pub struct Relay {
+    pool: PgPool,
+    queue: Client,
+    store: Store,
+    batch_size: u32,
+    poll_interval: Duration,
+    task_retention: Duration,
+    wake: Arc<Notify>,
+    metrics: RelayMetrics,
+    /// Every event goes to each of these queues (`OUTBOX_QUEUES`).
+    queue_names: Vec<String>,
+    /// The next claim starts after this row id (0: from the beginning).
+    after: AtomicI64,
+    /// Full rounds since the claim last started from the beginning.
+    full_rounds: AtomicU32,
+}
+
+impl Relay {
+    pub fn new(pool: PgPool, queue: Client, config: &OutboxConfig, metrics: RelayMetrics) -> Self {
+        Self {
+            pool,
+            queue,
+            store: Store,
+            batch_size: config.batch_size.max(1),
+            poll_interval: config.poll_interval,
+            task_retention: config.task_retention,
+            wake: Arc::new(Notify::new()),
+            metrics,
+            queue_names: config.queues.names().to_vec(),
+            after: AtomicI64::new(0),
+            full_rounds: AtomicU32::new(0),
+        }
+    }
+
+    /// Publishes to `queue` alone instead of `OUTBOX_QUEUES` (tests use
+    /// their own).
+    pub fn with_queue(self, queue: impl Into<String>) -> Self {
+        self.with_queues(vec![queue.into()])
+    }
+
+    /// Publishes every event to each of `queues` instead of `OUTBOX_QUEUES`.
+    pub fn with_queues(mut self, queues: Vec<String>) -> Self {
+        assert!(!queues.is_empty(), "a relay needs a queue to publish to");
+        self.queue_names = queues;
+        self
+    }
+
+    /// A handle that wakes the relay at once (for example right after a
+    /// commit that stored events); wake-ups are coalesced.
+    pub fn waker(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
+    }
+
+    /// One round: claim, enqueue, mark, commit.
+    pub async fn publish_batch(&self) -> Result<Round, RelayError> {
+        let mut tx = self.pool.begin_with(RELAY_BEGIN).await?;
+        // Until this round ends well, the next one starts from the beginning.
+        let after = self.after.swap(0, Ordering::Relaxed);
+        let mut claimed = self.claim(&mut tx, after).await?;
+        if claimed.is_empty() && after > 0 {
+            claimed = self.claim(&mut tx, 0).await?;
+        }
+        let resume_after = self.resume_after(&claimed);
+        if claimed.is_empty() {
+            tx.commit().await?;
+            return Ok(Round::default());
+        }
+        // One task per event and queue, in event order.
+        let tasks: Vec<NewTask> = claimed
+            .iter()
+            .flat_map(|event| {
+                self.queue_names
+                    .iter()
+                    .map(move |queue| self.task_for(event, queue))
+            })
+            .collect();
+        let span = tracing::debug_span!("outbox.enqueue", rows = tasks.len());
+        let results = match self.queue.enqueue(&tasks).instrument(span).await {
+            Ok(results) => results,
+            Err(source) => {
+                // Nothing is known to have reached the queue; the rows stay
+                // unpublished and the next round retries them.
+                tx.rollback().await?;
+                return Err(RelayError::Queue {
+                    claimed: claimed.len(),
+                    published: 0,
+                    source,
+                });
+            }
+        };
+        // An event is published once it reached every queue; if one queue
+        // failed, the next round enqueues it again, and the queues that have
+        // it already report duplicates.
+        let mut published = Vec::with_capacity(claimed.len());
+        let mut duplicates = 0;
+        let mut first_error = None;
+        let mut results = results.into_iter();
+        for event in &claimed {
+            let mut reached_all = true;
+            for result in results.by_ref().take(self.queue_names.len()) {
+                match result {
+                    Ok(EnqueueOutcome::Enqueued) => {}
+                    Ok(EnqueueOutcome::Duplicate) => duplicates += 1,
+                    Err(err) => {
+                        reached_all = false;
+                        first_error.get_or_insert(err);
+                    }
+                }
+            }
+            if reached_all {
+                published.push(event.row_id);
+            }
+        }
+        if published.len() < claimed.len() {
+            let undelivered: Vec<i64> = claimed
+                .iter()
+                .map(|event| event.row_id)
+                .filter(|row_id| !published.contains(row_id))
+                .collect();
+            self.store
+                .unmark(&mut tx, &undelivered)
+                .instrument(tracing::debug_span!(
+                    "outbox.unmark",
+                    rows = undelivered.len()
+                ))
+                .await?;
+        }
+        tx.commit().await?;
+        self.metrics.published.inc_by(published.len() as u64);
+        self.metrics.duplicates.inc_by(duplicates as u64);
+        let round = Round {
+            claimed: claimed.len(),
+            published: published.len(),
+            duplicates,
+        };
+        match first_error {
+            None => {
+                self.after.store(resume_after, Ordering::Relaxed);
+                Ok(round)
+            }
+            Some(source) => Err(RelayError::Queue {
+                claimed: round.claimed,
+                published: round.published,
+                source,
+            }),
+        }
+    }
+
+    /// Claims the next batch, after row id `after`.
+    async fn claim(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        after: i64,
+    ) -> Result<Vec<ClaimedEvent>, sqlx::Error> {
+        self.store
+            .claim_and_mark(tx, self.batch_size, after)
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                limit = self.batch_size,
+                after
+            ))
+            .await
+    }
+
+    /// Where the next claim starts if this round succeeds: after its last
+    /// row when it was full, from the beginning when it was short or when
+    /// [`RESCAN_EVERY`] full rounds have passed.
+    fn resume_after(&self, claimed: &[ClaimedEvent]) -> i64 {
+        let full = claimed.len() as u32 >= self.batch_size;
+        if full && self.full_rounds.fetch_add(1, Ordering::Relaxed) + 1 < RESCAN_EVERY {
+            return claimed.last().map_or(0, |event| event.row_id);
+        }
+        self.full_rounds.store(0, Ordering::Relaxed);
+        0
+    }
+
+    fn task_for(&self, event: &ClaimedEvent, queue: &str) -> NewTask {
+        let payload = serde_json::to_vec(&event.envelope).expect("an envelope serialises");
+        NewTask::new(
+            event_task_type(&event.envelope.name),
+            event.envelope.id.to_string(),
+            payload,
+        )
+        .queue(queue)
+        .max_retry(MAX_RETRY)
+        .timeout(TASK_TIMEOUT)
+        .retention(self.task_retention)
+    }
+
+    /// Runs rounds until `shutdown` is cancelled. The round in hand gets
+    /// [`SHUTDOWN_GRACE`] to finish; one still waiting on the database or
+    /// the queue then is dropped, which rolls it back (its events go out in
+    /// the next round, the queue reporting any it already has as
+    /// duplicates). No transaction is held while it waits.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
+        while !shutdown.is_cancelled() {
+            let round = tokio::select! {
+                round = self.publish_batch() => round,
+                () = grace_after(&shutdown) => {
+                    tracing::warn!("relay round abandoned at shutdown; its events stay unpublished");
+                    break;
+                }
+            };
+            self.metrics.rounds.inc();
+            self.metrics.last_round_unix.set(unix_now());
+            let wait = match round {
+                Ok(round) => {
+                    backoff.reset();
+                    if round.claimed > 0 {
+                        tracing::debug!(
+                            published = round.published,
+                            duplicates = round.duplicates,
+                            "outbox round"
+                        );
+                    }
+                    if round.claimed as u32 >= self.batch_size {
+                        continue;
+                    }
+                    self.poll_interval
+                }
+                Err(err) => {
+                    self.metrics.errors.inc();
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %error_chain(&err), retry_in = ?wait, "outbox round failed");
+                    wait
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+        tracing::info!("outbox relay stopped");
+    }
+}
+
+/// How long the round in hand may go on after shutdown began.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+
+/// Completes [`SHUTDOWN_GRACE`] after `shutdown` is cancelled.
+async fn grace_after(shutdown: &CancellationToken) {
+    shutdown.cancelled().await;
+    tokio::time::sleep(SHUTDOWN_GRACE).await;
+}
+
+/// The time now, in Unix seconds.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// An error and its causes on one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Exponential backoff with jitter: the ceiling doubles from `base` with
+/// every failure up to `cap`; each delay is drawn between 3/4 of the ceiling
+/// and the ceiling, so replicas that failed together do not retry together.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base: base.max(Duration::from_millis(10)).min(cap),
+            cap,
+            failures: 0,
+        }
+    }
+
+    /// The ceiling of the next delay, without jitter.
+    pub fn ceiling(&self) -> Duration {
+        self.base
+            .saturating_mul(1 << self.failures.min(20))
+            .min(self.cap)
+    }
+
+    /// The delay before the next attempt, and one more failure counted.
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = self.ceiling();
+        self.failures = self.failures.saturating_add(1);
+        ceiling.mul_f64(0.75 + 0.25 * fastrand::f64())
+    }
+
+    /// Back to the normal cadence after a good round.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_bounded_jitter() {
+        let mut backoff = Backoff::new(Duration::from_secs(1), MAX_BACKOFF);
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            let ceiling = backoff.ceiling();
+            let delay = backoff.next_delay();
+            assert!(
+                delay <= ceiling && delay >= ceiling.mul_f64(0.75),
+                "{delay:?} vs {ceiling:?}"
+            );
+            ceilings.push(ceiling.as_secs());
+        }
+        assert_eq!(ceilings, [1, 2, 4, 8, 16, 30, 30, 30]);
+        backoff.reset();
+        assert_eq!(backoff.ceiling(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn event_tasks_are_typed_by_event_name() {
+        assert_eq!(event_task_type("orderPlaced"), "event:orderPlaced");
+    }
+}

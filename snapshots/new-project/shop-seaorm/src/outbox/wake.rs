@@ -1,0 +1,128 @@
+//! Wake-ups: a commit that may have stored events wakes the relays at once,
+//! instead of leaving the events to the next poll.
+//!
+//! - In one process, [`Wake::signal`] wakes the relay running there.
+//! - Across processes (`OUTBOX_WAKE=valkey`), a commit also publishes on the
+//!   Valkey channel [`CHANNEL`], and every worker's relay, subscribed to it
+//!   ([`forward_published`]), wakes.
+//!
+//! Wake-ups are coalesced: a burst of commits gives one pending wake-up per
+//! relay and at most one publish in flight per process. A lost wake-up (a
+//! Valkey outage, a dropped subscription) delays an event by one poll
+//! interval at most, since the relay keeps polling. Postgres `NOTIFY` would
+//! also work, but it takes a global lock at every commit that sends one,
+//! which serialises commits; a publish after commit costs the committing
+//! transaction nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::relay::Backoff;
+use crate::config::{Config, WakeMode};
+use crate::database::Transactor;
+use crate::queue::{Client, QueueError};
+
+/// The Valkey channel wake-ups are published on.
+pub const CHANNEL: &str = "outbox:wake";
+
+/// Signals relays that committed events may be waiting.
+#[derive(Debug, Clone, Default)]
+pub struct Wake {
+    local: Option<Arc<Notify>>,
+    publish: Option<Arc<Notify>>,
+}
+
+impl Wake {
+    /// Wakes the relay that waits on `relay` (its `Relay::waker()`), in
+    /// this process.
+    pub fn local(relay: Arc<Notify>) -> Self {
+        Self {
+            local: Some(relay),
+            publish: None,
+        }
+    }
+
+    /// Publishes wake-ups on [`CHANNEL`] through `client`, for the relays of
+    /// other processes. Spawns the task that publishes, so it must be called
+    /// inside a Tokio runtime.
+    pub fn publishing(client: Client) -> Self {
+        let trigger = Arc::new(Notify::new());
+        let pending = Arc::clone(&trigger);
+        tokio::spawn(async move {
+            loop {
+                pending.notified().await;
+                if let Err(err) = client.publish(CHANNEL, "").await {
+                    tracing::debug!(error = %err, "outbox wake-up not published; relays will poll");
+                }
+            }
+        });
+        Self {
+            local: None,
+            publish: Some(trigger),
+        }
+    }
+
+    /// Wakes the relays. Never blocks and never fails.
+    pub fn signal(&self) {
+        for notify in [&self.local, &self.publish].into_iter().flatten() {
+            notify.notify_one();
+        }
+    }
+}
+
+/// The transactor for a process that dispatches events: with
+/// `OUTBOX_WAKE=valkey`, every commit also wakes the workers' relays.
+pub async fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueError> {
+    let transactor = Transactor::new(pool);
+    Ok(match config.outbox.wake {
+        WakeMode::Off => transactor,
+        WakeMode::Valkey => {
+            let wake = Wake::publishing(Client::from_config(&config.valkey).await?);
+            transactor.after_commit(move || wake.signal())
+        }
+    })
+}
+
+/// Wakes `relay` whenever a wake-up is published on [`CHANNEL`], until
+/// `shutdown`. A lost subscription is renewed with backoff, and followed by
+/// one wake-up in case something was published meanwhile.
+pub async fn forward_published(client: Client, relay: Arc<Notify>, shutdown: CancellationToken) {
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    while !shutdown.is_cancelled() {
+        let subscribed = tokio::select! {
+            () = shutdown.cancelled() => return,
+            subscribed = client.subscribe(CHANNEL) => subscribed,
+        };
+        let wait = match subscribed {
+            Ok(subscription) => {
+                backoff.reset();
+                let mut messages = subscription.into_on_message();
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        message = messages.next() => match message {
+                            Some(_) => relay.notify_one(),
+                            None => break,
+                        },
+                    }
+                }
+                relay.notify_one();
+                backoff.next_delay()
+            }
+            Err(err) => {
+                let wait = backoff.next_delay();
+                tracing::warn!(error = %err, retry_in = ?wait, "cannot subscribe to outbox wake-ups; relying on polling");
+                wait
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! The connection to Valkey and the producer side: [`Client::enqueue`]
+//! writes a batch of [`NewTask`]s in one pipelined round trip.
+//!
+//! A [`Client`] wraps one multiplexed, self-reconnecting [`Connection`]
+//! (see [`super::connection`]); clones share it, so the relay, the consumer
+//! and every handler use one socket, never one per task.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use prost::Message as _;
+use secrecy::SecretString;
+
+use super::connection::{Connection, Target};
+use super::message::TaskMessage;
+use super::wakeup::{self, Enqueued};
+use super::{QueueError, keys, scripts};
+use crate::config::ValkeyConfig;
+
+/// Go asynq's default queue.
+pub const DEFAULT_QUEUE: &str = "default";
+/// Go asynq's default number of retries.
+pub const DEFAULT_MAX_RETRY: u32 = 25;
+/// Go asynq's default timeout of one run.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A handle on Valkey for enqueuing tasks and running a
+/// [`Consumer`](super::Consumer). Cheap to clone; clones share the
+/// connection.
+#[derive(Clone)]
+pub struct Client {
+    conn: Connection,
+    /// Wakes idle consumers after each enqueue (see [`wakeup`]).
+    enqueued: Enqueued,
+}
+
+/// A task to enqueue. The id is the deduplication key: while a task with
+/// the same id exists in the queue (pending, running, waiting for a retry,
+/// archived, or completed within its retention), enqueuing it again reports
+/// [`EnqueueOutcome::Duplicate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    /// `event:<name>`, `listener:<event>:<listener>`, `job:<name>` ...
+    pub task_type: String,
+    pub id: String,
+    pub payload: Vec<u8>,
+    /// Key-value metadata for the handler (asynq's task headers), such as
+    /// a tenant or trace context. Empty by default.
+    pub headers: BTreeMap<String, String>,
+    pub queue: String,
+    /// Retries after the first run fails; the task is archived after that.
+    pub max_retry: u32,
+    /// How long one run may take. Stored in whole seconds (rounded up),
+    /// never zero, since a Go worker rejects tasks without a timeout.
+    pub timeout: Duration,
+    /// How long the task stays in `:completed` after success, deduplicating
+    /// its id. Zero deletes it at once. Whole seconds.
+    pub retention: Duration,
+}
+
+/// What happened to one task of a batch that reached Valkey.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// The task was added to its queue's pending list.
+    Enqueued,
+    /// A task with this id is already in the queue; nothing was written.
+    /// For the outbox relay and the fan-out this counts as delivered.
+    Duplicate,
+}
+
+impl NewTask {
+    /// A task for the default queue, with Go asynq's defaults: 25 retries,
+    /// a 30-minute timeout and no retention.
+    pub fn new(task_type: impl Into<String>, id: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self {
+            task_type: task_type.into(),
+            id: id.into(),
+            payload,
+            headers: BTreeMap::new(),
+            queue: DEFAULT_QUEUE.to_string(),
+            max_retry: DEFAULT_MAX_RETRY,
+            timeout: DEFAULT_TIMEOUT,
+            retention: Duration::ZERO,
+        }
+    }
+
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    pub fn headers(mut self, headers: BTreeMap<String, String>) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    pub fn max_retry(mut self, max_retry: u32) -> Self {
+        self.max_retry = max_retry;
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The message as Go asynq's `Client.Enqueue` would store it.
+    fn to_message(&self) -> Result<TaskMessage, QueueError> {
+        for (what, value) in [
+            ("type", &self.task_type),
+            ("id", &self.id),
+            ("queue", &self.queue),
+        ] {
+            if value.trim().is_empty() {
+                return Err(QueueError::InvalidTask(format!("the task {what} is empty")));
+            }
+        }
+        Ok(TaskMessage {
+            r#type: self.task_type.clone(),
+            payload: self.payload.clone(),
+            headers: self.headers.clone(),
+            id: self.id.clone(),
+            queue: self.queue.clone(),
+            retry: i32::try_from(self.max_retry).unwrap_or(i32::MAX),
+            timeout: whole_seconds(self.timeout).max(1),
+            retention: whole_seconds(self.retention),
+            ..TaskMessage::default()
+        })
+    }
+}
+
+/// Seconds, rounded up.
+fn whole_seconds(duration: Duration) -> i64 {
+    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    i64::try_from(seconds).unwrap_or(i64::MAX)
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port`) and PINGs, so that a wrong address
+    /// or password fails at start-up rather than at the first enqueue.
+    pub async fn connect(
+        addr: &str,
+        password: Option<&SecretString>,
+        db: u32,
+    ) -> Result<Self, QueueError> {
+        Self::from_config(&ValkeyConfig {
+            addr: Some(addr.to_string()),
+            password: password.cloned(),
+            db: Some(db),
+            ..ValkeyConfig::default()
+        })
+        .await
+    }
+
+    /// Connects with the project's `VALKEY_*` settings (an address, a URL
+    /// or a Sentinel group) and PINGs.
+    pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
+        let conn = Target::from_config(config)?.connect().await?;
+        Ok(Self {
+            conn,
+            enqueued: Enqueued::default(),
+        })
+    }
+
+    /// The signal every enqueue through this client (and its clones) gives.
+    pub fn enqueued(&self) -> &Enqueued {
+        &self.enqueued
+    }
+
+    /// Publishes `message` on the pub/sub `channel`.
+    pub async fn publish(&self, channel: &str, message: &str) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg(message)
+            .query_async::<i64>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// A dedicated connection subscribed to `channel`.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, QueueError> {
+        self.conn.target().subscribe(channel).await
+    }
+
+    /// Enqueues a batch of tasks in one pipelined round trip, each with Go
+    /// asynq's enqueue script, and registers their queues in `asynq:queues`.
+    ///
+    /// The outer error means the round trip failed and nothing is known.
+    /// Otherwise there is one result per task, in order: an invalid task or
+    /// a command the server refused is an `Err` for that task alone.
+    pub async fn enqueue(
+        &self,
+        tasks: &[NewTask],
+    ) -> Result<Vec<Result<EnqueueOutcome, QueueError>>, QueueError> {
+        let messages: Vec<Result<TaskMessage, QueueError>> =
+            tasks.iter().map(NewTask::to_message).collect();
+        let valid: Vec<&TaskMessage> = messages.iter().filter_map(|m| m.as_ref().ok()).collect();
+        let replies = if valid.is_empty() {
+            Vec::new()
+        } else {
+            let replies = self.run_enqueue_scripts(&valid).await?;
+            self.enqueued.signal();
+            replies
+        };
+
+        let mut replies = replies.into_iter();
+        Ok(messages
+            .into_iter()
+            .map(|message| {
+                message?;
+                match replies.next() {
+                    Some(Ok(1)) => Ok(EnqueueOutcome::Enqueued),
+                    Some(Ok(0)) => Ok(EnqueueOutcome::Duplicate),
+                    Some(Ok(other)) => Err(QueueError::UnexpectedReply(format!(
+                        "the enqueue script returned {other}"
+                    ))),
+                    Some(Err(err)) => Err(QueueError::Redis(err)),
+                    None => Err(QueueError::UnexpectedReply(
+                        "fewer replies than tasks".into(),
+                    )),
+                }
+            })
+            .collect())
+    }
+
+    /// One pipeline: the enqueue script for each message, in order.
+    async fn run_enqueue_scripts(
+        &self,
+        messages: &[&TaskMessage],
+    ) -> redis::RedisResult<Vec<redis::RedisResult<i64>>> {
+        let now_ns = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+        let mut queues: Vec<&str> = messages.iter().map(|m| m.queue.as_str()).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let invocations: Vec<_> = messages
+            .iter()
+            .map(|message| {
+                let mut invocation = scripts::ENQUEUE.prepare_invoke();
+                invocation
+                    .key(keys::task(&message.queue, &message.id))
+                    .key(keys::pending(&message.queue))
+                    .arg(message.encode_to_vec())
+                    .arg(&message.id)
+                    .arg(now_ns);
+                invocation
+            })
+            .collect();
+
+        // SCRIPT LOAD first, in the same pipeline, so that the EVALSHAs
+        // after it never meet NOSCRIPT (a restarted or flushed server):
+        // always exactly one round trip.
+        let mut conn = self.conn.clone();
+        if conn.is_cluster() {
+            let replies = Self::run_per_queue(&mut conn, messages, &queues, &invocations).await?;
+            if self.enqueued.publish() {
+                // Best effort, like the wake-up itself: consumers poll anyway.
+                let published = redis::cmd("PUBLISH")
+                    .arg(wakeup::CHANNEL)
+                    .arg(queues.join(","))
+                    .query_async::<i64>(&mut conn)
+                    .await;
+                if let Err(err) = published {
+                    tracing::debug!(error = %err, "could not publish the enqueue wake-up");
+                }
+            }
+            return Ok(replies);
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.load_script(&scripts::ENQUEUE).ignore();
+        pipe.sadd(keys::ALL_QUEUES, &queues).ignore();
+        for invocation in &invocations {
+            pipe.invoke_script(invocation);
+        }
+        if self.enqueued.publish() {
+            pipe.publish(wakeup::CHANNEL, queues.join(",")).ignore();
+        }
+        pipe.query_async(&mut conn).await
+    }
+
+    /// In a cluster, a pipeline stays within one slot: `asynq:queues` on its
+    /// own, then one pipeline per queue (its keys share the `{queue}` tag).
+    /// The replies come back in the order of `messages`.
+    async fn run_per_queue(
+        conn: &mut Connection,
+        messages: &[&TaskMessage],
+        queues: &[&str],
+        invocations: &[redis::ScriptInvocation<'_>],
+    ) -> redis::RedisResult<Vec<redis::RedisResult<i64>>> {
+        redis::cmd("SADD")
+            .arg(keys::ALL_QUEUES)
+            .arg(queues)
+            .query_async::<()>(conn)
+            .await?;
+        let mut replies: Vec<Option<redis::RedisResult<i64>>> =
+            messages.iter().map(|_| None).collect();
+        for queue in queues {
+            let indexes: Vec<usize> = (0..messages.len())
+                .filter(|i| messages[*i].queue == *queue)
+                .collect();
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            pipe.load_script(&scripts::ENQUEUE).ignore();
+            for i in &indexes {
+                pipe.invoke_script(&invocations[*i]);
+            }
+            let results: Vec<redis::RedisResult<i64>> = pipe.query_async(conn).await?;
+            for (i, result) in indexes.into_iter().zip(results) {
+                replies[i] = Some(result);
+            }
+        }
+        Ok(replies.into_iter().flatten().collect())
+    }
+
+    /// The shared connection, for the consumer's commands.
+    pub(super) fn conn(&self) -> Connection {
+        self.conn.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_task_has_go_asynq_defaults_and_a_timeout() {
+        let message = NewTask::new("event:orderPlaced", "id-1", b"{}".to_vec())
+            .timeout(Duration::from_millis(1500))
+            .to_message()
+            .unwrap();
+        assert_eq!(message.queue, "default");
+        assert_eq!(message.retry, 25);
+        assert_eq!(message.timeout, 2, "rounded up to whole seconds");
+        assert_eq!(message.retention, 0);
+
+        let zero = NewTask::new("t", "id", vec![]).timeout(Duration::ZERO);
+        assert_eq!(zero.to_message().unwrap().timeout, 1, "never zero");
+    }
+
+    #[test]
+    fn blank_ids_are_refused() {
+        let err = NewTask::new("t", " ", vec![]).to_message().unwrap_err();
+        assert!(err.to_string().contains("id is empty"), "{err}");
+    }
+}

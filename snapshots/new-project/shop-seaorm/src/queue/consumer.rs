@@ -1,0 +1,968 @@
+//! The worker's task loop: [`Consumer`] dequeues tasks by queue weight,
+//! runs the handler registered for each task type, and moves each task on
+//! as a Go asynq server does.
+//!
+//! - A dequeued task is leased for 30 s; a heartbeat extends the leases of
+//!   running tasks every 5 s, so a long handler keeps its task while a
+//!   crashed worker's tasks are recovered (retried) about a minute later.
+//! - Success: the task is deleted, or kept in `:completed` for its
+//!   retention. Failure: retried with Go's default backoff, archived once
+//!   its retries are spent. A handler that exceeds the task's timeout, or
+//!   panics, has failed; a task already past its deadline when dequeued
+//!   fails without running.
+//! - Acknowledgements survive a Valkey blip: if the write that moves a
+//!   finished task on fails, it is tried again with backoff for as long as
+//!   the task's lease holds (the heartbeat keeps extending it), so a task
+//!   that succeeded is completed once Valkey answers, not run again.
+//! - Cancellation: like a Go worker, the consumer listens on the pub/sub
+//!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
+//!   `Inspector.CancelProcessing`); the handler of the task id received is
+//!   dropped and the task fails with `context canceled` (retried, or
+//!   archived once its retries are spent).
+//! - Server state: the heartbeat also writes this worker's `ServerInfo` and
+//!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
+//!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
+//! - Shutdown: no more dequeuing; running handlers get `shutdown_timeout`
+//!   to finish, then are dropped and their tasks put back at the head of
+//!   pending, so the next worker runs them at once. A Valkey call that
+//!   hangs (a dequeue, the server state's removal) is dropped after half a
+//!   second.
+//! - Wake-ups: an idle consumer sleeps up to `poll_interval`, but a task
+//!   enqueued by its own process wakes it at once, and with
+//!   `wake_on_published` so does one another process enqueued (see
+//!   [`super::wakeup`]).
+//! - In the background, as Go asynq: due retries and scheduled tasks are
+//!   forwarded to pending, expired leases recovered (one task that cannot
+//!   be recovered is logged and skipped, not the rest of the round), and
+//!   completed tasks past their retention deleted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use futures_util::StreamExt as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::broker::is_not_found;
+use super::message::{ServerInfo, TaskMessage, WorkerInfo};
+use super::{Client, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
+
+/// Recovery waits this long past a lease's expiry, to allow for clock skew
+/// between workers (Go asynq's value).
+const LEASE_GRACE: TimeDelta = TimeDelta::seconds(30);
+/// The error recorded on a task whose worker stopped extending its lease.
+const LEASE_EXPIRED: &str = "asynq: task lease expired";
+/// The error recorded on a task that ran past its deadline, or was past it
+/// when dequeued (Go's `context.DeadlineExceeded`).
+const DEADLINE_EXCEEDED: &str = "context deadline exceeded";
+/// The error recorded on a task cancelled through `asynq:cancel` (Go's
+/// `context.Canceled`).
+const CANCELED: &str = "context canceled";
+/// The longest pause between two tries of a failed acknowledgement (Go
+/// asynq's syncer interval).
+const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a Valkey call in progress at shutdown (a dequeue, the server
+/// state's removal) may go on before it is dropped.
+const STOP_GRACE: Duration = Duration::from_millis(500);
+/// How long to wait before subscribing to `asynq:cancel` again.
+const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
+
+/// A task as a handler receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    pub task_type: String,
+    pub id: String,
+    pub payload: Vec<u8>,
+    /// The task's headers (asynq's `TaskMessage.headers`), as the producer
+    /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
+    pub headers: BTreeMap<String, String>,
+    pub queue: String,
+    /// Failed runs before this one.
+    pub retried: u32,
+    pub max_retry: u32,
+}
+
+impl From<&TaskMessage> for Task {
+    fn from(message: &TaskMessage) -> Self {
+        Self {
+            task_type: message.r#type.clone(),
+            id: message.id.clone(),
+            payload: message.payload.clone(),
+            headers: message.headers.clone(),
+            queue: message.queue.clone(),
+            retried: u32::try_from(message.retried).unwrap_or(0),
+            max_retry: u32::try_from(message.retry).unwrap_or(0),
+        }
+    }
+}
+
+/// Why a handler failed. Any error converts into it with `?`; the task is
+/// retried, unless the error was made with [`HandlerError::skip_retry`].
+pub struct HandlerError {
+    error: anyhow::Error,
+    skip_retry: bool,
+}
+
+impl HandlerError {
+    /// A failure that retrying cannot fix (Go's `asynq.SkipRetry`): the
+    /// task is archived at once.
+    pub fn skip_retry(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            error: error.into(),
+            skip_retry: true,
+        }
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self {
+            error: error.into(),
+            skip_retry: false,
+        }
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("error", &self.error)
+            .field("skip_retry", &self.skip_retry)
+            .finish()
+    }
+}
+
+/// How a [`Consumer`] runs. `Default` gives Go asynq's values; the worker
+/// sets `queues` and `concurrency` from `WORKER_QUEUES` and
+/// `WORKER_CONCURRENCY`. Tests shorten the intervals.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// The queues served, with their weights. Default `default=1`.
+    pub queues: QueueWeights,
+    /// Tasks run at the same time. Default: the number of CPUs.
+    pub concurrency: usize,
+    /// How long running handlers may take to finish at shutdown before
+    /// their tasks are put back to pending. Default 8 s.
+    pub shutdown_timeout: Duration,
+    /// Pause between dequeues while every queue is empty (jittered ±50%).
+    /// Default 1 s.
+    pub poll_interval: Duration,
+    /// How long a dequeued task stays leased without a heartbeat. Default 30 s.
+    pub lease_duration: Duration,
+    /// How often leases of running tasks are extended and the server state
+    /// is written (it expires after twice this). Default 5 s.
+    pub heartbeat_interval: Duration,
+    /// How often due retries and scheduled tasks move to pending. Default 5 s.
+    pub forward_interval: Duration,
+    /// How often expired leases are looked for. Default 1 min.
+    pub recover_interval: Duration,
+    /// How often completed tasks past their retention are deleted. Default 8 s.
+    pub cleanup_interval: Duration,
+    /// Delay before retry n + 1, given n failures so far.
+    /// Default [`default_retry_delay`], Go asynq's.
+    pub retry_delay: fn(u32) -> Duration,
+    /// Also wake when another process publishes an enqueue on
+    /// [`wakeup::CHANNEL`] (`OUTBOX_WAKE=valkey`). Default off.
+    pub wake_on_published: bool,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        Self {
+            queues: QueueWeights::default(),
+            concurrency: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            shutdown_timeout: Duration::from_secs(8),
+            poll_interval: Duration::from_secs(1),
+            lease_duration: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            forward_interval: Duration::from_secs(5),
+            recover_interval: Duration::from_secs(60),
+            cleanup_interval: Duration::from_secs(8),
+            retry_delay: default_retry_delay,
+            wake_on_published: false,
+        }
+    }
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
+
+/// Runs handlers for the tasks of its queues until shut down.
+///
+/// ```ignore
+/// let mut consumer = Consumer::new(client.clone(), options);
+/// consumer.handle("event:orderPlaced", move |task: Task| {
+///     let client = client.clone();
+///     async move {
+///         let envelope: Envelope = serde_json::from_slice(&task.payload)?;
+///         client.enqueue(&listener_tasks(&envelope)).await?;
+///         Ok(())
+///     }
+/// });
+/// consumer.run(shutdown.cancelled_owned()).await?;
+/// ```
+pub struct Consumer {
+    client: Client,
+    options: ConsumerOptions,
+    handlers: HashMap<String, BoxedHandler>,
+}
+
+impl Consumer {
+    pub fn new(client: Client, options: ConsumerOptions) -> Self {
+        Self {
+            client,
+            options,
+            handlers: HashMap::new(),
+        }
+    }
+
+    /// Registers the handler of a task type pattern, replacing any earlier
+    /// one. As with Go asynq's `ServeMux`, a pattern matches every task type
+    /// it is a prefix of, and the longest matching pattern wins: `event:`
+    /// handles every event, `event:orderPlaced` only that one. A task no
+    /// pattern matches fails (and is retried), as in Go.
+    pub fn handle<F, Fut>(&mut self, task_type: impl Into<String>, handler: F) -> &mut Self
+    where
+        F: Fn(Task) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        let boxed: BoxedHandler = Arc::new(move |task| Box::pin(handler(task)));
+        self.handlers.insert(task_type.into(), boxed);
+        self
+    }
+
+    /// Processes tasks until `shutdown` completes, then stops as described
+    /// in the module docs and returns. Valkey errors while running are
+    /// logged and retried; only invalid options are an error.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), QueueError> {
+        let options = &self.options;
+        if options.concurrency == 0 {
+            return Err(QueueError::Options("concurrency must be at least 1".into()));
+        }
+        if options.heartbeat_interval >= options.lease_duration {
+            return Err(QueueError::Options(
+                "the heartbeat interval must be shorter than the lease".into(),
+            ));
+        }
+        let worker = Arc::new(Worker {
+            server: server_info(&self.options),
+            client: self.client,
+            handlers: self.handlers,
+            options: self.options,
+            active: ActiveTasks::default(),
+            abort: CancellationToken::new(),
+        });
+        let options = &worker.options;
+        tracing::info!(
+            queues = %options.queues,
+            concurrency = options.concurrency,
+            server_id = %worker.server.server_id,
+            "consumer started"
+        );
+
+        let maintenance = CancellationToken::new();
+        let heartbeat = CancellationToken::new();
+        let mut background = JoinSet::new();
+        background.spawn(worker.clone().heartbeat(heartbeat.clone()));
+        background.spawn(worker.clone().maintain(maintenance.clone()));
+        background.spawn(worker.clone().listen_for_cancellations(heartbeat.clone()));
+        if options.wake_on_published {
+            background.spawn(worker.clone().listen_for_enqueues(heartbeat.clone()));
+        }
+
+        let mut running = JoinSet::new();
+        let slots = Arc::new(Semaphore::new(options.concurrency));
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let slot = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+            };
+            while running.try_join_next().is_some() {}
+            // Listening before looking: an enqueue during the dequeue still wakes.
+            let mut enqueued = pin!(worker.client.enqueued().next());
+            enqueued.as_mut().enable();
+            // A dequeue stuck on a hung Valkey must not hold up shutdown; a
+            // task it took meanwhile is recovered when its lease expires.
+            let dequeued = tokio::select! {
+                biased;
+                dequeued = worker.dequeue(slot, &mut running) => dequeued,
+                () = async {
+                    (&mut shutdown).await;
+                    sleep(STOP_GRACE).await;
+                } => break,
+            };
+            let pause = match dequeued {
+                Ok(true) => continue,
+                Ok(false) => jittered(options.poll_interval),
+                Err(err) => {
+                    tracing::error!(error = %err, "dequeue failed; retrying in 1s");
+                    Duration::from_secs(1)
+                }
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                () = enqueued => {}
+                () = sleep(pause) => {}
+            }
+        }
+
+        tracing::info!(running = running.len(), "consumer stopping");
+        maintenance.cancel();
+        let drain = async { while running.join_next().await.is_some() {} };
+        if tokio::time::timeout(options.shutdown_timeout, drain)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = running.len(),
+                "shutdown timeout reached; putting unfinished tasks back to pending"
+            );
+            worker.abort.cancel();
+            while running.join_next().await.is_some() {}
+        }
+        heartbeat.cancel();
+        let background_stopped = async { while background.join_next().await.is_some() {} };
+        if tokio::time::timeout(STOP_GRACE, background_stopped)
+            .await
+            .is_err()
+        {
+            tracing::warn!("Valkey did not answer at shutdown; the server state expires by itself");
+            background.abort_all();
+        }
+        tracing::info!("consumer stopped");
+        Ok(())
+    }
+}
+
+/// The state shared by the loop, the running tasks and the background jobs.
+struct Worker {
+    client: Client,
+    handlers: HashMap<String, BoxedHandler>,
+    options: ConsumerOptions,
+    active: ActiveTasks,
+    /// Cancelled when the shutdown timeout is reached.
+    abort: CancellationToken,
+    /// This worker as asynqmon shows it; `active_worker_count` is filled
+    /// in at each heartbeat.
+    server: ServerInfo,
+}
+
+/// How one run of a task ended.
+enum Outcome {
+    Succeeded,
+    Failed {
+        error: String,
+        skip_retry: bool,
+    },
+    /// The lease ran out (Valkey unreachable): the recoverer owns the task.
+    LeaseLost,
+    /// Cut short by shutdown.
+    Interrupted,
+}
+
+/// The write that moves a finished task on, decided once so that a retried
+/// write is the same write.
+enum Settlement {
+    Complete,
+    Retry {
+        retry_at: DateTime<Utc>,
+        error: String,
+    },
+    Archive {
+        error: String,
+    },
+    Requeue,
+}
+
+impl Worker {
+    /// Dequeues one task and starts it on `running`, holding `slot` until
+    /// it is done. Returns whether there was a task.
+    async fn dequeue(
+        self: &Arc<Self>,
+        slot: OwnedSemaphorePermit,
+        running: &mut JoinSet<()>,
+    ) -> Result<bool, QueueError> {
+        let order = self.options.queues.dequeue_order();
+        let lease_until = Instant::now() + self.options.lease_duration;
+        let lease_until_utc = Utc::now() + self.options.lease_duration;
+        let Some(message) = self.client.dequeue(&order, lease_until_utc).await? else {
+            return Ok(false);
+        };
+        let message = Arc::new(message);
+        let deadline = deadline(&message, Utc::now());
+        let (lease, cancel) = self.active.start(&message, lease_until, deadline);
+        let worker = self.clone();
+        running.spawn(async move {
+            let outcome = worker
+                .execute(&message, deadline, lease.clone(), cancel)
+                .await;
+            worker.settle(&message, outcome, lease).await;
+            worker.active.finish(&message);
+            drop(slot);
+        });
+        Ok(true)
+    }
+
+    /// Runs the handler, bounded by the task's deadline, its lease, a
+    /// cancellation and the shutdown timeout.
+    async fn execute(
+        &self,
+        message: &TaskMessage,
+        deadline: DateTime<Utc>,
+        lease: watch::Receiver<Instant>,
+        cancel: CancellationToken,
+    ) -> Outcome {
+        // As Go: a task already past its deadline is not started.
+        if deadline <= Utc::now() {
+            return Outcome::Failed {
+                error: DEADLINE_EXCEEDED.into(),
+                skip_retry: false,
+            };
+        }
+        let Some(handler) = handler_for(&self.handlers, &message.r#type) else {
+            return Outcome::Failed {
+                error: format!("handler not found for task {:?}", message.r#type),
+                skip_retry: false,
+            };
+        };
+        let span = tracing::info_span!(
+            "task",
+            id = %message.id,
+            task_type = %message.r#type,
+            queue = %message.queue
+        );
+        let mut run = tokio::spawn(tracing::Instrument::instrument(
+            handler(Task::from(message)),
+            span,
+        ));
+        let outcome = tokio::select! {
+            joined = &mut run => match joined {
+                Ok(Ok(())) => return Outcome::Succeeded,
+                Ok(Err(err)) => Outcome::Failed {
+                    error: err.to_string(),
+                    skip_retry: err.skip_retry,
+                },
+                Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
+            },
+            () = sleep_until(instant_at(deadline)) => Outcome::Failed {
+                error: DEADLINE_EXCEEDED.into(),
+                skip_retry: false,
+            },
+            () = cancel.cancelled() => {
+                tracing::info!(id = %message.id, task_type = %message.r#type, "task cancelled");
+                Outcome::Failed { error: CANCELED.into(), skip_retry: false }
+            }
+            () = lease_lost(lease.clone()) => Outcome::LeaseLost,
+            () = self.abort.cancelled() => Outcome::Interrupted,
+        };
+        run.abort();
+        outcome
+    }
+
+    /// Moves the task on according to the outcome of its run. A write that
+    /// fails is tried again with backoff while the lease holds (the
+    /// heartbeat keeps extending it); once the lease is lost, the task is
+    /// left to the recoverer, as in Go.
+    async fn settle(
+        &self,
+        message: &TaskMessage,
+        outcome: Outcome,
+        lease: watch::Receiver<Instant>,
+    ) {
+        let (id, task_type) = (&message.id, &message.r#type);
+        let settlement = match outcome {
+            Outcome::Succeeded => {
+                tracing::debug!(%id, %task_type, "task succeeded");
+                Settlement::Complete
+            }
+            Outcome::Failed { error, skip_retry } => {
+                if skip_retry || message.retried >= message.retry {
+                    tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
+                    Settlement::Archive { error }
+                } else {
+                    let retried = u32::try_from(message.retried).unwrap_or(0);
+                    let delay = (self.options.retry_delay)(retried);
+                    tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
+                    let retry_at =
+                        Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    Settlement::Retry { retry_at, error }
+                }
+            }
+            Outcome::LeaseLost => {
+                tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
+                return;
+            }
+            Outcome::Interrupted => {
+                tracing::info!(%id, %task_type, "task interrupted by shutdown; back to pending");
+                Settlement::Requeue
+            }
+        };
+
+        let mut backoff = Duration::from_millis(100);
+        for attempt in 1.. {
+            let lease_until = *lease.borrow();
+            if lease_until <= Instant::now() {
+                tracing::error!(
+                    %id,
+                    %task_type,
+                    "lease lost before the task could be updated; the recoverer will retry it"
+                );
+                return;
+            }
+            let err = match self.write(message, &settlement).await {
+                Ok(()) => return,
+                Err(err) => err,
+            };
+            if is_not_found(&err) {
+                if attempt > 1 {
+                    // An earlier try reached Valkey although its reply was lost.
+                    tracing::info!(%id, %task_type, "task updated by an earlier try");
+                } else {
+                    tracing::error!(%id, %task_type, "task is no longer active; left as it is");
+                }
+                return;
+            }
+            if self.abort.is_cancelled() {
+                tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey before shutdown; the recoverer will retry it");
+                return;
+            }
+            tracing::warn!(%id, %task_type, error = %err, attempt, retry_in = ?backoff, "could not update the task in Valkey; will retry");
+            let pause = backoff.min(lease_until.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                () = sleep(pause) => {}
+                // One last try before shutdown completes.
+                () = self.abort.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(MAX_SETTLE_BACKOFF);
+        }
+    }
+
+    /// One try of the write of `settlement`.
+    async fn write(
+        &self,
+        message: &TaskMessage,
+        settlement: &Settlement,
+    ) -> Result<(), QueueError> {
+        match settlement {
+            Settlement::Complete => self.client.complete(message).await,
+            Settlement::Retry { retry_at, error } => {
+                self.client.retry(message, *retry_at, error).await
+            }
+            Settlement::Archive { error } => self.client.archive(message, error).await,
+            Settlement::Requeue => self.client.requeue(message).await,
+        }
+    }
+
+    /// Every heartbeat interval until `stop`: writes the server state and
+    /// extends the leases of running tasks. Deletes the server state when
+    /// stopped.
+    async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            self.beat().await;
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = sleep(self.options.heartbeat_interval) => {}
+            }
+        }
+        if let Err(err) = self.client.clear_server_state(&self.server).await {
+            tracing::warn!(error = %err, "could not clear the server state");
+        }
+    }
+
+    /// One heartbeat, as Go asynq's `heartbeater.beat`.
+    async fn beat(&self) {
+        let workers = self.active.worker_infos(&self.server);
+        let server = ServerInfo {
+            active_worker_count: i32::try_from(workers.len()).unwrap_or(i32::MAX),
+            ..self.server.clone()
+        };
+        let ttl = self.options.heartbeat_interval * 2;
+        if let Err(err) = self.client.write_server_state(&server, &workers, ttl).await {
+            tracing::warn!(error = %err, "could not write the server state");
+        }
+
+        let leased = self.active.leased_by_queue();
+        if leased.is_empty() {
+            return;
+        }
+        let until = Instant::now() + self.options.lease_duration;
+        let until_utc = Utc::now() + self.options.lease_duration;
+        match self.client.extend_leases(&leased, until_utc).await {
+            Ok(()) => self.active.extend(&leased, until),
+            Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
+        }
+    }
+
+    /// Cancels the running tasks whose ids are published on `asynq:cancel`,
+    /// until `stop`.
+    async fn listen_for_cancellations(self: Arc<Self>, stop: CancellationToken) {
+        let worker = Arc::clone(&self);
+        self.listen(
+            keys::CANCEL_CHANNEL,
+            "task cancellations",
+            stop,
+            move |id| worker.active.cancel(&id),
+        )
+        .await;
+    }
+
+    /// Wakes this process's idle consumers when another process publishes
+    /// an enqueue (see [`super::wakeup`]), until `stop`.
+    async fn listen_for_enqueues(self: Arc<Self>, stop: CancellationToken) {
+        let enqueued = self.client.enqueued().clone();
+        self.listen(wakeup::CHANNEL, "enqueue wake-ups", stop, move |_queues| {
+            enqueued.signal()
+        })
+        .await;
+    }
+
+    /// Calls `on_message` with each message published on `channel` until
+    /// `stop`; subscribes again after a lost connection. `what` names the
+    /// messages in logs.
+    async fn listen(
+        &self,
+        channel: &str,
+        what: &str,
+        stop: CancellationToken,
+        on_message: impl Fn(String),
+    ) {
+        loop {
+            let subscribed = tokio::select! {
+                () = stop.cancelled() => return,
+                subscribed = tokio::time::timeout(
+                    RESUBSCRIBE_DELAY,
+                    self.client.subscribe(channel),
+                ) => subscribed,
+            };
+            match subscribed {
+                Ok(Ok(subscription)) => {
+                    let mut messages = subscription.into_on_message();
+                    loop {
+                        let message = tokio::select! {
+                            () = stop.cancelled() => return,
+                            message = messages.next() => message,
+                        };
+                        let Some(message) = message else { break };
+                        match message.get_payload::<String>() {
+                            Ok(payload) => on_message(payload),
+                            Err(err) => {
+                                tracing::warn!(error = %err, "unreadable message on {channel}")
+                            }
+                        }
+                    }
+                    tracing::warn!("the subscription to {what} was lost; subscribing again");
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "cannot subscribe to {what}");
+                }
+                Err(_) => tracing::warn!("subscribing to {what} timed out"),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep(RESUBSCRIBE_DELAY) => {}
+            }
+        }
+    }
+
+    /// Forwards due tasks, recovers expired leases and deletes expired
+    /// completed tasks, each at its own interval, until `stop`.
+    async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        let options = &self.options;
+        let start = Instant::now();
+        let (mut forward, mut recover, mut cleanup) = (start, start, start);
+        loop {
+            let now = Instant::now();
+            for queue in options.queues.names() {
+                if now >= forward {
+                    log_failure(queue, "forward", self.client.forward_due(queue).await);
+                }
+                if now >= recover {
+                    log_failure(queue, "recover", self.recover(queue).await);
+                }
+                if now >= cleanup {
+                    let result = self.client.delete_expired_completed(queue).await;
+                    log_failure(queue, "cleanup", result);
+                }
+            }
+            for (next, interval) in [
+                (&mut forward, options.forward_interval),
+                (&mut recover, options.recover_interval),
+                (&mut cleanup, options.cleanup_interval),
+            ] {
+                if now >= *next {
+                    *next = now + interval;
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = sleep_until(forward.min(recover).min(cleanup)) => {}
+            }
+        }
+    }
+
+    /// Go asynq's recoverer: a task whose lease expired (its worker died)
+    /// is retried, or archived if its retries are spent. A task that cannot
+    /// be moved is logged and skipped, as in Go; the next round tries again.
+    async fn recover(&self, queue: &str) -> Result<(), QueueError> {
+        let cutoff = Utc::now() - LEASE_GRACE;
+        for message in self.client.lease_expired(queue, cutoff).await? {
+            let (id, task_type) = (&message.id, &message.r#type);
+            tracing::warn!(%id, %task_type, "recovering a task whose lease expired");
+            let result = if message.retried >= message.retry {
+                self.client.archive(&message, LEASE_EXPIRED).await
+            } else {
+                let retried = u32::try_from(message.retried).unwrap_or(0);
+                let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
+                    .unwrap_or(TimeDelta::MAX);
+                self.client
+                    .retry(&message, Utc::now() + delay, LEASE_EXPIRED)
+                    .await
+            };
+            if let Err(err) = result {
+                tracing::warn!(%id, %task_type, error = %err, "could not recover the task; skipped");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One task this consumer runs: its lease, what asynqmon shows of it, and
+/// how to cancel it.
+struct ActiveTask {
+    message: Arc<TaskMessage>,
+    started: DateTime<Utc>,
+    deadline: DateTime<Utc>,
+    /// The local instant the lease is valid until.
+    lease: watch::Sender<Instant>,
+    cancel: CancellationToken,
+}
+
+/// The tasks this consumer runs, by (queue, id), from dequeue until their
+/// final write.
+#[derive(Default)]
+struct ActiveTasks(Mutex<HashMap<(String, String), ActiveTask>>);
+
+impl ActiveTasks {
+    fn start(
+        &self,
+        message: &Arc<TaskMessage>,
+        lease_until: Instant,
+        deadline: DateTime<Utc>,
+    ) -> (watch::Receiver<Instant>, CancellationToken) {
+        let (lease, receiver) = watch::channel(lease_until);
+        let cancel = CancellationToken::new();
+        let task = ActiveTask {
+            message: Arc::clone(message),
+            started: Utc::now(),
+            deadline,
+            lease,
+            cancel: cancel.clone(),
+        };
+        let key = (message.queue.clone(), message.id.clone());
+        self.0.lock().expect("active tasks").insert(key, task);
+        (receiver, cancel)
+    }
+
+    fn finish(&self, message: &TaskMessage) {
+        let key = (message.queue.clone(), message.id.clone());
+        self.0.lock().expect("active tasks").remove(&key);
+    }
+
+    /// The ids whose lease still holds, grouped by queue. An expired lease
+    /// is not extended (Go: the task belongs to the recoverer by then).
+    fn leased_by_queue(&self) -> Vec<(String, Vec<String>)> {
+        let now = Instant::now();
+        let mut grouped: HashMap<String, Vec<String>> = HashMap::new();
+        for ((queue, id), task) in self.0.lock().expect("active tasks").iter() {
+            if *task.lease.borrow() > now {
+                grouped.entry(queue.clone()).or_default().push(id.clone());
+            }
+        }
+        grouped.into_iter().collect()
+    }
+
+    fn extend(&self, leased: &[(String, Vec<String>)], until: Instant) {
+        let map = self.0.lock().expect("active tasks");
+        for (queue, ids) in leased {
+            for id in ids {
+                if let Some(task) = map.get(&(queue.clone(), id.clone())) {
+                    task.lease.send_replace(until);
+                }
+            }
+        }
+    }
+
+    /// One `WorkerInfo` per running task, for the server state.
+    fn worker_infos(&self, server: &ServerInfo) -> Vec<WorkerInfo> {
+        self.0
+            .lock()
+            .expect("active tasks")
+            .values()
+            .map(|task| WorkerInfo {
+                host: server.host.clone(),
+                pid: server.pid,
+                server_id: server.server_id.clone(),
+                task_id: task.message.id.clone(),
+                task_type: task.message.r#type.clone(),
+                task_payload: task.message.payload.clone(),
+                queue: task.message.queue.clone(),
+                start_time: Some(task.started.into()),
+                deadline: Some(task.deadline.into()),
+            })
+            .collect()
+    }
+
+    /// Cancels the running task `id` (in whichever queue), if any.
+    fn cancel(&self, id: &str) {
+        for ((_, task_id), task) in self.0.lock().expect("active tasks").iter() {
+            if task_id == id {
+                task.cancel.cancel();
+            }
+        }
+    }
+}
+
+/// Completes once the lease is past its (possibly extended) expiry.
+async fn lease_lost(mut lease: watch::Receiver<Instant>) {
+    loop {
+        let until = *lease.borrow_and_update();
+        tokio::select! {
+            () = sleep_until(until) => {
+                if *lease.borrow() <= Instant::now() {
+                    return;
+                }
+            }
+            changed = lease.changed() => {
+                if changed.is_err() {
+                    // The lease was dropped: the task is being settled.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+/// When the current run must end: `now` + timeout, or the task's deadline,
+/// whichever is first (Go asynq's `computeDeadline`).
+fn deadline(message: &TaskMessage, now: DateTime<Utc>) -> DateTime<Utc> {
+    let by_timeout = (message.timeout > 0).then(|| {
+        TimeDelta::try_seconds(message.timeout)
+            .and_then(|timeout| now.checked_add_signed(timeout))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    });
+    let by_deadline = (message.deadline > 0)
+        .then(|| DateTime::from_timestamp(message.deadline, 0).unwrap_or(DateTime::<Utc>::MAX_UTC));
+    match (by_timeout, by_deadline) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(at), None) | (None, Some(at)) => at,
+        (None, None) => {
+            tracing::error!(id = %message.id, "task has no timeout nor deadline; using 30 min");
+            now + super::DEFAULT_TIMEOUT
+        }
+    }
+}
+
+/// The local instant at which the wall-clock `time` comes.
+fn instant_at(time: DateTime<Utc>) -> Instant {
+    let left = (time - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+    Instant::now() + left.min(Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+/// This worker's identity and configuration, as Go asynq's heartbeater
+/// reports them: host, pid, a new server id, concurrency, and the queues
+/// with their weights as priorities.
+fn server_info(options: &ConsumerOptions) -> ServerInfo {
+    let host = hostname::get()
+        .ok()
+        .and_then(|host| host.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    ServerInfo {
+        host,
+        pid: i32::try_from(std::process::id()).unwrap_or(0),
+        server_id: uuid::Uuid::new_v4().to_string(),
+        concurrency: i32::try_from(options.concurrency).unwrap_or(i32::MAX),
+        queues: options
+            .queues
+            .weights()
+            .map(|(name, weight)| (name.to_string(), i32::try_from(weight).unwrap_or(i32::MAX)))
+            .collect(),
+        strict_priority: false,
+        status: "active".into(),
+        start_time: Some(Utc::now().into()),
+        active_worker_count: 0,
+    }
+}
+
+fn log_failure(queue: &str, job: &str, result: Result<(), QueueError>) {
+    if let Err(err) = result {
+        tracing::warn!(%queue, job, error = %err, "queue maintenance failed");
+    }
+}
+
+fn panic_message(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string payload".into());
+            format!("panic: {text}")
+        }
+        Err(err) => format!("handler task failed: {err}"),
+    }
+}
+
+/// `interval` ± 50 %, so that idle workers do not poll in step.
+fn jittered(interval: Duration) -> Duration {
+    interval / 2 + interval.mul_f64(fastrand::f64())
+}
+
+/// The entry whose pattern is the longest prefix of `task_type` (the
+/// handler of a task, as Go asynq's `ServeMux` picks it).
+fn handler_for<'a, H>(handlers: &'a HashMap<String, H>, task_type: &str) -> Option<&'a H> {
+    handlers
+        .iter()
+        .filter(|(pattern, _)| task_type.starts_with(pattern.as_str()))
+        .max_by_key(|(pattern, _)| pattern.len())
+        .map(|(_, handler)| handler)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_matching_pattern_handles_a_task() {
+        let handlers: HashMap<String, &str> =
+            [("event:", "fan-out"), ("event:orderPlaced", "special")]
+                .into_iter()
+                .map(|(pattern, name)| (pattern.to_string(), name))
+                .collect();
+        assert_eq!(
+            handler_for(&handlers, "event:orderPlaced"),
+            Some(&"special")
+        );
+        assert_eq!(
+            handler_for(&handlers, "event:orderShipped"),
+            Some(&"fan-out")
+        );
+        assert_eq!(handler_for(&handlers, "listener:orderPlaced:audit"), None);
+    }
+}

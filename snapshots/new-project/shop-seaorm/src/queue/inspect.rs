@@ -1,0 +1,190 @@
+//! Reading the queue as asynqmon does, for the `outbox` command: one task's
+//! state, a queue's counts per state, the archived tasks; and asynq's "run",
+//! which puts a waiting task back to pending.
+
+use chrono::{DateTime, Utc};
+use prost::Message as _;
+use serde::Serialize;
+
+use super::message::TaskMessage;
+use super::{Client, QueueError, keys, scripts};
+
+/// One task as it is in Valkey now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TaskInfo {
+    pub queue: String,
+    pub id: String,
+    /// `event:<name>`, `listener:<event>:<listener>` ...
+    #[serde(rename = "type")]
+    pub task_type: String,
+    /// `pending`, `active`, `scheduled`, `retry`, `archived`, `completed`.
+    pub state: String,
+    /// Failed runs so far.
+    pub retried: i32,
+    pub max_retry: i32,
+    /// The error of the last failed run, if any.
+    pub last_error: Option<String>,
+    pub last_failed_at: Option<DateTime<Utc>>,
+    /// When a task in `scheduled` or `retry` runs next; when an archived
+    /// task was archived.
+    pub next_process_at: Option<DateTime<Utc>>,
+    pub archived_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// How many tasks of a queue are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueCounts {
+    pub pending: u64,
+    pub active: u64,
+    pub scheduled: u64,
+    pub retry: u64,
+    pub archived: u64,
+    pub completed: u64,
+}
+
+/// What asynq's "run" did to a task ([`Client::run_task`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// Moved to pending.
+    Queued,
+    /// No such task (deleted meanwhile).
+    Missing,
+    /// Running, or already pending: left as it is.
+    AlreadyQueued,
+}
+
+/// The task hash's `msg` and `state`, and the task's scores in `:retry`,
+/// `:scheduled` and `:archived`.
+type TaskReply = (
+    (Option<Vec<u8>>, Option<String>),
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+/// Unix seconds to a time; zero (asynq's "not set") to `None`.
+fn time(seconds: i64) -> Option<DateTime<Utc>> {
+    (seconds > 0)
+        .then(|| DateTime::from_timestamp(seconds, 0))
+        .flatten()
+}
+
+impl Client {
+    /// The task `id` of `queue`, or `None` when the queue does not hold it.
+    pub async fn task_info(&self, queue: &str, id: &str) -> Result<Option<TaskInfo>, QueueError> {
+        let ((encoded, state), retry_at, scheduled_at, archived_at): TaskReply = redis::pipe()
+            .cmd("HMGET")
+            .arg(keys::task(queue, id))
+            .arg("msg")
+            .arg("state")
+            .zscore(keys::retry(queue), id)
+            .zscore(keys::scheduled(queue), id)
+            .zscore(keys::archived(queue), id)
+            .query_async(&mut self.conn())
+            .await?;
+        let (Some(encoded), Some(state)) = (encoded, state) else {
+            return Ok(None);
+        };
+        let message = decode(queue, &encoded)?;
+        let seconds = |score: Option<f64>| score.and_then(|s| time(s as i64));
+        Ok(Some(TaskInfo {
+            queue: queue.to_string(),
+            id: id.to_string(),
+            task_type: message.r#type,
+            state,
+            retried: message.retried,
+            max_retry: message.retry,
+            last_error: Some(message.error_msg).filter(|e| !e.is_empty()),
+            last_failed_at: time(message.last_failed_at),
+            next_process_at: seconds(retry_at.or(scheduled_at)),
+            archived_at: seconds(archived_at),
+            completed_at: time(message.completed_at),
+        }))
+    }
+
+    /// The number of tasks of `queue` in each state, in one round trip.
+    pub async fn queue_counts(&self, queue: &str) -> Result<QueueCounts, QueueError> {
+        let (pending, active, scheduled, retry, archived, completed) = redis::pipe()
+            .llen(keys::pending(queue))
+            .llen(keys::active(queue))
+            .zcard(keys::scheduled(queue))
+            .zcard(keys::retry(queue))
+            .zcard(keys::archived(queue))
+            .zcard(keys::completed(queue))
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(QueueCounts {
+            pending,
+            active,
+            scheduled,
+            retry,
+            archived,
+            completed,
+        })
+    }
+
+    /// The archived tasks of `queue` archived at or after `since` (all when
+    /// `None`), oldest first, with when each was archived.
+    pub async fn archived_tasks(
+        &self,
+        queue: &str,
+        since: Option<DateTime<Utc>>,
+    ) -> Result<Vec<(TaskMessage, DateTime<Utc>)>, QueueError> {
+        let min = since.map_or_else(|| "-inf".to_string(), |t| t.timestamp().to_string());
+        let mut conn = self.conn();
+        let ids: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(keys::archived(queue))
+            .arg(min)
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (id, _) in &ids {
+            pipe.hget(keys::task(queue, id), "msg");
+        }
+        let messages: Vec<Option<Vec<u8>>> = pipe.query_async(&mut conn).await?;
+        let mut tasks = Vec::with_capacity(ids.len());
+        for ((_, score), encoded) in ids.into_iter().zip(messages) {
+            // Deleted between the two round trips: nothing to run.
+            let Some(encoded) = encoded else { continue };
+            let archived_at = time(score as i64).unwrap_or_default();
+            tasks.push((decode(queue, &encoded)?, archived_at));
+        }
+        Ok(tasks)
+    }
+
+    /// asynq's "run" ([`scripts::RUN_TASK`]): moves the waiting task `id` of
+    /// `queue` to pending, with its message (and retry count) unchanged.
+    pub async fn run_task(&self, queue: &str, id: &str) -> Result<RunOutcome, QueueError> {
+        let outcome: i64 = scripts::RUN_TASK
+            .key(keys::task(queue, id))
+            .key(keys::pending(queue))
+            .key(keys::all_groups(queue))
+            .arg(id)
+            .arg(keys::queue_prefix(queue))
+            .arg(keys::group_prefix(queue))
+            .invoke_async(&mut self.conn())
+            .await?;
+        match outcome {
+            1 => Ok(RunOutcome::Queued),
+            0 => Ok(RunOutcome::Missing),
+            -1 | -2 => Ok(RunOutcome::AlreadyQueued),
+            other => Err(QueueError::UnexpectedReply(format!(
+                "the run script returned {other}"
+            ))),
+        }
+    }
+}
+
+fn decode(queue: &str, encoded: &[u8]) -> Result<TaskMessage, QueueError> {
+    TaskMessage::decode(encoded).map_err(|source| QueueError::Decode {
+        queue: queue.to_string(),
+        source,
+    })
+}

@@ -1,0 +1,62 @@
+//! Builds the application: binds the listener, creates the shared state and
+//! the router, and serves until a shutdown signal arrives.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::{database, routes};
+
+/// State shared by all request handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    // gpkit:begin state-fields
+    // gpkit:end state-fields
+}
+
+/// A built, not yet running, HTTP server.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    /// Binds the HTTP address (port 0 picks a free port) and prepares the
+    /// state. The database pool connects lazily, so no live database is
+    /// needed to build the application.
+    pub async fn build(config: &Config) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(config.http.addr)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.http.addr))?;
+        let pool = database::connect_lazy(&config.database);
+        let state = AppState {
+            // gpkit:begin state-init
+            // gpkit:end state-init
+            pool,
+        };
+        Ok(Self { listener, state })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves requests until `shutdown` completes, then lets in-flight
+    /// requests finish.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, routes::router(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}

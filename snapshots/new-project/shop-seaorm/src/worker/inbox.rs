@@ -1,0 +1,126 @@
+//! The listeners' inbox (`inbox_processed`): what makes a listener's
+//! database work happen once per event, however often the event is
+//! delivered.
+//!
+//! [`once`] runs the work in a transaction that first inserts the pair
+//! (listener, event id). The pair's primary key decides, not a check before
+//! the insert: a second delivery, even one running at the same moment on
+//! another worker, waits for the first transaction and then finds the pair
+//! taken, so its work is skipped. Work that fails rolls the pair back with
+//! everything else, and the retry runs it again. Events dispatched through
+//! the same transaction commit with the work, so a chain of listeners stays
+//! exactly once in effect.
+//!
+//! Records older than `INBOX_RETENTION` are deleted by [`run_cleanup`]: a
+//! duplicate arriving later than that would run again, so the retention
+//! must outlast every redelivery (the queue's retries and deduplication
+//! window, and any replay).
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::listeners::ListenerError;
+
+/// Rows deleted per cleanup statement.
+pub const CLEANUP_BATCH: u32 = 1_000;
+
+/// SQLSTATE `undefined_table`.
+const UNDEFINED_TABLE: &str = "42P01";
+
+/// Runs `work` in a new transaction unless `listener` already committed
+/// work for `event_id`: `Some` with the work's value when it ran and
+/// committed, `None` when it was skipped. An error from `work` rolls the
+/// transaction back, recording nothing.
+pub async fn once<T, F>(
+    pool: &PgPool,
+    listener: &str,
+    event_id: Uuid,
+    work: F,
+) -> Result<Option<T>, ListenerError>
+where
+    F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
+{
+    let mut tx = pool.begin().await?;
+    let recorded = sqlx::query(
+        "INSERT INTO inbox_processed (listener, event_id) VALUES ($1, $2) \
+         ON CONFLICT (listener, event_id) DO NOTHING",
+    )
+    .bind(listener)
+    .bind(event_id)
+    .execute(&mut *tx)
+    .await
+    .map_err(explain)?
+    .rows_affected()
+        == 1;
+    if !recorded {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    // On an error `tx` is dropped unfinished, which rolls it back.
+    let value = work(&mut tx).await?;
+    tx.commit().await?;
+    Ok(Some(value))
+}
+
+/// A missing inbox table is a migration not applied; say so.
+fn explain(err: sqlx::Error) -> ListenerError {
+    let missing = err
+        .as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == UNDEFINED_TABLE);
+    if missing {
+        anyhow::anyhow!(
+            "the inbox table `inbox_processed` does not exist: apply the migrations \
+             (cargo run --bin migrate -- up)"
+        )
+    } else {
+        err.into()
+    }
+}
+
+/// Deletes every record older than `retention`, batch by batch, and
+/// returns how many it deleted.
+pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
+    let mut total = 0;
+    loop {
+        let deleted = sqlx::query(
+            "DELETE FROM inbox_processed WHERE (listener, event_id) IN ( \
+               SELECT listener, event_id FROM inbox_processed \
+               WHERE processed_at < now() - make_interval(secs => $1) \
+               LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(retention.as_secs_f64())
+        .bind(i64::from(CLEANUP_BATCH))
+        .execute(pool)
+        .await?
+        .rows_affected();
+        total += deleted;
+        if deleted < u64::from(CLEANUP_BATCH) {
+            return Ok(total);
+        }
+    }
+}
+
+/// Runs [`delete_expired`] at start and then every `interval`, until
+/// `shutdown` is cancelled.
+pub async fn run_cleanup(
+    pool: PgPool,
+    retention: Duration,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match delete_expired(&pool, retention).await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "deleted expired inbox records"),
+            Err(err) => tracing::warn!(error = %err, "inbox cleanup failed"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Listeners: the functions that react to events, and the fan-out that
+//! gives each its own task.
+//!
+//! The relay queues one `event:<name>` task per event, whose task id is the
+//! event id. Its handler (the fan-out) queues one `listener:<name>:<listener>`
+//! task per listener registered for that event, with a task id derived from
+//! the event task's id and the listener's name ([`listener_task_id`]), so a
+//! retried fan-out never queues a second copy. Each listener task then
+//! retries on its own; a listener that returns [`SkipRetry`] gives up at
+//! once (its task is archived, where `outbox retry-archived` finds it).
+//!
+//! Delivery is at least once: a listener can see the same event again (after
+//! a crash, a timeout, a retry or a replay). Database work done through
+//! [`ListenerContext::once`] happens once per event all the same (the
+//! inbox, `super::inbox`); anything else a listener does must be idempotent
+//! on [`ListenerContext::event_id`].
+//!
+//! An event whose payload does not decode into the listener's type is
+//! retried like any failure, not archived: the producer and this listener
+//! disagree on the event's shape, which is a matter of versions (a rolling
+//! deploy, a Go service ahead of this one), and a version of this service
+//! deployed later may read it. Retries, with Go asynq's backoff, span about
+//! three weeks; the error names the event and the listener, and asynqmon
+//! shows the task under Retry. The listener's own code never sees it.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::dispatch::Event;
+use crate::outbox::{Envelope, Metadata};
+
+/// What a listener returns on failure; the task is retried.
+pub type ListenerError = anyhow::Error;
+
+/// A failure that retrying cannot fix: return it (`Err(SkipRetry(..).into())`)
+/// and the listener's task is archived at once instead of retried, as Go's
+/// `asynq.SkipRetry` does. `outbox retry-archived` runs it again later.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} (not retried)")]
+pub struct SkipRetry(pub String);
+
+/// What a listener gets besides the event.
+#[derive(Debug, Clone)]
+pub struct ListenerContext {
+    /// The envelope id: the idempotency key for this event.
+    pub event_id: Uuid,
+    pub occurred_at: DateTime<Utc>,
+    /// Trace context (`traceparent`, `tracestate`) from the dispatch.
+    pub metadata: Metadata,
+    /// The headers of the listener's task (asynq task headers), which the
+    /// fan-out copies from the event's task.
+    pub headers: BTreeMap<String, String>,
+    /// The database, for listeners that write.
+    pub pool: PgPool,
+    /// The listener's name, its key in the inbox.
+    pub listener: String,
+}
+
+impl ListenerContext {
+    /// Runs `work` in one transaction, once per event for this listener:
+    /// `Some` with its value when it ran and committed, `None` when an
+    /// earlier delivery of the event already did (see `super::inbox`). An
+    /// error rolls everything back, and the retry runs `work` again.
+    ///
+    /// Put the listener's database writes in `work`, and the events it
+    /// dispatches in turn (pass `tx` to the dispatcher). Work outside the
+    /// database (an e-mail, an HTTP call) does not belong here: make it
+    /// idempotent on [`Self::event_id`] by itself.
+    pub async fn once<T, F>(&self, work: F) -> Result<Option<T>, ListenerError>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
+    {
+        super::inbox::once(&self.pool, &self.listener, self.event_id, work).await
+    }
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<(), ListenerError>> + Send>>;
+type Run = Arc<dyn Fn(Envelope, ListenerContext) -> BoxFuture + Send + Sync>;
+
+/// One registered listener.
+#[derive(Clone)]
+pub struct Listener {
+    event: &'static str,
+    name: String,
+    run: Run,
+}
+
+impl Listener {
+    /// The wire name of the event it listens to.
+    pub fn event(&self) -> &'static str {
+        self.event
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `listener:<event>:<listener>`.
+    pub fn task_type(&self) -> String {
+        listener_task_type(self.event, &self.name)
+    }
+
+    /// Decodes the event in `envelope` and runs the listener on it. An
+    /// event that does not decode into the listener's type is an error
+    /// (retried, see the module docs).
+    pub async fn call(
+        &self,
+        envelope: Envelope,
+        headers: BTreeMap<String, String>,
+        pool: PgPool,
+    ) -> Result<(), ListenerError> {
+        let context = ListenerContext {
+            event_id: envelope.id,
+            occurred_at: envelope.occurred_at,
+            metadata: envelope.metadata.clone(),
+            headers,
+            pool,
+            listener: self.name.clone(),
+        };
+        (self.run)(envelope, context).await
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("event", &self.event)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// The listeners of the service, by event.
+#[derive(Debug, Clone, Default)]
+pub struct Listeners {
+    by_event: BTreeMap<&'static str, Vec<Listener>>,
+}
+
+impl Listeners {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `handler` as the listener `name` of the event `E`.
+    ///
+    /// # Panics
+    /// When `E` already has a listener called `name`: task ids are derived
+    /// from the name, so two listeners must not share one.
+    pub fn listen<E, F, Fut>(&mut self, name: &str, handler: F) -> &mut Self
+    where
+        E: Event + DeserializeOwned + 'static,
+        F: Fn(E, ListenerContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), ListenerError>> + Send + 'static,
+    {
+        let listeners = self.by_event.entry(E::NAME).or_default();
+        assert!(
+            listeners.iter().all(|l| l.name != name),
+            "event `{}` already has a listener called `{name}`",
+            E::NAME
+        );
+        let handler = Arc::new(handler);
+        let run: Run = Arc::new(move |envelope: Envelope, context: ListenerContext| {
+            let handler = Arc::clone(&handler);
+            Box::pin(async move {
+                // Retried, not archived: a later version may read it (module docs).
+                let event: E = serde_json::from_value(envelope.payload).map_err(|err| {
+                    anyhow::anyhow!(
+                        "the payload of `{}` {} does not decode into {}: {err}",
+                        E::NAME,
+                        envelope.id,
+                        std::any::type_name::<E>()
+                    )
+                })?;
+                handler(event, context).await
+            })
+        });
+        listeners.push(Listener {
+            event: E::NAME,
+            name: name.to_string(),
+            run,
+        });
+        self
+    }
+
+    /// The listeners of the event called `event`.
+    pub fn of(&self, event: &str) -> &[Listener] {
+        self.by_event
+            .get(event)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// Every listener.
+    pub fn all(&self) -> impl Iterator<Item = &Listener> {
+        self.by_event.values().flatten()
+    }
+}
+
+/// `listener:<event>:<listener>`, the task type of one listener's work.
+pub fn listener_task_type(event: &str, listener: &str) -> String {
+    format!("listener:{event}:{listener}")
+}
+
+/// The task id of `listener`'s task for the event task `event_task_id`: a
+/// UUIDv5 of the listener's name in the event task id's namespace, the same
+/// on every retry. The relay's event task id is the event id, so the
+/// listener tasks of an event are `listener_task_id(event_id, name)`.
+pub fn listener_task_id(event_task_id: Uuid, listener: &str) -> Uuid {
+    Uuid::new_v5(&event_task_id, listener.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listener_task_ids_are_stable_and_distinct() {
+        let event = Uuid::now_v7();
+        assert_eq!(
+            listener_task_id(event, "audit"),
+            listener_task_id(event, "audit")
+        );
+        assert_ne!(
+            listener_task_id(event, "audit"),
+            listener_task_id(event, "email")
+        );
+        assert_ne!(
+            listener_task_id(event, "audit"),
+            listener_task_id(Uuid::now_v7(), "audit")
+        );
+    }
+
+    #[test]
+    fn listener_task_types_follow_the_go_kit() {
+        assert_eq!(
+            listener_task_type("orderPlaced", "audit"),
+            "listener:orderPlaced:audit"
+        );
+    }
+}

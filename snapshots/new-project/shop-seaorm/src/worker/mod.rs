@@ -1,0 +1,316 @@
+//! The worker chassis: one call, [`run`], starts everything a worker
+//! process does and stops it cleanly.
+//!
+//! - the consumer, with the event fan-out and every listener registered by
+//!   task type;
+//! - the outbox relay (woken by published wake-ups with `OUTBOX_WAKE=valkey`)
+//!   and the cleanup loops (published events, expired inbox records);
+//! - the metrics endpoint with the probes `/healthz` and `/readyz`, and the
+//!   backlog gauges.
+//!
+//! At start-up it checks that Postgres and Valkey answer and stops with an
+//! error naming the server and the reason when one does not (an
+//! orchestrator restarts it); it warns when Valkey persists nothing.
+//!
+//! On shutdown (SIGTERM or Ctrl-C in the binary) the relay stops claiming
+//! and finishes or rolls back the batch in hand; running handlers get
+//! `WORKER_SHUTDOWN_TIMEOUT` to finish and unfinished tasks go back to the
+//! head of their queue; the database pool is closed, so no Postgres session
+//! (and no lock) outlives the process. A loop stuck on a hung database or
+//! Valkey call is dropped within a second.
+
+pub mod health;
+pub mod inbox;
+pub mod listeners;
+pub mod metrics;
+pub mod persistence;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use uuid::Uuid;
+
+use self::health::Readiness;
+use self::listeners::{Listener, Listeners, SkipRetry, listener_task_id};
+use self::metrics::{ListenerMetrics, Metrics};
+use crate::config::{Config, WakeMode};
+use crate::database;
+use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
+use crate::outbox::{Envelope, cleanup, wake};
+use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
+use crate::trace_context::{self, TraceContext};
+
+/// Runs the worker until `shutdown` completes.
+pub async fn run(
+    config: &Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let metrics = Metrics::new();
+    database::check_reachable(&config.database)
+        .await
+        .context("the worker needs Postgres at start-up")?;
+    let pool = database::connect_lazy(&config.database);
+    let queue = Client::from_config(&config.valkey)
+        .await
+        .context("the worker needs Valkey at start-up")?;
+    // Consumers of other processes wake at once for what this one enqueues.
+    queue
+        .enqueued()
+        .set_publish(config.outbox.wake == WakeMode::Valkey);
+    persistence::warn_if_off(&queue).await;
+    let readiness = Readiness::new(
+        pool.clone(),
+        queue.clone(),
+        metrics.relay.clone(),
+        config.outbox.poll_interval,
+    );
+    let stop = CancellationToken::new();
+
+    let consumer = consumer(
+        config,
+        queue.clone(),
+        pool.clone(),
+        Arc::new(listeners),
+        metrics.listeners.clone(),
+    );
+    let relay = Relay::new(
+        pool.clone(),
+        queue.clone(),
+        &config.outbox,
+        metrics.relay.clone(),
+    );
+    let metrics_listener = tokio::net::TcpListener::bind(config.worker.metrics_addr)
+        .await
+        .with_context(|| format!("failed to listen on {}", config.worker.metrics_addr))?;
+    tracing::info!(
+        metrics = %metrics_listener.local_addr()?,
+        queues = %config.worker.queues,
+        outbox_queues = %config.outbox.queues,
+        concurrency = config.worker.concurrency,
+        "worker started"
+    );
+    let own_queues: Vec<&str> = config.worker.queues.names().collect();
+    if !config
+        .outbox
+        .queues
+        .names()
+        .iter()
+        .any(|queue| own_queues.contains(&queue.as_str()))
+    {
+        tracing::warn!(
+            outbox_queues = %config.outbox.queues,
+            worker_queues = %config.worker.queues,
+            "this worker consumes none of the queues its events go to (OUTBOX_QUEUES): \
+             its listeners run only if another process of this service consumes them"
+        );
+    }
+
+    let mut tasks = JoinSet::new();
+    if config.outbox.wake == WakeMode::Valkey {
+        tasks.spawn(wake::forward_published(queue, relay.waker(), stop.clone()));
+    }
+    tasks.spawn(relay.run(stop.clone()));
+    tasks.spawn(cleanup::run(
+        pool.clone(),
+        config.outbox.retention,
+        config.outbox.cleanup_interval,
+        stop.clone(),
+    ));
+    tasks.spawn(inbox::run_cleanup(
+        pool.clone(),
+        config.worker.inbox_retention,
+        config.outbox.cleanup_interval,
+        stop.clone(),
+    ));
+    tasks.spawn(metrics::watch_backlog(
+        pool.clone(),
+        metrics.relay.clone(),
+        stop.clone(),
+    ));
+    let metrics_server = axum::serve(metrics_listener, metrics.router().merge(readiness.router()))
+        .with_graceful_shutdown(stop.clone().cancelled_owned());
+    tasks.spawn(async move {
+        if let Err(err) = metrics_server.await {
+            tracing::error!(error = %err, "metrics endpoint failed");
+        }
+    });
+    let consuming = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop.cancel();
+    let (consumed, ()) = tokio::join!(consuming, stop_loops(&mut tasks));
+    if tokio::time::timeout(CLOSE_GRACE, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("Postgres did not answer at shutdown; its sessions end with the process");
+    }
+    consumed.context("the consumer panicked")??;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// How long the loops may take to stop once shutdown began before
+/// whatever still waits on a hung call is dropped.
+pub const STOP_GRACE: Duration = Duration::from_millis(800);
+/// How long closing the pool may take: it waits for the connections in
+/// use, which a hung Postgres never gives back.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(300);
+
+/// Waits for `tasks` to stop, at most [`STOP_GRACE`]; then aborts the rest.
+async fn stop_loops(tasks: &mut JoinSet<()>) {
+    let stopped = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {
+        tracing::warn!(
+            loops = tasks.len(),
+            "stopping loops stuck on a hung database or Valkey call"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// The consumer with the fan-out handler for every `event:` task and a
+/// handler per listener.
+fn consumer(
+    config: &Config,
+    queue: Client,
+    pool: PgPool,
+    listeners: Arc<Listeners>,
+    metrics: ListenerMetrics,
+) -> Consumer {
+    let options = ConsumerOptions {
+        queues: config.worker.queues.clone(),
+        concurrency: config.worker.concurrency,
+        shutdown_timeout: config.worker.shutdown_timeout,
+        wake_on_published: config.outbox.wake == WakeMode::Valkey,
+        ..ConsumerOptions::default()
+    };
+    let mut consumer = Consumer::new(queue.clone(), options);
+    handle_events(
+        &mut consumer,
+        queue,
+        pool,
+        listeners,
+        config.outbox.task_retention,
+        metrics,
+    );
+    consumer
+}
+
+/// Registers on `consumer` the fan-out handler for every `event:` task and
+/// a handler per listener; listener tasks are kept `task_retention` after
+/// success. Each listener run is counted in `metrics`.
+pub fn handle_events(
+    consumer: &mut Consumer,
+    queue: Client,
+    pool: PgPool,
+    listeners: Arc<Listeners>,
+    task_retention: std::time::Duration,
+    metrics: ListenerMetrics,
+) {
+    // Every event, with listeners or not, is fanned out (to none, for an
+    // event nobody listens to), so no event task is left to fail.
+    consumer.handle(EVENT_TASK_PREFIX, {
+        let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+        move |task| {
+            let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+            async move { fan_out(&queue, &listeners, task, task_retention).await }
+        }
+    });
+    for listener in listeners.all() {
+        let (listener, pool, metrics) = (listener.clone(), pool.clone(), metrics.clone());
+        consumer.handle(listener.task_type(), move |task| {
+            let (listener, pool, metrics) = (listener.clone(), pool.clone(), metrics.clone());
+            async move {
+                let result = run_listener(&listener, pool, task).await;
+                metrics.record(listener.event(), listener.name(), result.is_ok());
+                result
+            }
+        });
+    }
+}
+
+/// The `event:<name>` handler: one `listener:<name>:<listener>` task per
+/// listener, in the event task's queue, with ids derived from the event
+/// task's id, so a retried fan-out queues nothing twice (duplicates count as
+/// done). The relay's event task has the event id as its id; a replay
+/// (`outbox replay`) queues the same envelope under a new task id, and so
+/// gets new listener tasks. Each listener task carries the event task's
+/// headers.
+pub async fn fan_out(
+    queue: &Client,
+    listeners: &Listeners,
+    task: Task,
+    retention: std::time::Duration,
+) -> Result<(), HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    // A task id that is not a UUID (a foreign producer's) falls back to the
+    // event id.
+    let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
+    let tasks: Vec<NewTask> = listeners
+        .of(&envelope.name)
+        .iter()
+        .map(|listener| {
+            NewTask::new(
+                listener.task_type(),
+                listener_task_id(namespace, listener.name()).to_string(),
+                task.payload.clone(),
+            )
+            .queue(task.queue.as_str())
+            .headers(task.headers.clone())
+            .max_retry(MAX_RETRY)
+            .timeout(TASK_TIMEOUT)
+            .retention(retention)
+        })
+        .collect();
+    for result in queue.enqueue(&tasks).await? {
+        result?;
+    }
+    Ok(())
+}
+
+/// A `listener:<name>:<listener>` handler: decodes the event and runs the
+/// listener, inside the trace context of the dispatch (so events it
+/// dispatches in turn continue the same trace).
+///
+/// A payload that is not an envelope at all is archived at once (retrying
+/// cannot fix it), and so is a run that fails with [`SkipRetry`]; an event
+/// whose payload does not decode into the listener's type is retried, see
+/// [`Listeners::listen`].
+async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    let context = TraceContext::from_metadata(&envelope.metadata)
+        .map_or_else(TraceContext::new_root, |parent| parent.child());
+    let span = tracing::info_span!(
+        "listener",
+        event = listener.event(),
+        listener = listener.name(),
+        event_id = %envelope.id,
+        retried = task.retried,
+    );
+    let run = tracing::Instrument::instrument(listener.call(envelope, task.headers, pool), span);
+    match trace_context::scope(context, run).await {
+        Ok(()) => Ok(()),
+        Err(err) if err.is::<SkipRetry>() => Err(HandlerError::skip_retry(err)),
+        Err(err) => Err(err.into()),
+    }
+}

@@ -1,0 +1,212 @@
+//! `gpkit new project --db sea-orm`: the SeaORM variant's tree, its bad
+//! input, and end to end a SeaORM project with the worker and two events
+//! that builds cleanly, passes its own tests (the outbox contract on
+//! SeaORM, against real Postgres and Valkey) and upgrades as a no-op.
+
+use std::path::Path;
+
+use predicates::str::contains;
+
+use crate::e2e::{build_binaries, cargo};
+use crate::support::{assert_tree_snapshot, disk_state, gpkit, read_tree};
+
+#[test]
+fn new_project_with_sea_orm_generates_the_snapshotted_tree() {
+    let dir = tempfile::tempdir().unwrap();
+
+    gpkit(dir.path())
+        .args(["--no-input", "new", "project", "shop", "--db", "sea-orm"])
+        .assert()
+        .success()
+        .stderr(contains("Created project `shop` at `shop`"));
+
+    let root = dir.path().join("shop");
+    let tree = read_tree(&root, &[".gpkit"]);
+    assert_tree_snapshot("new-project/shop-seaorm", &tree);
+    let manifest = String::from_utf8(tree["gpkit.toml"].clone()).unwrap();
+    assert!(manifest.contains("\ndb = \"sea-orm\"\n"), "{manifest}");
+}
+
+#[test]
+fn new_project_refuses_an_unknown_layer_and_sea_orm_with_the_example() {
+    for (args, message) in [
+        (
+            &["--db", "diesel"][..],
+            "invalid value 'diesel' for '--db <LAYER>'",
+        ),
+        (
+            &["--db", "sea-orm", "--example"][..],
+            "the argument '--db <LAYER>' cannot be used with '--example'",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let before = disk_state(dir.path(), &[]);
+        gpkit(dir.path())
+            .args(["--no-input", "new", "project", "shop"])
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(contains(message));
+        assert_eq!(disk_state(dir.path(), &[]), before, "{args:?}");
+    }
+}
+
+/// The handler `gpkit add event` prints in a SeaORM project, and the
+/// README's SeaORM example, as files of `project` (built by the caller).
+fn add_the_dispatch_examples(project: &Path, printed: &str) {
+    let hint: String = printed
+        .lines()
+        .skip_while(|line| !line.starts_with("Dispatch it"))
+        .skip_while(|line| !line.is_empty())
+        .skip(1)
+        .take_while(|line| line.is_empty() || line.starts_with("    "))
+        .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
+        .collect();
+    assert!(
+        hint.contains("state.dispatcher.dispatch(tx, &event).await?;"),
+        "{printed}"
+    );
+    let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
+    let example = readme
+        .split("```rust,ignore\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README has a Rust example");
+    assert!(example.contains(".insert(tx)"), "{example}");
+    assert!(
+        example.contains("state.dispatcher.dispatch(tx, &order)"),
+        "{example}"
+    );
+
+    std::fs::write(
+        project.join("src/dispatch_hint.rs"),
+        format!("//! What `gpkit add event` printed.\n\n{}\n", hint.trim()),
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("src/readme_example.rs"),
+        format!("//! The README's example.\n\n{example}"),
+    )
+    .unwrap();
+    let lib = project.join("src/lib.rs");
+    let mut text = std::fs::read_to_string(&lib).unwrap();
+    text.push_str("pub mod dispatch_hint;\npub mod readme_example;\n");
+    std::fs::write(&lib, text).unwrap();
+}
+
+#[test]
+fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_upgrades_as_a_no_op()
+{
+    // Arrange: the project, with an event that has a listener and one that
+    // has none (`order_id:uuid` is what the README's example needs).
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        .args(["--no-input", "new", "project", "shop", "--db", "sea-orm"])
+        .arg("--worker")
+        .assert()
+        .success();
+    let project = dir.path().join("shop");
+    let added = gpkit(&project)
+        .args(["add", "event", "orderPlaced", "--field", "order_id:uuid"])
+        .args(["--listener", "audit"])
+        .output()
+        .unwrap();
+    assert!(added.status.success());
+    gpkit(&project)
+        .args(["add", "event", "orderShipped", "--field", "order_id:uuid"])
+        .assert()
+        .success();
+    add_the_dispatch_examples(&project, &String::from_utf8(added.stderr).unwrap());
+
+    // Act and assert: zero warnings, clippy, fmt, and the project's own
+    // tests, among them the SeaORM contract and relay tests.
+    build_binaries(&project);
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(&project, &["fmt", "--check"]);
+    let tests = cargo(&project, &["test"]);
+    let report = String::from_utf8_lossy(&tests.stdout);
+    for test in [
+        "an_entity_and_its_event_commit_together",
+        "an_error_stores_neither_the_entity_nor_the_event",
+        "a_panic_stores_neither_the_entity_nor_the_event",
+        "on_the_connection_dispatch_is_a_plain_insert",
+        "seaorm_dispatched_events_become_tasks_like_any_other",
+    ] {
+        assert!(report.contains(&format!("test {test} ... ok")), "{report}");
+    }
+
+    // Nothing changed since gpkit wrote it: upgrading changes nothing.
+    let before = disk_state(&project, &[]);
+    gpkit(&project)
+        .args(["upgrade", "templates"])
+        .assert()
+        .success()
+        .stdout(contains("Up to date with template set"));
+    assert_eq!(disk_state(&project, &[]), before);
+}
+
+/// The data layer is an answer of the manifest: `gpkit add worker` later
+/// renders the SeaORM variant of the worker's files (the relay test on
+/// SeaORM, the transactor that wakes the relay), exactly as `new project
+/// --worker` would have.
+#[test]
+fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives() {
+    let later = tempfile::tempdir().unwrap();
+    let at_once = tempfile::tempdir().unwrap();
+    for (dir, worker) in [(&later, "--no-worker"), (&at_once, "--worker")] {
+        gpkit(dir.path())
+            .args(["--no-input", "new", "project", "shop", "--db", "sea-orm"])
+            .arg(worker)
+            .assert()
+            .success();
+        gpkit(&dir.path().join("shop"))
+            .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
+            .assert()
+            .success();
+    }
+    gpkit(&later.path().join("shop"))
+        .args(["add", "worker"])
+        .assert()
+        .success();
+
+    let tree = read_tree(&later.path().join("shop"), &[]);
+    assert!(tree.contains_key("tests/relay_seaorm.rs"));
+    let startup = String::from_utf8_lossy(&tree["src/startup.rs"]).into_owned();
+    assert!(
+        startup.contains("pub transactor: crate::orm::Transactor,"),
+        "{startup}"
+    );
+    assert!(startup.contains(".orm(),"), "{startup}");
+    assert_eq!(tree, read_tree(&at_once.path().join("shop"), &[]));
+}
+
+#[test]
+fn a_seaorm_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        .args(["--no-input", "new", "project", "lean", "--db", "sea-orm"])
+        .arg("--no-worker")
+        .assert()
+        .success();
+    let project = dir.path().join("lean");
+    gpkit(&project)
+        .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
+        .assert()
+        .success();
+
+    build_binaries(&project);
+    cargo(
+        &project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(&project, &["fmt", "--check"]);
+    let tests = cargo(&project, &["test"]);
+    let report = String::from_utf8_lossy(&tests.stdout);
+    assert!(
+        report.contains("test an_entity_and_its_event_commit_together ... ok"),
+        "{report}"
+    );
+}
