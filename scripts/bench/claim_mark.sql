@@ -1,16 +1,18 @@
--- One relay round's SQL, for pgbench (see scripts/bench/README.md). The
--- claim is store.rs's `Store::claim` statement verbatim, with the batch size
--- bound as a parameter (run with -M prepared); the full rows travel to the
--- client, as they do to the relay. The mark is `Store::mark_published`'s
--- UPDATE; its id array is built on the server from the claimed range
--- (:id is the last claimed id: \aset keeps the last row), which equals the
--- claimed ids when one client drains a freshly seeded table (-c 1). Like
--- the relay's transaction (relay.rs, RELAY_BEGIN), its commit does not wait
--- for the disk; pgbench spends a round trip on the SET that the relay sends
--- with its BEGIN.
+-- One relay round's SQL, for pgbench (see scripts/bench/README.md): the
+-- relay's minimum work in Postgres. The claim-and-mark is store.rs's
+-- `Store::claim_and_mark` statement verbatim (one UPDATE ... WHERE id IN
+-- (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING the full rows), with the
+-- batch size and the keyset position bound as parameters (run with
+-- -M prepared and -D after=0); the full rows travel to the client, as they
+-- do to the relay. RETURNING has no order, so a window adds the highest id
+-- claimed to each row, and \aset keeps it for the next round's keyset
+-- position (the relay computes it from the rows). Like the relay's
+-- transaction (relay.rs, RELAY_BEGIN), its commit does not wait for the
+-- disk; pgbench spends a round trip on the SET that the relay sends with
+-- its BEGIN.
 \set limit 100
 BEGIN;
 SET LOCAL synchronous_commit = off;
-SELECT id, event_id, event_name, payload, metadata, created_at FROM outbox_events WHERE published_at IS NULL ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED \aset
-UPDATE outbox_events SET published_at = now() WHERE id = ANY(ARRAY(SELECT generate_series(:id::bigint - :limit + 1, :id::bigint)));
+WITH claimed AS (UPDATE outbox_events SET published_at = now() WHERE id IN (SELECT id FROM outbox_events WHERE published_at IS NULL AND id > :after ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) RETURNING id, event_id, event_name, payload, metadata, created_at) SELECT *, max(id) OVER () AS last_id FROM claimed \aset
+\set after :last_id
 COMMIT;
