@@ -13,12 +13,13 @@ use minijinja::context;
 
 use crate::domain::events::EventView;
 use crate::domain::names::PackageName;
+use crate::domain::schedule::ScheduleView;
 use crate::engine::manifest::{Answers, Components, Owner};
 use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 3;
+pub const TEMPLATE_SET_VERSION: u32 = 4;
 
 /// The oldest Rust the generated projects build with: their Cargo.toml's
 /// `rust-version`, the newest that any of their dependencies declares.
@@ -44,6 +45,7 @@ const USER_OWNED: &[&str] = &[
     "src/routes/mod.rs",
     "src/bin/server.rs",
     "src/listeners/mod.rs",
+    "src/schedules/mod.rs",
     "src/events/mod.rs",
 ];
 
@@ -71,6 +73,11 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         .iter()
         .map(EventView::new)
         .collect::<Result<Vec<_>>>()?;
+    let schedules = components
+        .schedules
+        .iter()
+        .map(|s| ScheduleView::new(s, &events))
+        .collect::<Result<Vec<_>>>()?;
     let ctx = context! {
         name => name.as_str(),
         crate_name => name.crate_name(),
@@ -79,6 +86,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         worker => components.worker,
         deploy => components.deploy,
         events => &events,
+        schedules => &schedules,
     };
     let renderer = Renderer::new();
     let mut tree = Tree::new();
@@ -116,7 +124,40 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     for event in &events {
         render_event(&renderer, &ctx, event, components.worker, &mut tree)?;
     }
+    if components.worker {
+        for schedule in &schedules {
+            render_schedule(&renderer, &ctx, schedule, &mut tree)?;
+        }
+    }
     Ok(tree)
+}
+
+/// The file of one schedule, `src/schedules/<name>.rs`: the user's, written
+/// once, never rewritten.
+fn render_schedule(
+    renderer: &Renderer,
+    ctx: &minijinja::Value,
+    schedule: &ScheduleView,
+    tree: &mut Tree,
+) -> Result<()> {
+    let template = template_set("schedule")?
+        .into_iter()
+        .find(|t| t.output == "schedule.rs")
+        .ok_or_else(|| {
+            anyhow::anyhow!("gpkit has no template `schedule.rs` (this is a bug in gpkit)")
+        })?;
+    let path = format!("src/schedules/{}.rs", schedule.name);
+    let contents = renderer.render(&template, &context! { schedule => schedule, ..ctx.clone() })?;
+    let purpose = purpose(&path, &contents);
+    tree.insert(
+        path,
+        BlueprintFile {
+            owner: Owner::User,
+            contents,
+            purpose,
+        },
+    );
+    Ok(())
 }
 
 /// The files of one event: its type, and with the worker its listeners.
