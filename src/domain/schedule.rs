@@ -291,7 +291,7 @@ fn parse_cron(text: &str) -> Result<Cron, SpecError> {
 
 /// croner's message, without its type prefix.
 fn croner_message(err: &croner::errors::CronError) -> String {
-    let text = err.to_string();
+    let text = err.to_string().replace("CronPattern ", "the field ");
     let text = text
         .split_once(": ")
         .map_or(text.as_str(), |(_, rest)| rest)

@@ -149,7 +149,10 @@ pub async fn clear_entries(queue: &Client) {
             .arg(&key)
             .query_async::<()>(&mut conn)
             .await?;
-        redis::cmd("DEL").arg(&key).query_async::<()>(&mut conn).await
+        redis::cmd("DEL")
+            .arg(&key)
+            .query_async::<()>(&mut conn)
+            .await
     };
     if let Err(err) = cleared.await {
         tracing::debug!(error = %err, "scheduler: failed to clear the Schedulers page state");

@@ -95,7 +95,9 @@ impl Lease {
     }
 
     fn ttl_ms(&self) -> u64 {
-        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+        u64::try_from(self.ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// Tries to take the lease.

@@ -76,11 +76,7 @@ impl Tick {
 
     /// UUIDv5 of `<service>/<schedule>@<unix seconds>`.
     pub fn id_of(schedule: &str, at: DateTime<Utc>) -> Uuid {
-        let name = format!(
-            "{}/{schedule}@{}",
-            env!("CARGO_PKG_NAME"),
-            at.timestamp()
-        );
+        let name = format!("{}/{schedule}@{}", env!("CARGO_PKG_NAME"), at.timestamp());
         Uuid::new_v5(&Uuid::NAMESPACE_OID, name.as_bytes())
     }
 }
@@ -316,11 +312,9 @@ pub async fn enqueue_tick(
                 .max_retry(MAX_RETRY)
                 .timeout(TASK_TIMEOUT)
                 .retention(options.retention);
-            let outcome = queue
-                .enqueue(&[task])
-                .await?
-                .pop()
-                .unwrap_or_else(|| Err(crate::queue::QueueError::UnexpectedReply("no reply".into())))?;
+            let outcome = queue.enqueue(&[task]).await?.pop().unwrap_or_else(|| {
+                Err(crate::queue::QueueError::UnexpectedReply("no reply".into()))
+            })?;
             Ok(outcome == EnqueueOutcome::Enqueued)
         }
     }
@@ -388,9 +382,7 @@ impl Scheduler {
                         Duration::ZERO
                     }
                     // Try again the moment the lease runs out.
-                    Ok(Acquired::HeldFor(left)) => {
-                        (left + Duration::from_millis(5)).min(ttl / 3)
-                    }
+                    Ok(Acquired::HeldFor(left)) => (left + Duration::from_millis(5)).min(ttl / 3),
                     Err(err) => {
                         tracing::warn!(error = %err, "scheduler: cannot reach Valkey for the lease");
                         (ttl / 3).min(Duration::from_secs(1))

@@ -230,6 +230,38 @@ mod tests {
         );
     }
 
+    /// The gap [`Spec::next_after`] fills: croner alone runs an hourly spec
+    /// at both occurrences of the repeated 02:00. Should croner change,
+    /// this test says so.
+    #[test]
+    fn croner_alone_runs_a_repeated_hour_twice() {
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse("0 * * * *")
+            .unwrap();
+        let first = utc("2026-10-25T00:00:00Z").with_timezone(&Tz::Europe__Paris);
+        let next = cron.find_next_occurrence(&first, false).unwrap();
+        assert_eq!(next.with_timezone(&Utc), utc("2026-10-25T01:00:00Z"));
+        assert_eq!(next.naive_local(), first.naive_local());
+    }
+
+    /// Documented: a spec without a fixed time skips the local times that
+    /// do not exist (`*/30 2 * * *` has no 02:00 or 02:30 on 2026-03-29).
+    #[test]
+    fn specs_without_a_fixed_time_skip_a_skipped_hour() {
+        assert_eq!(
+            ticks(
+                "*/30 2 * * *",
+                "Europe/Paris",
+                "2026-03-28T23:00:00Z",
+                "2026-03-30T01:00:00Z"
+            ),
+            ["2026-03-30T00:00:00+00:00", "2026-03-30T00:30:00+00:00"]
+        );
+    }
+
     #[test]
     fn latest_gives_the_ticks_to_catch_up_on_oldest_first() {
         let spec = Spec::parse("@every 1s", "UTC").unwrap();
