@@ -19,6 +19,7 @@ fn rendered_hash() -> String {
                 worker,
                 deploy,
                 events: Vec::new(),
+                schedules: Vec::new(),
             },
         )
         .unwrap();
