@@ -239,7 +239,7 @@ pub struct AddScheduleArgs {
     pub tz: Option<String>,
 
     /// Ticks missed while no replica led (downtime) that a new leader
-    /// enqueues, at most this many (default: 0, missed ticks are skipped)
+    /// enqueues, at most this many; 0 skips missed ticks
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub catch_up: u32,
 }
