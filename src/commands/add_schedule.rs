@@ -36,9 +36,10 @@ pub fn run(ctx: &Context, args: AddScheduleArgs) -> Result<ExitCode> {
         None => None,
         Some(raw) => {
             let known = EventNames::recorded(raw).ok().and_then(|names| {
-                components.events.iter().find(|e| {
-                    EventNames::recorded(&e.name).is_ok_and(|n| n.module == names.module)
-                })
+                components
+                    .events
+                    .iter()
+                    .find(|e| EventNames::recorded(&e.name).is_ok_and(|n| n.module == names.module))
             });
             let Some(known) = known else {
                 let existing: Vec<&str> =
@@ -51,9 +52,7 @@ pub fn run(ctx: &Context, args: AddScheduleArgs) -> Result<ExitCode> {
                         existing.join(", ")
                     )
                 };
-                bail!(
-                    "this project has no event `{raw}`; nothing was changed\nhelp: {help}"
-                );
+                bail!("this project has no event `{raw}`; nothing was changed\nhelp: {help}");
             };
             Some(known.name.clone())
         }

@@ -40,7 +40,12 @@ fn is_zero(value: &u32) -> bool {
 
 /// The nicknames a spec may be, and what they mean.
 const NICKNAMES: &[&str] = &[
-    "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@hourly",
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@hourly",
 ];
 
 /// The fields of a cron spec with seconds, in order, and what each takes.
@@ -387,12 +392,33 @@ pub struct ScheduleView {
 }
 
 impl ScheduleView {
-    /// The view of `record`, whose event (if any) is one of `events`.
+    /// The view of `record`, whose event (if any) is one of `events`. The
+    /// record may come from an untrusted `gpkit.toml`: its spec and zone
+    /// are checked again, as they are printed into Rust string literals.
     pub fn new(
         record: &ScheduleRecord,
         events: &[crate::domain::events::EventView],
     ) -> Result<Self> {
         check_name(&record.name)?;
+        let spec: ScheduleSpec = record.cron.parse().map_err(|err: SpecError| {
+            anyhow::anyhow!("schedule `{}` in gpkit.toml: {err}", record.name)
+        })?;
+        if spec.as_str() != record.cron
+            || !record
+                .cron
+                .chars()
+                .all(|c| c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ')
+        {
+            bail!(
+                "schedule `{}` in gpkit.toml has the spec {:?}, which gpkit would not write\n\
+                 help: give it a spec as `gpkit add schedule` takes it, such as `0 2 * * *`",
+                record.name,
+                record.cron
+            );
+        }
+        if let Some(zone) = &record.tz {
+            parse_zone(zone)?;
+        }
         let event = match &record.event {
             None => None,
             Some(wire) => Some(
@@ -501,6 +527,31 @@ mod tests {
         let err = parse_zone("paris").unwrap_err().to_string();
         assert!(err.contains("such as `Europe/Paris`"), "{err}");
         assert!(parse_zone("Mars/Olympus").is_err());
+    }
+
+    /// A `gpkit.toml` from elsewhere cannot put code into the schedule's
+    /// string constants.
+    #[test]
+    fn recorded_specs_and_zones_are_checked_again() {
+        let record = |cron: &str, tz: Option<&str>| ScheduleRecord {
+            name: "beat".into(),
+            cron: cron.into(),
+            event: None,
+            tz: tz.map(str::to_string),
+            catch_up: 0,
+        };
+        assert!(ScheduleView::new(&record("@every 1s", Some("Europe/Paris")), &[]).is_ok());
+        for (cron, tz) in [
+            ("\"; fn evil() {} //", None),
+            ("@daily\"", None),
+            (" @daily", None),
+            ("@daily", Some("Europe/Paris\"; //")),
+        ] {
+            assert!(
+                ScheduleView::new(&record(cron, tz), &[]).is_err(),
+                "{cron:?} {tz:?}"
+            );
+        }
     }
 
     #[test]

@@ -101,7 +101,13 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert_refused(
         &project,
         &[
-            "add", "schedule", "report", "--cron", "@daily", "--event", "reportDue",
+            "add",
+            "schedule",
+            "report",
+            "--cron",
+            "@daily",
+            "--event",
+            "reportDue",
         ],
         1,
         "add it first with `gpkit add event reportDue`",
@@ -137,7 +143,6 @@ fn bad_input_is_refused_and_changes_nothing() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--event <EVENT>|--job"));
-
 }
 
 #[test]
@@ -159,14 +164,23 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     let before = read_tree(&project, &[]);
     let output = gpkit(&project)
         .args([
-            "--dry-run", "add", "schedule", "beat", "--cron", "@hourly", "--job",
+            "--dry-run",
+            "add",
+            "schedule",
+            "beat",
+            "--cron",
+            "@hourly",
+            "--job",
         ])
         .output()
         .unwrap();
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(stdout.contains("src/schedules/beat.rs"), "{stdout}");
-    assert!(stdout.contains("Nothing was written (--dry-run)."), "{stdout}");
+    assert!(
+        stdout.contains("Nothing was written (--dry-run)."),
+        "{stdout}"
+    );
     assert_eq!(read_tree(&project, &[]), before);
 }
 
@@ -321,7 +335,11 @@ fn job_task_ids(redis: &RedisServer, schedule: &str) -> BTreeSet<String> {
 /// `ticks` has no hole: consecutive seconds.
 fn assert_consecutive(ticks: &[i64], what: &str) {
     for pair in ticks.windows(2) {
-        assert_eq!(pair[1] - pair[0], 1, "{what}: a tick is missing in {ticks:?}");
+        assert_eq!(
+            pair[1] - pair[0],
+            1,
+            "{what}: a tick is missing in {ticks:?}"
+        );
     }
 }
 
@@ -334,7 +352,10 @@ fn start_workers(db: &Database, redis: &RedisServer, count: usize) -> Vec<Worker
                 &bin,
                 db,
                 redis,
-                &[("SCHEDULER_LEASE_TTL", ttl.as_str()), ("OUTBOX_QUEUES", "events")],
+                &[
+                    ("SCHEDULER_LEASE_TTL", ttl.as_str()),
+                    ("OUTBOX_QUEUES", "events"),
+                ],
             )
         })
         .collect()
@@ -503,7 +524,9 @@ fn a_leader_paused_past_its_lease_enqueues_nothing_when_it_resumes() {
     );
     assert!(
         workers[first].log().contains("scheduler: lost the lease")
-            || workers[first].log().contains("scheduler: the lease ran out"),
+            || workers[first]
+                .log()
+                .contains("scheduler: the lease ran out"),
         "the resumed leader did not notice it lost the lease"
     );
     for schedule in ["beat", "catch_up_beat", "beat_event"] {
