@@ -548,3 +548,77 @@ fn a_leader_paused_past_its_lease_enqueues_nothing_when_it_resumes() {
         assert_eq!(runs.len(), distinct.len(), "{schedule}: a tick ran twice");
     }
 }
+
+/// Go asynq's Inspector (what asynqmon's Schedulers page shows) on `redis`.
+fn inspect(peer: &Path, redis: &RedisServer, args: &[&str]) -> serde_json::Value {
+    let output = std::process::Command::new(peer)
+        .arg(redis.addr())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "inspectpeer {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn go_asynq_lists_the_leaders_schedules_and_their_ticks() {
+    let Some(peer) = crate::go_peers::go_peer("inspectpeer") else {
+        return;
+    };
+    let db = migrated_database();
+    let redis = RedisServer::start();
+    let mut workers = start_workers(&db, &redis, 1);
+    leader(&workers);
+    std::thread::sleep(Duration::from_secs(3));
+
+    let entries = inspect(&peer, &redis, &["schedulers"]);
+    let entries = entries.as_array().unwrap();
+    let specs: BTreeSet<(String, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["spec"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        specs,
+        BTreeSet::from([
+            ("job:beat".to_string(), "@every 1s".to_string()),
+            ("job:catch_up_beat".to_string(), "* * * * * *".to_string()),
+            ("event:beaten".to_string(), "@every 1s".to_string()),
+        ])
+    );
+    let beat = entries.iter().find(|e| e["type"] == "job:beat").unwrap();
+    let history = inspect(&peer, &redis, &["history", beat["id"].as_str().unwrap()]);
+    let listed: BTreeSet<String> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["task_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!listed.is_empty(), "no tick in the history");
+    let logged: BTreeSet<String> = parse_log(&workers[0].log())
+        .enqueued
+        .into_iter()
+        .filter(|e| e.schedule == "beat" && e.new)
+        .map(|e| e.tick_id)
+        .collect();
+    assert!(
+        listed.is_subset(&logged),
+        "history {listed:?} is not among the ticks enqueued {logged:?}"
+    );
+
+    // A leader that stops takes its entries off the page.
+    workers[0].signal("-TERM");
+    assert_eq!(workers[0].wait(Duration::from_secs(10)), Some(0));
+    assert_eq!(
+        inspect(&peer, &redis, &["schedulers"]),
+        serde_json::json!([])
+    );
+}
