@@ -350,6 +350,7 @@ pub struct WorkerConfig {
 
 /// The worker's scheduler (`src/schedules/`): one replica leads at a time.
 #[derive(Debug, confique::Config)]
+#[config(validate = Self::validate)]
 pub struct SchedulerConfig {
     /// Whether this worker takes part in running the schedules
     #[config(env = "SCHEDULER_ENABLED", default = true)]
@@ -358,6 +359,20 @@ pub struct SchedulerConfig {
     /// longest a dead leader's ticks go missing
     #[config(env = "SCHEDULER_LEASE_TTL", default = "15s", deserialize_with = duration::deserialize)]
     pub lease_ttl: Duration,
+}
+
+impl SchedulerConfig {
+    /// The leader renews every third of the TTL: at least a second leaves
+    /// room for a round trip to Valkey.
+    fn validate(&self) -> Result<(), String> {
+        if self.lease_ttl < Duration::from_secs(1) {
+            return Err(format!(
+                "SCHEDULER_LEASE_TTL is {:?}; it must be at least 1s, such as 15s",
+                self.lease_ttl
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Why the configuration could not be loaded. The message names the
