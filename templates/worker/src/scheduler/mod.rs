@@ -320,6 +320,10 @@ pub async fn enqueue_tick(
     }
 }
 
+/// How long the leader waits before it tries a tick that failed to enqueue
+/// (Postgres or Valkey unreachable) again.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 /// What the leader keeps while it leads.
 struct Leading {
     /// When the lease runs out unless renewed, by this process's clock.
@@ -436,6 +440,7 @@ impl Scheduler {
             return None;
         }
         let mut next_due: Option<DateTime<Utc>> = None;
+        let mut failed = false;
         for (index, (entry, spec)) in self.schedules.all().iter().zip(&self.specs).enumerate() {
             while let Some(tick_at) = spec.next_after(state.handled[index]) {
                 if tick_at > Utc::now() {
@@ -448,16 +453,20 @@ impl Scheduler {
                 }
                 let tick = Tick::new(entry.name, tick_at);
                 if !self.enqueue(entry, &tick).await {
-                    // Retried at the next round.
-                    next_due = Some(Utc::now());
+                    // Retried at the next round, after a pause.
+                    failed = true;
                     break;
                 }
                 state.handled[index] = tick_at;
             }
         }
-        let until_tick = next_due.map_or(ttl, |due| {
-            (due - Utc::now()).to_std().unwrap_or(Duration::ZERO)
-        });
+        let until_tick = if failed {
+            RETRY_PAUSE
+        } else {
+            next_due.map_or(ttl, |due| {
+                (due - Utc::now()).to_std().unwrap_or(Duration::ZERO)
+            })
+        };
         let until_renew = state.renew_at.saturating_duration_since(Instant::now());
         Some(until_tick.min(until_renew).max(Duration::from_millis(1)))
     }
