@@ -193,6 +193,55 @@ Examples:
   gpkit add event order_placed --field note:Option<string> --listener audit --listener email
   gpkit add event orderPlaced --listener shipping")]
     Event(AddEventArgs),
+    /// Add a schedule: an event dispatched, or a job run, on every tick
+    ///
+    /// Writes `src/schedules/<name>.rs` (for `--event`, the function that
+    /// builds the event for a tick; for `--job`, the job's handler) and
+    /// registers it in `src/schedules/mod.rs`. The worker runs the scheduler:
+    /// one replica at a time leads (a lease on Valkey) and enqueues each tick
+    /// once, with an id derived from the schedule's name and the tick's time.
+    #[command(after_help = "\
+Examples:
+  gpkit add schedule nightly_report --cron \"0 2 * * *\" --tz Europe/Paris --event reportDue
+  gpkit add schedule heartbeat --cron \"@every 30s\" --job
+  gpkit add schedule cleanup --cron @hourly --job --catch-up 3")]
+    Schedule(AddScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["event", "job"])))]
+pub struct AddScheduleArgs {
+    /// The schedule's name, snake_case (its module and its job's task type)
+    pub name: String,
+
+    /// When it runs: 5 cron fields (minute hour day-of-month month
+    /// day-of-week), 6 with seconds first, @hourly, @daily, @weekly,
+    /// @monthly, or `@every <duration>` (such as `@every 30s`)
+    #[arg(long, value_name = "SPEC")]
+    pub cron: crate::domain::schedule::ScheduleSpec,
+
+    /// Dispatch this event (added with `gpkit add event`) through the outbox
+    /// on every tick
+    #[arg(long, value_name = "EVENT")]
+    pub event: Option<String>,
+
+    /// Run a job (`job:<name>` task) on every tick
+    #[arg(long)]
+    pub job: bool,
+
+    /// The IANA time zone the spec is read in, such as Europe/Paris
+    /// (default: UTC)
+    ///
+    /// On the day a local time is skipped (clocks go forward) the tick runs
+    /// once at the next valid time; on the day it repeats (clocks go back)
+    /// it runs once.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
+
+    /// Ticks missed while no replica led (downtime) that a new leader
+    /// enqueues, at most this many; 0 skips missed ticks
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub catch_up: u32,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 
 mod add_deploy;
 mod add_event;
+mod add_schedule;
 mod add_worker;
 mod completions;
 mod doctor;
@@ -121,6 +122,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Add(AddCommand::Worker) => add_worker::run(&ctx),
         Command::Add(AddCommand::Deploy) => add_deploy::run(&ctx),
         Command::Add(AddCommand::Event(args)) => add_event::run(&ctx, args),
+        Command::Add(AddCommand::Schedule(args)) => add_schedule::run(&ctx, args),
         Command::Upgrade(UpgradeCommand::Templates(args)) | Command::UpgradeTemplates(args) => {
             upgrade::run(&ctx, args)
         }

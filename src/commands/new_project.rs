@@ -92,6 +92,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         },
         worker,
         deploy,
+        schedules: Vec::new(),
     };
     let plan = plan(answers, components, example)?;
 

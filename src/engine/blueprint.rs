@@ -13,6 +13,7 @@ use minijinja::context;
 
 use crate::domain::events::EventView;
 use crate::domain::names::PackageName;
+use crate::domain::schedule::ScheduleView;
 use crate::engine::manifest::{Answers, Components, DataLayer, Owner};
 use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
@@ -44,6 +45,7 @@ const USER_OWNED: &[&str] = &[
     "src/routes/mod.rs",
     "src/bin/server.rs",
     "src/listeners/mod.rs",
+    "src/schedules/mod.rs",
     "src/events/mod.rs",
 ];
 
@@ -74,6 +76,11 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         .iter()
         .map(EventView::new)
         .collect::<Result<Vec<_>>>()?;
+    let schedules = components
+        .schedules
+        .iter()
+        .map(|s| ScheduleView::new(s, &events))
+        .collect::<Result<Vec<_>>>()?;
     let ctx = context! {
         name => name.as_str(),
         crate_name => name.crate_name(),
@@ -83,6 +90,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         deploy => components.deploy,
         seaorm => seaorm,
         events => &events,
+        schedules => &schedules,
     };
     let renderer = Renderer::new();
     let mut tree = Tree::new();
@@ -126,7 +134,40 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     for event in &events {
         render_event(&renderer, &ctx, event, components.worker, &mut tree)?;
     }
+    if components.worker {
+        for schedule in &schedules {
+            render_schedule(&renderer, &ctx, schedule, &mut tree)?;
+        }
+    }
     Ok(tree)
+}
+
+/// The file of one schedule, `src/schedules/<name>.rs`: the user's, written
+/// once, never rewritten.
+fn render_schedule(
+    renderer: &Renderer,
+    ctx: &minijinja::Value,
+    schedule: &ScheduleView,
+    tree: &mut Tree,
+) -> Result<()> {
+    let template = template_set("schedule")?
+        .into_iter()
+        .find(|t| t.output == "schedule.rs")
+        .ok_or_else(|| {
+            anyhow::anyhow!("gpkit has no template `schedule.rs` (this is a bug in gpkit)")
+        })?;
+    let path = format!("src/schedules/{}.rs", schedule.name);
+    let contents = renderer.render(&template, &context! { schedule => schedule, ..ctx.clone() })?;
+    let purpose = purpose(&path, &contents);
+    tree.insert(
+        path,
+        BlueprintFile {
+            owner: Owner::User,
+            contents,
+            purpose,
+        },
+    );
+    Ok(())
 }
 
 /// The files of one event: its type, and with the worker its listeners.

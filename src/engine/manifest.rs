@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 pub use crate::domain::events::{EventSpec, FieldSpec};
+pub use crate::domain::schedule::ScheduleRecord;
 use sha2::{Digest, Sha256};
 
 /// The manifest's file name, at the project root.
@@ -115,6 +116,9 @@ pub struct Components {
     /// Events added with `gpkit add event`, in the order they were added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventSpec>,
+    /// Schedules added with `gpkit add schedule`, in the order they were added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedules: Vec<ScheduleRecord>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -220,6 +224,13 @@ mod tests {
                         ty: "i64".into(),
                     }],
                     listeners: vec!["audit".into()],
+                }],
+                schedules: vec![ScheduleRecord {
+                    name: "nightly_report".into(),
+                    cron: "0 2 * * *".into(),
+                    event: Some("orderPlaced".into()),
+                    tz: Some("Europe/Paris".into()),
+                    catch_up: 3,
                 }],
             },
             files,

@@ -12,6 +12,7 @@ const COMMANDS: &[&[&str]] = &[
     &["add", "worker"],
     &["add", "deploy"],
     &["add", "event"],
+    &["add", "schedule"],
     &["upgrade"],
     &["upgrade", "templates"],
     &["completions"],
@@ -81,6 +82,7 @@ fn completions_cover_every_command_in_every_shell() {
             "migration",
             "worker",
             "event",
+            "schedule",
             "templates",
             "dry-run",
         ] {

@@ -22,6 +22,7 @@ mod outbox_ops;
 mod own_postgres;
 mod postgres_tls;
 mod prompts;
+mod schedule;
 mod seaorm;
 mod server_state_interop;
 mod support;

@@ -21,6 +21,7 @@ fn rendered_hash() -> String {
                     worker,
                     deploy,
                     events: Vec::new(),
+                    schedules: Vec::new(),
                 },
             )
             .unwrap();

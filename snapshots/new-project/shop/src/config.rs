@@ -32,6 +32,8 @@ pub struct Config {
     pub outbox: OutboxConfig,
     #[config(nested)]
     pub worker: WorkerConfig,
+    #[config(nested)]
+    pub scheduler: SchedulerConfig,
 }
 
 /// Postgres.
@@ -344,6 +346,33 @@ pub struct WorkerConfig {
     /// How long the inbox remembers that a listener handled an event
     #[config(env = "INBOX_RETENTION", default = "168h", deserialize_with = duration::deserialize)]
     pub inbox_retention: Duration,
+}
+
+/// The worker's scheduler (`src/schedules/`): one replica leads at a time.
+#[derive(Debug, confique::Config)]
+#[config(validate = Self::validate)]
+pub struct SchedulerConfig {
+    /// Whether this worker takes part in running the schedules
+    #[config(env = "SCHEDULER_ENABLED", default = true)]
+    pub enabled: bool,
+    /// How long the leader's lease on Valkey lasts without renewal: the
+    /// longest a dead leader's ticks go missing
+    #[config(env = "SCHEDULER_LEASE_TTL", default = "15s", deserialize_with = duration::deserialize)]
+    pub lease_ttl: Duration,
+}
+
+impl SchedulerConfig {
+    /// The leader renews every third of the TTL: at least a second leaves
+    /// room for a round trip to Valkey.
+    fn validate(&self) -> Result<(), String> {
+        if self.lease_ttl < Duration::from_secs(1) {
+            return Err(format!(
+                "SCHEDULER_LEASE_TTL is {:?}; it must be at least 1s, such as 15s",
+                self.lease_ttl
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Why the configuration could not be loaded. The message names the

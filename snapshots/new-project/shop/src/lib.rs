@@ -14,6 +14,8 @@ pub mod operations;
 pub mod outbox;
 pub mod queue;
 pub mod routes;
+pub mod scheduler;
+pub mod schedules;
 pub mod signals;
 pub mod startup;
 pub mod telemetry;

@@ -168,6 +168,12 @@ impl Client {
         })
     }
 
+    /// The shared connection, for commands of other modules (the
+    /// scheduler's lease and state).
+    pub fn connection(&self) -> Connection {
+        self.conn.clone()
+    }
+
     /// The signal every enqueue through this client (and its clones) gives.
     pub fn enqueued(&self) -> &Enqueued {
         &self.enqueued

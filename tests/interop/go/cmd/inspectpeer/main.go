@@ -1,6 +1,6 @@
 // Command inspectpeer is Go asynq v0.26's view of a queue, for gpkit's
 // interop tests: what asynqmon's Servers page lists, its Cancel button,
-// and a task as Go enqueues and inspects it. Output is JSON on stdout.
+// a task as Go enqueues and inspects it, and the Schedulers page. Output is JSON on stdout.
 //
 // Usage (the Redis address first):
 //
@@ -8,6 +8,8 @@
 //	inspectpeer <addr> cancel <task id>          Inspector.CancelProcessing
 //	inspectpeer <addr> enqueue <queue> <type> <task id> <payload>
 //	inspectpeer <addr> task <queue> <task id>    Inspector.GetTaskInfo
+//	inspectpeer <addr> schedulers                Inspector.SchedulerEntries()
+//	inspectpeer <addr> history <entry id>        Inspector.ListSchedulerEnqueueEvents
 package main
 
 import (
@@ -68,6 +70,32 @@ func run(args []string) error {
 			"retried":  info.Retried,
 			"last_err": info.LastErr,
 		})
+	case command == "schedulers" && len(rest) == 0:
+		entries, err := inspector.SchedulerEntries()
+		if err != nil {
+			return err
+		}
+		out := []map[string]any{}
+		for _, entry := range entries {
+			out = append(out, map[string]any{
+				"id":   entry.ID,
+				"spec": entry.Spec,
+				"type": entry.Task.Type(),
+				"next": entry.Next,
+				"prev": entry.Prev,
+			})
+		}
+		return print(out)
+	case command == "history" && len(rest) == 1:
+		events, err := inspector.ListSchedulerEnqueueEvents(rest[0], asynq.PageSize(1000))
+		if err != nil {
+			return err
+		}
+		out := []map[string]any{}
+		for _, event := range events {
+			out = append(out, map[string]any{"task_id": event.TaskID, "at": event.EnqueuedAt})
+		}
+		return print(out)
 	default:
 		return fmt.Errorf("unknown command %q with %d arguments", command, len(rest))
 	}

@@ -1,0 +1,633 @@
+//! `gpkit add schedule`: the files it writes (snapshotted), its refusals
+//! (each leaving the project as it was), and the generated scheduler as
+//! worker processes against real Postgres and a Redis server of the test's
+//! own: three replicas enqueue each tick once, a SIGKILLed leader is
+//! replaced within the lease TTL (with `--catch-up`, no tick lost), and a
+//! leader paused past its lease enqueues nothing when it resumes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use predicates::str::contains;
+
+use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::support::{assert_tree_snapshot, changed_since, gpkit, new_project, read_tree, repo};
+use crate::worker_e2e::{RedisServer, Worker, wait_until};
+
+#[test]
+fn add_schedule_writes_the_schedule_and_registers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    gpkit(&project)
+        .args(["add", "event", "reportDue", "--field", "day:string"])
+        .assert()
+        .success();
+
+    let before = read_tree(&project, &[".gpkit"]);
+    gpkit(&project)
+        .args([
+            "add",
+            "schedule",
+            "nightly_report",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "Europe/Paris",
+            "--event",
+            "reportDue",
+        ])
+        .assert()
+        .success()
+        .stderr(contains(
+            "Added the schedule `nightly_report`: it dispatches `reportDue` on `30 2 * * *` \
+             (Europe/Paris time).",
+        ));
+    gpkit(&project)
+        .args([
+            "add",
+            "schedule",
+            "heartbeat",
+            "--cron",
+            "@every 30s",
+            "--job",
+            "--catch-up",
+            "3",
+        ])
+        .assert()
+        .success()
+        .stderr(contains("it runs the job `job:heartbeat`"));
+    let changed = changed_since(&before, &project);
+
+    assert_tree_snapshot("add-schedule/fresh", &changed);
+}
+
+/// Runs gpkit with `args`, expecting exit `code` and `message` with a
+/// `help:` on stderr, and the project unchanged.
+fn assert_refused(project: &Path, args: &[&str], code: i32, message: &str) -> String {
+    let before = read_tree(project, &[]);
+    let output = gpkit(project).args(args).output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(message),
+        "{args:?}: expected {message:?} in:\n{stderr}"
+    );
+    assert!(stderr.contains("help:"), "{args:?}: no help in:\n{stderr}");
+    assert_eq!(
+        read_tree(project, &[]),
+        before,
+        "{args:?} changed the project"
+    );
+    stderr
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    gpkit(&project)
+        .args(["add", "schedule", "beat", "--cron", "@hourly", "--job"])
+        .assert()
+        .success();
+
+    assert_refused(
+        &project,
+        &["add", "schedule", "beat", "--cron", "@daily", "--job"],
+        1,
+        "the schedule `beat` already exists",
+    );
+    assert_refused(
+        &project,
+        &[
+            "add",
+            "schedule",
+            "report",
+            "--cron",
+            "@daily",
+            "--event",
+            "reportDue",
+        ],
+        1,
+        "add it first with `gpkit add event reportDue`",
+    );
+    let stderr = assert_refused(
+        &project,
+        &["add", "schedule", "report", "--cron", "0 2 32 * *", "--job"],
+        2,
+        "the day-of-month field `32` is not valid",
+    );
+    assert!(
+        stderr.contains("    0 2 32 * *\n        ^^\n"),
+        "no caret under the field:\n{stderr}"
+    );
+    assert_refused(
+        &project,
+        &[
+            "add", "schedule", "report", "--cron", "@daily", "--job", "--tz", "Paris",
+        ],
+        1,
+        "such as `Europe/Paris`",
+    );
+    assert_refused(
+        &project,
+        &["add", "schedule", "Report", "--cron", "@daily", "--job"],
+        1,
+        "not a valid schedule name",
+    );
+    // Neither --event nor --job: clap says which is needed.
+    let output = gpkit(&project)
+        .args(["add", "schedule", "report", "--cron", "@daily"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--event <EVENT>|--job"));
+}
+
+#[test]
+fn a_project_without_the_worker_is_told_to_add_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &["--no-worker"]);
+    assert_refused(
+        &project,
+        &["add", "schedule", "beat", "--cron", "@hourly", "--job"],
+        1,
+        "run `gpkit add worker` first",
+    );
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    let before = read_tree(&project, &[]);
+    let output = gpkit(&project)
+        .args([
+            "--dry-run",
+            "add",
+            "schedule",
+            "beat",
+            "--cron",
+            "@hourly",
+            "--job",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("src/schedules/beat.rs"), "{stdout}");
+    assert!(
+        stdout.contains("Nothing was written (--dry-run)."),
+        "{stdout}"
+    );
+    assert_eq!(read_tree(&project, &[]), before);
+}
+
+/// The lease TTL the process tests run with.
+const LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// A project with three schedules ticking every second: `beat` (a job,
+/// missed ticks skipped), `catch_up_beat` (a job, `--catch-up 30`) and
+/// `beat_event` (the event `beaten`, through the outbox); generated, checked
+/// (clippy, fmt, its own tests) and built once per test run.
+fn scheduled_project() -> &'static Path {
+    static PROJECT: OnceLock<PathBuf> = OnceLock::new();
+    PROJECT.get_or_init(|| {
+        let parent = repo().join("target/e2e-schedule");
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        gpkit(&parent)
+            .args(["--no-input", "new", "project", "ticker"])
+            .assert()
+            .success();
+        let project = parent.join("ticker");
+        for args in [
+            &["add", "event", "beaten"][..],
+            &["add", "schedule", "beat", "--cron", "@every 1s", "--job"],
+            &[
+                "add",
+                "schedule",
+                "catch_up_beat",
+                "--cron",
+                "* * * * * *",
+                "--job",
+                "--catch-up",
+                "30",
+            ],
+            &[
+                "add",
+                "schedule",
+                "beat_event",
+                "--cron",
+                "@every 1s",
+                "--event",
+                "beaten",
+            ],
+        ] {
+            gpkit(&project).args(args).assert().success();
+        }
+        build_binaries(&project);
+        project
+    })
+}
+
+#[test]
+fn a_project_with_schedules_builds_cleanly_and_passes_its_tests() {
+    let project = scheduled_project();
+    cargo(
+        project,
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    );
+    cargo(project, &["fmt", "--check"]);
+    cargo(project, &["test"]);
+}
+
+/// One `scheduler: tick enqueued` log line.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Enqueued {
+    schedule: String,
+    tick: String,
+    tick_id: String,
+    new: bool,
+}
+
+/// The log lines of one worker: enqueues, job runs (schedule, tick id),
+/// and whether it took the lead.
+#[derive(Debug, Default)]
+struct Log {
+    enqueued: Vec<Enqueued>,
+    runs: Vec<(String, String)>,
+    led: usize,
+}
+
+fn parse_log(text: &str) -> Log {
+    let mut log = Log::default();
+    for line in text.lines() {
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let fields = &json["fields"];
+        let field = |name: &str| fields[name].as_str().unwrap_or_default().to_string();
+        let message = field("message");
+        if message == "scheduler: tick enqueued" {
+            log.enqueued.push(Enqueued {
+                schedule: field("schedule"),
+                tick: field("tick"),
+                tick_id: field("tick_id"),
+                new: fields["new"].as_bool().unwrap_or_default(),
+            });
+        } else if message == "scheduler: this replica leads" {
+            log.led += 1;
+        } else if let Some(span) = json["span"].as_object()
+            && span.get("name").and_then(|n| n.as_str()) == Some("job")
+            && ["beat", "catch_up_beat"].contains(&message.as_str())
+        {
+            log.runs
+                .push((message, span["tick_id"].as_str().unwrap_or_default().into()));
+        }
+    }
+    log
+}
+
+/// Seconds since the epoch of a tick as the log prints it (chrono's
+/// `Display`: `2026-01-01 00:00:01 UTC`).
+fn tick_seconds(tick: &str) -> i64 {
+    chrono::NaiveDateTime::parse_from_str(tick, "%Y-%m-%d %H:%M:%S UTC")
+        .unwrap_or_else(|err| panic!("not a tick time: {tick:?}: {err}"))
+        .and_utc()
+        .timestamp()
+}
+
+/// The ticks of `schedule` enqueued as new, in order, and how many times
+/// each was enqueued as new or tried again, over all `logs`.
+fn ticks_of(logs: &[Log], schedule: &str) -> (Vec<i64>, BTreeMap<i64, usize>) {
+    let mut tries = BTreeMap::new();
+    let mut new = BTreeSet::new();
+    for entry in logs.iter().flat_map(|l| &l.enqueued) {
+        if entry.schedule != schedule {
+            continue;
+        }
+        let at = tick_seconds(&entry.tick);
+        *tries.entry(at).or_insert(0) += 1;
+        if entry.new {
+            new.insert(at);
+        }
+    }
+    (new.into_iter().collect(), tries)
+}
+
+/// The task ids of `job:<schedule>` in the queue `idle`.
+fn job_task_ids(redis: &RedisServer, schedule: &str) -> BTreeSet<String> {
+    let keys = redis
+        .cli(&["--scan", "--pattern", "asynq:{idle}:t:*"])
+        .unwrap_or_default();
+    keys.lines()
+        .filter(|key| {
+            redis
+                .cli(&["HGET", key, "msg"])
+                .is_some_and(|msg| msg.contains(&format!("job:{schedule}\u{12}")))
+        })
+        .map(|key| key.rsplit(':').next().unwrap().to_string())
+        .collect()
+}
+
+/// `ticks` has no hole: consecutive seconds.
+fn assert_consecutive(ticks: &[i64], what: &str) {
+    for pair in ticks.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            1,
+            "{what}: a tick is missing in {ticks:?}"
+        );
+    }
+}
+
+fn start_workers(db: &Database, redis: &RedisServer, count: usize) -> Vec<Worker> {
+    let bin = scheduled_project().join(".bin/worker");
+    let ttl = format!("{}s", LEASE_TTL.as_secs());
+    (0..count)
+        .map(|_| {
+            Worker::start_binary(
+                &bin,
+                db,
+                redis,
+                &[
+                    ("SCHEDULER_LEASE_TTL", ttl.as_str()),
+                    ("OUTBOX_QUEUES", "events"),
+                ],
+            )
+        })
+        .collect()
+}
+
+/// Stops `workers` with SIGTERM, the leader `leader` last: a stopping
+/// leader hands its lease back, and a follower still running would take it
+/// over for the last moments (as it should in a rolling restart), which
+/// would blur what these tests measure.
+fn stop_leader_last(workers: &mut [Worker], leader: usize) {
+    let order: Vec<usize> = (0..workers.len())
+        .filter(|&i| i != leader)
+        .chain([leader])
+        .collect();
+    for i in order {
+        workers[i].signal("-TERM");
+        assert_eq!(workers[i].wait(Duration::from_secs(10)), Some(0));
+    }
+}
+
+fn migrated_database() -> Database {
+    let db = Database::create("gpkit_schedule");
+    migrate(scheduled_project(), &db, &["up"]);
+    db
+}
+
+/// The index of the worker that leads, once one does.
+fn leader(workers: &[Worker]) -> usize {
+    let mut found = None;
+    wait_until(Duration::from_secs(20), "a replica leads", || {
+        found = workers.iter().position(|w| parse_log(&w.log()).led > 0);
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+#[test]
+fn three_replicas_enqueue_every_tick_exactly_once() {
+    let db = migrated_database();
+    let redis = RedisServer::start();
+    let mut workers = start_workers(&db, &redis, 3);
+    let first = leader(&workers);
+    std::thread::sleep(Duration::from_secs(10));
+    stop_leader_last(&mut workers, first);
+    let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+    assert_eq!(
+        logs.iter().map(|l| l.led).sum::<usize>(),
+        1,
+        "one replica led throughout"
+    );
+
+    for schedule in ["beat", "catch_up_beat", "beat_event"] {
+        let (ticks, tries) = ticks_of(&logs, schedule);
+        let duplicates = tries.values().filter(|&&n| n > 1).count();
+        eprintln!(
+            "{schedule}: {} ticks enqueued in 10 s by 3 replicas, {duplicates} enqueued twice",
+            ticks.len()
+        );
+        assert!(ticks.len() >= 9, "{schedule}: only {} ticks", ticks.len());
+        assert_eq!(duplicates, 0, "{schedule}: {tries:?}");
+        assert_consecutive(&ticks, schedule);
+    }
+    // The ids: one task per tick in the queue, one outbox row per tick,
+    // each the id the log reported.
+    for schedule in ["beat", "catch_up_beat"] {
+        let logged: BTreeSet<String> = logs
+            .iter()
+            .flat_map(|l| &l.enqueued)
+            .filter(|e| e.schedule == schedule)
+            .map(|e| e.tick_id.clone())
+            .collect();
+        assert_eq!(job_task_ids(&redis, schedule), logged, "{schedule}");
+        let runs: Vec<&String> = logs
+            .iter()
+            .flat_map(|l| &l.runs)
+            .filter(|(name, _)| name == schedule)
+            .map(|(_, id)| id)
+            .collect();
+        let distinct: BTreeSet<&String> = runs.iter().copied().collect();
+        assert_eq!(runs.len(), distinct.len(), "{schedule}: a tick ran twice");
+    }
+    let rows = psql(
+        &db.url(),
+        "SELECT event_id FROM outbox_events WHERE event_name = 'beaten' ORDER BY event_id",
+    );
+    let rows: BTreeSet<String> = rows.lines().map(str::to_string).collect();
+    let logged: BTreeSet<String> = logs
+        .iter()
+        .flat_map(|l| &l.enqueued)
+        .filter(|e| e.schedule == "beat_event")
+        .map(|e| e.tick_id.clone())
+        .collect();
+    assert_eq!(rows, logged, "one outbox row per event tick, with its id");
+}
+
+#[test]
+fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick() {
+    let db = migrated_database();
+    let redis = RedisServer::start();
+    let mut workers = start_workers(&db, &redis, 3);
+    let first = leader(&workers);
+    std::thread::sleep(Duration::from_secs(3));
+
+    workers[first].signal("-KILL");
+    let killed = Instant::now();
+    let mut next = None;
+    wait_until(LEASE_TTL * 2, "another replica leads", || {
+        next = workers
+            .iter()
+            .enumerate()
+            .position(|(i, w)| i != first && parse_log(&w.log()).led > 0);
+        next.is_some()
+    });
+    let takeover = killed.elapsed();
+    eprintln!("takeover after SIGKILL: {takeover:?} (lease TTL {LEASE_TTL:?})");
+    assert!(
+        takeover <= LEASE_TTL + Duration::from_millis(300),
+        "takeover took {takeover:?}, past the lease TTL {LEASE_TTL:?}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let next = next.unwrap();
+    let mut survivors: Vec<Worker> = Vec::new();
+    let mut killed_worker = None;
+    for (i, worker) in workers.drain(..).enumerate() {
+        if i == first {
+            killed_worker = Some(worker);
+        } else {
+            survivors.push(worker);
+        }
+    }
+    let next_index = if next > first { next - 1 } else { next };
+    stop_leader_last(&mut survivors, next_index);
+    workers = survivors;
+    workers.extend(killed_worker);
+    let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+
+    // With --catch-up, the new leader enqueued the ticks no one did.
+    let (caught_up, _) = ticks_of(&logs, "catch_up_beat");
+    assert_consecutive(&caught_up, "catch_up_beat");
+    assert_eq!(
+        job_task_ids(&redis, "catch_up_beat").len(),
+        caught_up.len(),
+        "one task per tick"
+    );
+    // Without, the ticks while no replica led are skipped.
+    let (skipped, _) = ticks_of(&logs, "beat");
+    let holes: i64 = skipped.windows(2).map(|p| p[1] - p[0] - 1).sum();
+    eprintln!("beat (no catch-up): {holes} ticks skipped while no replica led");
+    assert!(holes >= 1, "{skipped:?}");
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_enqueues_nothing_when_it_resumes() {
+    let db = migrated_database();
+    let redis = RedisServer::start();
+    let mut workers = start_workers(&db, &redis, 2);
+    let first = leader(&workers);
+    std::thread::sleep(Duration::from_secs(2));
+
+    workers[first].signal("-STOP");
+    let paused_log = parse_log(&workers[first].log()).enqueued.len();
+    wait_until(LEASE_TTL * 2, "the other replica leads", || {
+        parse_log(&workers[1 - first].log()).led > 0
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    workers[first].signal("-CONT");
+    std::thread::sleep(Duration::from_secs(3));
+    stop_leader_last(&mut workers, 1 - first);
+    let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+    assert_eq!(
+        logs[first].enqueued.len(),
+        paused_log,
+        "the paused leader enqueued after it resumed: {:?}",
+        &logs[first].enqueued[paused_log..]
+    );
+    assert!(
+        workers[first].log().contains("scheduler: lost the lease")
+            || workers[first]
+                .log()
+                .contains("scheduler: the lease ran out"),
+        "the resumed leader did not notice it lost the lease"
+    );
+    for schedule in ["beat", "catch_up_beat", "beat_event"] {
+        let (ticks, tries) = ticks_of(&logs, schedule);
+        let twice: Vec<_> = tries.iter().filter(|&(_, &n)| n > 1).collect();
+        if schedule == "beat" {
+            assert!(twice.is_empty(), "{schedule}: enqueued twice: {twice:?}");
+        }
+        assert!(!ticks.is_empty());
+    }
+    for schedule in ["beat", "catch_up_beat"] {
+        let runs: Vec<&String> = logs
+            .iter()
+            .flat_map(|l| &l.runs)
+            .filter(|(name, _)| name == schedule)
+            .map(|(_, id)| id)
+            .collect();
+        let distinct: BTreeSet<&String> = runs.iter().copied().collect();
+        assert_eq!(runs.len(), distinct.len(), "{schedule}: a tick ran twice");
+    }
+}
+
+/// Go asynq's Inspector (what asynqmon's Schedulers page shows) on `redis`.
+fn inspect(peer: &Path, redis: &RedisServer, args: &[&str]) -> serde_json::Value {
+    let output = std::process::Command::new(peer)
+        .arg(redis.addr())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "inspectpeer {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn go_asynq_lists_the_leaders_schedules_and_their_ticks() {
+    let Some(peer) = crate::go_peers::go_peer("inspectpeer") else {
+        return;
+    };
+    let db = migrated_database();
+    let redis = RedisServer::start();
+    let mut workers = start_workers(&db, &redis, 1);
+    leader(&workers);
+    std::thread::sleep(Duration::from_secs(3));
+
+    let entries = inspect(&peer, &redis, &["schedulers"]);
+    let entries = entries.as_array().unwrap();
+    let specs: BTreeSet<(String, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["spec"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        specs,
+        BTreeSet::from([
+            ("job:beat".to_string(), "@every 1s".to_string()),
+            ("job:catch_up_beat".to_string(), "* * * * * *".to_string()),
+            ("event:beaten".to_string(), "@every 1s".to_string()),
+        ])
+    );
+    let beat = entries.iter().find(|e| e["type"] == "job:beat").unwrap();
+    let history = inspect(&peer, &redis, &["history", beat["id"].as_str().unwrap()]);
+    let listed: BTreeSet<String> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["task_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!listed.is_empty(), "no tick in the history");
+    let logged: BTreeSet<String> = parse_log(&workers[0].log())
+        .enqueued
+        .into_iter()
+        .filter(|e| e.schedule == "beat" && e.new)
+        .map(|e| e.tick_id)
+        .collect();
+    assert!(
+        listed.is_subset(&logged),
+        "history {listed:?} is not among the ticks enqueued {logged:?}"
+    );
+
+    // A leader that stops takes its entries off the page.
+    workers[0].signal("-TERM");
+    assert_eq!(workers[0].wait(Duration::from_secs(10)), Some(0));
+    assert_eq!(
+        inspect(&peer, &redis, &["schedulers"]),
+        serde_json::json!([])
+    );
+}
