@@ -300,6 +300,54 @@ async fn concurrent_relays_never_queue_an_event_twice() {
     assert_eq!(unpublished(&db).await, 0);
 }
 
+/// `Relay::run` claims the next batch while the current one is enqueued:
+/// three running relays drain a backlog, each event queued once, and one
+/// alone queues them in commit order.
+#[tokio::test]
+async fn running_relays_that_claim_ahead_queue_each_event_once_and_in_order() {
+    for relays in [1, 3] {
+        // Arrange
+        let db = TestDatabase::migrated().await;
+        let queue = TestQueue::new().await;
+        let mut envelopes = Vec::new();
+        for _ in 0..20 {
+            envelopes.extend(dispatch_events(&db, 100).await);
+        }
+
+        // Act
+        let stop = CancellationToken::new();
+        let running: Vec<_> = (0..relays)
+            .map(|_| tokio::spawn(relay(&db, &queue).run(stop.clone())))
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while unpublished(&db).await > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the backlog was not drained"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        for relay in running {
+            relay.await.unwrap();
+        }
+
+        // Assert
+        let expected: Vec<String> = envelopes.iter().map(|e| e.id.to_string()).collect();
+        let queued = queue.pending_ids().await;
+        let unique: BTreeSet<&String> = queued.iter().collect();
+        assert_eq!(unique.len(), expected.len(), "{relays} relays");
+        assert_eq!(
+            queued.len(),
+            expected.len(),
+            "{relays} relays: an event was queued twice"
+        );
+        if relays == 1 {
+            assert!(queued == expected, "the tasks are not in commit order");
+        }
+    }
+}
+
 #[tokio::test]
 async fn cleanup_deletes_only_published_rows_past_the_retention() {
     let db = TestDatabase::migrated().await;

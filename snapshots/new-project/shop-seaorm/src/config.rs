@@ -32,6 +32,8 @@ pub struct Config {
     pub outbox: OutboxConfig,
     #[config(nested)]
     pub worker: WorkerConfig,
+    #[config(nested)]
+    pub scheduler: SchedulerConfig,
 }
 
 /// Postgres.
@@ -82,6 +84,9 @@ pub struct ValkeyConfig {
     /// Connection URL instead of VALKEY_ADDR, such as rediss://user:password@host:6380/0
     #[config(env = "VALKEY_URL")]
     pub url: Option<ValkeyUrl>,
+    /// TLS to VALKEY_ADDR, the sentinels and their master, or the cluster's nodes (default false)
+    #[config(env = "VALKEY_TLS")]
+    pub tls: Option<bool>,
     /// PEM file of the CA that signs the server's TLS certificate (default: the public web roots)
     #[config(env = "VALKEY_CA_CERT")]
     pub ca_cert: Option<PathBuf>,
@@ -100,6 +105,12 @@ pub struct ValkeyConfig {
     /// Valkey Cluster: some of its nodes, such as node-1:6379,node-2:6379
     #[config(env = "VALKEY_CLUSTER_ADDRS")]
     pub cluster_addrs: Option<AddrList>,
+    /// How long to wait for a connection to Valkey (default 5s)
+    #[config(env = "VALKEY_CONNECT_TIMEOUT", deserialize_with = duration::deserialize)]
+    pub connect_timeout: Option<Duration>,
+    /// How long to wait for Valkey's answer to one command (default 10s)
+    #[config(env = "VALKEY_RESPONSE_TIMEOUT", deserialize_with = duration::deserialize)]
+    pub response_timeout: Option<Duration>,
 }
 
 impl ValkeyConfig {
@@ -165,13 +176,38 @@ impl ValkeyConfig {
                  VALKEY_SENTINEL_ADDRS",
             ));
         }
-        if self.ca_cert.is_some() && !self.url.as_ref().is_some_and(ValkeyUrl::is_tls) {
+        if self.tls.is_some() && url.is_some() {
             return Err(String::from(
-                "VALKEY_CA_CERT is set but TLS is off; expected VALKEY_URL with rediss:// or \
-                 valkeys://",
+                "VALKEY_TLS and VALKEY_URL are both set; with VALKEY_URL the scheme says \
+                 whether TLS is on: use rediss:// or valkeys:// and unset VALKEY_TLS",
+            ));
+        }
+        if self.ca_cert.is_some() && !self.is_tls() {
+            return Err(String::from(
+                "VALKEY_CA_CERT is set but TLS is off; expected VALKEY_TLS=true, or VALKEY_URL \
+                 with rediss:// or valkeys://",
             ));
         }
         Ok(())
+    }
+
+    /// `VALKEY_CONNECT_TIMEOUT`, 5 s unless set.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout.unwrap_or(Duration::from_secs(5))
+    }
+
+    /// `VALKEY_RESPONSE_TIMEOUT`, 10 s unless set.
+    pub fn response_timeout(&self) -> Duration {
+        self.response_timeout.unwrap_or(Duration::from_secs(10))
+    }
+
+    /// Whether connections use TLS: `VALKEY_URL`'s scheme, or `VALKEY_TLS`
+    /// for the other forms.
+    pub fn is_tls(&self) -> bool {
+        match &self.url {
+            Some(url) => url.is_tls(),
+            None => self.tls.unwrap_or(false),
+        }
     }
 }
 
@@ -344,6 +380,33 @@ pub struct WorkerConfig {
     /// How long the inbox remembers that a listener handled an event
     #[config(env = "INBOX_RETENTION", default = "168h", deserialize_with = duration::deserialize)]
     pub inbox_retention: Duration,
+}
+
+/// The worker's scheduler (`src/schedules/`): one replica leads at a time.
+#[derive(Debug, confique::Config)]
+#[config(validate = Self::validate)]
+pub struct SchedulerConfig {
+    /// Whether this worker takes part in running the schedules
+    #[config(env = "SCHEDULER_ENABLED", default = true)]
+    pub enabled: bool,
+    /// How long the leader's lease on Valkey lasts without renewal: the
+    /// longest a dead leader's ticks go missing
+    #[config(env = "SCHEDULER_LEASE_TTL", default = "15s", deserialize_with = duration::deserialize)]
+    pub lease_ttl: Duration,
+}
+
+impl SchedulerConfig {
+    /// The leader renews every third of the TTL: at least a second leaves
+    /// room for a round trip to Valkey.
+    fn validate(&self) -> Result<(), String> {
+        if self.lease_ttl < Duration::from_secs(1) {
+            return Err(format!(
+                "SCHEDULER_LEASE_TTL is {:?}; it must be at least 1s, such as 15s",
+                self.lease_ttl
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Why the configuration could not be loaded. The message names the
@@ -655,6 +718,26 @@ mod tests {
                 .unwrap_err()
                 .contains("VALKEY_CA_CERT")
         );
+
+        let tls_and_url = ValkeyConfig {
+            url: Some("redis://cache:6379".parse().unwrap()),
+            tls: Some(true),
+            ..ValkeyConfig::default()
+        };
+        let err = tls_and_url.validate().unwrap_err();
+        assert!(
+            err.contains("VALKEY_TLS") && err.contains("VALKEY_URL"),
+            "{err}"
+        );
+
+        let tls_cluster_with_ca = ValkeyConfig {
+            cluster_addrs: Some("n1:6379,n2:6379".parse().unwrap()),
+            tls: Some(true),
+            ca_cert: Some("ca.pem".into()),
+            ..ValkeyConfig::default()
+        };
+        assert!(tls_cluster_with_ca.validate().is_ok());
+        assert!(tls_cluster_with_ca.is_tls());
 
         let cluster_and_addr = ValkeyConfig {
             cluster_addrs: Some("n1:6379,n2:6379".parse().unwrap()),

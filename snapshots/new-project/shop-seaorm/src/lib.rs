@@ -15,6 +15,8 @@ pub mod orm;
 pub mod outbox;
 pub mod queue;
 pub mod routes;
+pub mod scheduler;
+pub mod schedules;
 pub mod signals;
 pub mod startup;
 pub mod telemetry;

@@ -247,6 +247,25 @@ fn worker_configuration_errors_name_the_variable_and_hide_secrets() {
 }
 
 #[test]
+fn the_scheduler_settings_are_checked() {
+    let url = "postgres://app@localhost/app";
+    for (name, value, expected) in [
+        ("SCHEDULER_LEASE_TTL", "200ms", "it must be at least 1s"),
+        ("SCHEDULER_LEASE_TTL", "soon", "SCHEDULER_LEASE_TTL"),
+        ("SCHEDULER_ENABLED", "maybe", "SCHEDULER_ENABLED"),
+    ] {
+        let output = run(
+            env!("CARGO_BIN_EXE_worker"),
+            &[],
+            &[("DATABASE_URL", url), (name, value)],
+        );
+        let stderr = stderr_of(&output);
+        assert!(!output.status.success(), "{name}={value}: {stderr}");
+        assert!(stderr.contains(expected), "{name}={value}: {stderr}");
+    }
+}
+
+#[test]
 fn the_worker_reads_dotenv_and_names_a_malformed_line() {
     let dir =
         WorkDir::with_env_file("DATABASE_URL=postgres://localhost/app\nWORKER_CONCURRENCY=ten\n");

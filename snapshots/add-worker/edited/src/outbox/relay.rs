@@ -10,6 +10,11 @@
 //!    published);
 //! 3. unmark the rows that did not reach every queue, if any, and commit.
 //!
+//! While a full batch is enqueued, the next batch is claimed in a second
+//! transaction, so that draining a backlog the claim's time hides behind
+//! the enqueue's (in [`Relay::run`]; [`Relay::publish_batch`] runs one
+//! round alone). Rows are still published in id order within a round.
+//!
 //! Keyset claiming: while rounds come back full (draining a backlog), each
 //! claim starts its index scan after the highest row id the previous round
 //! claimed, so it never walks the entries of rows already published, which
@@ -94,6 +99,12 @@ pub enum RelayError {
     },
 }
 
+/// A claimed batch, marked published in its still-open transaction.
+struct Batch {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    events: Vec<ClaimedEvent>,
+}
+
 /// The relay for one worker process.
 pub struct Relay {
     pool: PgPool,
@@ -150,14 +161,70 @@ impl Relay {
 
     /// One round: claim, enqueue, mark, commit.
     pub async fn publish_batch(&self) -> Result<Round, RelayError> {
-        let mut tx = self.pool.begin_with(RELAY_BEGIN).await?;
         // Until this round ends well, the next one starts from the beginning.
         let after = self.after.swap(0, Ordering::Relaxed);
-        let mut claimed = self.claim(&mut tx, after).await?;
-        if claimed.is_empty() && after > 0 {
-            claimed = self.claim(&mut tx, 0).await?;
+        let batch = self.claim_batch(after).await?;
+        let resume_after = self.resume_after(&batch.events);
+        let round = self.deliver(batch).await?;
+        self.after.store(resume_after, Ordering::Relaxed);
+        Ok(round)
+    }
+
+    /// One round of [`run`](Self::run): like [`publish_batch`](Self::publish_batch),
+    /// but while a full batch is enqueued the next batch is already claimed,
+    /// in a second transaction (the round after starts with it, from
+    /// `next`). Draining a backlog, the claim's time then hides behind the
+    /// enqueue's. A failed round drops the claim in hand, which rolls it
+    /// back, and the next claim starts from the beginning.
+    async fn overlapped_round(&self, next: &mut Option<Batch>) -> Result<Round, RelayError> {
+        let batch = match next.take() {
+            Some(batch) => batch,
+            None => {
+                let after = self.after.swap(0, Ordering::Relaxed);
+                self.claim_batch(after).await?
+            }
+        };
+        let resume_after = self.resume_after(&batch.events);
+        // Whatever happens, the next claim made afresh starts from the
+        // beginning, unless the overlapped claim below fails after a good
+        // round.
+        self.after.store(0, Ordering::Relaxed);
+        if resume_after == 0 {
+            // A short round, or a rescan from the beginning next: nothing
+            // to overlap with.
+            return self.deliver(batch).await;
         }
-        let resume_after = self.resume_after(&claimed);
+        let (round, following) = tokio::join!(self.deliver(batch), self.claim_batch(resume_after));
+        // A failed round drops the following claim, which rolls it back.
+        let round = round?;
+        match following {
+            Ok(following) => *next = Some(following),
+            Err(err) => {
+                tracing::warn!(error = %error_chain(&err), "claiming the next outbox batch failed");
+                self.after.store(resume_after, Ordering::Relaxed);
+            }
+        }
+        Ok(round)
+    }
+
+    /// Begins a round's transaction and claims (and marks) its batch, after
+    /// row id `after`, or from the beginning when nothing is left after it.
+    async fn claim_batch(&self, after: i64) -> Result<Batch, RelayError> {
+        let mut tx = self.pool.begin_with(RELAY_BEGIN).await?;
+        let mut events = self.claim(&mut tx, after).await?;
+        if events.is_empty() && after > 0 {
+            events = self.claim(&mut tx, 0).await?;
+        }
+        Ok(Batch { tx, events })
+    }
+
+    /// Enqueues a claimed batch, unmarks what did not reach every queue,
+    /// and commits.
+    async fn deliver(&self, batch: Batch) -> Result<Round, RelayError> {
+        let Batch {
+            mut tx,
+            events: claimed,
+        } = batch;
         if claimed.is_empty() {
             tx.commit().await?;
             return Ok(Round::default());
@@ -231,10 +298,7 @@ impl Relay {
             duplicates,
         };
         match first_error {
-            None => {
-                self.after.store(resume_after, Ordering::Relaxed);
-                Ok(round)
-            }
+            None => Ok(round),
             Some(source) => Err(RelayError::Queue {
                 claimed: round.claimed,
                 published: round.published,
@@ -291,9 +355,11 @@ impl Relay {
     /// duplicates). No transaction is held while it waits.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
+        // The batch claimed while the previous one was enqueued, if any.
+        let mut next = None;
         while !shutdown.is_cancelled() {
             let round = tokio::select! {
-                round = self.publish_batch() => round,
+                round = self.overlapped_round(&mut next) => round,
                 () = grace_after(&shutdown) => {
                     tracing::warn!("relay round abandoned at shutdown; its events stay unpublished");
                     break;

@@ -37,11 +37,6 @@ pub fn queue_prefix(queue: &str) -> String {
     format!("asynq:{{{queue}}}:")
 }
 
-/// `asynq:{<queue>}:t:`, the prefix of the task hashes.
-pub fn task_prefix(queue: &str) -> String {
-    format!("asynq:{{{queue}}}:t:")
-}
-
 /// `asynq:{<queue>}:t:<id>`, the hash holding a task's `msg` and `state`.
 pub fn task(queue: &str, id: &str) -> String {
     format!("asynq:{{{queue}}}:t:{id}")
@@ -93,9 +88,10 @@ pub fn all_groups(queue: &str) -> String {
     format!("asynq:{{{queue}}}:groups")
 }
 
-/// The prefix of the group sets (task aggregation, not used by this kit).
-pub fn group_prefix(queue: &str) -> String {
-    format!("asynq:{{{queue}}}:g:")
+/// The sorted set of a group's tasks (task aggregation, not used by this
+/// kit; Go services may group tasks).
+pub fn group(queue: &str, group: &str) -> String {
+    format!("asynq:{{{queue}}}:g:{group}")
 }
 
 /// Count of tasks processed on a day (UTC), as asynqmon charts them.
@@ -145,13 +141,11 @@ mod tests {
 
     #[test]
     fn every_key_a_script_touches_shares_its_queues_slot() {
-        // The prefixes scripts build task and group keys from (see
-        // `scripts`) carry the same tag as the keys passed in KEYS.
+        // Every key of a queue that scripts are given carries its tag.
         let day = "2026-01-02T03:04:05Z".parse().unwrap();
         for key in [
             task("shop", "id"),
-            task_prefix("shop"),
-            group_prefix("shop"),
+            group("shop", "g"),
             pending("shop"),
             active("shop"),
             lease("shop"),

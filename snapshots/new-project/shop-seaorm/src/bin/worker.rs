@@ -1,10 +1,13 @@
-//! The worker: consumes queued tasks (event fan-out and listeners), relays
-//! the outbox to the queue, and cleans up published events.
+//! The worker: consumes queued tasks (event fan-out, listeners and
+//! scheduled jobs), relays the outbox to the queue, runs the scheduler, and
+//! cleans up published events.
 
 use std::process::ExitCode;
 
 use shop::config::Config;
 use shop::listeners::register as register_listeners;
+use shop::scheduler::Schedules;
+use shop::schedules::register as register_schedules;
 use shop::signals::shutdown_signal;
 use shop::telemetry::{self, LogFormat};
 use shop::worker::{self, listeners::Listeners};
@@ -34,7 +37,9 @@ async fn run() -> ExitCode {
     ));
     let mut listeners = Listeners::new();
     register_listeners(&mut listeners);
-    if let Err(err) = worker::run(&config, listeners, shutdown_signal()).await {
+    let mut schedules = Schedules::new();
+    register_schedules(&mut schedules);
+    if let Err(err) = worker::run(&config, listeners, schedules, shutdown_signal()).await {
         tracing::error!(error = format!("{err:#}"), "worker stopped");
         return ExitCode::FAILURE;
     }

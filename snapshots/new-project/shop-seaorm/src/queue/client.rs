@@ -5,7 +5,8 @@
 //! (see [`super::connection`]); clones share it, so the relay, the consumer
 //! and every handler use one socket, never one per task.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -33,6 +34,9 @@ pub struct Client {
     conn: Connection,
     /// Wakes idle consumers after each enqueue (see [`wakeup`]).
     enqueued: Enqueued,
+    /// The id each queue's oldest pending task had at the last dequeue,
+    /// which the next dequeue expects (see [`scripts::DEQUEUE`]).
+    pub(super) oldest_pending: Arc<Mutex<HashMap<String, String>>>,
 }
 
 /// A task to enqueue. The id is the deduplication key: while a task with
@@ -165,7 +169,14 @@ impl Client {
         Ok(Self {
             conn,
             enqueued: Enqueued::default(),
+            oldest_pending: Arc::default(),
         })
+    }
+
+    /// The shared connection, for commands of other modules (the
+    /// scheduler's lease and state).
+    pub fn connection(&self) -> Connection {
+        self.conn.clone()
     }
 
     /// The signal every enqueue through this client (and its clones) gives.

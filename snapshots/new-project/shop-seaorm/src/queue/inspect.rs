@@ -161,26 +161,57 @@ impl Client {
 
     /// asynq's "run" ([`scripts::RUN_TASK`]): moves the waiting task `id` of
     /// `queue` to pending, with its message (and retry count) unchanged.
+    /// Reads the task's state and group first, for the key of the set it
+    /// waits in; the script checks they did not change meanwhile, else it
+    /// tries again.
     pub async fn run_task(&self, queue: &str, id: &str) -> Result<RunOutcome, QueueError> {
-        let outcome: i64 = scripts::RUN_TASK
-            .key(keys::task(queue, id))
-            .key(keys::pending(queue))
-            .key(keys::all_groups(queue))
-            .arg(id)
-            .arg(keys::queue_prefix(queue))
-            .arg(keys::group_prefix(queue))
-            .invoke_async(&mut self.conn())
-            .await?;
-        match outcome {
-            1 => Ok(RunOutcome::Queued),
-            0 => Ok(RunOutcome::Missing),
-            -1 | -2 => Ok(RunOutcome::AlreadyQueued),
-            other => Err(QueueError::UnexpectedReply(format!(
-                "the run script returned {other}"
-            ))),
+        let mut conn = self.conn();
+        let task = keys::task(queue, id);
+        for _ in 0..RUN_ATTEMPTS {
+            let (state, group): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(&task)
+                .arg("state")
+                .arg("group")
+                .query_async(&mut conn)
+                .await?;
+            let state = state.unwrap_or_default();
+            let group = group.unwrap_or_default();
+            let waiting_in = if state == "aggregating" {
+                keys::group(queue, &group)
+            } else {
+                format!("{}{state}", keys::queue_prefix(queue))
+            };
+            let outcome: i64 = scripts::RUN_TASK
+                .key(&task)
+                .key(keys::pending(queue))
+                .key(keys::all_groups(queue))
+                .key(waiting_in)
+                .arg(id)
+                .arg(&state)
+                .arg(&group)
+                .invoke_async(&mut conn)
+                .await?;
+            match outcome {
+                1 => return Ok(RunOutcome::Queued),
+                0 => return Ok(RunOutcome::Missing),
+                -1 | -2 => return Ok(RunOutcome::AlreadyQueued),
+                -3 => continue,
+                other => {
+                    return Err(QueueError::UnexpectedReply(format!(
+                        "the run script returned {other}"
+                    )));
+                }
+            }
         }
+        Err(QueueError::UnexpectedReply(format!(
+            "task {id} kept changing state; try again"
+        )))
     }
 }
+
+/// How many times [`Client::run_task`] reads a task whose state keeps
+/// changing before it gives up.
+const RUN_ATTEMPTS: usize = 3;
 
 fn decode(queue: &str, encoded: &[u8]) -> Result<TaskMessage, QueueError> {
     TaskMessage::decode(encoded).map_err(|source| QueueError::Decode {

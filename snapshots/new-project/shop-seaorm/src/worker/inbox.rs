@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::listeners::ListenerError;
-
-/// Rows deleted per cleanup statement.
-pub const CLEANUP_BATCH: u32 = 1_000;
+use crate::outbox::cleanup;
+/// Rows deleted per cleanup statement, as for the outbox.
+pub use crate::outbox::cleanup::CLEANUP_BATCH;
 
 /// SQLSTATE `undefined_table`.
 const UNDEFINED_TABLE: &str = "42P01";
@@ -84,8 +84,7 @@ fn explain(err: sqlx::Error) -> ListenerError {
 /// Deletes every record older than `retention`, batch by batch, and
 /// returns how many it deleted.
 pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
-    let mut total = 0;
-    loop {
+    cleanup::in_batches(|| async {
         let deleted = sqlx::query(
             "DELETE FROM inbox_processed WHERE (listener, event_id) IN ( \
                SELECT listener, event_id FROM inbox_processed \
@@ -95,13 +94,10 @@ pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, s
         .bind(retention.as_secs_f64())
         .bind(i64::from(CLEANUP_BATCH))
         .execute(pool)
-        .await?
-        .rows_affected();
-        total += deleted;
-        if deleted < u64::from(CLEANUP_BATCH) {
-            return Ok(total);
-        }
-    }
+        .await?;
+        Ok(deleted.rows_affected())
+    })
+    .await
 }
 
 /// Runs [`delete_expired`] at start and then every `interval`, until
@@ -112,15 +108,8 @@ pub async fn run_cleanup(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    loop {
-        match delete_expired(&pool, retention).await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "deleted expired inbox records"),
-            Err(err) => tracing::warn!(error = %err, "inbox cleanup failed"),
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(interval) => {}
-        }
-    }
+    cleanup::every("expired inbox records", interval, shutdown, || {
+        delete_expired(&pool, retention)
+    })
+    .await;
 }

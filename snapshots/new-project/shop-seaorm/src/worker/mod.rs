@@ -3,6 +3,9 @@
 //!
 //! - the consumer, with the event fan-out and every listener registered by
 //!   task type;
+//! - the handlers of the schedules' jobs, and the scheduler, which enqueues
+//!   their ticks while this replica leads (`SCHEDULER_ENABLED`; see
+//!   `crate::scheduler`);
 //! - the outbox relay (woken by published wake-ups with `OUTBOX_WAKE=valkey`)
 //!   and the cleanup loops (published events, expired inbox records);
 //! - the metrics endpoint with the probes `/healthz` and `/readyz`, and the
@@ -44,15 +47,21 @@ use crate::database;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
 use crate::outbox::{Envelope, cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
+use crate::scheduler::lease::Lease;
+use crate::scheduler::{Scheduler, Schedules, TickOptions};
 use crate::trace_context::{self, TraceContext};
 
 /// Runs the worker until `shutdown` completes.
 pub async fn run(
     config: &Config,
     listeners: Listeners,
+    schedules: Schedules,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
+    schedules
+        .specs()
+        .context("a schedule in src/schedules/ is invalid")?;
     database::check_reachable(&config.database)
         .await
         .context("the worker needs Postgres at start-up")?;
@@ -73,13 +82,40 @@ pub async fn run(
     );
     let stop = CancellationToken::new();
 
-    let consumer = consumer(
+    let mut consumer = consumer(
         config,
         queue.clone(),
         pool.clone(),
         Arc::new(listeners),
         metrics.listeners.clone(),
     );
+    schedules.handle_jobs(&mut consumer, &pool);
+    let scheduler = (config.scheduler.enabled && !schedules.all().is_empty())
+        .then(|| {
+            let lease = Lease::new(
+                queue.connection(),
+                env!("CARGO_PKG_NAME"),
+                config.scheduler.lease_ttl,
+            );
+            let options = TickOptions {
+                job_queue: config
+                    .worker
+                    .queues
+                    .names()
+                    .next()
+                    .unwrap_or(crate::queue::DEFAULT_QUEUE)
+                    .to_string(),
+                retention: config.outbox.task_retention,
+            };
+            Scheduler::new(
+                Arc::new(schedules),
+                lease,
+                pool.clone(),
+                queue.clone(),
+                options,
+            )
+        })
+        .transpose()?;
     let relay = Relay::new(
         pool.clone(),
         queue.clone(),
@@ -113,6 +149,9 @@ pub async fn run(
     }
 
     let mut tasks = JoinSet::new();
+    if let Some(scheduler) = scheduler {
+        tasks.spawn(scheduler.run(stop.clone()));
+    }
     if config.outbox.wake == WakeMode::Valkey {
         tasks.spawn(wake::forward_published(queue, relay.waker(), stop.clone()));
     }

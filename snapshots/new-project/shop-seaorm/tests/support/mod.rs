@@ -43,6 +43,10 @@ pub fn test_config(database_url: &str) -> Config {
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
             inbox_retention: Duration::from_secs(168 * 3600),
         },
+        scheduler: config::SchedulerConfig {
+            enabled: true,
+            lease_ttl: Duration::from_secs(15),
+        },
     }
 }
 

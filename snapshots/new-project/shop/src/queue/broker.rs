@@ -4,6 +4,7 @@
 //! forward, lease recovery and completed-task cleanup, and the server state
 //! asynqmon's Servers page reads.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -18,8 +19,15 @@ const STATS_TTL: TimeDelta = TimeDelta::days(90);
 const ARCHIVE_EXPIRY: TimeDelta = TimeDelta::days(90);
 /// At most this many archived tasks are kept per queue (Go: `maxArchiveSize`).
 const MAX_ARCHIVE_SIZE: i64 = 10_000;
+/// How many archived tasks one trim script deletes at most.
+const TRIM_BATCH: usize = 100;
 /// How many expired completed tasks one cleanup script deletes.
-const CLEANUP_BATCH: i64 = 100;
+const CLEANUP_BATCH: isize = 100;
+/// How many due tasks one forward script moves (as Go asynq).
+const FORWARD_BATCH: isize = 100;
+/// How many times a dequeue may find another task than it expected (taken
+/// by another consumer meanwhile) before it counts the queue as empty.
+const DEQUEUE_ATTEMPTS: usize = 5;
 
 impl Client {
     /// Takes the next pending task of the first queue in `queues` that has
@@ -29,26 +37,76 @@ impl Client {
         queues: &[String],
         lease_until: DateTime<Utc>,
     ) -> Result<Option<TaskMessage>, QueueError> {
-        let mut conn = self.conn();
         for queue in queues {
-            let encoded: Option<Vec<u8>> = scripts::DEQUEUE
+            if let Some(message) = self.dequeue_from(queue, lease_until).await? {
+                return Ok(Some(message));
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`scripts::DEQUEUE`] on `queue`: the script is given the hash of the
+    /// task it expects to be the oldest pending one (as the last dequeue
+    /// left it); when another task is, it says which, and the next attempt
+    /// expects that one. Another consumer taking tasks at the same moment
+    /// makes an attempt miss; after [`DEQUEUE_ATTEMPTS`] misses the queue
+    /// counts as empty until the next dequeue.
+    async fn dequeue_from(
+        &self,
+        queue: &str,
+        lease_until: DateTime<Utc>,
+    ) -> Result<Option<TaskMessage>, QueueError> {
+        let mut conn = self.conn();
+        let mut expected = self
+            .oldest_pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+            .cloned()
+            .unwrap_or_default();
+        for _ in 0..DEQUEUE_ATTEMPTS {
+            let reply: Vec<redis::Value> = scripts::DEQUEUE
                 .key(keys::pending(queue))
                 .key(keys::paused(queue))
                 .key(keys::active(queue))
                 .key(keys::lease(queue))
+                .key(keys::task(queue, &expected))
                 .arg(lease_until.timestamp())
-                .arg(keys::task_prefix(queue))
+                .arg(&expected)
                 .invoke_async(&mut conn)
                 .await?;
-            if let Some(encoded) = encoded {
+            let id = |value: &redis::Value| match value {
+                redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            };
+            let (next, message) = match reply.as_slice() {
+                [redis::Value::Int(0)] => return Ok(None),
+                [redis::Value::Int(1), oldest] => (id(oldest), None),
+                [
+                    redis::Value::Int(2),
+                    redis::Value::BulkString(encoded),
+                    next,
+                ] => (id(next), Some(encoded.clone())),
+                other => {
+                    return Err(QueueError::UnexpectedReply(format!(
+                        "the dequeue script returned {other:?}"
+                    )));
+                }
+            };
+            self.oldest_pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(queue.to_string(), next.clone());
+            if let Some(encoded) = message {
                 let message = TaskMessage::decode(encoded.as_slice()).map_err(|source| {
                     QueueError::Decode {
-                        queue: queue.clone(),
+                        queue: queue.to_string(),
                         source,
                     }
                 })?;
                 return Ok(Some(message));
             }
+            expected = next;
         }
         Ok(None)
     }
@@ -188,7 +246,7 @@ impl Client {
         let mut archived = message.clone();
         archived.error_msg = error.to_string();
         archived.last_failed_at = now.timestamp();
-        scripts::ARCHIVE
+        let (archived_count, oldest): (i64, Option<f64>) = scripts::ARCHIVE
             .key(keys::task(queue, &message.id))
             .key(keys::active(queue))
             .key(keys::lease(queue))
@@ -197,16 +255,47 @@ impl Client {
             .key(keys::failed_on(queue, now))
             .key(keys::processed_total(queue))
             .key(keys::failed_total(queue))
-            .key(keys::task_prefix(queue))
             .arg(&message.id)
             .arg(archived.encode_to_vec())
             .arg(now.timestamp())
-            .arg((now - ARCHIVE_EXPIRY).timestamp())
-            .arg(MAX_ARCHIVE_SIZE)
             .arg((now + STATS_TTL).timestamp())
             .arg(i64::MAX)
-            .invoke_async::<()>(&mut self.conn())
+            .invoke_async(&mut self.conn())
             .await?;
+        let cutoff = (now - ARCHIVE_EXPIRY).timestamp();
+        if archived_count >= MAX_ARCHIVE_SIZE || oldest.is_some_and(|score| score <= cutoff as f64)
+        {
+            self.trim_archived(queue, cutoff).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the archived tasks of `queue` older than `cutoff` or beyond
+    /// [`MAX_ARCHIVE_SIZE`], as Go asynq's archive script does: reads their
+    /// ids, then [`scripts::TRIM_ARCHIVED`] deletes those still due.
+    async fn trim_archived(&self, queue: &str, cutoff: i64) -> Result<(), QueueError> {
+        let mut conn = self.conn();
+        let archived = keys::archived(queue);
+        let (old, extra): (Vec<String>, Vec<String>) = redis::pipe()
+            .cmd("ZRANGEBYSCORE")
+            .arg(&archived)
+            .arg("-inf")
+            .arg(cutoff)
+            .cmd("ZRANGE")
+            .arg(&archived)
+            .arg(0)
+            .arg(-MAX_ARCHIVE_SIZE)
+            .query_async(&mut conn)
+            .await?;
+        let ids: BTreeSet<String> = old.into_iter().chain(extra).collect();
+        for chunk in ids.into_iter().collect::<Vec<_>>().chunks(TRIM_BATCH) {
+            let mut invocation = scripts::TRIM_ARCHIVED.key(&archived);
+            invocation.arg(cutoff).arg(MAX_ARCHIVE_SIZE);
+            for id in chunk {
+                invocation.key(keys::task(queue, id)).arg(id);
+            }
+            invocation.invoke_async::<i64>(&mut conn).await?;
+        }
         Ok(())
     }
 
@@ -225,22 +314,48 @@ impl Client {
         Ok(())
     }
 
-    /// Moves the due tasks of `:scheduled` and `:retry` to pending.
+    /// Moves the due tasks of `:scheduled` and `:retry` to pending: reads
+    /// up to [`FORWARD_BATCH`] due ids and their groups, then
+    /// [`scripts::FORWARD`] moves those still due, until none is left.
     pub(super) async fn forward_due(&self, queue: &str) -> Result<(), QueueError> {
         let mut conn = self.conn();
         for source in [keys::scheduled(queue), keys::retry(queue)] {
             loop {
                 let now = Utc::now();
-                let moved: i64 = scripts::FORWARD
-                    .key(&source)
+                let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(&source)
+                    .arg("-inf")
+                    .arg(now.timestamp())
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(FORWARD_BATCH)
+                    .query_async(&mut conn)
+                    .await?;
+                if ids.is_empty() {
+                    break;
+                }
+                let mut groups = redis::pipe();
+                for id in &ids {
+                    groups.hget(keys::task(queue, id), "group");
+                }
+                let groups: Vec<Option<String>> = groups.query_async(&mut conn).await?;
+                let mut invocation = scripts::FORWARD.key(&source);
+                invocation
                     .key(keys::pending(queue))
                     .arg(now.timestamp())
-                    .arg(keys::task_prefix(queue))
-                    .arg(now.timestamp_nanos_opt().unwrap_or_default())
-                    .arg(keys::group_prefix(queue))
-                    .invoke_async(&mut conn)
-                    .await?;
-                if moved == 0 {
+                    .arg(now.timestamp_nanos_opt().unwrap_or_default());
+                for (id, group) in ids.iter().zip(groups) {
+                    let group = group.unwrap_or_default();
+                    let task = keys::task(queue, id);
+                    let group_key = if group.is_empty() {
+                        task.clone()
+                    } else {
+                        keys::group(queue, &group)
+                    };
+                    invocation.key(task).key(group_key).arg(id).arg(group);
+                }
+                let moved: i64 = invocation.invoke_async(&mut conn).await?;
+                if moved == 0 || ids.len() < FORWARD_BATCH as usize {
                     break;
                 }
             }
@@ -249,20 +364,31 @@ impl Client {
     }
 
     /// The active tasks whose lease ran out before `cutoff`: their worker
-    /// died or lost Valkey.
+    /// died or lost Valkey. Reads the ids, then their messages; a task
+    /// settled in between is left out.
     pub(super) async fn lease_expired(
         &self,
         queue: &str,
         cutoff: DateTime<Utc>,
     ) -> Result<Vec<TaskMessage>, QueueError> {
-        let encoded: Vec<Vec<u8>> = scripts::LIST_LEASE_EXPIRED
-            .key(keys::lease(queue))
+        let mut conn = self.conn();
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(keys::lease(queue))
+            .arg("-inf")
             .arg(cutoff.timestamp())
-            .arg(keys::task_prefix(queue))
-            .invoke_async(&mut self.conn())
+            .query_async(&mut conn)
             .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut messages = redis::pipe();
+        for id in &ids {
+            messages.hget(keys::task(queue, id), "msg");
+        }
+        let encoded: Vec<Option<Vec<u8>>> = messages.query_async(&mut conn).await?;
         encoded
             .iter()
+            .flatten()
             .map(|bytes| {
                 TaskMessage::decode(bytes.as_slice()).map_err(|source| QueueError::Decode {
                     queue: queue.to_string(),
@@ -272,18 +398,33 @@ impl Client {
             .collect()
     }
 
-    /// Deletes the completed tasks whose retention has passed.
+    /// Deletes the completed tasks whose retention has passed: reads up to
+    /// [`CLEANUP_BATCH`] expired ids at a time, then
+    /// [`scripts::DELETE_EXPIRED`] deletes those still expired.
     pub(super) async fn delete_expired_completed(&self, queue: &str) -> Result<(), QueueError> {
         let mut conn = self.conn();
+        let completed = keys::completed(queue);
         loop {
-            let deleted: i64 = scripts::DELETE_EXPIRED_COMPLETED
-                .key(keys::completed(queue))
-                .arg(Utc::now().timestamp())
-                .arg(keys::task_prefix(queue))
+            let now = Utc::now().timestamp();
+            let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                .arg(&completed)
+                .arg("-inf")
+                .arg(now)
+                .arg("LIMIT")
+                .arg(0)
                 .arg(CLEANUP_BATCH)
-                .invoke_async(&mut conn)
+                .query_async(&mut conn)
                 .await?;
-            if deleted < CLEANUP_BATCH {
+            if ids.is_empty() {
+                return Ok(());
+            }
+            let mut invocation = scripts::DELETE_EXPIRED.key(&completed);
+            invocation.arg(now);
+            for id in &ids {
+                invocation.key(keys::task(queue, id)).arg(id);
+            }
+            let deleted: i64 = invocation.invoke_async(&mut conn).await?;
+            if deleted == 0 || ids.len() < CLEANUP_BATCH as usize {
                 return Ok(());
             }
         }

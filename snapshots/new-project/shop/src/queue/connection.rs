@@ -27,9 +27,13 @@
 //!
 //! # TLS
 //!
-//! `rediss://` and `valkeys://` URLs use TLS (rustls, with the `ring`
-//! provider: nothing to install). The server's certificate must chain to
-//! the public web roots (webpki-roots), or to `VALKEY_CA_CERT` when set.
+//! `rediss://` and `valkeys://` URLs use TLS, and so do `VALKEY_ADDR`, the
+//! sentinels and their master, and a cluster's nodes with `VALKEY_TLS=true`
+//! (rustls, with the `ring` provider: nothing to install). The server's
+//! certificate must chain to the public web roots (webpki-roots), or to
+//! `VALKEY_CA_CERT` when set. Sentinels name the master, and a cluster its
+//! nodes, by the address they announce (an IP unless they are set to
+//! announce host names), so that is the name the certificate must carry.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -40,7 +44,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisConnectionInfo, RedisError,
-    RedisFuture, RedisResult, TlsCertificates, Value,
+    RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
 use secrecy::ExposeSecret;
 
@@ -54,6 +58,8 @@ const DEFAULT_ADDR: &str = "localhost:6379";
 #[derive(Clone)]
 pub struct Target {
     kind: Kind,
+    /// `VALKEY_CONNECT_TIMEOUT` and `VALKEY_RESPONSE_TIMEOUT`.
+    timeouts: (Duration, Duration),
     /// What errors and logs call it: `host:port`, never a credential.
     shown: String,
     db: i64,
@@ -90,6 +96,7 @@ impl Target {
             .filter(|addr| !addr.is_empty())
             .unwrap_or(DEFAULT_ADDR);
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Server(Box::new(node(config, addr)?)),
             shown: addr.to_string(),
             db: i64::from(config.db.unwrap_or(0)),
@@ -100,7 +107,7 @@ impl Target {
     fn sentinel(config: &ValkeyConfig, addrs: &[String], master: &str) -> Result<Self, QueueError> {
         let sentinels = addrs
             .iter()
-            .map(|addr| split_addr(addr).map(|(host, port)| ConnectionAddr::Tcp(host, port)))
+            .map(|addr| split_addr(addr).map(|(host, port)| tcp(config, host, port)))
             .collect::<Result<Vec<_>, _>>()?;
         let db = i64::from(config.db.unwrap_or(0));
         let mut builder = SentinelClientBuilder::new(sentinels, master, SentinelServerType::Master)
@@ -118,8 +125,19 @@ impl Target {
         if let Some(password) = &config.sentinel_password {
             builder = builder.set_client_to_sentinel_password(password.expose_secret());
         }
+        if config.is_tls() {
+            builder = builder
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_tls_mode(TlsMode::Secure);
+            if let Some(certificates) = certificates(config)? {
+                builder = builder
+                    .set_client_to_sentinel_certificates(certificates.clone())
+                    .set_client_to_redis_certificates(certificates);
+            }
+        }
         let client = builder.build().map_err(QueueError::Redis)?;
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Sentinel(Arc::new(tokio::sync::Mutex::new(client))),
             shown: format!("master `{master}` of the sentinels {}", addrs.join(",")),
             db,
@@ -134,16 +152,23 @@ impl Target {
             .collect::<Result<Vec<_>, _>>()?;
         let mut builder =
             ClusterClientBuilder::new(nodes.iter().map(|node| node.get_connection_info().clone()))
-                .connection_timeout(Duration::from_secs(5))
-                .response_timeout(Duration::from_secs(10));
+                .connection_timeout(config.connect_timeout())
+                .response_timeout(config.response_timeout());
         if let Some(username) = username(config) {
             builder = builder.username(username);
         }
         if let Some(password) = &config.password {
             builder = builder.password(password.expose_secret());
         }
+        if config.is_tls() {
+            builder = builder.tls(TlsMode::Secure);
+            if let Some(certificates) = certificates(config)? {
+                builder = builder.certs(certificates);
+            }
+        }
         let client = builder.build().map_err(QueueError::Redis)?;
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Cluster(Box::new(client), nodes),
             shown: format!("the cluster of {}", addrs.join(",")),
             db: 0,
@@ -164,28 +189,15 @@ impl Target {
             .into_connection_info()
             .map_err(|_| QueueError::Url)?;
         let db = info.redis_settings().db();
-        let client = if url.is_tls() {
-            install_crypto_provider();
-            let root_cert = match &config.ca_cert {
-                Some(path) => Some(std::fs::read(path).map_err(|source| QueueError::CaCert {
-                    path: path.display().to_string(),
-                    source,
-                })?),
-                None => None,
-            };
-            let certificates = TlsCertificates {
-                client_tls: None,
-                root_cert,
-            };
-            redis::Client::build_with_tls(info, certificates)
-        } else {
-            redis::Client::open(info)
-        }
-        .map_err(|source| QueueError::Connect {
-            addr: shown.clone(),
-            source,
+        let client = open(config, info).map_err(|err| match err {
+            QueueError::Redis(source) => QueueError::Connect {
+                addr: shown.clone(),
+                source,
+            },
+            other => other,
         })?;
         Ok(Self {
+            timeouts: timeouts(config),
             kind: Kind::Server(Box::new(client)),
             shown,
             db,
@@ -198,7 +210,7 @@ impl Target {
         let connect = async {
             let mut link = match &self.kind {
                 Kind::Cluster(cluster, _) => Link::Cluster(cluster.get_async_connection().await?),
-                _ => Link::Server(manager(self.client().await?).await?),
+                _ => Link::Server(manager(self.client().await?, self.timeouts).await?),
             };
             redis::cmd("PING").query_async::<String>(&mut link).await?;
             Ok(link)
@@ -252,11 +264,15 @@ impl Target {
     }
 }
 
-/// A multiplexed, self-reconnecting connection with the project's timeouts.
-async fn manager(client: redis::Client) -> RedisResult<ConnectionManager> {
+/// A multiplexed, self-reconnecting connection with the project's timeouts
+/// (connect, response).
+async fn manager(
+    client: redis::Client,
+    (connect, response): (Duration, Duration),
+) -> RedisResult<ConnectionManager> {
     let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(connect))
+        .set_response_timeout(Some(response))
         .set_number_of_retries(3)
         .set_max_delay(Duration::from_secs(2));
     ConnectionManager::new_with_config(client, config).await
@@ -273,11 +289,66 @@ fn node(config: &ValkeyConfig, addr: &str) -> Result<redis::Client, QueueError> 
     if let Some(password) = &config.password {
         redis = redis.set_password(password.expose_secret());
     }
-    let info = ConnectionAddr::Tcp(host, port)
+    let info = tcp(config, host, port)
         .into_connection_info()
         .map_err(QueueError::Redis)?
         .set_redis_settings(redis);
-    redis::Client::open(info).map_err(QueueError::Redis)
+    open(config, info)
+}
+
+/// The address of `host:port`, over TLS when `config` asks for it.
+fn tcp(config: &ValkeyConfig, host: String, port: u16) -> ConnectionAddr {
+    if config.is_tls() {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    }
+}
+
+/// A client for `info`; over TLS, trusting `VALKEY_CA_CERT` when set.
+fn open(config: &ValkeyConfig, info: redis::ConnectionInfo) -> Result<redis::Client, QueueError> {
+    let client = match certificates(config)? {
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        None if config.is_tls() => redis::Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            },
+        ),
+        None => redis::Client::open(info),
+    };
+    client.map_err(QueueError::Redis)
+}
+
+/// The CA of `VALKEY_CA_CERT` to trust instead of the public web roots,
+/// once TLS is on; also installs rustls' crypto provider.
+fn certificates(config: &ValkeyConfig) -> Result<Option<TlsCertificates>, QueueError> {
+    if !config.is_tls() {
+        return Ok(None);
+    }
+    install_crypto_provider();
+    let Some(path) = &config.ca_cert else {
+        return Ok(None);
+    };
+    let root_cert = std::fs::read(path).map_err(|source| QueueError::CaCert {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Some(TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    }))
+}
+
+/// `VALKEY_CONNECT_TIMEOUT` and `VALKEY_RESPONSE_TIMEOUT`.
+fn timeouts(config: &ValkeyConfig) -> (Duration, Duration) {
+    (config.connect_timeout(), config.response_timeout())
 }
 
 /// `VALKEY_USERNAME`, unless empty.
@@ -377,7 +448,7 @@ impl Connection {
         }
         let found = async {
             let client = self.shared.target.client().await?;
-            manager(client).await
+            manager(client, self.shared.target.timeouts).await
         };
         match found.await {
             Ok(conn) => {

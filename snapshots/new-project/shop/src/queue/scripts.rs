@@ -1,24 +1,24 @@
 //! Go asynq's Lua scripts, one per state change of a task.
 //!
-//! Each script is copied verbatim from hibiken/asynq `internal/rdb/rdb.go`
-//! (the `asynq` crate 0.1.8 carries the same text in
-//! `backend/rdb/redis_scripts.rs`), so that a task moves between states
-//! exactly as a Go worker moves it. Copyright 2020 Kentaro Hibino, MIT
+//! The scripts are hibiken/asynq's (`internal/rdb/rdb.go`; the `asynq`
+//! crate 0.1.8 carries the same text in `backend/rdb/redis_scripts.rs`),
+//! so that a task moves between states exactly as a Go worker moves it,
+//! with the same keys and fields. Copyright 2020 Kentaro Hibino, MIT
 //! licence. Scripts run with EVALSHA; [`redis::Script`] falls back to
 //! loading the script when the server does not know it yet.
 //!
-//! # Valkey Cluster
+//! # Every key through KEYS
 //!
-//! A script runs on the node that owns the slot of its first key. Every
-//! key a script touches is in that slot: the keys it gets through KEYS all
-//! carry the queue's `{queue}` hash tag, and five scripts (DEQUEUE,
-//! ARCHIVE, FORWARD, LIST_LEASE_EXPIRED, DELETE_EXPIRED_COMPLETED) also
-//! build task (and group) keys from a prefix argument, as Go asynq does,
-//! because the task ids are only known inside the script. Those prefixes
-//! carry the same tag (guarded by a test in `keys`), so the keys are in the
-//! same slot and the scripts run on Valkey Cluster and Redis Cluster; they
-//! are not declared in KEYS (Go asynq issues #480, #951), which a server
-//! that enforced declared keys would refuse.
+//! Every key a script touches is passed in KEYS; none is built inside a
+//! script (the test at the bottom checks each `redis.call`). Five of Go
+//! asynq's scripts build task keys from a prefix because they learn the
+//! task ids inside the script (its issues #480, #951); here those state
+//! changes take two steps: the ids are read first, then a script that is
+//! given their keys checks that each task is still where it was read and
+//! moves only those ([`DEQUEUE`], [`FORWARD`], [`DELETE_EXPIRED`],
+//! [`TRIM_ARCHIVED`], [`RUN_TASK`]). Listing expired leases needs no script.
+//! All keys of a queue carry its `{queue}` hash tag, so each script runs on
+//! the one node of a Valkey Cluster that owns the queue's slot.
 
 use std::sync::LazyLock;
 
@@ -44,24 +44,33 @@ return 1
 });
 
 /// Moves the oldest pending task to active under a lease, unless the queue
-/// is paused. Returns the encoded message, or nil.
+/// is paused, provided it is the task `expected` (whose hash is KEYS[5]).
+/// Returns `{0}` when the queue is empty or paused, `{1, id}` when the
+/// oldest pending task is `id` instead, and `{2, message, next}` when the
+/// task moved, `next` being the id of the oldest pending task now (or
+/// false).
 ///
-/// KEYS: pending, paused, active, lease. ARGV: lease expiry (Unix s), task
-/// key prefix.
+/// KEYS: pending, paused, active, lease, task hash of `expected`. ARGV:
+/// lease expiry (Unix s), `expected`.
 pub static DEQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-if redis.call("EXISTS", KEYS[2]) == 0 then
-    local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
-    if id then
-        local key = ARGV[2] .. id
-        redis.call("HSET", key, "state", "active")
-        redis.call("HDEL", key, "pending_since")
-        redis.call("ZADD", KEYS[4], ARGV[1], id)
-        return redis.call("HGET", key, "msg")
-    end
+if redis.call("EXISTS", KEYS[2]) == 1 then
+    return {0}
 end
-return nil
+local id = redis.call("LINDEX", KEYS[1], -1)
+if not id then
+    return {0}
+end
+if id ~= ARGV[2] then
+    return {1, id}
+end
+redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
+redis.call("HSET", KEYS[5], "state", "active")
+redis.call("HDEL", KEYS[5], "pending_since")
+redis.call("ZADD", KEYS[4], ARGV[1], id)
+local msg = redis.call("HGET", KEYS[5], "msg")
+return {2, msg, redis.call("LINDEX", KEYS[1], -1)}
 "#,
     )
 });
@@ -235,12 +244,13 @@ return redis.status_reply("OK")
     )
 });
 
-/// Moves an active task to `:archived` (out of retries), trimming archived
-/// tasks older than the cutoff or beyond the maximum count.
+/// Moves an active task to `:archived` (out of retries). Returns the
+/// number of archived tasks and the score of the oldest, so that the caller
+/// knows whether [`TRIM_ARCHIVED`] has work to do.
 ///
 /// KEYS: task hash, active, lease, archived, processed:<day>, failed:<day>,
-/// processed, failed, task key prefix. ARGV: task id, encoded message, died
-/// at (Unix s), cutoff (Unix s), max archive size, stats expiry, max int64.
+/// processed, failed. ARGV: task id, encoded message, died at (Unix s),
+/// stats expiry, max int64.
 pub static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -251,38 +261,51 @@ if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
   return redis.error_reply("NOT FOUND")
 end
 redis.call("ZADD", KEYS[4], ARGV[3], ARGV[1])
-local old = redis.call("ZRANGE", KEYS[4], "-inf", ARGV[4], "BYSCORE")
-if #old > 0 then
-    for _, id in ipairs(old) do
-        redis.call("DEL", KEYS[9] .. id)
-    end
-    redis.call("ZREM", KEYS[4], unpack(old))
-end
-local extra = redis.call("ZRANGE", KEYS[4], 0, -ARGV[5])
-if #extra > 0 then
-    for _, id in ipairs(extra) do
-        redis.call("DEL", KEYS[9] .. id)
-    end
-    redis.call("ZREM", KEYS[4], unpack(extra))
-end
 redis.call("HSET", KEYS[1], "msg", ARGV[2], "state", "archived")
 local n = redis.call("INCR", KEYS[5])
 if tonumber(n) == 1 then
-    redis.call("EXPIREAT", KEYS[5], ARGV[6])
+    redis.call("EXPIREAT", KEYS[5], ARGV[4])
 end
 local m = redis.call("INCR", KEYS[6])
 if tonumber(m) == 1 then
-    redis.call("EXPIREAT", KEYS[6], ARGV[6])
+    redis.call("EXPIREAT", KEYS[6], ARGV[4])
 end
 local total = redis.call("GET", KEYS[7])
-if tonumber(total) == tonumber(ARGV[7]) then
+if tonumber(total) == tonumber(ARGV[5]) then
     redis.call("SET", KEYS[7], 1)
     redis.call("SET", KEYS[8], 1)
 else
     redis.call("INCR", KEYS[7])
     redis.call("INCR", KEYS[8])
 end
-return redis.status_reply("OK")
+local oldest = redis.call("ZRANGE", KEYS[4], 0, 0, "WITHSCORES")
+return {redis.call("ZCARD", KEYS[4]), tonumber(oldest[2])}
+"#,
+    )
+});
+
+/// Deletes the given archived tasks that are older than the cutoff or
+/// beyond the maximum count (Go asynq trims the same way in its archive
+/// script). Returns how many were deleted.
+///
+/// KEYS: archived, then the task hash of each id. ARGV: cutoff (Unix s),
+/// max archive size, then the ids.
+pub static TRIM_ARCHIVED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local excess = redis.call("ZCARD", KEYS[1]) - tonumber(ARGV[2])
+local deleted = 0
+for i = 3, #ARGV do
+    local id = ARGV[i]
+    local score = redis.call("ZSCORE", KEYS[1], id)
+    local rank = redis.call("ZRANK", KEYS[1], id)
+    if score and (tonumber(score) <= tonumber(ARGV[1]) or rank <= excess) then
+        redis.call("DEL", KEYS[i - 1])
+        redis.call("ZREM", KEYS[1], id)
+        deleted = deleted + 1
+    end
+end
+return deleted
 "#,
     )
 });
@@ -308,12 +331,14 @@ return redis.status_reply("OK")
 });
 
 /// Go asynq's `RunTask` (asynqmon's and the CLI's "run"): moves a task
-/// waiting in `:scheduled`, `:retry` or `:archived` to pending, keeping
-/// its message (so its retry count) as it is. Returns 1 when moved, 0 when
-/// the task does not exist, -1 when it is active, -2 when already pending.
+/// waiting in `:scheduled`, `:retry`, `:archived` (or a group) to pending,
+/// keeping its message (so its retry count) as it is, provided its state
+/// and group are still the ones read before (they name KEYS[4]). Returns 1
+/// when moved, 0 when the task does not exist, -1 when it is active, -2
+/// when already pending, -3 when its state changed since it was read.
 ///
-/// KEYS: task hash, pending, groups. ARGV: task id, queue key prefix,
-/// group key prefix.
+/// KEYS: task hash, pending, groups, the sorted set the task waits in (its
+/// state's, or its group's when aggregating). ARGV: task id, state, group.
 pub static RUN_TASK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -325,19 +350,14 @@ if state == "active" then
 	return -1
 elseif state == "pending" then
 	return -2
-elseif state == "aggregating" then
-	local n = redis.call("ZREM", ARGV[3] .. group, ARGV[1])
-	if n == 0 then
-		return redis.error_reply("internal error: task id not found in zset " .. tostring(ARGV[3] .. group))
-	end
-	if redis.call("ZCARD", ARGV[3] .. group) == 0 then
-		redis.call("SREM", KEYS[3], group)
-	end
-else
-	local n = redis.call("ZREM", ARGV[2] .. state, ARGV[1])
-	if n == 0 then
-		return redis.error_reply("internal error: task id not found in zset " .. tostring(ARGV[2] .. state))
-	end
+elseif state ~= ARGV[2] or (group or "") ~= ARGV[3] then
+	return -3
+end
+if redis.call("ZREM", KEYS[4], ARGV[1]) == 0 then
+	return redis.error_reply("internal error: task id not found in zset " .. tostring(KEYS[4]))
+end
+if state == "aggregating" and redis.call("ZCARD", KEYS[4]) == 0 then
+	redis.call("SREM", KEYS[3], group)
 end
 redis.call("LPUSH", KEYS[2], ARGV[1])
 redis.call("HSET", KEYS[1], "state", "pending")
@@ -346,70 +366,62 @@ return 1
     )
 });
 
-/// Moves up to 100 due tasks of `:scheduled` or `:retry` to pending.
-/// Returns how many moved.
+/// Moves the given tasks of `:scheduled` or `:retry` that are due to
+/// pending (or to their group, when they have one: Go asynq's task
+/// aggregation), skipping any no longer there or whose group is not the
+/// one read before. Returns how many moved.
 ///
-/// KEYS: source sorted set, pending. ARGV: now (Unix s), task key prefix,
-/// now (ns), group key prefix.
+/// KEYS: source sorted set, pending, then for each task its hash and its
+/// group's sorted set (its hash again when it has no group). ARGV: now
+/// (Unix s), now (ns), then for each task its id and group ("" for none).
 pub static FORWARD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, 100)
-for _, id in ipairs(ids) do
-    local taskKey = ARGV[2] .. id
-    local group = redis.call("HGET", taskKey, "group")
-    if group and group ~= '' then
-        redis.call("ZADD", ARGV[4] .. group, ARGV[1], id)
-        redis.call("ZREM", KEYS[1], id)
-        redis.call("HSET", taskKey,
-                   "state", "aggregating")
-    else
-        redis.call("LPUSH", KEYS[2], id)
-        redis.call("ZREM", KEYS[1], id)
-        redis.call("HSET", taskKey,
-                   "state", "pending",
-                   "pending_since", ARGV[3])
+local moved = 0
+for i = 1, (#ARGV - 2) / 2 do
+    local id = ARGV[2 * i + 1]
+    local expected = ARGV[2 * i + 2]
+    local score = redis.call("ZSCORE", KEYS[1], id)
+    local group = redis.call("HGET", KEYS[2 * i + 1], "group") or ""
+    if score and tonumber(score) <= tonumber(ARGV[1]) and group == expected then
+        if group ~= "" then
+            redis.call("ZADD", KEYS[2 * i + 2], ARGV[1], id)
+            redis.call("ZREM", KEYS[1], id)
+            redis.call("HSET", KEYS[2 * i + 1],
+                       "state", "aggregating")
+        else
+            redis.call("LPUSH", KEYS[2], id)
+            redis.call("ZREM", KEYS[1], id)
+            redis.call("HSET", KEYS[2 * i + 1],
+                       "state", "pending",
+                       "pending_since", ARGV[2])
+        end
+        moved = moved + 1
     end
 end
-return table.getn(ids)
+return moved
 "#,
     )
 });
 
-/// Returns the encoded messages of active tasks whose lease expired before
-/// the cutoff (their worker died).
+/// Deletes the given completed tasks whose retention has passed. Returns
+/// how many were deleted.
 ///
-/// KEYS: lease. ARGV: cutoff (Unix s), task key prefix.
-pub static LIST_LEASE_EXPIRED: LazyLock<Script> = LazyLock::new(|| {
+/// KEYS: completed, then the task hash of each id. ARGV: now (Unix s), then
+/// the ids.
+pub static DELETE_EXPIRED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local res = {}
-local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1])
-for _, id in ipairs(ids) do
-    local key = ARGV[2] .. id
-    local v = redis.call("HGET", key, "msg")
-    if v then
-        table.insert(res, v)
+local deleted = 0
+for i = 2, #ARGV do
+    local score = redis.call("ZSCORE", KEYS[1], ARGV[i])
+    if score and tonumber(score) <= tonumber(ARGV[1]) then
+        redis.call("DEL", KEYS[i])
+        redis.call("ZREM", KEYS[1], ARGV[i])
+        deleted = deleted + 1
     end
 end
-return res
-"#,
-    )
-});
-
-/// Deletes up to a batch of completed tasks whose retention expired.
-/// Returns how many were deleted.
-///
-/// KEYS: completed. ARGV: now (Unix s), task key prefix, batch size.
-pub static DELETE_EXPIRED_COMPLETED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, tonumber(ARGV[3]))
-for _, id in ipairs(ids) do
-    redis.call("DEL", ARGV[2] .. id)
-    redis.call("ZREM", KEYS[1], id)
-end
-return table.getn(ids)
+return deleted
 "#,
     )
 });
@@ -443,3 +455,79 @@ return redis.status_reply("OK")
 "#,
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every script, by name.
+    fn all() -> Vec<(&'static str, &'static Script)> {
+        vec![
+            ("ENQUEUE", &ENQUEUE),
+            ("DEQUEUE", &DEQUEUE),
+            ("DONE", &DONE),
+            ("DONE_UNIQUE", &DONE_UNIQUE),
+            ("MARK_AS_COMPLETE", &MARK_AS_COMPLETE),
+            ("MARK_AS_COMPLETE_UNIQUE", &MARK_AS_COMPLETE_UNIQUE),
+            ("RETRY", &RETRY),
+            ("ARCHIVE", &ARCHIVE),
+            ("TRIM_ARCHIVED", &TRIM_ARCHIVED),
+            ("REQUEUE", &REQUEUE),
+            ("RUN_TASK", &RUN_TASK),
+            ("FORWARD", &FORWARD),
+            ("DELETE_EXPIRED", &DELETE_EXPIRED),
+            ("WRITE_SERVER_STATE", &WRITE_SERVER_STATE),
+            ("CLEAR_SERVER_STATE", &CLEAR_SERVER_STATE),
+        ]
+    }
+
+    /// A script's Lua source. `redis::Script` keeps it private but shows it
+    /// in its `Debug` form, as an escaped string.
+    fn source(script: &Script) -> String {
+        let debug = format!("{script:?}");
+        let start = debug.find("code: \"").expect("the code in Debug") + 7;
+        let end = debug.find("\", hash:").expect("the hash in Debug");
+        debug[start..end]
+            .replace("\\n", "\n")
+            .replace("\\t", "\t")
+            .replace("\\\"", "\"")
+            .replace("\\\\", "\\")
+    }
+
+    /// The arguments of each `redis.call(...)` in `code`, split on commas
+    /// (no script passes a call's result straight into another call).
+    fn calls(code: &str) -> Vec<Vec<String>> {
+        code.split("redis.call(")
+            .skip(1)
+            .map(|rest| {
+                let args = &rest[..rest.find(')').expect("a closed call")];
+                args.split(',').map(|arg| arg.trim().to_string()).collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_key_a_script_touches_comes_through_keys() {
+        for (name, script) in all() {
+            let code = source(script);
+            assert!(code.contains("return"), "{name}: {code}");
+            let calls = calls(&code);
+            assert!(!calls.is_empty(), "{name} calls nothing");
+            for args in calls {
+                let command = args[0].trim_matches('"');
+                // The commands with a second key; the others have one.
+                let key_args = if matches!(command, "RPOPLPUSH" | "LMOVE") {
+                    2
+                } else {
+                    1
+                };
+                for key in &args[1..=key_args] {
+                    assert!(
+                        key.starts_with("KEYS["),
+                        "{name}: {command} touches `{key}`, which is not passed in KEYS"
+                    );
+                }
+            }
+        }
+    }
+}
