@@ -139,7 +139,11 @@ fn string_list(value: &Value) -> Vec<String> {
 #[test]
 fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries() {
     for (flag, servers, app_services) in [
-        ("--worker", &["postgres", "valkey"][..], &["migrate", "server", "worker"][..]),
+        (
+            "--worker",
+            &["postgres", "valkey"][..],
+            &["migrate", "server", "worker"][..],
+        ),
         ("--no-worker", &["postgres"][..], &["migrate", "server"][..]),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -183,7 +187,10 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
                 assert!(url.contains("@postgres:5432/"), "{url}");
                 // Valkey only where something uses it: the worker.
                 let valkey = (flag == "--worker").then_some("valkey:6379");
-                assert_eq!(environment.get("VALKEY_ADDR").and_then(Value::as_str), valkey);
+                assert_eq!(
+                    environment.get("VALKEY_ADDR").and_then(Value::as_str),
+                    valkey
+                );
             } else {
                 assert!(service["healthcheck"]["test"].is_sequence(), "{name}");
             }
@@ -217,7 +224,11 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
         }
         // Every named volume a service mounts is declared, and no other.
         let volumes = compose["volumes"].as_mapping().unwrap();
-        assert_eq!(volumes.len(), servers.len(), "{flag}: one volume per server");
+        assert_eq!(
+            volumes.len(),
+            servers.len(),
+            "{flag}: one volume per server"
+        );
         for service in services.values() {
             for mount in service.get("volumes").map(string_list).unwrap_or_default() {
                 let volume = mount.split(':').next().unwrap();
