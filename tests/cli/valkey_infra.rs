@@ -254,30 +254,12 @@ fn cli(args: &[&str]) -> Option<String> {
 /// A TLS Redis on a free port with a certificate for 127.0.0.1 signed by
 /// a fresh test CA `ca.pem` in `dir`.
 fn tls_server(dir: &Path) -> Server {
-    make_ca(dir, "ca");
-    make_server_cert(dir, "ca", "srv", "127.0.0.1", "IP:127.0.0.1,DNS:localhost");
     let port = free_port();
-    let server = Server::start_on(
-        port,
-        dir,
-        &[
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--tls-cert-file",
-            &dir.join("srv.pem").display().to_string(),
-            "--tls-key-file",
-            &dir.join("srv.key").display().to_string(),
-            "--tls-ca-cert-file",
-            &dir.join("ca.pem").display().to_string(),
-            "--tls-auth-clients",
-            "no",
-        ],
-    );
-    let ca = dir.join("ca.pem").display().to_string();
+    let args = tls_only_args(dir, port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start_on(port, dir, &args);
     wait_until(Duration::from_secs(10), "the TLS server answers", || {
-        cli(&["--tls", "--cacert", &ca, "-p", &port.to_string(), "PING"]).as_deref() == Some("PONG")
+        tls_cli(dir, &["-p", &port.to_string(), "PING"]).as_deref() == Some("PONG")
     });
     server
 }
