@@ -37,7 +37,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use sqlx::types::Json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -46,7 +45,7 @@ use self::lease::{Acquired, Lease};
 use self::spec::Spec;
 use crate::dispatch::Event;
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
-use crate::outbox::{Envelope, Metadata};
+use crate::outbox::{Envelope, Metadata, Store};
 use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task};
 
 /// The prefix of a job's task type: `job:<name>`.
@@ -287,20 +286,10 @@ pub async fn enqueue_tick(
                 name: (*name).to_string(),
                 payload: build(tick)?,
                 metadata: Metadata::new(),
-                occurred_at: tick.at,
+                // The row's creation time, as for a dispatched event.
+                occurred_at: Utc::now(),
             };
-            let inserted = sqlx::query(
-                "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-                 VALUES ($1, $2, $3, $4, now()) ON CONFLICT (event_id) DO NOTHING",
-            )
-            .bind(envelope.id)
-            .bind(&envelope.name)
-            .bind(Json(&envelope.payload))
-            .bind(Json(&envelope.metadata))
-            .execute(pool)
-            .await?
-            .rows_affected();
-            Ok(inserted == 1)
+            Ok(Store.insert_unless_present(pool, &envelope).await?)
         }
         What::Job(_) => {
             let payload = serde_json::to_vec(&JobPayload {

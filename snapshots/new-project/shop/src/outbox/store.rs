@@ -62,6 +62,28 @@ impl Store {
         Ok(id)
     }
 
+    /// Like [`Store::insert`], unless a row with the envelope's event id
+    /// exists: then nothing is written. Returns whether the row was new.
+    pub async fn insert_unless_present<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        envelope: &Envelope,
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(
+            "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(envelope.id)
+        .bind(&envelope.name)
+        .bind(Json(&envelope.payload))
+        .bind(Json(&envelope.metadata))
+        .bind(envelope.occurred_at)
+        .execute(executor)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
     /// Claims up to `limit` unpublished rows with a row id above `after`,
     /// oldest first, skipping rows other relays hold, and marks them
     /// published, in one statement; returns them in id order. The mark

@@ -10,6 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use prost::Message as _;
 
+use super::connection::Connection;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
 use super::{Client, QueueError, keys, scripts};
 
@@ -322,15 +323,7 @@ impl Client {
         for source in [keys::scheduled(queue), keys::retry(queue)] {
             loop {
                 let now = Utc::now();
-                let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                    .arg(&source)
-                    .arg("-inf")
-                    .arg(now.timestamp())
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(FORWARD_BATCH)
-                    .query_async(&mut conn)
-                    .await?;
+                let ids = due(&mut conn, &source, now.timestamp(), FORWARD_BATCH).await?;
                 if ids.is_empty() {
                     break;
                 }
@@ -372,12 +365,7 @@ impl Client {
         cutoff: DateTime<Utc>,
     ) -> Result<Vec<TaskMessage>, QueueError> {
         let mut conn = self.conn();
-        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(keys::lease(queue))
-            .arg("-inf")
-            .arg(cutoff.timestamp())
-            .query_async(&mut conn)
-            .await?;
+        let ids = due(&mut conn, &keys::lease(queue), cutoff.timestamp(), -1).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -406,15 +394,7 @@ impl Client {
         let completed = keys::completed(queue);
         loop {
             let now = Utc::now().timestamp();
-            let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                .arg(&completed)
-                .arg("-inf")
-                .arg(now)
-                .arg("LIMIT")
-                .arg(0)
-                .arg(CLEANUP_BATCH)
-                .query_async(&mut conn)
-                .await?;
+            let ids = due(&mut conn, &completed, now, CLEANUP_BATCH).await?;
             if ids.is_empty() {
                 return Ok(());
             }
@@ -429,6 +409,25 @@ impl Client {
             }
         }
     }
+}
+
+/// Up to `limit` (-1: all) members of the sorted set `key` scored `max` or
+/// less, lowest first: the ids of the tasks due by then.
+async fn due(
+    conn: &mut Connection,
+    key: &str,
+    max: i64,
+    limit: isize,
+) -> Result<Vec<String>, QueueError> {
+    Ok(redis::cmd("ZRANGEBYSCORE")
+        .arg(key)
+        .arg("-inf")
+        .arg(max)
+        .arg("LIMIT")
+        .arg(0)
+        .arg(limit)
+        .query_async(conn)
+        .await?)
 }
 
 impl Client {
