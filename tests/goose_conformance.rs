@@ -1,18 +1,18 @@
 //! Conformance of the generated project's goose migration parser with pressly/goose.
 //!
 //! The parser and the file-name rules live in the project template
-//! (`templates/project/src/migrate/{parser,naming}.rs`) and depend on `std` only, so
+//! (`templates/kit/src/migrate/{parser,naming}.rs`) and depend on `std` only, so
 //! they are compiled straight into this test. The corpus in `tests/fixtures/goose/`
 //! (see its README) holds goose's own test data plus the JSON output of the real goose
 //! parser for every file, in both directions.
 
 // Not every public helper is exercised here.
 #[allow(dead_code)]
-#[path = "../templates/project/src/migrate/parser.rs"]
+#[path = "../templates/kit/src/migrate/parser.rs"]
 mod parser;
 
 #[allow(dead_code)]
-#[path = "../templates/project/src/migrate/naming.rs"]
+#[path = "../templates/kit/src/migrate/naming.rs"]
 mod naming;
 
 use std::collections::HashMap;

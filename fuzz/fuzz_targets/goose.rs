@@ -1,5 +1,5 @@
 //! The generated project's goose migration parser and file-name rules
-//! (`templates/project/src/migrate/{parser,naming}.rs`, compiled in as gpkit's
+//! (`templates/kit/src/migrate/{parser,naming}.rs`, compiled in as gpkit's
 //! conformance test does), on arbitrary UTF-8. Besides never panicking or
 //! overflowing the stack, it checks that
 //! - an error's line number is a line of the file;
@@ -10,11 +10,11 @@
 #![no_main]
 
 #[allow(dead_code)]
-#[path = "../../templates/project/src/migrate/parser.rs"]
+#[path = "../../templates/kit/src/migrate/parser.rs"]
 mod parser;
 
 #[allow(dead_code)]
-#[path = "../../templates/project/src/migrate/naming.rs"]
+#[path = "../../templates/kit/src/migrate/naming.rs"]
 mod naming;
 
 use libfuzzer_sys::fuzz_target;

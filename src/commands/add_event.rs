@@ -103,8 +103,8 @@ fn dispatch_hint(names: &EventNames, db: DataLayer) -> String {
         r#"use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use kit::dispatch::Dispatcher;
 
-use crate::dispatch::Dispatcher;
 use crate::events::{module}::{ty};
 use crate::startup::AppState;
 

@@ -126,7 +126,7 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
     out.push_str(&heading);
     let listed: Vec<&FileChange> = changes
         .iter()
-        .filter(|c| c.outcome != Outcome::UpToDate)
+        .filter(|c| !matches!(c.outcome, Outcome::UpToDate | Outcome::MovedAway))
         .collect();
     let width = listed
         .iter()
@@ -155,7 +155,10 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
             }
         }
     }
-    let current = changes.len() - listed.len();
+    let current = changes
+        .iter()
+        .filter(|c| c.outcome == Outcome::UpToDate)
+        .count();
     if !listed.is_empty() && current > 0 {
         out.push_str(&format!("  ({current} other files up to date)\n"));
     }

@@ -5,7 +5,7 @@
 //! std only), compiled into gpkit too, so `gpkit new migration` and the
 //! project's `migrate create` can never disagree.
 
-#[path = "../../templates/project/src/migrate/naming.rs"]
+#[path = "../../templates/kit/src/migrate/naming.rs"]
 #[allow(dead_code)]
 mod naming;
 
@@ -185,11 +185,11 @@ mod tests {
 
     #[test]
     fn the_template_is_the_projects_own() {
-        let files = include_str!("../../templates/project/src/migrate/files.rs");
+        let files = include_str!("../../templates/kit/src/migrate/files.rs");
         let literal = format!("pub const SQL_TEMPLATE: &str = \"{SQL_TEMPLATE}\";");
         assert!(
             files.contains(&literal),
-            "templates/project/src/migrate/files.rs has another template"
+            "templates/kit/src/migrate/files.rs has another template"
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 4;
+pub const TEMPLATE_SET_VERSION: u32 = 5;
 
 /// The oldest Rust the generated projects build with: their Cargo.toml's
 /// `rust-version`, the newest that any of their dependencies declares.
@@ -33,21 +33,32 @@ pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
 /// (goose refuses those): set 3 added it, dated the day set 3 was made.
 pub const INBOX_MIGRATION: &str = "migrations/20261130000000_inbox.sql";
 
-/// Files that are the user's from the moment they are written. gpkit never
-/// rewrites them; it only edits managed regions and dependency tables.
-/// Every other file of the template set is kit-owned.
-const USER_OWNED: &[&str] = &[
-    "Cargo.toml",
-    "README.md",
-    ".gitignore",
-    "src/lib.rs",
-    "src/startup.rs",
-    "src/routes/mod.rs",
-    "src/bin/server.rs",
-    "src/listeners/mod.rs",
-    "src/schedules/mod.rs",
-    "src/events/mod.rs",
-];
+/// Files outside `src/` that are the user's from the moment they are
+/// written. Every file under `src/` is the user's too; gpkit never rewrites
+/// them, it only edits managed regions and dependency tables. Every other
+/// file (the kit under `kit/`, the migrations, the kit's tests) is kit-owned.
+const USER_OWNED: &[&str] = &["Cargo.toml", "README.md", ".gitignore"];
+
+/// The folder of the kit crate in a generated project, and its template set.
+pub const KIT_DIR: &str = "kit";
+
+/// The kit's package name in gpkit's own workspace; a project's kit is named
+/// after the project (`shop-kit`), so that services can share a workspace.
+const KIT_PACKAGE: &str = "gpkit-kit";
+
+/// Kit files that template set 5 dropped but that a user's file of an older
+/// project still declares (`mod health_check;` in `src/routes/mod.rs`): an
+/// upgrade keeps them, as the user's, instead of deleting them.
+pub const NOW_USERS: &[&str] = &["src/routes/health_check.rs"];
+
+/// Who owns the file at `path` of a generated project.
+pub fn owner_of(path: &str) -> Owner {
+    if path.starts_with("src/") || USER_OWNED.contains(&path) {
+        Owner::User
+    } else {
+        Owner::Kit
+    }
+}
 
 /// One file of the desired project tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,11 +121,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     for set in sets {
         for file in template_set(set)? {
             let contents = renderer.render(&file, &ctx)?;
-            let owner = if USER_OWNED.contains(&file.output) {
-                Owner::User
-            } else {
-                Owner::Kit
-            };
+            let owner = owner_of(file.output);
             let purpose = purpose(file.output, &contents);
             let previous = tree.insert(
                 file.output.to_string(),
@@ -131,6 +138,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
             );
         }
     }
+    render_kit(name.as_str(), &mut tree)?;
     for event in &events {
         render_event(&renderer, &ctx, event, components.worker, &mut tree)?;
     }
@@ -140,6 +148,38 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         }
     }
     Ok(tree)
+}
+
+/// The kit crate, `kit/`: copied from gpkit's own kit crate as it is, but
+/// for its package name. Cargo features (`worker`, `seaorm`), chosen by the
+/// service's dependency on it, switch its parts on.
+fn render_kit(name: &str, tree: &mut Tree) -> Result<()> {
+    let renderer = Renderer::new();
+    for file in template_set(KIT_DIR)? {
+        let mut contents = renderer.render(&file, &minijinja::Value::UNDEFINED)?;
+        if file.output == "Cargo.toml" {
+            let text = String::from_utf8(contents)?;
+            let from = format!("name = \"{KIT_PACKAGE}\"");
+            anyhow::ensure!(
+                text.contains(&from),
+                "the kit's Cargo.toml does not name its package `{KIT_PACKAGE}` (this is a bug in gpkit)"
+            );
+            contents = text
+                .replacen(&from, &format!("name = \"{name}-kit\""), 1)
+                .into_bytes();
+        }
+        let path = format!("{KIT_DIR}/{}", file.output);
+        let purpose = purpose(&path, &contents);
+        tree.insert(
+            path,
+            BlueprintFile {
+                owner: Owner::Kit,
+                contents,
+                purpose,
+            },
+        );
+    }
+    Ok(())
 }
 
 /// The file of one schedule, `src/schedules/<name>.rs`: the user's, written
@@ -236,6 +276,7 @@ fn purpose(path: &str, contents: &[u8]) -> String {
     }
     let known = match path {
         "Cargo.toml" => "the package manifest: binaries and dependencies",
+        "kit/Cargo.toml" => "the kit's package manifest: its features and dependencies",
         "README.md" => "how to configure, migrate and run the service",
         ".gitignore" => "keeps build output and local secrets out of git",
         ".env.example" => "every environment variable the service reads, with defaults",

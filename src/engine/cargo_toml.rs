@@ -41,6 +41,7 @@ pub fn merge(base: &str, ours: &str, theirs: &str) -> Result<Merged> {
     }
     merge_bins(&base, &mut doc, &theirs, &mut notes);
     merge_package_keys(&base, &mut doc, &theirs, &mut notes);
+    merge_workspace_members(&mut doc, &theirs, &mut notes);
     Ok(Merged {
         text: doc.to_string(),
         notes,
@@ -181,6 +182,62 @@ fn merge_package_keys(
             None => {
                 ours.remove(key);
             }
+        }
+    }
+}
+
+/// The kit crate is a workspace member: the `[workspace]` table is added
+/// when the manifest has none, and the kit's members are added to one the
+/// user already has. The rest of the table is the user's.
+fn merge_workspace_members(doc: &mut DocumentMut, theirs: &DocumentMut, notes: &mut Vec<String>) {
+    let Some(wanted) = table(theirs, "workspace") else {
+        return;
+    };
+    let Some(ours) = doc.get_mut("workspace") else {
+        // Right after `[package]`, as a new project has it: the tables
+        // after it move one place down.
+        let mut wanted = wanted.clone();
+        let after = doc
+            .get("package")
+            .and_then(Item::as_table)
+            .and_then(Table::position)
+            .unwrap_or_default();
+        for (_, item) in doc.as_table_mut().iter_mut() {
+            let tables: Vec<&mut Table> = match item {
+                Item::Table(table) => vec![table],
+                Item::ArrayOfTables(array) => array.iter_mut().collect(),
+                _ => Vec::new(),
+            };
+            for table in tables {
+                if let Some(position) = table.position().filter(|p| *p > after) {
+                    table.set_position(position + 1);
+                }
+            }
+        }
+        wanted.set_position(after + 1);
+        doc.insert("workspace", Item::Table(wanted));
+        return;
+    };
+    let Some(ours) = ours.as_table_mut() else {
+        notes.push("`workspace` is not a table; the kit's members left out".into());
+        return;
+    };
+    let wanted_members = wanted
+        .get("members")
+        .and_then(Item::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.as_str());
+    let members = ours
+        .entry("members")
+        .or_insert(toml_edit::value(toml_edit::Array::new()));
+    let Some(members) = members.as_array_mut() else {
+        notes.push("[workspace] `members` is not an array; the kit's members left out".into());
+        return;
+    };
+    for member in wanted_members {
+        if !members.iter().any(|m| m.as_str() == Some(member)) {
+            members.push(member);
         }
     }
 }
@@ -411,6 +468,28 @@ redis = "1"
             "{}",
             merged.text
         );
+    }
+
+    #[test]
+    fn the_kits_workspace_is_added_or_joined() {
+        let theirs = "[package]\nname = \"shop\"\n\n[workspace]\nmembers = [\"kit\"]\n\n\
+                      [dependencies]\nanyhow = \"1\"\n";
+        let ours = "[package]\nname = \"shop\"\n\n[dependencies]\nanyhow = \"1\"\n";
+        let merged = merge(ours, ours, theirs).unwrap();
+        assert_eq!(
+            merged.text,
+            "[package]\nname = \"shop\"\n\n[workspace]\nmembers = [\"kit\"]\n\n\
+             [dependencies]\nanyhow = \"1\"\n"
+        );
+        let ours = "[package]\nname = \"shop\"\n\n[workspace]\nmembers = [\"tools\"]\n\n\
+                    [dependencies]\nanyhow = \"1\"\n";
+        let merged = merge(ours, ours, theirs).unwrap();
+        assert!(
+            merged.text.contains("members = [\"tools\", \"kit\"]"),
+            "{}",
+            merged.text
+        );
+        assert_eq!(merge(ours, &merged.text, theirs).unwrap().text, merged.text);
     }
 
     #[test]

@@ -8,14 +8,20 @@
 //! - user-owned: only managed regions and `Cargo.toml`'s kit entries change;
 //! - a kit file the user deleted stays deleted unless restoring is asked for;
 //! - a file the templates dropped is deleted only if the user never changed it;
-//! - a new template file never overwrites a file the user already has.
+//! - a new template file never overwrites a file the user already has;
+//! - a kit file that moved into the kit crate (`src/queue/x.rs` to
+//!   `kit/src/queue/x.rs`, template set 5) is reconciled from its old place
+//!   and written to its new one, the user's edits merged in;
+//! - a kit file that the kit dropped but the user's code still declares
+//!   (`blueprint::NOW_USERS`) becomes the user's, kept as it is.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use anyhow::Result;
 use diffy::{ConflictStyle, MergeOptions};
 
-use crate::engine::blueprint::Tree;
+use crate::engine::blueprint::{KIT_DIR, NOW_USERS, Tree};
 use crate::engine::manifest::Owner;
 use crate::engine::project::Project;
 use crate::engine::{cargo_toml, line_endings, regions};
@@ -47,6 +53,13 @@ pub enum Outcome {
     Blocked,
     /// A managed region is gone or was edited by hand; nothing written.
     RegionProblem(String),
+    /// Moved into the kit crate as it was (a note names the old place).
+    Moved,
+    /// The old place of a file moved into the kit crate; reported at the new.
+    MovedAway,
+    /// A kit file that the kit dropped but the user's code declares: now
+    /// the user's, kept.
+    NowYours,
 }
 
 impl Outcome {
@@ -77,6 +90,9 @@ impl Outcome {
             Outcome::KeptRemoved => "kept (no longer in the kit)",
             Outcome::Blocked => "conflicted (file exists)",
             Outcome::RegionProblem(_) => "conflicted (region)",
+            Outcome::Moved => "moved",
+            Outcome::MovedAway => "moved away",
+            Outcome::NowYours => "kept (now yours)",
         }
     }
 }
@@ -117,17 +133,41 @@ pub struct Options {
     pub required: Vec<String>,
 }
 
+/// The kit files of `desired` that the project has at their old place,
+/// before the kit became a crate: new path to old path.
+fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
+    let prefix = format!("{KIT_DIR}/src/");
+    desired
+        .iter()
+        .filter(|(path, file)| {
+            file.owner == Owner::Kit && !project.manifest.files.contains_key(*path)
+        })
+        .filter_map(|(path, _)| {
+            let old = format!("src/{}", path.strip_prefix(&prefix)?);
+            let record = project.manifest.files.get(&old)?;
+            (record.owner == Owner::Kit && !desired.contains_key(&old)).then(|| (path.clone(), old))
+        })
+        .collect()
+}
+
 /// Decides, for every file of the project and of `desired`, what to do.
 pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
+    let moves = moves(project, desired);
     let mut changes = Vec::new();
     for (path, file) in desired {
+        // A moved file is read, and its base found, at its old place.
+        let from = moves.get(path).map(String::as_str).unwrap_or(path);
         // Compared and merged with LF line endings; a CRLF file stays CRLF.
-        let current = project.current(path)?;
+        let current = project.current(from)?;
         let crlf = current.as_deref().is_some_and(line_endings::is_crlf);
         let ours = current.clone().map(line_endings::to_lf);
-        let base = project.base(path)?.map(line_endings::to_lf);
-        let recorded = project.manifest.files.contains_key(path);
+        let base = project.base(from)?.map(line_endings::to_lf);
+        let recorded = project.manifest.files.contains_key(from);
         let theirs = file.contents.clone();
+        if let Some(from) = moves.get(path) {
+            changes.extend(move_into_kit(from, path, current, ours, base, theirs, crlf));
+            continue;
+        }
         let mut change = FileChange {
             path: path.clone(),
             owner: file.owner,
@@ -164,6 +204,11 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             }
             (Some(ours), true) => match file.owner {
                 Owner::Kit => merge_kit_file(&mut change, base, ours, theirs),
+                // A kit file that is now the user's (the binaries, set 5)
+                // gets the kit's changes one last time, merged as a kit file.
+                Owner::User if project.manifest.files[path].owner == Owner::Kit => {
+                    merge_kit_file(&mut change, base, ours, theirs)
+                }
                 Owner::User => merge_user_file(&mut change, base, ours, theirs)?,
             },
         }
@@ -172,17 +217,21 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
         }
         changes.push(change);
     }
+    let moved_from: Vec<&String> = moves.values().collect();
     for path in project
         .manifest
         .files
         .keys()
-        .filter(|p| !desired.contains_key(*p))
+        .filter(|p| !desired.contains_key(*p) && !moved_from.contains(p))
     {
         let owner = project.manifest.files[path].owner;
         let ours = project.current(path)?;
         let base = project.base(path)?.map(line_endings::to_lf);
         let (outcome, delete) = match &ours.clone().map(line_endings::to_lf) {
             None => (Outcome::Deleted, false),
+            Some(_) if owner == Owner::Kit && NOW_USERS.contains(&path.as_str()) => {
+                (Outcome::NowYours, false)
+            }
             Some(ours) if Some(ours) == base.as_ref() && owner == Owner::Kit => {
                 (Outcome::Deleted, true)
             }
@@ -201,6 +250,62 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
         });
     }
     Ok(changes)
+}
+
+/// A kit file read at its old place `from` and written to `to`: the old
+/// place goes, the file (the user's edits merged with the kit's changes)
+/// is written at the new one. A file the user had deleted comes back, since
+/// the kit crate does not build without it.
+fn move_into_kit(
+    from: &str,
+    to: &str,
+    current: Option<Vec<u8>>,
+    ours: Option<Vec<u8>>,
+    base: Option<Vec<u8>>,
+    theirs: Vec<u8>,
+    crlf: bool,
+) -> [FileChange; 2] {
+    let mut change = FileChange {
+        path: to.to_string(),
+        owner: Owner::Kit,
+        outcome: Outcome::Created,
+        current: None,
+        old_base: None,
+        write: None,
+        delete: false,
+        base: Some(theirs.clone()),
+        notes: vec![format!("moved from {from}")],
+    };
+    match ours.clone() {
+        None => {
+            change.notes = vec![format!("you had deleted {from}; the kit crate needs it")];
+            change.write = Some(theirs);
+        }
+        Some(ours) => {
+            merge_kit_file(&mut change, base.clone(), ours.clone(), theirs);
+            if change.outcome == Outcome::UpToDate {
+                change.outcome = Outcome::Moved;
+            }
+            if change.write.is_none() {
+                change.write = Some(ours);
+            }
+        }
+    }
+    if crlf {
+        change.write = change.write.map(|text| line_endings::to_crlf(&text));
+    }
+    let old = FileChange {
+        path: from.to_string(),
+        owner: Owner::Kit,
+        outcome: Outcome::MovedAway,
+        delete: current.is_some(),
+        current,
+        old_base: base,
+        write: None,
+        base: None,
+        notes: vec![format!("now {to}")],
+    };
+    [change, old]
 }
 
 fn merge_kit_file(change: &mut FileChange, base: Option<Vec<u8>>, ours: Vec<u8>, theirs: Vec<u8>) {

@@ -63,9 +63,11 @@ fn dry_run_shows_the_plan_and_diffs_and_writes_nothing() {
 
     let text = String::from_utf8(output.stdout).unwrap();
     assert!(output.status.success());
-    assert!(text.contains("  create  src/outbox/relay.rs "), "{text}");
+    assert!(text.contains("  create  src/bin/worker.rs "), "{text}");
     assert!(text.contains("  update  Cargo.toml "), "{text}");
     assert!(text.contains("+name = \"worker\""), "{text}");
+    // The kit crate has the worker's code already: the feature turns it on.
+    assert!(text.contains("features = [\"worker\"]"), "{text}");
     assert_eq!(disk_state(&project, &[]), before);
 }
 
@@ -86,7 +88,7 @@ fn the_users_edits_survive_and_the_changed_files_match_the_snapshots() {
         "// gpkit:end modules\n\npub mod orders;\n",
     );
     std::fs::write(project.join("src/orders.rs"), "//! Orders.\n").unwrap();
-    let config = project.join("src/config.rs");
+    let config = project.join("kit/src/config.rs");
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str("\n/// The shop's own constant.\npub const SHOP_CURRENCY: &str = \"EUR\";\n");
     std::fs::write(&config, text).unwrap();
@@ -104,10 +106,10 @@ fn the_users_edits_survive_and_the_changed_files_match_the_snapshots() {
     );
     let lib = String::from_utf8(after["src/lib.rs"].clone()).unwrap();
     assert!(
-        lib.contains("pub mod worker;") && lib.ends_with("pub mod orders;\n"),
+        lib.contains("pub mod listeners;") && lib.ends_with("pub mod orders;\n"),
         "{lib}"
     );
-    let config = String::from_utf8(after["src/config.rs"].clone()).unwrap();
+    let config = String::from_utf8(after["kit/src/config.rs"].clone()).unwrap();
     assert!(
         config.contains("pub const SHOP_CURRENCY") && config.contains("pub struct WorkerConfig"),
         "{config}"
@@ -140,7 +142,7 @@ fn a_removed_region_stops_it_before_anything_is_written() {
         .assert()
         .code(1)
         .stderr(contains("`src/lib.rs`: the gpkit region `modules` is gone"))
-        .stderr(contains("pub mod worker;"))
+        .stderr(contains("pub mod listeners;"))
         .stderr(contains("nothing was written"));
 
     assert_eq!(disk_state(&project, &[]), before);

@@ -412,8 +412,10 @@ fn the_dockerfiles_build_stage_succeeds_as_a_script() {
                 let (sources, dest) = words.split_at(words.len() - 1);
                 let dest = workdir.join(dest[0]);
                 std::fs::create_dir_all(&dest).unwrap();
+                // As docker does: into the destination folder, by file name.
                 for source in sources {
-                    std::fs::copy(context.join(source), dest.join(source)).unwrap();
+                    let name = Path::new(source).file_name().unwrap();
+                    std::fs::copy(context.join(source), dest.join(name)).unwrap();
                 }
             }
             "RUN" => {

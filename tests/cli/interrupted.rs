@@ -28,7 +28,7 @@ fn a_run_killed_at_any_point_is_repaired_by_the_next() {
         "staged:20",
         "renamed:1",
         "renamed:25",
-        "renamed:50",
+        "renamed:28",
     ] {
         let parent = dir.path().join(fault.replace(':', "-"));
         std::fs::create_dir(&parent).unwrap();

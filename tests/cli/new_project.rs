@@ -66,7 +66,7 @@ fn the_crate_name_follows_the_package_name() {
     let server =
         std::fs::read_to_string(dir.path().join("order-service/src/bin/server.rs")).unwrap();
     assert!(
-        server.contains("use order_service::config::Config;"),
+        server.contains("use order_service::startup::Application;"),
         "{server}"
     );
     let cargo = std::fs::read_to_string(dir.path().join("order-service/Cargo.toml")).unwrap();
@@ -90,7 +90,7 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
         text.starts_with("Plan for `gpkit new project shop` in `shop`:\n"),
         "{text}"
     );
-    assert!(text.contains("  create  src/config.rs "), "{text}");
+    assert!(text.contains("  create  kit/src/config.rs "), "{text}");
     assert!(
         text.contains("Typed configuration, loaded from the environment"),
         "{text}"
@@ -112,7 +112,7 @@ fn dry_run_with_diff_shows_the_contents() {
         .unwrap();
     let text = String::from_utf8(output.stdout).unwrap();
     assert!(
-        text.contains("--- /dev/null\n+++ b/src/outbox/store.rs\n"),
+        text.contains("--- /dev/null\n+++ b/kit/src/outbox/store.rs\n"),
         "{text}"
     );
     assert!(

@@ -40,9 +40,10 @@ fn an_invalid_project_name_is_explained_and_asked_again() {
     session.exp_eof().unwrap();
 
     assert!(dir.path().join("shop/src/bin/worker.rs").exists());
+    let manifest = std::fs::read_to_string(dir.path().join("shop/gpkit.toml")).unwrap();
     assert!(
-        !dir.path().join("shop/src/orm.rs").exists(),
-        "sqlx is the default data layer"
+        !manifest.contains("db = "),
+        "sqlx is the default data layer: {manifest}"
     );
     assert!(!dir.path().join("shop/src/routes/orders.rs").exists());
     assert!(
@@ -118,7 +119,8 @@ fn sea_orm_can_be_chosen_at_the_prompt_and_then_the_example_is_not_offered() {
     session.exp_string("Created project `shop`").unwrap();
     session.exp_eof().unwrap();
 
-    assert!(dir.path().join("shop/src/orm.rs").exists());
+    let cargo = std::fs::read_to_string(dir.path().join("shop/Cargo.toml")).unwrap();
+    assert!(cargo.contains("\"seaorm\""), "{cargo}");
     let manifest = std::fs::read_to_string(dir.path().join("shop/gpkit.toml")).unwrap();
     assert!(manifest.contains("db = \"sea-orm\""), "{manifest}");
 }

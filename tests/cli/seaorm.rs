@@ -176,7 +176,7 @@ fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives()
     assert!(tree.contains_key("tests/relay_seaorm.rs"));
     let startup = String::from_utf8_lossy(&tree["src/startup.rs"]).into_owned();
     assert!(
-        startup.contains("pub transactor: crate::orm::Transactor,"),
+        startup.contains("pub transactor: kit::orm::Transactor,"),
         "{startup}"
     );
     assert!(startup.contains(".orm(),"), "{startup}");

@@ -104,28 +104,31 @@ fn an_upgrade_never_deletes_a_file_beside_the_project() {
 #[test]
 fn a_kit_file_that_is_a_link_out_of_the_project_is_refused() {
     let ws = Workspace::new();
-    let config = ws.project().join("src/config.rs");
+    let config = ws.project().join("kit/src/config.rs");
     std::fs::copy(&config, ws.outside().join("config.rs")).unwrap();
     std::fs::remove_file(&config).unwrap();
     std::os::unix::fs::symlink(ws.outside().join("config.rs"), &config).unwrap();
     // (`new migration` touches neither, and rightly succeeds.)
     for args in &COMMANDS[..3] {
-        ws.refused(args, "`src/config.rs` in the project is a symbolic link");
+        ws.refused(
+            args,
+            "`kit/src/config.rs` in the project is a symbolic link",
+        );
     }
 }
 
-/// The second attack from the issue: `src/outbox` a link to a directory
+/// The second attack from the issue: `kit/src/outbox` a link to a directory
 /// outside, holding files that match their base copies.
 #[cfg(unix)]
 #[test]
 fn a_kit_directory_that_is_a_link_out_of_the_project_is_refused() {
     let ws = Workspace::new();
-    let outbox = ws.project().join("src/outbox");
+    let outbox = ws.project().join("kit/src/outbox");
     let target = ws.outside().join("outbox");
     std::fs::rename(&outbox, &target).unwrap();
     std::os::unix::fs::symlink(&target, &outbox).unwrap();
     for args in &COMMANDS[..3] {
-        ws.refused(args, "`src/outbox` in the project is a symbolic link");
+        ws.refused(args, "`kit/src/outbox` in the project is a symbolic link");
     }
 }
 
@@ -163,17 +166,17 @@ fn a_migrations_directory_that_is_a_link_is_refused() {
 fn a_base_copy_that_is_a_link_is_refused() {
     let ws = Workspace::new();
     let project = ws.project();
-    let config = project.join("src/config.rs");
+    let config = project.join("kit/src/config.rs");
     let mut edited = std::fs::read(&config).unwrap();
     edited.extend_from_slice(b"// my edit\n");
     std::fs::write(&config, &edited).unwrap();
     std::fs::write(ws.outside().join("fake-base.rs"), &edited).unwrap();
-    let base = project.join(".gpkit/base/src/config.rs");
+    let base = project.join(".gpkit/base/kit/src/config.rs");
     std::fs::remove_file(&base).unwrap();
     std::os::unix::fs::symlink(ws.outside().join("fake-base.rs"), &base).unwrap();
     ws.refused(
         &["upgrade", "templates", "--restore-deleted"],
-        "`.gpkit/base/src/config.rs` in the project is a symbolic link",
+        "`.gpkit/base/kit/src/config.rs` in the project is a symbolic link",
     );
 }
 
@@ -183,11 +186,11 @@ fn a_base_copy_that_is_a_link_is_refused() {
 fn a_missing_base_copy_is_a_conflict_not_an_overwrite() {
     let ws = Workspace::new();
     let project = ws.project();
-    let config = project.join("src/config.rs");
+    let config = project.join("kit/src/config.rs");
     let mut edited = std::fs::read_to_string(&config).unwrap();
     edited = edited.replacen("pub struct Config", "// my edit\npub struct Config", 1);
     std::fs::write(&config, &edited).unwrap();
-    std::fs::remove_file(project.join(".gpkit/base/src/config.rs")).unwrap();
+    std::fs::remove_file(project.join(".gpkit/base/kit/src/config.rs")).unwrap();
 
     let output = gpkit(&project)
         .args(["upgrade", "templates"])
@@ -195,7 +198,7 @@ fn a_missing_base_copy_is_a_conflict_not_an_overwrite() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(3), "{stdout}");
-    assert!(stdout.contains("src/config.rs"), "{stdout}");
+    assert!(stdout.contains("kit/src/config.rs"), "{stdout}");
     let after = std::fs::read_to_string(&config).unwrap();
     assert!(
         after.contains("// my edit\n"),

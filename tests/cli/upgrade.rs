@@ -57,7 +57,17 @@ fn a_clean_upgrade_merges_everything_and_reports_each_file() {
         .keys()
         .filter(|p| !project.join(p).exists())
         .collect();
-    assert_eq!(deleted, ["src/version.rs"]);
+    // The kit's files moved into the kit crate; the one the kit dropped went.
+    for path in &deleted {
+        assert!(
+            path.as_str() == "src/version.rs" || project.join("kit").join(path).exists(),
+            "{path} is gone"
+        );
+    }
+    assert!(
+        deleted.contains(&&"src/version.rs".to_string()),
+        "{deleted:?}"
+    );
     // The manifest now records the current template set, and a second run finds nothing to do.
     let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
     assert!(
@@ -88,7 +98,7 @@ fn overlapping_edits_leave_conflict_markers_and_exit_3() {
 
     assert_eq!(code, 3, "{report}");
     assert_text_snapshot("upgrade/synthetic-0-conflict/report.txt", &report);
-    let dispatcher = std::fs::read_to_string(project.join("src/outbox/dispatcher.rs")).unwrap();
+    let dispatcher = std::fs::read_to_string(project.join("kit/src/outbox/dispatcher.rs")).unwrap();
     assert!(
         dispatcher.contains(
             "<<<<<<< ours\n        tracing::info!(event = E::NAME, id = %envelope.id, \"stored (audited)\");\n=======\n"
@@ -109,7 +119,7 @@ fn overlapping_edits_leave_conflict_markers_and_exit_3() {
         "{report}"
     );
     assert!(
-        report.contains("src/outbox/dispatcher.rs") && report.contains("markers remain"),
+        report.contains("kit/src/outbox/dispatcher.rs") && report.contains("markers remain"),
         "{report}"
     );
     assert_eq!(disk_state(&project, &[]), before);
@@ -119,7 +129,7 @@ fn overlapping_edits_leave_conflict_markers_and_exit_3() {
         .assert()
         .code(1)
         .stderr(contains(
-            "`src/outbox/dispatcher.rs` still has the conflict markers of an earlier upgrade",
+            "`kit/src/outbox/dispatcher.rs` still has the conflict markers of an earlier upgrade",
         ));
 
     // Once resolved (here: taking the kit's side), the project is up to date.
@@ -134,7 +144,7 @@ fn overlapping_edits_leave_conflict_markers_and_exit_3() {
             .unwrap()
             .replace(">>>>>>> theirs\n", "")
             .as_str();
-    std::fs::write(project.join("src/outbox/dispatcher.rs"), resolved).unwrap();
+    std::fs::write(project.join("kit/src/outbox/dispatcher.rs"), resolved).unwrap();
     let (code, report) = upgrade(&project, &[]);
     assert_eq!(code, 0, "{report}");
 }
@@ -197,11 +207,17 @@ fn the_json_report_lists_every_file() {
             .find(|f| f["path"] == path)
             .map(|f| f["outcome"].clone())
     };
-    assert_eq!(outcome("src/telemetry.rs"), Some("merged".into()));
-    assert_eq!(outcome("src/signals.rs"), Some("created".into()));
+    // Template set 5 moved the kit's files into the kit crate, `kit/`.
+    assert_eq!(outcome("src/telemetry.rs"), Some("moved away".into()));
+    assert_eq!(outcome("kit/src/telemetry.rs"), Some("merged".into()));
+    assert_eq!(outcome("kit/src/signals.rs"), Some("created".into()));
     assert_eq!(outcome("src/version.rs"), Some("deleted".into()));
     assert_eq!(outcome(".env.example"), Some("deleted by you".into()));
-    assert_eq!(outcome("src/trace_context.rs"), Some("up to date".into()));
+    assert_eq!(outcome("kit/src/trace_context.rs"), Some("moved".into()));
+    assert_eq!(
+        outcome("src/routes/health_check.rs"),
+        Some("kept (now yours)".into())
+    );
 }
 
 #[test]
@@ -300,7 +316,7 @@ fn uncommitted_changes_to_files_it_would_touch_stop_it_in_a_git_repository() {
     let (code, _) = upgrade(&project, &["--allow-dirty"]);
     assert_eq!(code, 0);
     assert!(
-        std::fs::read_to_string(&telemetry)
+        std::fs::read_to_string(project.join("kit/src/telemetry.rs"))
             .unwrap()
             .ends_with("// work in progress\n")
     );

@@ -56,14 +56,17 @@ pub fn files(tree: &Tree) -> Result<BTreeMap<String, Vec<u8>>> {
         .with_context(|| format!("the blueprint has no `{routes}` (this is a bug in gpkit)"))?;
     let mut edited = text.clone();
     for (anchor, with) in [
-        ("mod health_check;\n", "mod health_check;\nmod orders;\n"),
         (
-            "use axum::routing::get;\n",
-            "use axum::routing::{get, post};\n",
+            "use axum::Router;\n",
+            "use axum::Router;\nuse axum::routing::{get, post};\n",
         ),
         (
-            "        .route(\"/readyz\", get(health_check::ready))\n",
-            "        .route(\"/readyz\", get(health_check::ready))\n        \
+            "use crate::startup::AppState;\n",
+            "use crate::startup::AppState;\n\nmod orders;\n",
+        ),
+        (
+            "        .merge(health::routes(state.pool.clone()))\n",
+            "        .merge(health::routes(state.pool.clone()))\n        \
              .route(\"/orders\", post(orders::place))\n        \
              .route(\"/orders/{id}\", get(orders::show))\n",
         ),

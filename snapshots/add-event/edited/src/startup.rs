@@ -5,11 +5,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use kit::config::Config;
+use kit::database;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::config::Config;
-use crate::{database, routes};
+use crate::routes;
 
 /// State shared by all request handlers.
 #[derive(Debug, Clone)]
@@ -19,10 +20,10 @@ pub struct AppState {
     pub shop_name: String,
     // gpkit:begin state-fields
     /// Runs a unit of work in one transaction (commit on `Ok`).
-    pub transactor: crate::database::Transactor,
+    pub transactor: kit::database::Transactor,
     /// Publishes events through the outbox: dispatch inside `transactor.run`
     /// and the event commits or rolls back with your writes.
-    pub dispatcher: crate::outbox::OutboxDispatcher,
+    pub dispatcher: kit::outbox::OutboxDispatcher,
     // gpkit:end state-fields
 }
 
@@ -43,8 +44,8 @@ impl Application {
         let pool = database::connect_lazy(&config.database);
         let state = AppState {
             // gpkit:begin state-init
-            transactor: crate::outbox::wake::transactor(pool.clone(), config).await?,
-            dispatcher: crate::outbox::OutboxDispatcher::new(),
+            transactor: kit::outbox::wake::transactor(pool.clone(), config).await?,
+            dispatcher: kit::outbox::OutboxDispatcher::new(),
             // gpkit:end state-init
             pool,
             shop_name: "Ours".into(),

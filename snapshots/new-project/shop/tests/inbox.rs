@@ -12,12 +12,12 @@ use support::TestDatabase;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use shop::dispatch::{Dispatcher, Event};
-use shop::outbox::{Envelope, OutboxDispatcher};
-use shop::worker::inbox;
-use shop::worker::listeners::ListenerContext;
-use shop::worker::listeners::ListenerError;
-use shop::worker::listeners::Listeners;
+use kit::dispatch::{Dispatcher, Event};
+use kit::outbox::{Envelope, OutboxDispatcher};
+use kit::worker::inbox;
+use kit::worker::listeners::ListenerContext;
+use kit::worker::listeners::ListenerError;
+use kit::worker::listeners::Listeners;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct PaymentTaken {

@@ -25,21 +25,21 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use shop::dispatch::Event;
-use shop::outbox::Envelope;
-use shop::queue::message::ServerInfo;
-use shop::queue::message::TaskMessage;
-use shop::queue::message::WorkerInfo;
-use shop::queue::{
+use kit::dispatch::Event;
+use kit::outbox::Envelope;
+use kit::queue::message::ServerInfo;
+use kit::queue::message::TaskMessage;
+use kit::queue::message::WorkerInfo;
+use kit::queue::{
     Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError,
     RunOutcome, Task, keys, scripts,
 };
-use shop::worker::handle_events;
-use shop::worker::listeners::ListenerContext;
-use shop::worker::listeners::Listeners;
-use shop::worker::listeners::SkipRetry;
-use shop::worker::listeners::listener_task_id;
-use shop::worker::metrics::{ListenerLabels, ListenerMetrics};
+use kit::worker::handle_events;
+use kit::worker::listeners::ListenerContext;
+use kit::worker::listeners::Listeners;
+use kit::worker::listeners::SkipRetry;
+use kit::worker::listeners::listener_task_id;
+use kit::worker::metrics::{ListenerLabels, ListenerMetrics};
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())

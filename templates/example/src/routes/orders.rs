@@ -7,10 +7,10 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use kit::dispatch::Dispatcher;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::dispatch::Dispatcher;
 use crate::events::order_placed::OrderPlaced;
 use crate::startup::AppState;
 

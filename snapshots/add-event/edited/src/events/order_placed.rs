@@ -1,8 +1,7 @@
 //! The `orderPlaced` event.
 
+use kit::dispatch::Event;
 use serde::{Deserialize, Serialize};
-
-use crate::dispatch::Event;
 
 /// The wire name, shared with Go services on the same queue.
 pub const NAME: &str = "orderPlaced";

@@ -1,6 +1,6 @@
 //! The `heartbeat` schedule: runs the job `job:heartbeat` on every tick.
 
-use crate::scheduler;
+use kit::scheduler;
 
 /// The schedule, registered in `super::register`.
 pub struct Schedule;

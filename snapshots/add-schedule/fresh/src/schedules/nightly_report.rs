@@ -1,7 +1,8 @@
 //! The `nightly_report` schedule: dispatches `reportDue` on every tick.
 
+use kit::scheduler;
+
 use crate::events::report_due::ReportDue;
-use crate::scheduler;
 
 /// The schedule, registered in `super::register`.
 pub struct Schedule;

@@ -3,16 +3,11 @@
 // The kit's modules. gpkit keeps the lines between the markers up to date
 // (`gpkit add`, `gpkit upgrade templates`); declare your own modules below.
 // gpkit:begin modules
-pub mod config;
-pub mod database;
-pub mod dispatch;
-pub mod env_file;
 pub mod events;
-pub mod migrate;
-pub mod outbox;
 pub mod routes;
-pub mod signals;
 pub mod startup;
-pub mod telemetry;
-pub mod trace_context;
+
+pub use kit::{
+    config, database, dispatch, env_file, migrate, outbox, signals, telemetry, trace_context,
+};
 // gpkit:end modules

@@ -1,7 +1,8 @@
 //! `confirm`: a listener of `orderPlaced` that confirms the order.
 
+use kit::worker::listeners::{ListenerContext, ListenerError};
+
 use crate::events::order_placed::OrderPlaced;
-use crate::worker::listeners::{ListenerContext, ListenerError};
 
 /// Records the order's confirmation, once per event: `ctx.once` runs the
 /// insert in a transaction that also records the event in the inbox, so a

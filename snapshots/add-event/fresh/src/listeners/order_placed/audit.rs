@@ -1,7 +1,8 @@
 //! `audit`: a listener of `orderPlaced`.
 
+use kit::worker::listeners::{ListenerContext, ListenerError};
+
 use crate::events::order_placed::OrderPlaced;
-use crate::worker::listeners::{ListenerContext, ListenerError};
 
 /// Handles one `orderPlaced`. It runs in the worker, in a task of its
 /// own, retried on error, and may see the same event more than once.

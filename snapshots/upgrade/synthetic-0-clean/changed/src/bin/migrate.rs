@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
-use legacy_shop::env_file;
-use legacy_shop::migrate::cli;
+use kit::env_file;
+use kit::migrate::cli;
 
 fn main() -> ExitCode {
     // First, while the process has one thread: `.env` sets variables.

@@ -10,8 +10,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-use legacy_shop::config::{self, Config};
-use legacy_shop::migrate;
+use kit::config::{self, Config};
+use kit::migrate;
 
 /// The default configuration, with `database_url` and a free HTTP port.
 pub fn test_config(database_url: &str) -> Config {

@@ -1,0 +1,103 @@
+//! SeaORM on the project's Postgres pool: the [`DatabaseConnection`] and the
+//! [`Transactor`] that runs a unit of work in one SeaORM transaction.
+//!
+//! The connection wraps the same sqlx pool as the rest of the service, so
+//! `migrate`, the relay and the listeners' inbox keep working on sqlx, and
+//! the pool's settings (size, timeouts, statement timeout) apply to SeaORM
+//! too.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sea_orm::{
+    DatabaseConnection, DatabaseTransaction, DbErr, SqlxPostgresConnector, TransactionTrait,
+};
+use sqlx::PgPool;
+
+/// A SeaORM connection on `pool`: it opens no connections of its own.
+pub fn connection(pool: &PgPool) -> DatabaseConnection {
+    SqlxPostgresConnector::from_sqlx_postgres_pool(pool.clone())
+}
+
+/// Runs closures in a SeaORM transaction: commit when the closure returns
+/// `Ok`, roll back when it returns `Err` or panics.
+///
+/// Everything the closure does through the `&DatabaseTransaction` it is
+/// handed (entity inserts and updates, queries, `Dispatcher::dispatch`)
+/// commits or rolls back together.
+///
+/// ```no_run
+/// # use sea_orm::{ConnectionTrait, DbErr};
+/// # async fn example(transactor: &kit::orm::Transactor) -> Result<(), DbErr> {
+/// let updated = transactor
+///     .run(async |tx| {
+///         let done = tx.execute_unprepared("UPDATE orders SET paid = true").await?;
+///         Ok::<_, DbErr>(done.rows_affected())
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Transactor {
+    db: DatabaseConnection,
+    after_commit: Option<AfterCommit>,
+}
+
+/// What runs after every successful commit.
+type AfterCommit = Arc<dyn Fn() + Send + Sync>;
+
+impl Transactor {
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self {
+            db,
+            after_commit: None,
+        }
+    }
+
+    /// Runs `hook` after every successful commit, such as a signal that
+    /// wakes the outbox relay. The hook must be quick and must not fail.
+    pub fn after_commit(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.after_commit = Some(Arc::new(hook));
+        self
+    }
+
+    /// Runs `work` in a new transaction. If `work` panics, the transaction
+    /// is dropped unfinished, and SeaORM rolls it back before the connection
+    /// is used again.
+    pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&DatabaseTransaction) -> Result<T, E>,
+        E: From<DbErr>,
+    {
+        let tx = self.db.begin().await?;
+        match work(&tx).await {
+            Ok(value) => {
+                tx.commit().await?;
+                if let Some(hook) = &self.after_commit {
+                    hook();
+                }
+                Ok(value)
+            }
+            Err(err) => {
+                // A failed rollback leaves nothing committed either; the
+                // caller's error is the one worth reporting.
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::warn!(error = %rollback, "rollback failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// The SeaORM connection, for work outside a transaction: each
+    /// statement on it commits on its own.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+}
+
+impl fmt::Debug for Transactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transactor").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,159 @@
+//! The Postgres pool and the [`Transactor`], which runs a unit of work in one
+//! transaction.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
+
+use crate::config::DatabaseConfig;
+
+/// A lazily connecting pool: building it needs no live database, so the
+/// server starts (and reports not ready) while Postgres is still coming up.
+///
+/// Waiting for a connection gives up after `DATABASE_CONNECT_TIMEOUT`, and
+/// Postgres cancels a statement that runs longer than
+/// `DATABASE_STATEMENT_TIMEOUT`, so an unreachable or hung database makes
+/// calls fail instead of waiting forever.
+pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
+        .connect_lazy_with(connect_options(config))
+}
+
+/// The connection options of `config`, with its statement timeout.
+pub fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
+    let millis = config.statement_timeout.as_millis().to_string();
+    config
+        .url
+        .connect_options()
+        .options([("statement_timeout", millis.as_str())])
+}
+
+/// Opens one connection and runs `SELECT 1`, within
+/// `DATABASE_CONNECT_TIMEOUT`; the error says why Postgres cannot be used
+/// (refused, unknown host, wrong password, no answer in time) and names
+/// the server, without its password.
+pub async fn check_reachable(config: &DatabaseConfig) -> Result<(), UnreachableError> {
+    let attempt = async {
+        let mut connection = PgConnection::connect_with(&connect_options(config)).await?;
+        sqlx::query("SELECT 1").execute(&mut connection).await?;
+        connection.close().await
+    };
+    let reason = match tokio::time::timeout(config.connect_timeout, attempt).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => format!(
+            "no answer within {} (DATABASE_CONNECT_TIMEOUT)",
+            humantime::format_duration(config.connect_timeout)
+        ),
+    };
+    Err(UnreachableError {
+        url: config.url.redacted(),
+        reason,
+    })
+}
+
+/// Postgres cannot be used: where and why.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach Postgres at {url}: {reason}")]
+pub struct UnreachableError {
+    url: String,
+    reason: String,
+}
+
+/// Runs closures in a database transaction: commit when the closure returns
+/// `Ok`, roll back when it returns `Err` or panics.
+///
+/// Everything the closure does through the transaction it is handed,
+/// including `Dispatcher::dispatch`, commits or rolls back together.
+///
+/// ```no_run
+/// # async fn example(transactor: &kit::database::Transactor) -> Result<(), sqlx::Error> {
+/// let id: i64 = transactor
+///     .run(async |tx| {
+///         let (id,): (i64,) = sqlx::query_as("SELECT 1").fetch_one(&mut *tx).await?;
+///         Ok::<_, sqlx::Error>(id)
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Transactor {
+    pool: PgPool,
+    after_commit: Option<AfterCommit>,
+}
+
+/// What runs after every successful commit.
+type AfterCommit = Arc<dyn Fn() + Send + Sync>;
+
+impl Transactor {
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            after_commit: None,
+        }
+    }
+
+    /// Runs `hook` after every successful commit, such as a signal that
+    /// wakes the outbox relay. The hook must be quick and must not fail.
+    pub fn after_commit(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.after_commit = Some(Arc::new(hook));
+        self
+    }
+
+    /// Runs `work` in a new transaction. If `work` panics, the transaction
+    /// is dropped unfinished, and sqlx rolls it back before the connection
+    /// is used again.
+    pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+        E: From<sqlx::Error>,
+    {
+        let mut tx: Transaction<'static, Postgres> = self.pool.begin().await?;
+        match work(&mut *tx).await {
+            Ok(value) => {
+                tx.commit().await?;
+                if let Some(hook) = &self.after_commit {
+                    hook();
+                }
+                Ok(value)
+            }
+            Err(err) => {
+                // A failed rollback leaves nothing committed either; the
+                // caller's error is the one worth reporting.
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::warn!(error = %rollback, "rollback failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// The pool the transactions are taken from.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The same pool and after-commit hook, with the transactions in
+    /// SeaORM: what the application code uses.
+    #[cfg(feature = "seaorm")]
+    pub fn orm(&self) -> crate::orm::Transactor {
+        let transactor = crate::orm::Transactor::new(crate::orm::connection(&self.pool));
+        match &self.after_commit {
+            Some(hook) => {
+                let hook = Arc::clone(hook);
+                transactor.after_commit(move || hook())
+            }
+            None => transactor,
+        }
+    }
+}
+
+impl fmt::Debug for Transactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transactor").finish_non_exhaustive()
+    }
+}

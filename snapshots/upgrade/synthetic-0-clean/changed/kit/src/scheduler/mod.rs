@@ -1,0 +1,504 @@
+//! The scheduler: events dispatched, and jobs run, on every tick of a
+//! schedule, exactly once per tick however many worker replicas run.
+//!
+//! - The schedules are registered in `src/schedules/` (`gpkit add
+//!   schedule`): each implements [`ScheduledEvent`] or [`ScheduledJob`].
+//! - One replica at a time leads: it holds a lease on Valkey ([`lease`]).
+//!   Only the leader enqueues ticks; the others wait to take over.
+//! - Every tick has a deterministic id, a UUIDv5 of the service, the
+//!   schedule's name and the tick's time ([`Tick::id_of`]), the same on
+//!   every replica ([`spec`] computes the same tick times everywhere). Two
+//!   replicas that both believe they lead (a paused process, a partition)
+//!   enqueue the same ids, and the second enqueue is a no-op:
+//!   - an event tick is inserted into the outbox with the tick id as its
+//!     event id, `ON CONFLICT (event_id) DO NOTHING`; the relay then
+//!     publishes it as any event, so listeners get the usual envelope;
+//!   - a job tick is the asynq task `job:<name>` with the tick id as its
+//!     task id, which the queue refuses to hold twice.
+//!
+//!   Ids deduplicate while the outbox row (`OUTBOX_RETENTION`) or the
+//!   completed task (`OUTBOX_TASK_RETENTION`) is kept.
+//! - Ticks missed while no replica led (downtime, a dead leader's lease
+//!   running out) are skipped, unless the schedule asks to catch up: a new
+//!   leader then enqueues up to that many of the latest ticks, each under
+//!   its own id (those already enqueued are no-ops).
+//! - The leader writes the schedules and each tick it enqueued where
+//!   asynqmon's Schedulers page reads them ([`history`]).
+
+pub mod history;
+pub mod lease;
+pub mod spec;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use self::lease::{Acquired, Lease};
+use self::spec::Spec;
+use crate::dispatch::Event;
+use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
+use crate::outbox::{Envelope, Metadata, Store};
+use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task};
+
+/// The prefix of a job's task type: `job:<name>`.
+pub const JOB_TASK_PREFIX: &str = "job:";
+
+/// One tick of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tick {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The tick's id: the event id of an event tick, the task id of a job
+    /// tick. The same on every replica.
+    pub id: Uuid,
+    /// When the tick was due.
+    pub at: DateTime<Utc>,
+}
+
+impl Tick {
+    /// The tick of `schedule` due `at`.
+    pub fn new(schedule: &str, at: DateTime<Utc>) -> Self {
+        Self {
+            schedule: schedule.to_string(),
+            id: Self::id_of(schedule, at),
+            at,
+        }
+    }
+
+    /// UUIDv5 of `<service>/<schedule>@<unix seconds>`.
+    pub fn id_of(schedule: &str, at: DateTime<Utc>) -> Uuid {
+        let name = format!("{}/{schedule}@{}", env!("CARGO_PKG_NAME"), at.timestamp());
+        Uuid::new_v5(&Uuid::NAMESPACE_OID, name.as_bytes())
+    }
+}
+
+/// A schedule that dispatches an event on every tick.
+pub trait ScheduledEvent: Send + Sync + 'static {
+    /// The event it dispatches.
+    type Event: Event;
+    /// The schedule's name.
+    const NAME: &'static str;
+    /// When it ticks: a cron spec, `@hourly` ..., or `@every <duration>`.
+    const CRON: &'static str;
+    /// The IANA time zone `CRON` is read in.
+    const TIME_ZONE: &'static str;
+    /// How many missed ticks a new leader enqueues (0: none).
+    const CATCH_UP: u32;
+
+    /// The event of `tick`.
+    fn build(&self, tick: &Tick) -> Self::Event;
+}
+
+/// A schedule that runs a job (the task `job:<name>`) on every tick.
+pub trait ScheduledJob: Send + Sync + 'static {
+    /// The schedule's name.
+    const NAME: &'static str;
+    /// When it ticks: a cron spec, `@hourly` ..., or `@every <duration>`.
+    const CRON: &'static str;
+    /// The IANA time zone `CRON` is read in.
+    const TIME_ZONE: &'static str;
+    /// How many missed ticks a new leader enqueues (0: none).
+    const CATCH_UP: u32;
+
+    /// Runs the job for one tick. It runs in a task, retried on error, and
+    /// may run more than once for a tick (after a crash): make it
+    /// idempotent on `ctx.tick.id`.
+    fn run(&self, ctx: JobContext) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// What a job gets.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    pub tick: Tick,
+    /// The database, for jobs that read or write.
+    pub pool: PgPool,
+}
+
+type BuildEvent = Box<dyn Fn(&Tick) -> Result<serde_json::Value, serde_json::Error> + Send + Sync>;
+type RunJob = Arc<
+    dyn Fn(JobContext) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> + Send + Sync,
+>;
+
+/// One registered schedule.
+pub struct Entry {
+    pub name: &'static str,
+    pub cron: &'static str,
+    pub time_zone: &'static str,
+    pub catch_up: u32,
+    what: What,
+}
+
+enum What {
+    Event {
+        name: &'static str,
+        build: BuildEvent,
+    },
+    Job(RunJob),
+}
+
+impl Entry {
+    /// The task type of the ticks: `event:<name>` or `job:<name>`.
+    pub fn task_type(&self) -> String {
+        match &self.what {
+            What::Event { name, .. } => crate::outbox::relay::event_task_type(name),
+            What::Job(_) => format!("{JOB_TASK_PREFIX}{}", self.name),
+        }
+    }
+}
+
+/// The service's schedules, registered by the service (`src/schedules/`).
+#[derive(Default)]
+pub struct Schedules {
+    entries: Vec<Entry>,
+}
+
+impl Schedules {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a schedule that dispatches an event.
+    pub fn event<S: ScheduledEvent>(&mut self, schedule: S) {
+        self.entries.push(Entry {
+            name: S::NAME,
+            cron: S::CRON,
+            time_zone: S::TIME_ZONE,
+            catch_up: S::CATCH_UP,
+            what: What::Event {
+                name: <S::Event as Event>::NAME,
+                build: Box::new(move |tick| serde_json::to_value(schedule.build(tick))),
+            },
+        });
+    }
+
+    /// Registers a schedule that runs a job.
+    pub fn job<S: ScheduledJob>(&mut self, schedule: S) {
+        let schedule = Arc::new(schedule);
+        self.entries.push(Entry {
+            name: S::NAME,
+            cron: S::CRON,
+            time_zone: S::TIME_ZONE,
+            catch_up: S::CATCH_UP,
+            what: What::Job(Arc::new(move |ctx| {
+                let schedule = Arc::clone(&schedule);
+                Box::pin(async move { schedule.run(ctx).await })
+            })),
+        });
+    }
+
+    /// Every registered schedule, in registration order.
+    pub fn all(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Parses every schedule's spec and zone: the worker refuses to start
+    /// on a bad one (or a name registered twice), naming it.
+    pub fn specs(&self) -> anyhow::Result<Vec<Spec>> {
+        let mut names = std::collections::BTreeSet::new();
+        self.entries
+            .iter()
+            .map(|entry| {
+                anyhow::ensure!(
+                    names.insert(entry.name),
+                    "the schedule `{}` is registered twice",
+                    entry.name
+                );
+                Spec::parse(entry.cron, entry.time_zone)
+                    .map_err(|err| anyhow::anyhow!("schedule `{}`: {err:#}", entry.name))
+            })
+            .collect()
+    }
+
+    /// Registers on `consumer` the handler of each job's `job:<name>` task.
+    pub fn handle_jobs(&self, consumer: &mut Consumer, pool: &PgPool) {
+        for entry in &self.entries {
+            let What::Job(run) = &entry.what else {
+                continue;
+            };
+            let (run, pool, name) = (Arc::clone(run), pool.clone(), entry.name);
+            consumer.handle(entry.task_type(), move |task| {
+                let (run, pool) = (Arc::clone(&run), pool.clone());
+                async move { run_job(name, &run, pool, task).await }
+            });
+        }
+    }
+}
+
+/// The payload of a job's task.
+#[derive(Debug, Serialize, Deserialize)]
+struct JobPayload {
+    schedule: String,
+    tick: DateTime<Utc>,
+}
+
+async fn run_job(name: &str, run: &RunJob, pool: PgPool, task: Task) -> Result<(), HandlerError> {
+    let payload: JobPayload = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not a tick of `{name}`: {err}",
+            task.id
+        ))
+    })?;
+    let tick = Tick {
+        schedule: payload.schedule,
+        id: task
+            .id
+            .parse()
+            .unwrap_or_else(|_| Tick::id_of(name, payload.tick)),
+        at: payload.tick,
+    };
+    let span = tracing::info_span!("job", schedule = name, tick = %tick.at, tick_id = %tick.id);
+    tracing::Instrument::instrument(run(JobContext { tick, pool }), span)
+        .await
+        .map_err(HandlerError::from)
+}
+
+/// Where and how the leader enqueues ticks.
+#[derive(Debug, Clone)]
+pub struct TickOptions {
+    /// The queue of job tasks.
+    pub job_queue: String,
+    /// How long a completed job task keeps deduplicating its id.
+    pub retention: Duration,
+}
+
+/// Enqueues one tick: an event into the outbox, a job into the queue.
+/// Returns whether it was new (false: already enqueued, by this replica or
+/// another).
+pub async fn enqueue_tick(
+    entry: &Entry,
+    tick: &Tick,
+    pool: &PgPool,
+    queue: &Client,
+    options: &TickOptions,
+) -> anyhow::Result<bool> {
+    match &entry.what {
+        What::Event { name, build } => {
+            let envelope = Envelope {
+                id: tick.id,
+                name: (*name).to_string(),
+                payload: build(tick)?,
+                metadata: Metadata::new(),
+                // The row's creation time, as for a dispatched event.
+                occurred_at: Utc::now(),
+            };
+            Ok(Store.insert_unless_present(pool, &envelope).await?)
+        }
+        What::Job(_) => {
+            let payload = serde_json::to_vec(&JobPayload {
+                schedule: tick.schedule.clone(),
+                tick: tick.at,
+            })?;
+            let task = NewTask::new(entry.task_type(), tick.id.to_string(), payload)
+                .queue(options.job_queue.as_str())
+                .max_retry(MAX_RETRY)
+                .timeout(TASK_TIMEOUT)
+                .retention(options.retention);
+            let outcome = queue.enqueue(&[task]).await?.pop().unwrap_or_else(|| {
+                Err(crate::queue::QueueError::UnexpectedReply("no reply".into()))
+            })?;
+            Ok(outcome == EnqueueOutcome::Enqueued)
+        }
+    }
+}
+
+/// How long the leader waits before it tries a tick that failed to enqueue
+/// (Postgres or Valkey unreachable) again.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// What the leader keeps while it leads.
+struct Leading {
+    /// When the lease runs out unless renewed, by this process's clock.
+    valid_until: Instant,
+    /// When to renew next.
+    renew_at: Instant,
+    /// Per schedule, the latest tick handled.
+    handled: Vec<DateTime<Utc>>,
+}
+
+/// The scheduler of one worker replica.
+pub struct Scheduler {
+    schedules: Arc<Schedules>,
+    specs: Vec<Spec>,
+    lease: Lease,
+    pool: PgPool,
+    queue: Client,
+    options: TickOptions,
+}
+
+impl Scheduler {
+    /// Checks every schedule's spec (see [`Schedules::specs`]).
+    pub fn new(
+        schedules: Arc<Schedules>,
+        lease: Lease,
+        pool: PgPool,
+        queue: Client,
+        options: TickOptions,
+    ) -> anyhow::Result<Self> {
+        let specs = schedules.specs()?;
+        Ok(Self {
+            schedules,
+            specs,
+            lease,
+            pool,
+            queue,
+            options,
+        })
+    }
+
+    /// Takes part in the election and, while leading, enqueues every due
+    /// tick, until `stop` is cancelled; the leader then gives the lease up.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut leading: Option<Leading> = None;
+        let ttl = self.lease.ttl();
+        loop {
+            let wait = match leading.as_mut() {
+                None => match self.lease.acquire().await {
+                    Ok(Acquired::Leading) => {
+                        let now = Instant::now();
+                        tracing::info!(lease_ttl = ?ttl, "scheduler: this replica leads");
+                        leading = Some(Leading {
+                            valid_until: now + ttl,
+                            renew_at: now + ttl / 3,
+                            handled: vec![Utc::now(); self.specs.len()],
+                        });
+                        self.catch_up().await;
+                        history::write_entries(&self.queue, &self.schedules, &self.specs, ttl)
+                            .await;
+                        Duration::ZERO
+                    }
+                    // Try again the moment the lease runs out.
+                    Ok(Acquired::HeldFor(left)) => (left + Duration::from_millis(5)).min(ttl / 3),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "scheduler: cannot reach Valkey for the lease");
+                        (ttl / 3).min(Duration::from_secs(1))
+                    }
+                },
+                Some(state) => match self.lead(state).await {
+                    Some(wait) => wait,
+                    None => {
+                        leading = None;
+                        Duration::ZERO
+                    }
+                },
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        if leading.is_some() {
+            if let Err(err) = self.lease.release().await {
+                tracing::warn!(error = %err, "scheduler: failed to give the lease up");
+            }
+            history::clear_entries(&self.queue).await;
+        }
+    }
+
+    /// One round as leader: renew when due, enqueue due ticks. Returns how
+    /// long to wait, or `None` when the lease is lost.
+    async fn lead(&self, state: &mut Leading) -> Option<Duration> {
+        let ttl = self.lease.ttl();
+        if Instant::now() >= state.renew_at {
+            let sent = Instant::now();
+            match self.lease.renew().await {
+                Ok(true) => {
+                    state.valid_until = sent + ttl;
+                    state.renew_at = sent + ttl / 3;
+                    history::write_entries(&self.queue, &self.schedules, &self.specs, ttl).await;
+                }
+                Ok(false) => {
+                    tracing::warn!("scheduler: lost the lease to another replica");
+                    return None;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "scheduler: failed to renew the lease");
+                    state.renew_at = Instant::now() + (ttl / 10).min(Duration::from_secs(1));
+                }
+            }
+        }
+        if Instant::now() >= state.valid_until {
+            tracing::warn!("scheduler: the lease ran out before it was renewed");
+            return None;
+        }
+        let mut next_due: Option<DateTime<Utc>> = None;
+        let mut failed = false;
+        for (index, (entry, spec)) in self.schedules.all().iter().zip(&self.specs).enumerate() {
+            while let Some(tick_at) = spec.next_after(state.handled[index]) {
+                if tick_at > Utc::now() {
+                    next_due = Some(next_due.map_or(tick_at, |due| due.min(tick_at)));
+                    break;
+                }
+                // Never enqueue on a lease this process cannot vouch for.
+                if Instant::now() >= state.valid_until {
+                    return None;
+                }
+                let tick = Tick::new(entry.name, tick_at);
+                if !self.enqueue(entry, &tick).await {
+                    // Retried at the next round, after a pause.
+                    failed = true;
+                    break;
+                }
+                state.handled[index] = tick_at;
+            }
+        }
+        let until_tick = if failed {
+            RETRY_PAUSE
+        } else {
+            next_due.map_or(ttl, |due| {
+                (due - Utc::now()).to_std().unwrap_or(Duration::ZERO)
+            })
+        };
+        let until_renew = state.renew_at.saturating_duration_since(Instant::now());
+        Some(until_tick.min(until_renew).max(Duration::from_millis(1)))
+    }
+
+    /// A new leader's catch-up: up to `CATCH_UP` of each schedule's latest
+    /// ticks, no older than their ids deduplicate.
+    async fn catch_up(&self) {
+        let now = Utc::now();
+        let oldest = now - chrono::Duration::from_std(self.options.retention).unwrap_or_default();
+        for (entry, spec) in self.schedules.all().iter().zip(&self.specs) {
+            for tick_at in spec.latest(now, entry.catch_up) {
+                if tick_at > oldest {
+                    self.enqueue(entry, &Tick::new(entry.name, tick_at)).await;
+                }
+            }
+        }
+    }
+
+    /// Enqueues `tick` and records it for asynqmon; false on failure.
+    async fn enqueue(&self, entry: &Entry, tick: &Tick) -> bool {
+        match enqueue_tick(entry, tick, &self.pool, &self.queue, &self.options).await {
+            Ok(new) => {
+                tracing::info!(
+                    schedule = entry.name,
+                    tick = %tick.at,
+                    tick_id = %tick.id,
+                    new,
+                    "scheduler: tick enqueued"
+                );
+                if new {
+                    history::record(&self.queue, entry, tick).await;
+                }
+                true
+            }
+            Err(err) => {
+                tracing::warn!(
+                    schedule = entry.name,
+                    tick = %tick.at,
+                    error = format!("{err:#}"),
+                    "scheduler: failed to enqueue a tick"
+                );
+                false
+            }
+        }
+    }
+}

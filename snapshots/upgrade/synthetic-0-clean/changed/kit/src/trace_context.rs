@@ -1,0 +1,184 @@
+//! W3C trace context (`traceparent`, `tracestate`) carried through the
+//! outbox, so that one trace spans the request that dispatched an event,
+//! the relay and every listener.
+//!
+//! The context lives in a task-local: the HTTP middleware [`propagate`]
+//! takes it from the request's `traceparent` header (or starts a new trace)
+//! and runs the handler inside it; the outbox dispatcher writes a child of
+//! it into the envelope's metadata; the worker runs each listener inside the
+//! context it finds there. Logs carry the trace id, so they can be joined
+//! across services. This is the W3C format only: it needs no tracing SDK,
+//! and an OpenTelemetry exporter can be added on top.
+
+use std::future::Future;
+
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+use crate::outbox::Metadata;
+
+tokio::task_local! {
+    static CURRENT: TraceContext;
+}
+
+/// One position in a trace: a trace id, the id of the current span, and the
+/// vendor state passed along with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    trace_id: String,
+    span_id: String,
+    sampled: bool,
+    tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// A new trace, with random ids.
+    pub fn new_root() -> Self {
+        Self {
+            trace_id: uuid::Uuid::new_v4().simple().to_string(),
+            span_id: new_span_id(),
+            sampled: true,
+            tracestate: None,
+        }
+    }
+
+    /// Parses a `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`);
+    /// `None` for anything malformed, as the W3C spec asks.
+    pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
+        let mut parts = traceparent.trim().split('-');
+        let (version, trace_id, span_id, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let hex = |s: &str, len: usize| {
+            s.len() == len
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        let valid = parts.next().is_none()
+            && hex(version, 2)
+            && version != "ff"
+            && hex(trace_id, 32)
+            && trace_id.bytes().any(|b| b != b'0')
+            && hex(span_id, 16)
+            && span_id.bytes().any(|b| b != b'0')
+            && hex(flags, 2);
+        valid.then(|| Self {
+            trace_id: trace_id.to_string(),
+            span_id: span_id.to_string(),
+            sampled: u8::from_str_radix(flags, 16).is_ok_and(|f| f & 1 == 1),
+            tracestate: tracestate.map(str::to_string).filter(|s| !s.is_empty()),
+        })
+    }
+
+    /// The context found in an event's metadata, if any.
+    pub fn from_metadata(metadata: &Metadata) -> Option<Self> {
+        let traceparent = metadata.get("traceparent")?;
+        Self::parse(traceparent, metadata.get("tracestate").map(String::as_str))
+    }
+
+    /// The same trace, one span further down.
+    pub fn child(&self) -> Self {
+        Self {
+            span_id: new_span_id(),
+            ..self.clone()
+        }
+    }
+
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    /// The `traceparent` header value.
+    pub fn traceparent(&self) -> String {
+        let flags = if self.sampled { "01" } else { "00" };
+        format!("00-{}-{}-{flags}", self.trace_id, self.span_id)
+    }
+
+    /// Writes `traceparent` (and `tracestate`) into event metadata.
+    pub fn inject(&self, metadata: &mut Metadata) {
+        metadata.insert("traceparent".to_string(), self.traceparent());
+        if let Some(state) = &self.tracestate {
+            metadata.insert("tracestate".to_string(), state.clone());
+        }
+    }
+}
+
+fn new_span_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..16].to_string()
+}
+
+/// The trace context the current task runs in, if any.
+pub fn current() -> Option<TraceContext> {
+    CURRENT.try_with(TraceContext::clone).ok()
+}
+
+/// Runs `future` inside `context`, in a span that logs its trace id.
+pub async fn scope<F: Future>(context: TraceContext, future: F) -> F::Output {
+    let span = tracing::info_span!("trace", trace_id = %context.trace_id);
+    CURRENT.scope(context, future.instrument(span)).await
+}
+
+/// Axum middleware: runs each request inside the trace context of its
+/// `traceparent` header (a child span of it), or of a new trace.
+pub async fn propagate(request: Request, next: Next) -> Response {
+    let context = context_of(&request);
+    scope(context, next.run(request)).await
+}
+
+fn context_of(request: &Request) -> TraceContext {
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    header("traceparent")
+        .and_then(|parent| TraceContext::parse(parent, header("tracestate")))
+        .map_or_else(TraceContext::new_root, |parent| parent.child())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn parses_and_prints_a_traceparent() {
+        let context = TraceContext::parse(PARENT, Some("rojo=00f067aa0ba902b7")).unwrap();
+        assert_eq!(context.traceparent(), PARENT);
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let child = context.child();
+        assert_eq!(child.trace_id(), context.trace_id());
+        assert_ne!(child.traceparent(), context.traceparent());
+        assert!(TraceContext::parse(&child.traceparent(), None).is_some());
+    }
+
+    #[test]
+    fn rejects_malformed_traceparents() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(TraceContext::parse(bad, None).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn metadata_round_trips() {
+        let context = TraceContext::parse(PARENT, Some("rojo=1")).unwrap();
+        let mut metadata = Metadata::new();
+        context.inject(&mut metadata);
+        assert_eq!(metadata["traceparent"], PARENT);
+        assert_eq!(metadata["tracestate"], "rojo=1");
+        assert_eq!(TraceContext::from_metadata(&metadata), Some(context));
+    }
+
+    #[tokio::test]
+    async fn the_current_context_is_the_scoped_one() {
+        assert!(current().is_none());
+        let context = TraceContext::new_root();
+        let inside = scope(context.clone(), async { current() }).await;
+        assert_eq!(inside, Some(context));
+    }
+}

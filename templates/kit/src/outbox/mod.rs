@@ -1,0 +1,47 @@
+//! The transactional outbox: events are stored in `outbox_events` in the
+//! same transaction as the business change that caused them, and published
+//! to the queue afterwards by the relay.
+//!
+//! - [`Envelope`]: the event as it travels: id, name, payload, metadata, time.
+//! - [`Store`]: the SQL on `outbox_events`.
+//! - [`OutboxDispatcher`]: the project's `Dispatcher`, backed by the store.
+//! - `Executor` (feature `seaorm`): what an event can be stored on: a
+//!   SeaORM transaction or connection, or a sqlx connection or pool.
+//! - `relay` (feature `worker`): moves committed rows to the queue.
+//! - `cleanup` (feature `worker`): deletes published rows after the retention.
+//! - `wake` (feature `worker`): wakes relays right after a commit, instead of
+//!   at the next poll.
+
+#[cfg(feature = "worker")]
+pub mod cleanup;
+mod dispatcher;
+mod envelope;
+#[cfg(feature = "seaorm")]
+mod executor;
+#[cfg(feature = "worker")]
+pub mod relay;
+mod store;
+#[cfg(feature = "worker")]
+pub mod wake;
+
+pub use dispatcher::OutboxDispatcher;
+pub use envelope::{Envelope, Metadata};
+#[cfg(feature = "seaorm")]
+pub use executor::Executor;
+pub use store::{Backlog, ClaimedEvent, Store};
+
+/// The schema the outbox needs: the Up statements of
+/// `migrations/20200101000100_outbox.sql`, separated by blank lines. A test
+/// checks that the two agree.
+pub const MIGRATION_SQL: &str = "\
+CREATE TABLE outbox_events (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id uuid NOT NULL UNIQUE,
+    event_name text NOT NULL,
+    payload jsonb NOT NULL,
+    metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz
+);
+
+CREATE INDEX outbox_events_unpublished_idx ON outbox_events (id) WHERE published_at IS NULL;";
