@@ -536,7 +536,7 @@ fn subscribe_to_wakeups(client: Client, relay: &Relay, stop: CancellationToken) 
 
 #[cfg(not(feature = "wake"))]
 fn subscribe_to_wakeups(_client: Client, _relay: &Relay, _stop: CancellationToken) {
-    eprintln!("error: this project has no cross-process wake-up (src/outbox/wake.rs)");
+    eprintln!("error: this project has no cross-process wake-up (kit/src/outbox/wake.rs)");
     std::process::exit(2);
 }
 

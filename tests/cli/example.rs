@@ -191,4 +191,92 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
         .status()
         .unwrap();
     assert!(server.0.wait().unwrap().success());
+
+    wake_ups_survive_a_valkey_outage(&bins, parent.path(), &db);
+}
+
+/// With `OUTBOX_WAKE=valkey`, the server starts and takes orders while
+/// Valkey is down (wake-ups are best-effort), and once Valkey is back a
+/// commit wakes the worker's relay at once: with a 60 s poll interval, only
+/// a wake-up confirms an order within seconds.
+fn wake_ups_survive_a_valkey_outage(bins: &std::path::Path, dir: &std::path::Path, db: &Database) {
+    let mut redis = RedisServer::start();
+    redis.stop();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut server = Server(
+        Command::new(bins.join("server"))
+            .current_dir(dir)
+            .env_clear()
+            .env("DATABASE_URL", db.url())
+            .env("VALKEY_ADDR", redis.addr())
+            .env("OUTBOX_WAKE", "valkey")
+            .env("HTTP_ADDR", &addr)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the server answers while Valkey is down",
+        || request(&addr, "GET", "/healthz", None).is_some_and(|(status, _)| status == 200),
+    );
+    let order = |sku: &str| {
+        let (status, body) = request(
+            &addr,
+            "POST",
+            "/orders",
+            Some(&format!(r#"{{"sku": "{sku}", "quantity": 1}}"#)),
+        )
+        .unwrap();
+        assert_eq!(status, 201, "{body}");
+        json(&body)["id"].as_str().unwrap().to_string()
+    };
+    let confirmed = |id: &str| {
+        let (status, body) = request(&addr, "GET", &format!("/orders/{id}"), None).unwrap();
+        assert_eq!(status, 200, "{body}");
+        json(&body)["confirmed"] == serde_json::Value::Bool(true)
+    };
+    let before_valkey = order("coffee");
+
+    redis.restart();
+    let mut worker = Worker::start_binary(
+        &bins.join("worker"),
+        db,
+        &redis,
+        &[
+            ("WORKER_QUEUES", "default=1"),
+            ("OUTBOX_WAKE", "valkey"),
+            ("OUTBOX_POLL_INTERVAL", "60s"),
+        ],
+    );
+    // The relay's first round at start-up finds the order taken during
+    // the outage; from then on it waits 60 s between polls.
+    wait_until(
+        Duration::from_secs(60),
+        "the earlier order is confirmed",
+        || confirmed(&before_valkey),
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the relay subscribes to wake-ups",
+        || {
+            redis
+                .cli(&["PUBSUB", "NUMSUB", "outbox:wake"])
+                .is_some_and(|out| out.lines().nth(1).is_some_and(|n| n.trim() != "0"))
+        },
+    );
+    let after_valkey = order("cocoa");
+    wait_until(
+        Duration::from_secs(15),
+        "a wake-up from the server confirms the order before the next poll",
+        || confirmed(&after_valkey),
+    );
+
+    worker.signal("-TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(35)),
+        Some(0),
+        "{}",
+        worker.log()
+    );
 }

@@ -44,7 +44,7 @@ impl Application {
         let pool = database::connect_lazy(&config.database);
         let state = AppState {
             // gpkit:begin state-init
-            transactor: kit::outbox::wake::transactor(pool.clone(), config).await?,
+            transactor: kit::outbox::wake::transactor(pool.clone(), config)?,
             dispatcher: kit::outbox::OutboxDispatcher::new(),
             // gpkit:end state-init
             pool,

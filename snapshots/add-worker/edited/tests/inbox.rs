@@ -12,6 +12,7 @@ use support::TestDatabase;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
+use kit::database::Transactor;
 use kit::dispatch::{Dispatcher, Event};
 use kit::outbox::{Envelope, OutboxDispatcher};
 use kit::worker::inbox;
@@ -94,7 +95,11 @@ async fn an_event_delivered_twice_commits_its_work_and_follow_up_once() {
 
     for _ in 0..2 {
         listener
-            .call(envelope.clone(), Default::default(), db.pool.clone())
+            .call(
+                envelope.clone(),
+                Default::default(),
+                Transactor::new(db.pool.clone()),
+            )
             .await
             .unwrap();
     }
@@ -129,7 +134,7 @@ async fn two_deliveries_at_the_same_moment_commit_once_and_neither_fails() {
         let (pool, barrier) = (db.pool.clone(), Arc::clone(&barrier));
         deliveries.push(tokio::spawn(async move {
             barrier.wait().await;
-            inbox::once(&pool, "ledger", event_id, async |tx| {
+            inbox::once(&Transactor::new(pool), "ledger", event_id, async |tx| {
                 // Hold the transaction open, so that the other delivery
                 // arrives while this one is still uncommitted.
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -156,21 +161,38 @@ async fn failed_work_records_nothing_and_the_retry_runs_it() {
     let db = ledger_database().await;
     let event_id = Uuid::now_v7();
 
-    let failed = inbox::once(&db.pool, "ledger", event_id, async |tx| {
-        sqlx::query("INSERT INTO ledger (event_id, amount) VALUES ($1, 1)")
-            .bind(event_id)
-            .execute(&mut *tx)
-            .await?;
-        Err::<(), _>(anyhow::anyhow!("the payment service is down"))
-    })
+    let failed = inbox::once(
+        &Transactor::new(db.pool.clone()),
+        "ledger",
+        event_id,
+        async |tx| {
+            sqlx::query("INSERT INTO ledger (event_id, amount) VALUES ($1, 1)")
+                .bind(event_id)
+                .execute(&mut *tx)
+                .await?;
+            Err::<(), _>(anyhow::anyhow!("the payment service is down"))
+        },
+    )
     .await;
     assert!(failed.is_err());
     assert_eq!(count(&db, "SELECT count(*) FROM inbox_processed").await, 0);
     assert_eq!(count(&db, "SELECT count(*) FROM ledger").await, 0);
 
-    let retried = inbox::once(&db.pool, "ledger", event_id, async |_tx| Ok(7)).await;
+    let retried = inbox::once(
+        &Transactor::new(db.pool.clone()),
+        "ledger",
+        event_id,
+        async |_tx| Ok(7),
+    )
+    .await;
     assert_eq!(retried.unwrap(), Some(7));
-    let again = inbox::once(&db.pool, "ledger", event_id, async |_tx| Ok(7)).await;
+    let again = inbox::once(
+        &Transactor::new(db.pool.clone()),
+        "ledger",
+        event_id,
+        async |_tx| Ok(7),
+    )
+    .await;
     assert_eq!(again.unwrap(), None);
 }
 
@@ -179,7 +201,13 @@ async fn each_listener_has_its_own_record_of_an_event() {
     let db = TestDatabase::migrated().await;
     let event_id = Uuid::now_v7();
     for listener in ["ledger", "email"] {
-        let ran = inbox::once(&db.pool, listener, event_id, async |_tx| Ok(())).await;
+        let ran = inbox::once(
+            &Transactor::new(db.pool.clone()),
+            listener,
+            event_id,
+            async |_tx| Ok(()),
+        )
+        .await;
         assert_eq!(ran.unwrap(), Some(()), "{listener}");
     }
 }
@@ -195,9 +223,14 @@ async fn cleanup_deletes_only_expired_records() {
     .await
     .unwrap();
     let fresh = Uuid::now_v7();
-    inbox::once(&db.pool, "ledger", fresh, async |_tx| Ok(()))
-        .await
-        .unwrap();
+    inbox::once(
+        &Transactor::new(db.pool.clone()),
+        "ledger",
+        fresh,
+        async |_tx| Ok(()),
+    )
+    .await
+    .unwrap();
 
     let deleted = inbox::delete_expired(&db.pool, Duration::from_secs(7 * 24 * 3600))
         .await
@@ -209,4 +242,37 @@ async fn cleanup_deletes_only_expired_records() {
         .await
         .unwrap();
     assert_eq!(left, [fresh]);
+}
+
+/// `once` commits through the transactor, so its after-commit hook (the
+/// relay's wake-up) fires when the work commits, and only then: not for a
+/// duplicate delivery, not for a failure.
+#[tokio::test]
+async fn a_commit_in_once_runs_the_transactors_after_commit_hook() {
+    let db = ledger_database().await;
+    let commits = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&commits);
+    let transactor = Transactor::new(db.pool.clone()).after_commit(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
+    let event_id = Uuid::now_v7();
+
+    let failed = inbox::once(&transactor, "ledger", event_id, async |_tx| {
+        Err::<(), _>(anyhow::anyhow!("the work failed"))
+    })
+    .await;
+    assert!(failed.is_err());
+    assert_eq!(commits.load(Ordering::SeqCst), 0, "a failure committed");
+
+    let ran = inbox::once(&transactor, "ledger", event_id, async |_tx| Ok(1)).await;
+    assert_eq!(ran.unwrap(), Some(1));
+    assert_eq!(commits.load(Ordering::SeqCst), 1, "the commit ran no hook");
+
+    let again = inbox::once(&transactor, "ledger", event_id, async |_tx| Ok(1)).await;
+    assert_eq!(again.unwrap(), None);
+    assert_eq!(
+        commits.load(Ordering::SeqCst),
+        1,
+        "a skipped duplicate ran the hook"
+    );
 }

@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use kit::database::Transactor;
 use kit::dispatch::Event;
 use kit::outbox::Envelope;
 use kit::queue::message::ServerInfo;
@@ -1416,7 +1417,7 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
     handle_events(
         &mut consumer,
         queue.client.clone(),
-        pool,
+        Transactor::new(pool),
         Arc::new(listeners),
         Duration::ZERO,
         ListenerMetrics::default(),
@@ -1574,7 +1575,7 @@ async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
     handle_events(
         &mut consumer,
         queue.client.clone(),
-        pool,
+        Transactor::new(pool),
         Arc::new(listeners),
         Duration::from_secs(60),
         metrics.clone(),

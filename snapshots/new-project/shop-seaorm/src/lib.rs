@@ -1,25 +1,20 @@
 //! The service as a library, so that binaries and tests share one code path.
+//! The kit (`kit/`, imported as `kit`) is gpkit's; everything here is yours.
 
-// The kit's modules. gpkit keeps the lines between the markers up to date
-// (`gpkit add`, `gpkit upgrade templates`); declare your own modules below.
+// The service's modules, and the kit's modules under the paths they had
+// before the kit became a crate (`crate::config`, `crate::outbox`, ...), so
+// that code written against them keeps compiling. gpkit keeps the lines
+// between the markers up to date (`gpkit add`, `gpkit upgrade templates`);
+// declare your own modules below.
 // gpkit:begin modules
-pub mod config;
-pub mod database;
-pub mod dispatch;
-pub mod env_file;
 pub mod events;
 pub mod listeners;
-pub mod migrate;
-pub mod operations;
-pub mod orm;
-pub mod outbox;
-pub mod queue;
 pub mod routes;
-pub mod scheduler;
 pub mod schedules;
-pub mod signals;
 pub mod startup;
-pub mod telemetry;
-pub mod trace_context;
-pub mod worker;
+
+pub use kit::{
+    config, database, dispatch, env_file, migrate, operations, orm, outbox, queue, scheduler,
+    signals, telemetry, trace_context, worker,
+};
 // gpkit:end modules

@@ -5,11 +5,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use kit::config::Config;
+use kit::database;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::config::Config;
-use crate::{database, routes};
+use crate::routes;
 
 /// State shared by all request handlers.
 #[derive(Debug, Clone)]

@@ -11,7 +11,8 @@ use support::TestDatabase;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use shop::database;
+use kit::database;
+
 use shop::startup::Application;
 
 /// Sends `GET path` and returns the status code.

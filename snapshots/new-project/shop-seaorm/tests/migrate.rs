@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sqlx::{Connection, Executor, PgConnection};
 
-use shop::migrate::{Error, LockOptions, Migrator};
+use kit::migrate::{Error, LockOptions, Migrator};
 
 /// A database created for one test, dropped `WITH (FORCE)` on drop.
 struct TestDatabase {

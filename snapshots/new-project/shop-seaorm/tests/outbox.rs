@@ -7,11 +7,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 use support::TestDatabase;
 
-use shop::database::Transactor;
-use shop::dispatch::{Dispatcher, Event};
-use shop::migrate::parser::{self, Direction};
-use shop::outbox::{MIGRATION_SQL, OutboxDispatcher};
-use shop::trace_context::{self, TraceContext};
+use kit::database::Transactor;
+use kit::dispatch::{Dispatcher, Event};
+use kit::migrate::parser::{self, Direction};
+use kit::outbox::{MIGRATION_SQL, OutboxDispatcher};
+use kit::trace_context::{self, TraceContext};
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {

@@ -8,9 +8,9 @@ use sea_orm::{ActiveModelTrait, EntityTrait, PaginatorTrait, Set};
 use serde::Serialize;
 use support::TestDatabase;
 
-use shop::dispatch::{Dispatcher, Event};
-use shop::orm::{self, Transactor};
-use shop::outbox::OutboxDispatcher;
+use kit::dispatch::{Dispatcher, Event};
+use kit::orm::{self, Transactor};
+use kit::outbox::OutboxDispatcher;
 
 /// A SeaORM entity of the test's own table (the project's migrations may
 /// well have `orders`).

@@ -25,21 +25,22 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use shop::dispatch::Event;
-use shop::outbox::Envelope;
-use shop::queue::message::ServerInfo;
-use shop::queue::message::TaskMessage;
-use shop::queue::message::WorkerInfo;
-use shop::queue::{
+use kit::database::Transactor;
+use kit::dispatch::Event;
+use kit::outbox::Envelope;
+use kit::queue::message::ServerInfo;
+use kit::queue::message::TaskMessage;
+use kit::queue::message::WorkerInfo;
+use kit::queue::{
     Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError,
     RunOutcome, Task, keys, scripts,
 };
-use shop::worker::handle_events;
-use shop::worker::listeners::ListenerContext;
-use shop::worker::listeners::Listeners;
-use shop::worker::listeners::SkipRetry;
-use shop::worker::listeners::listener_task_id;
-use shop::worker::metrics::{ListenerLabels, ListenerMetrics};
+use kit::worker::handle_events;
+use kit::worker::listeners::ListenerContext;
+use kit::worker::listeners::Listeners;
+use kit::worker::listeners::SkipRetry;
+use kit::worker::listeners::listener_task_id;
+use kit::worker::metrics::{ListenerLabels, ListenerMetrics};
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
@@ -1416,7 +1417,7 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
     handle_events(
         &mut consumer,
         queue.client.clone(),
-        pool,
+        Transactor::new(pool),
         Arc::new(listeners),
         Duration::ZERO,
         ListenerMetrics::default(),
@@ -1574,7 +1575,7 @@ async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
     handle_events(
         &mut consumer,
         queue.client.clone(),
-        pool,
+        Transactor::new(pool),
         Arc::new(listeners),
         Duration::from_secs(60),
         metrics.clone(),

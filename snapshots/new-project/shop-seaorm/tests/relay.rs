@@ -10,14 +10,14 @@ use serde::Serialize;
 use support::{TestDatabase, TestQueue};
 use tokio_util::sync::CancellationToken;
 
-use shop::database::Transactor;
-use shop::dispatch::{Dispatcher, Event};
-use shop::outbox::cleanup;
-use shop::outbox::relay::{Relay, RelayError, Round};
-use shop::outbox::wake::{self, Wake};
-use shop::outbox::{Envelope, OutboxDispatcher};
-use shop::queue::NewTask;
-use shop::worker::metrics::{Metrics, RelayMetrics};
+use kit::database::Transactor;
+use kit::dispatch::{Dispatcher, Event};
+use kit::outbox::cleanup;
+use kit::outbox::relay::{Relay, RelayError, Round};
+use kit::outbox::wake::{self, Wake};
+use kit::outbox::{Envelope, OutboxDispatcher};
+use kit::queue::NewTask;
+use kit::worker::metrics::{Metrics, RelayMetrics};
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {

@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Serialize;
 use support::{TestDatabase, TestQueue};
 
-use shop::database::Transactor;
-use shop::dispatch::{Dispatcher, Event};
-use shop::outbox::OutboxDispatcher;
-use shop::outbox::relay::Relay;
-use shop::worker::metrics::Metrics;
+use kit::database::Transactor;
+use kit::dispatch::{Dispatcher, Event};
+use kit::outbox::OutboxDispatcher;
+use kit::outbox::relay::Relay;
+use kit::worker::metrics::Metrics;
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::relay::Backoff;
 use crate::config::{Config, WakeMode};
 use crate::database::Transactor;
-use crate::queue::{Client, QueueError};
+use crate::queue::{Client, Connection, QueueError, Target};
 
 /// The Valkey channel wake-ups are published on.
 pub const CHANNEL: &str = "outbox:wake";
@@ -67,6 +67,55 @@ impl Wake {
         }
     }
 
+    /// Also wakes the relay that waits on `relay`, in this process.
+    pub fn and_local(mut self, relay: Arc<Notify>) -> Self {
+        self.local = Some(relay);
+        self
+    }
+
+    /// Publishes wake-ups on [`CHANNEL`] to the Valkey `target` names,
+    /// connecting at the first wake-up and again after a failed attempt,
+    /// so that a process starts, and runs, while Valkey is down: wake-ups
+    /// until it answers are lost, and relays find those events at their
+    /// next poll. Spawns the task that publishes, so it must be called
+    /// inside a Tokio runtime.
+    pub fn connecting(target: Target) -> Self {
+        let trigger = Arc::new(Notify::new());
+        let pending = Arc::clone(&trigger);
+        tokio::spawn(async move {
+            let mut connection: Option<Connection> = None;
+            loop {
+                pending.notified().await;
+                if connection.is_none() {
+                    match target.connect().await {
+                        Ok(connected) => connection = Some(connected),
+                        Err(err) => {
+                            tracing::debug!(
+                                error = %err,
+                                "outbox wake-up not published: Valkey unreachable; relays will poll"
+                            );
+                            continue;
+                        }
+                    }
+                }
+                if let Some(connection) = connection.as_mut() {
+                    let published = redis::cmd("PUBLISH")
+                        .arg(CHANNEL)
+                        .arg("")
+                        .query_async::<i64>(connection)
+                        .await;
+                    if let Err(err) = published {
+                        tracing::debug!(error = %err, "outbox wake-up not published; relays will poll");
+                    }
+                }
+            }
+        });
+        Self {
+            local: None,
+            publish: Some(trigger),
+        }
+    }
+
     /// Wakes the relays. Never blocks and never fails.
     pub fn signal(&self) {
         for notify in [&self.local, &self.publish].into_iter().flatten() {
@@ -76,13 +125,16 @@ impl Wake {
 }
 
 /// The transactor for a process that dispatches events: with
-/// `OUTBOX_WAKE=valkey`, every commit also wakes the workers' relays.
-pub async fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueError> {
+/// `OUTBOX_WAKE=valkey`, every commit also wakes the workers' relays. It
+/// does not connect to Valkey (the first wake-up does, see
+/// [`Wake::connecting`]): a server starts while Valkey is down. The error is
+/// a Valkey setting that does not parse.
+pub fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueError> {
     let transactor = Transactor::new(pool);
     Ok(match config.outbox.wake {
         WakeMode::Off => transactor,
         WakeMode::Valkey => {
-            let wake = Wake::publishing(Client::from_config(&config.valkey).await?);
+            let wake = Wake::connecting(Target::from_config(&config.valkey)?);
             transactor.after_commit(move || wake.signal())
         }
     })

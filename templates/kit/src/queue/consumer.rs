@@ -202,17 +202,18 @@ type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
 
 /// Runs handlers for the tasks of its queues until shut down.
 ///
-/// ```ignore
-/// let mut consumer = Consumer::new(client.clone(), options);
-/// consumer.handle("event:orderPlaced", move |task: Task| {
-///     let client = client.clone();
-///     async move {
-///         let envelope: Envelope = serde_json::from_slice(&task.payload)?;
-///         client.enqueue(&listener_tasks(&envelope)).await?;
-///         Ok(())
-///     }
+/// ```no_run
+/// # use kit::outbox::Envelope;
+/// # use kit::queue::{Client, Consumer, ConsumerOptions, Task};
+/// # async fn example(client: Client, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+/// let mut consumer = Consumer::new(client, ConsumerOptions::default());
+/// consumer.handle("event:orderPlaced", |task: Task| async move {
+///     let envelope: Envelope = serde_json::from_slice(&task.payload)?;
+///     tracing::info!(id = %envelope.id, "orderPlaced");
+///     Ok(())
 /// });
 /// consumer.run(shutdown.cancelled_owned()).await?;
+/// # Ok(()) }
 /// ```
 pub struct Consumer {
     client: Client,

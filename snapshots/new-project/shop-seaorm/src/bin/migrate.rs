@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
-use shop::env_file;
-use shop::migrate::cli;
+use kit::env_file;
+use kit::migrate::cli;
 
 fn main() -> ExitCode {
     // First, while the process has one thread: `.env` sets variables.

@@ -4,10 +4,11 @@
 
 use std::process::ExitCode;
 
-use shop::config::Config;
+use kit::config::Config;
+use kit::operations::{self, cli::Cli};
+use kit::worker::listeners::Listeners;
+
 use shop::listeners::register as register_listeners;
-use shop::operations::{self, cli::Cli};
-use shop::worker::listeners::Listeners;
 
 fn main() -> ExitCode {
     // Arguments first: `--help` and mistakes need no configuration.
@@ -16,7 +17,7 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     // Then, while the process has one thread: `.env` sets variables.
-    if let Err(err) = shop::env_file::load() {
+    if let Err(err) = kit::env_file::load() {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }

@@ -2,11 +2,12 @@
 
 use std::process::ExitCode;
 
-use shop::config::Config;
-use shop::env_file;
-use shop::signals::shutdown_signal;
+use kit::config::Config;
+use kit::env_file;
+use kit::signals::shutdown_signal;
+use kit::telemetry::{self, LogFormat};
+
 use shop::startup::Application;
-use shop::telemetry::{self, LogFormat};
 
 fn main() -> ExitCode {
     // First, while the process has one thread: `.env` sets variables.

@@ -4,17 +4,18 @@
 
 use std::process::ExitCode;
 
-use shop::config::Config;
+use kit::config::Config;
+use kit::scheduler::Schedules;
+use kit::signals::shutdown_signal;
+use kit::telemetry::{self, LogFormat};
+use kit::worker::{self, listeners::Listeners};
+
 use shop::listeners::register as register_listeners;
-use shop::scheduler::Schedules;
 use shop::schedules::register as register_schedules;
-use shop::signals::shutdown_signal;
-use shop::telemetry::{self, LogFormat};
-use shop::worker::{self, listeners::Listeners};
 
 fn main() -> ExitCode {
     // First, while the process has one thread: `.env` sets variables.
-    if let Err(err) = shop::env_file::load() {
+    if let Err(err) = kit::env_file::load() {
         eprintln!("error: {err}");
         return ExitCode::FAILURE;
     }

@@ -5,7 +5,7 @@
 //! by hand, outside the markers. A listener may see an event more than once,
 //! so make it idempotent on `ctx.event_id`.
 
-use crate::worker::listeners::Listeners;
+use kit::worker::listeners::Listeners;
 
 // gpkit:begin modules
 // gpkit:end modules

@@ -1,12 +1,12 @@
 //! The service's schedules: events dispatched, and jobs run, on every tick,
-//! by the worker's scheduler (`crate::scheduler`), once per tick however
+//! by the worker's scheduler (`kit::scheduler`), once per tick however
 //! many worker replicas run.
 //!
 //! `gpkit add schedule <name>` adds a module here and registers it between
 //! the markers below; you can also register schedules by hand, outside the
 //! markers.
 
-use crate::scheduler::Schedules;
+use kit::scheduler::Schedules;
 
 // gpkit:begin modules
 // gpkit:end modules

@@ -10,9 +10,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-use shop::config::{self, Config};
-use shop::migrate;
-use shop::queue;
+use kit::config::{self, Config};
+use kit::migrate;
+use kit::queue;
 
 /// The default configuration, with `database_url` and a free HTTP port.
 pub fn test_config(database_url: &str) -> Config {

@@ -33,18 +33,10 @@ use serde::de::DeserializeOwned;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+pub use super::listener_error::{ListenerError, SkipRetry};
+use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
-
-/// What a listener returns on failure; the task is retried.
-pub type ListenerError = anyhow::Error;
-
-/// A failure that retrying cannot fix: return it (`Err(SkipRetry(..).into())`)
-/// and the listener's task is archived at once instead of retried, as Go's
-/// `asynq.SkipRetry` does. `outbox retry-archived` runs it again later.
-#[derive(Debug, thiserror::Error)]
-#[error("{0} (not retried)")]
-pub struct SkipRetry(pub String);
 
 /// What a listener gets besides the event.
 #[derive(Debug, Clone)]
@@ -61,6 +53,8 @@ pub struct ListenerContext {
     pub pool: PgPool,
     /// The listener's name, its key in the inbox.
     pub listener: String,
+    /// The worker's transactor on `pool`: its commits wake the relays.
+    transactor: Transactor,
 }
 
 impl ListenerContext {
@@ -77,7 +71,7 @@ impl ListenerContext {
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
     {
-        super::inbox::once(&self.pool, &self.listener, self.event_id, work).await
+        super::inbox::once(&self.transactor, &self.listener, self.event_id, work).await
     }
 }
 
@@ -110,19 +104,21 @@ impl Listener {
     /// Decodes the event in `envelope` and runs the listener on it. An
     /// event that does not decode into the listener's type is an error
     /// (retried, see the module docs).
+    /// Its [`ListenerContext::once`] runs in `transactor`'s transactions.
     pub async fn call(
         &self,
         envelope: Envelope,
         headers: BTreeMap<String, String>,
-        pool: PgPool,
+        transactor: Transactor,
     ) -> Result<(), ListenerError> {
         let context = ListenerContext {
             event_id: envelope.id,
             occurred_at: envelope.occurred_at,
             metadata: envelope.metadata.clone(),
             headers,
-            pool,
+            pool: transactor.pool().clone(),
             listener: self.name.clone(),
+            transactor,
         };
         (self.run)(envelope, context).await
     }

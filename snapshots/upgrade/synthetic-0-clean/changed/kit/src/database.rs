@@ -132,6 +132,16 @@ impl Transactor {
         }
     }
 
+    /// Runs the after-commit hook, for a transaction that was begun on
+    /// [`Self::pool`] and committed by the caller (the inbox's, which must
+    /// roll back, not commit, when the event was already handled).
+    #[cfg(feature = "worker")]
+    pub(crate) fn committed(&self) {
+        if let Some(hook) = &self.after_commit {
+            hook();
+        }
+    }
+
     /// The pool the transactions are taken from.
     pub fn pool(&self) -> &PgPool {
         &self.pool

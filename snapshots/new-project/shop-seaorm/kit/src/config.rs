@@ -17,6 +17,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer};
 use sqlx::postgres::PgConnectOptions;
 
+#[cfg(feature = "worker")]
 use crate::queue::{QueueNames, QueueWeights};
 
 /// The whole service configuration.
@@ -30,8 +31,10 @@ pub struct Config {
     pub valkey: ValkeyConfig,
     #[config(nested)]
     pub outbox: OutboxConfig,
+    #[cfg(feature = "worker")]
     #[config(nested)]
     pub worker: WorkerConfig,
+    #[cfg(feature = "worker")]
     #[config(nested)]
     pub scheduler: SchedulerConfig,
 }
@@ -334,14 +337,17 @@ pub struct OutboxConfig {
     #[config(env = "OUTBOX_TASK_RETENTION", default = "24h", deserialize_with = duration::deserialize)]
     pub task_retention: Duration,
     /// Wake the workers' relays right after a commit: off or valkey
+    #[cfg(feature = "worker")]
     #[config(env = "OUTBOX_WAKE", default = "off", deserialize_with = from_str::deserialize)]
     pub wake: WakeMode,
     /// Queues every event is published to, such as default or shop,billing
+    #[cfg(feature = "worker")]
     #[config(env = "OUTBOX_QUEUES", default = "default", deserialize_with = from_str::deserialize)]
     pub queues: QueueNames,
 }
 
 /// How a commit that stored events reaches the relays of other processes.
+#[cfg(feature = "worker")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WakeMode {
     /// Relays find events at their next poll (`OUTBOX_POLL_INTERVAL`).
@@ -350,6 +356,7 @@ pub enum WakeMode {
     Valkey,
 }
 
+#[cfg(feature = "worker")]
 impl FromStr for WakeMode {
     type Err = String;
 
@@ -363,6 +370,7 @@ impl FromStr for WakeMode {
 }
 
 /// The worker process: task consumption and its metrics endpoint.
+#[cfg(feature = "worker")]
 #[derive(Debug, confique::Config)]
 pub struct WorkerConfig {
     /// How many tasks run at once
@@ -383,6 +391,7 @@ pub struct WorkerConfig {
 }
 
 /// The worker's scheduler (`src/schedules/`): one replica leads at a time.
+#[cfg(feature = "worker")]
 #[derive(Debug, confique::Config)]
 #[config(validate = Self::validate)]
 pub struct SchedulerConfig {
@@ -395,6 +404,7 @@ pub struct SchedulerConfig {
     pub lease_ttl: Duration,
 }
 
+#[cfg(feature = "worker")]
 impl SchedulerConfig {
     /// The leader renews every third of the TTL: at least a second leaves
     /// room for a round trip to Valkey.
@@ -569,6 +579,7 @@ pub mod duration {
 }
 
 /// Values that parse with `FromStr`, such as `WORKER_QUEUES`.
+#[cfg(feature = "worker")]
 pub mod from_str {
     use std::fmt::Display;
     use std::str::FromStr;

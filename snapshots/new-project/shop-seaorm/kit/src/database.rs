@@ -71,7 +71,7 @@ pub struct UnreachableError {
 /// including `Dispatcher::dispatch`, commits or rolls back together.
 ///
 /// ```no_run
-/// # async fn example(transactor: &shop::database::Transactor) -> Result<(), sqlx::Error> {
+/// # async fn example(transactor: &kit::database::Transactor) -> Result<(), sqlx::Error> {
 /// let id: i64 = transactor
 ///     .run(async |tx| {
 ///         let (id,): (i64,) = sqlx::query_as("SELECT 1").fetch_one(&mut *tx).await?;
@@ -132,6 +132,16 @@ impl Transactor {
         }
     }
 
+    /// Runs the after-commit hook, for a transaction that was begun on
+    /// [`Self::pool`] and committed by the caller (the inbox's, which must
+    /// roll back, not commit, when the event was already handled).
+    #[cfg(feature = "worker")]
+    pub(crate) fn committed(&self) {
+        if let Some(hook) = &self.after_commit {
+            hook();
+        }
+    }
+
     /// The pool the transactions are taken from.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -139,6 +149,7 @@ impl Transactor {
 
     /// The same pool and after-commit hook, with the transactions in
     /// SeaORM: what the application code uses.
+    #[cfg(feature = "seaorm")]
     pub fn orm(&self) -> crate::orm::Transactor {
         let transactor = crate::orm::Transactor::new(crate::orm::connection(&self.pool));
         match &self.after_commit {

@@ -4,10 +4,11 @@
 
 use std::future::Future;
 
-use sea_orm::DbErr;
 use serde::Serialize;
 
-use crate::outbox::{Envelope, Executor};
+use crate::outbox::Envelope;
+#[cfg(feature = "seaorm")]
+use crate::outbox::Executor;
 
 /// A domain event that can be published.
 pub trait Event: Serialize + Send + Sync {
@@ -28,15 +29,23 @@ pub enum DispatchError {
     Store {
         name: &'static str,
         #[source]
-        source: DbErr,
+        source: StoreError,
     },
 }
+
+/// The database error of a failed store: SeaORM's with the `seaorm` feature.
+#[cfg(feature = "seaorm")]
+pub type StoreError = sea_orm::DbErr;
+/// The database error of a failed store: SeaORM's with the `seaorm` feature.
+#[cfg(not(feature = "seaorm"))]
+pub type StoreError = sqlx::Error;
 
 /// Publishes events. The executor decides the atomicity: pass the
 /// transaction of an `orm::Transactor::run` closure (`&DatabaseTransaction`)
 /// or of a `database::Transactor::run` one (`&mut PgConnection`) and the
 /// event commits or rolls back with the business writes; pass the SeaORM
 /// connection or the pool and it is stored at once.
+#[cfg(feature = "seaorm")]
 pub trait Dispatcher: Send + Sync {
     fn dispatch<E, X>(
         &self,
@@ -46,4 +55,19 @@ pub trait Dispatcher: Send + Sync {
     where
         E: Event,
         X: Executor;
+}
+
+/// Publishes events. The executor decides the atomicity: pass the
+/// transaction of a `Transactor::run` closure and the event commits or rolls
+/// back with the business writes; pass the pool and it is stored at once.
+#[cfg(not(feature = "seaorm"))]
+pub trait Dispatcher: Send + Sync {
+    fn dispatch<'e, E, X>(
+        &self,
+        executor: X,
+        event: &E,
+    ) -> impl Future<Output = Result<Envelope, DispatchError>> + Send
+    where
+        E: Event,
+        X: sqlx::PgExecutor<'e>;
 }

@@ -22,7 +22,8 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::listeners::ListenerError;
+use super::listener_error::ListenerError;
+use crate::database::Transactor;
 use crate::outbox::cleanup;
 /// Rows deleted per cleanup statement, as for the outbox.
 pub use crate::outbox::cleanup::CLEANUP_BATCH;
@@ -30,12 +31,14 @@ pub use crate::outbox::cleanup::CLEANUP_BATCH;
 /// SQLSTATE `undefined_table`.
 const UNDEFINED_TABLE: &str = "42P01";
 
-/// Runs `work` in a new transaction unless `listener` already committed
-/// work for `event_id`: `Some` with the work's value when it ran and
-/// committed, `None` when it was skipped. An error from `work` rolls the
-/// transaction back, recording nothing.
+/// Runs `work` in a new transaction of `transactor` unless `listener`
+/// already committed work for `event_id`: `Some` with the work's value when
+/// it ran and committed, `None` when it was skipped. An error from `work`
+/// rolls the transaction back, recording nothing. A commit runs the
+/// transactor's after-commit hook, as `Transactor::run` does, so events the
+/// work dispatched wake the relays at once.
 pub async fn once<T, F>(
-    pool: &PgPool,
+    transactor: &Transactor,
     listener: &str,
     event_id: Uuid,
     work: F,
@@ -43,7 +46,7 @@ pub async fn once<T, F>(
 where
     F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
 {
-    let mut tx = pool.begin().await?;
+    let mut tx = transactor.pool().begin().await?;
     let recorded = sqlx::query(
         "INSERT INTO inbox_processed (listener, event_id) VALUES ($1, $2) \
          ON CONFLICT (listener, event_id) DO NOTHING",
@@ -62,6 +65,7 @@ where
     // On an error `tx` is dropped unfinished, which rolls it back.
     let value = work(&mut tx).await?;
     tx.commit().await?;
+    transactor.committed();
     Ok(Some(value))
 }
 

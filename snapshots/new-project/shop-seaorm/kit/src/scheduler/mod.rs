@@ -154,7 +154,7 @@ impl Entry {
     }
 }
 
-/// The service's schedules, registered by `crate::schedules::register`.
+/// The service's schedules, registered by the service (`src/schedules/`).
 #[derive(Default)]
 pub struct Schedules {
     entries: Vec<Entry>,

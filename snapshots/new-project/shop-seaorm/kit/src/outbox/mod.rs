@@ -5,22 +5,28 @@
 //! - [`Envelope`]: the event as it travels: id, name, payload, metadata, time.
 //! - [`Store`]: the SQL on `outbox_events`.
 //! - [`OutboxDispatcher`]: the project's `Dispatcher`, backed by the store.
-//! - [`Executor`]: what an event can be stored on: a SeaORM transaction or
-//!   connection, or a sqlx connection or pool.
-//! - [`relay`]: moves committed rows to the queue.
-//! - [`cleanup`]: deletes published rows after the retention.
-//! - [`wake`]: wakes relays right after a commit, instead of at the next poll.
+//! - `Executor` (feature `seaorm`): what an event can be stored on: a
+//!   SeaORM transaction or connection, or a sqlx connection or pool.
+//! - `relay` (feature `worker`): moves committed rows to the queue.
+//! - `cleanup` (feature `worker`): deletes published rows after the retention.
+//! - `wake` (feature `worker`): wakes relays right after a commit, instead of
+//!   at the next poll.
 
+#[cfg(feature = "worker")]
 pub mod cleanup;
 mod dispatcher;
 mod envelope;
+#[cfg(feature = "seaorm")]
 mod executor;
+#[cfg(feature = "worker")]
 pub mod relay;
 mod store;
+#[cfg(feature = "worker")]
 pub mod wake;
 
 pub use dispatcher::OutboxDispatcher;
 pub use envelope::{Envelope, Metadata};
+#[cfg(feature = "seaorm")]
 pub use executor::Executor;
 pub use store::{Backlog, ClaimedEvent, Store};
 

@@ -28,7 +28,7 @@ pub fn connection(pool: &PgPool) -> DatabaseConnection {
 ///
 /// ```no_run
 /// # use sea_orm::{ConnectionTrait, DbErr};
-/// # async fn example(transactor: &shop::orm::Transactor) -> Result<(), DbErr> {
+/// # async fn example(transactor: &kit::orm::Transactor) -> Result<(), DbErr> {
 /// let updated = transactor
 ///     .run(async |tx| {
 ///         let done = tx.execute_unprepared("UPDATE orders SET paid = true").await?;

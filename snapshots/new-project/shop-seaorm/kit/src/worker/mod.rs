@@ -24,6 +24,7 @@
 
 pub mod health;
 pub mod inbox;
+mod listener_error;
 pub mod listeners;
 pub mod metrics;
 pub mod persistence;
@@ -33,7 +34,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -81,11 +81,24 @@ pub async fn run(
         config.outbox.poll_interval,
     );
     let stop = CancellationToken::new();
+    let relay = Relay::new(
+        pool.clone(),
+        queue.clone(),
+        &config.outbox,
+        metrics.relay.clone(),
+    );
+    // What listeners commit in `ctx.once` wakes this worker's relay at once,
+    // and with OUTBOX_WAKE=valkey the relays of the other workers too.
+    let wake = match config.outbox.wake {
+        WakeMode::Off => wake::Wake::local(relay.waker()),
+        WakeMode::Valkey => wake::Wake::publishing(queue.clone()).and_local(relay.waker()),
+    };
+    let transactor = database::Transactor::new(pool.clone()).after_commit(move || wake.signal());
 
     let mut consumer = consumer(
         config,
         queue.clone(),
-        pool.clone(),
+        transactor,
         Arc::new(listeners),
         metrics.listeners.clone(),
     );
@@ -116,12 +129,6 @@ pub async fn run(
             )
         })
         .transpose()?;
-    let relay = Relay::new(
-        pool.clone(),
-        queue.clone(),
-        &config.outbox,
-        metrics.relay.clone(),
-    );
     let metrics_listener = tokio::net::TcpListener::bind(config.worker.metrics_addr)
         .await
         .with_context(|| format!("failed to listen on {}", config.worker.metrics_addr))?;
@@ -222,7 +229,7 @@ async fn stop_loops(tasks: &mut JoinSet<()>) {
 fn consumer(
     config: &Config,
     queue: Client,
-    pool: PgPool,
+    transactor: database::Transactor,
     listeners: Arc<Listeners>,
     metrics: ListenerMetrics,
 ) -> Consumer {
@@ -237,7 +244,7 @@ fn consumer(
     handle_events(
         &mut consumer,
         queue,
-        pool,
+        transactor,
         listeners,
         config.outbox.task_retention,
         metrics,
@@ -247,11 +254,12 @@ fn consumer(
 
 /// Registers on `consumer` the fan-out handler for every `event:` task and
 /// a handler per listener; listener tasks are kept `task_retention` after
-/// success. Each listener run is counted in `metrics`.
+/// success. Each listener run is counted in `metrics`; `ctx.once` runs in
+/// `transactor`'s transactions.
 pub fn handle_events(
     consumer: &mut Consumer,
     queue: Client,
-    pool: PgPool,
+    transactor: database::Transactor,
     listeners: Arc<Listeners>,
     task_retention: std::time::Duration,
     metrics: ListenerMetrics,
@@ -266,11 +274,13 @@ pub fn handle_events(
         }
     });
     for listener in listeners.all() {
-        let (listener, pool, metrics) = (listener.clone(), pool.clone(), metrics.clone());
+        let (listener, transactor, metrics) =
+            (listener.clone(), transactor.clone(), metrics.clone());
         consumer.handle(listener.task_type(), move |task| {
-            let (listener, pool, metrics) = (listener.clone(), pool.clone(), metrics.clone());
+            let (listener, transactor, metrics) =
+                (listener.clone(), transactor.clone(), metrics.clone());
             async move {
-                let result = run_listener(&listener, pool, task).await;
+                let result = run_listener(&listener, transactor, task).await;
                 metrics.record(listener.event(), listener.name(), result.is_ok());
                 result
             }
@@ -330,7 +340,11 @@ pub async fn fan_out(
 /// cannot fix it), and so is a run that fails with [`SkipRetry`]; an event
 /// whose payload does not decode into the listener's type is retried, see
 /// [`Listeners::listen`].
-async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(), HandlerError> {
+async fn run_listener(
+    listener: &Listener,
+    transactor: database::Transactor,
+    task: Task,
+) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
             "task {} is not an event envelope: {err}",
@@ -346,7 +360,8 @@ async fn run_listener(listener: &Listener, pool: PgPool, task: Task) -> Result<(
         event_id = %envelope.id,
         retried = task.retried,
     );
-    let run = tracing::Instrument::instrument(listener.call(envelope, task.headers, pool), span);
+    let run =
+        tracing::Instrument::instrument(listener.call(envelope, task.headers, transactor), span);
     match trace_context::scope(context, run).await {
         Ok(()) => Ok(()),
         Err(err) if err.is::<SkipRetry>() => Err(HandlerError::skip_retry(err)),

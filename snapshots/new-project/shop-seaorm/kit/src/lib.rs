@@ -1,0 +1,37 @@
+//! The service's kit: everything gpkit writes and keeps up to date, as a
+//! crate of its own. The service (`src/` beside this folder) calls it.
+//!
+//! - [`config`]: typed configuration from the environment.
+//! - [`database`]: the Postgres pool and the [`database::Transactor`].
+//! - [`dispatch`]: the [`dispatch::Event`] and [`dispatch::Dispatcher`] traits.
+//! - [`outbox`]: events stored with the business change, and (feature
+//!   `worker`) the relay that publishes them.
+//! - [`migrate`]: goose-compatible migrations, the `migrate` binary's code.
+//! - [`health`]: the `/healthz` and `/readyz` probes.
+//! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
+//!   plumbing shared by the binaries.
+//!
+//! Feature `worker`: `queue` (the asynq wire format), `worker` (listeners,
+//! inbox, metrics), `scheduler`, `operations` (the `outbox` command).
+//! Feature `seaorm`: `orm`, SeaORM transactions.
+
+pub mod config;
+pub mod database;
+pub mod dispatch;
+pub mod env_file;
+pub mod health;
+pub mod migrate;
+#[cfg(feature = "worker")]
+pub mod operations;
+#[cfg(feature = "seaorm")]
+pub mod orm;
+pub mod outbox;
+#[cfg(feature = "worker")]
+pub mod queue;
+#[cfg(feature = "worker")]
+pub mod scheduler;
+pub mod signals;
+pub mod telemetry;
+pub mod trace_context;
+#[cfg(feature = "worker")]
+pub mod worker;

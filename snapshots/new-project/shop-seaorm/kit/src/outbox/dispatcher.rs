@@ -1,0 +1,78 @@
+//! The outbox implementation of the project's `Dispatcher`: dispatching an
+//! event inserts it into `outbox_events` on the executor it is given, with
+//! the current W3C trace context in its metadata.
+
+#[cfg(not(feature = "seaorm"))]
+use sqlx::PgExecutor;
+
+#[cfg(feature = "seaorm")]
+use super::Executor;
+use super::{Envelope, Store};
+use crate::dispatch::{DispatchError, Dispatcher, Event};
+use crate::trace_context;
+
+/// Dispatches events by storing them in the outbox.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxDispatcher {
+    #[cfg_attr(feature = "seaorm", allow(dead_code))]
+    store: Store,
+}
+
+impl OutboxDispatcher {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The envelope of `event`, with the current trace context.
+    fn envelope<E: Event>(event: &E) -> Result<Envelope, DispatchError> {
+        let payload = serde_json::to_value(event).map_err(|source| DispatchError::Serialize {
+            name: E::NAME,
+            source,
+        })?;
+        let mut envelope = Envelope::new(E::NAME, payload);
+        if let Some(context) = trace_context::current() {
+            context.child().inject(&mut envelope.metadata);
+        }
+        Ok(envelope)
+    }
+}
+
+#[cfg(feature = "seaorm")]
+impl Dispatcher for OutboxDispatcher {
+    async fn dispatch<E, X>(&self, executor: X, event: &E) -> Result<Envelope, DispatchError>
+    where
+        E: Event,
+        X: Executor,
+    {
+        let envelope = Self::envelope(event)?;
+        executor
+            .insert_event(&envelope)
+            .await
+            .map_err(|source| DispatchError::Store {
+                name: E::NAME,
+                source,
+            })?;
+        tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
+        Ok(envelope)
+    }
+}
+
+#[cfg(not(feature = "seaorm"))]
+impl Dispatcher for OutboxDispatcher {
+    async fn dispatch<'e, E, X>(&self, executor: X, event: &E) -> Result<Envelope, DispatchError>
+    where
+        E: Event,
+        X: PgExecutor<'e>,
+    {
+        let envelope = Self::envelope(event)?;
+        self.store
+            .insert(executor, &envelope)
+            .await
+            .map_err(|source| DispatchError::Store {
+                name: E::NAME,
+                source,
+            })?;
+        tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
+        Ok(envelope)
+    }
+}
