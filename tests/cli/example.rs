@@ -203,7 +203,8 @@ fn wake_ups_survive_a_valkey_outage(bins: &std::path::Path, dir: &std::path::Pat
     let mut redis = RedisServer::start();
     redis.stop();
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut server = Server(
+    // Killed when the test ends (Drop).
+    let _server = Server(
         Command::new(bins.join("server"))
             .current_dir(dir)
             .env_clear()
