@@ -152,6 +152,7 @@ pub fn recover(root: &Path) -> Result<Option<String>> {
             }
             for dest in &journal.deletes {
                 project_path::remove_if_there(&root.join(dest))?;
+                project_path::remove_empty_parents(root, dest);
             }
             "an earlier gpkit run was interrupted while it renamed its files into place; \
              the remaining renames and deletions were done, so the project is as that run \

@@ -252,6 +252,7 @@ impl Plan {
         for dest in &journal.deletes {
             std::fs::remove_file(root.join(dest))
                 .with_context(|| format!("failed to delete `{dest}`"))?;
+            project_path::remove_empty_parents(root, dest);
         }
         Journal::remove(root)
     }

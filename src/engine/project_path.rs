@@ -139,6 +139,20 @@ pub fn remove_if_there(path: &Path) -> Result<()> {
     }
 }
 
+/// Removes the folders above `rel` (inside `root`, deepest first) that a
+/// deletion left empty, as the move of the kit's files into `kit/` leaves
+/// `src/queue/`. Stops at the first folder that still holds anything, and
+/// never removes `root` itself.
+pub fn remove_empty_parents(root: &Path, rel: &str) {
+    let mut dir = Path::new(rel).parent();
+    while let Some(parent) = dir.filter(|p| !p.as_os_str().is_empty()) {
+        if std::fs::remove_dir(root.join(parent)).is_err() {
+            return;
+        }
+        dir = parent.parent();
+    }
+}
+
 /// Creates `path` with `contents`; fails if anything (a file, a link) is
 /// already there, without following it.
 pub fn create_new(path: &Path, contents: &[u8]) -> Result<()> {
@@ -154,6 +168,19 @@ pub fn create_new(path: &Path, contents: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_folders_left_empty_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src/queue/deep")).unwrap();
+        std::fs::write(root.join("src/lib.rs"), "").unwrap();
+        remove_empty_parents(root, "src/queue/deep/gone.rs");
+        assert!(!root.join("src/queue").exists());
+        assert!(root.join("src/lib.rs").exists());
+        remove_empty_parents(root, "top.rs");
+        assert!(root.exists());
+    }
 
     #[test]
     fn plain_relative_paths_are_accepted() {
