@@ -73,12 +73,12 @@ pub struct BlueprintFile {
 pub type Tree = BTreeMap<String, BlueprintFile>;
 
 /// Renders the files that a project with `answers` and `components` has:
-/// the `project` template set, plus the `worker` set when the worker is on
-/// and the `deploy` set (container files) when deploy is on; with the
-/// SeaORM data layer, the `seaorm` set (and `seaorm-worker` with the
-/// worker). Files shared by several (configuration, `lib.rs`, `Cargo.toml`,
-/// the container files) switch on the `worker`, `deploy` and `seaorm`
-/// variables.
+/// the kit crate (`kit/`, the same for every project, its parts switched
+/// on by Cargo features), the `project` template set, plus the `worker` set
+/// when the worker is on and the `deploy` set (container files) when deploy
+/// is on; with the SeaORM data layer, the `seaorm` set (and `seaorm-worker`
+/// with the worker). Files shared by several (`lib.rs`, `Cargo.toml`, the
+/// container files) switch on the `worker`, `deploy` and `seaorm` variables.
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let seaorm = answers.db == DataLayer::SeaOrm;

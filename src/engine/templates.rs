@@ -17,9 +17,9 @@ const TEMPLATE_SUFFIX: &str = ".jinja";
 /// One file of a template set, before rendering.
 #[derive(Debug, Clone, Copy)]
 pub struct TemplateFile {
-    /// Path inside the template set, e.g. `src/config.rs.jinja`.
+    /// Path inside the template set, e.g. `src/startup.rs.jinja`.
     pub source: &'static str,
-    /// Path in the generated project, e.g. `src/config.rs`.
+    /// Path in the generated project, e.g. `src/startup.rs`.
     pub output: &'static str,
     contents: &'static [u8],
 }
