@@ -561,7 +561,7 @@ async fn load_transactor(
                 ))
             }
             WakeArg::Valkey => Ok((
-                w::transactor(pool, config).await?,
+                w::transactor(pool, config)?,
                 "cross-process: OUTBOX_WAKE=valkey (wake::transactor publishes, relay runs wake::forward_published)",
             )),
         }
@@ -826,7 +826,8 @@ async fn cmd_inbox_cost(iterations: u32) -> anyhow::Result<()> {
     let (plain, once) = alternating(iterations, async |with_inbox, n| {
         let id = uuid::Uuid::now_v7();
         if with_inbox {
-            let ran = inbox::once(&pool, "bench", id, async |tx| business(tx, id, n).await).await?;
+            let ran = inbox::once(&transactor, "bench", id, async |tx| business(tx, id, n).await)
+                .await?;
             anyhow::ensure!(ran.is_some(), "a new event id was skipped");
         } else {
             transactor.run(async |tx| business(tx, id, n).await).await?;
