@@ -10,6 +10,7 @@
 //! across services. This is the W3C format only: it needs no tracing SDK,
 //! and an OpenTelemetry exporter can be added on top.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use axum::extract::Request;
@@ -17,7 +18,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-use crate::outbox::Metadata;
+/// W3C trace context and other string metadata (`traceparent`, `tracestate`)
+/// that travels with an event, in its envelope.
+pub type Metadata = BTreeMap<String, String>;
 
 tokio::task_local! {
     static CURRENT: TraceContext;

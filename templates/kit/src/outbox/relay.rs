@@ -32,9 +32,11 @@
 //! exponentially with jitter, up to 30 seconds.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -43,7 +45,6 @@ use tracing::Instrument;
 use super::{ClaimedEvent, Store};
 use crate::config::OutboxConfig;
 use crate::queue::{self, Client, EnqueueOutcome, NewTask};
-use crate::worker::metrics::RelayMetrics;
 
 /// How often a task may be retried before it is archived (Go asynq's default).
 pub const MAX_RETRY: u32 = 25;
@@ -103,6 +104,26 @@ pub enum RelayError {
 struct Batch {
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
     events: Vec<ClaimedEvent>,
+}
+
+/// The relay's instruments. Cloning shares them.
+#[derive(Debug, Clone, Default)]
+pub struct RelayMetrics {
+    /// Events marked published (including duplicates).
+    pub published: Counter,
+    /// Events the queue already had.
+    pub duplicates: Counter,
+    /// Relay rounds done, empty ones included.
+    pub rounds: Counter,
+    /// Failed relay rounds.
+    pub errors: Counter,
+    /// Unpublished events.
+    pub backlog: Gauge,
+    /// Age of the oldest unpublished event, in seconds.
+    pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
+    /// When the last relay round (good or failed) finished, in Unix
+    /// seconds; 0 before the first.
+    pub last_round_unix: Gauge<f64, AtomicU64>,
 }
 
 /// The relay for one worker process.

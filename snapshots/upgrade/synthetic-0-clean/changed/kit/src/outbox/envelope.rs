@@ -7,8 +7,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// W3C trace context and other string metadata (`traceparent`, `tracestate`).
-pub type Metadata = BTreeMap<String, String>;
+pub use crate::trace_context::Metadata;
 
 /// An event with its identity. The id is the event's idempotency key: the
 /// queue task id, and what listeners deduplicate on.

@@ -5,7 +5,6 @@
 //! runs.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use axum::Router;
@@ -16,35 +15,15 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::Store;
+pub use crate::outbox::relay::RelayMetrics;
 
 /// How often the backlog gauges are refreshed.
 pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
-
-/// The relay's instruments. Cloning shares them.
-#[derive(Debug, Clone, Default)]
-pub struct RelayMetrics {
-    /// Events marked published (including duplicates).
-    pub published: Counter,
-    /// Events the queue already had.
-    pub duplicates: Counter,
-    /// Relay rounds done, empty ones included.
-    pub rounds: Counter,
-    /// Failed relay rounds.
-    pub errors: Counter,
-    /// Unpublished events.
-    pub backlog: Gauge,
-    /// Age of the oldest unpublished event, in seconds.
-    pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
-    /// When the last relay round (good or failed) finished, in Unix
-    /// seconds; 0 before the first.
-    pub last_round_unix: Gauge<f64, AtomicU64>,
-}
 
 /// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
