@@ -141,6 +141,17 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
             Outcome::KeptRemoved => " (you changed it, so it was kept)",
             _ => "",
         };
+        // A file moved as it was is one line: where from, where to.
+        if let (Outcome::Moved, [note]) = (&change.outcome, change.notes.as_slice())
+            && let Some(from) = note.strip_prefix("moved from ")
+        {
+            out.push_str(&format!(
+                "  {:<width$}  {from} -> {}\n",
+                change.outcome.label(),
+                change.path
+            ));
+            continue;
+        }
         out.push_str(&format!(
             "  {:<width$}  {}{hint}\n",
             change.outcome.label(),
