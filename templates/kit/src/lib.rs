@@ -3,13 +3,16 @@
 //!
 //! - [`config`]: typed configuration from the environment.
 //! - [`database`]: the Postgres pool and the [`database::Transactor`].
-//! - [`dispatch`]: the [`dispatch::Event`] and [`dispatch::Dispatcher`] traits.
+//! - [`dispatch`](mod@dispatch): the [`dispatch::Event`] and [`dispatch::Dispatcher`] traits.
 //! - [`outbox`]: events stored with the business change, and (feature
 //!   `worker`) the relay that publishes them.
 //! - [`migrate`]: goose-compatible migrations, the `migrate` binary's code.
 //! - [`health`]: the `/healthz` and `/readyz` probes.
 //! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
 //!   plumbing shared by the binaries.
+//!
+//! [`prelude`] holds the names a service uses most, and [`dispatch()`](fn@dispatch)
+//! stores an event in the outbox.
 //!
 //! Feature `worker`: `queue` (the asynq wire format), `worker` (listeners,
 //! inbox, metrics), `scheduler`, `operations` (the `outbox` command).
@@ -26,6 +29,7 @@ pub mod operations;
 #[cfg(feature = "seaorm")]
 pub mod orm;
 pub mod outbox;
+pub mod prelude;
 #[cfg(feature = "worker")]
 pub mod queue;
 #[cfg(feature = "worker")]
@@ -35,3 +39,5 @@ pub mod telemetry;
 pub mod trace_context;
 #[cfg(feature = "worker")]
 pub mod worker;
+
+pub use outbox::dispatch;

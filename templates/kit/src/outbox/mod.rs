@@ -24,7 +24,7 @@ mod store;
 #[cfg(feature = "worker")]
 pub mod wake;
 
-pub use dispatcher::OutboxDispatcher;
+pub use dispatcher::{OutboxDispatcher, dispatch};
 pub use envelope::{Envelope, Metadata};
 #[cfg(feature = "seaorm")]
 pub use executor::Executor;

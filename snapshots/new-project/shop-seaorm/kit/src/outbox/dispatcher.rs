@@ -76,3 +76,31 @@ impl Dispatcher for OutboxDispatcher {
         Ok(envelope)
     }
 }
+
+/// Stores `event` in the outbox on `executor`: the same call in a
+/// handler's transaction, in `ctx.once` and on the pool, with no trait to
+/// import. On a transaction, the event commits or rolls back with it.
+///
+/// See the [prelude](crate::prelude) for an example in a handler.
+#[cfg(not(feature = "seaorm"))]
+pub async fn dispatch<'e, E, X>(executor: X, event: &E) -> Result<Envelope, DispatchError>
+where
+    E: Event,
+    X: PgExecutor<'e>,
+{
+    OutboxDispatcher::new().dispatch(executor, event).await
+}
+
+/// Stores `event` in the outbox on `executor` (a SeaORM transaction or
+/// connection, or a sqlx connection or pool): the same call in a handler's
+/// transaction, in `ctx.once` and on the pool, with no trait to import. On
+/// a transaction, the event commits or rolls back with it. See the
+/// [prelude](crate::prelude) for an example in a handler.
+#[cfg(feature = "seaorm")]
+pub async fn dispatch<E, X>(executor: X, event: &E) -> Result<Envelope, DispatchError>
+where
+    E: Event,
+    X: Executor,
+{
+    OutboxDispatcher::new().dispatch(executor, event).await
+}

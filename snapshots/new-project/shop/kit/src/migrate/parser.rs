@@ -587,7 +587,7 @@ fn is_go_printable(c: char) -> bool {
 /// The whole line is parsed before anything is expanded, so a syntax error wins
 /// over a `${VAR?}` error, as in the original.
 ///
-/// One difference: expansions nested more than [`MAX_NESTING`] deep (`${A:-${B:-...}}`)
+/// One difference: expansions nested more than [`MAX_NESTING`](interpolate::MAX_NESTING) deep (`${A:-${B:-...}}`)
 /// are an error. Go's growable stack takes any depth; here a crafted line of
 /// 4 MiB would overflow the stack, and no migration needs that many.
 pub mod interpolate {

@@ -58,6 +58,31 @@ pub struct ListenerContext {
 }
 
 impl ListenerContext {
+    /// The envelope id: the idempotency key for this event.
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+
+    /// When the event was dispatched.
+    pub fn occurred_at(&self) -> DateTime<Utc> {
+        self.occurred_at
+    }
+
+    /// The listener's name, its key in the inbox.
+    pub fn listener(&self) -> &str {
+        &self.listener
+    }
+
+    /// The headers of the listener's task (asynq task headers).
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.headers
+    }
+
+    /// The database, for work that need not happen once per event.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Runs `work` in one transaction, once per event for this listener:
     /// `Some` with its value when it ran and committed, `None` when an
     /// earlier delivery of the event already did (see `super::inbox`). An

@@ -44,7 +44,7 @@ return 1
 });
 
 /// Moves the oldest pending task to active under a lease, unless the queue
-/// is paused, provided it is the task `expected` (whose hash is KEYS[5]).
+/// is paused, provided it is the task `expected` (whose hash is `KEYS[5]`).
 /// Returns `{0}` when the queue is empty or paused, `{1, id}` when the
 /// oldest pending task is `id` instead, and `{2, message, next}` when the
 /// task moved, `next` being the id of the oldest pending task now (or
@@ -77,7 +77,7 @@ return {2, msg, redis.call("LINDEX", KEYS[1], -1)}
 
 /// Deletes a succeeded task that has no retention, counting it processed.
 ///
-/// KEYS: active, lease, task hash, processed:<day>, processed.
+/// KEYS: active, lease, task hash, `processed:<day>`, processed.
 /// ARGV: task id, stats expiry (Unix s), max int64.
 pub static DONE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -140,7 +140,7 @@ return redis.status_reply("OK")
 
 /// Keeps a succeeded task in `:completed` until its retention expires.
 ///
-/// KEYS: active, lease, completed, task hash, processed:<day>, processed.
+/// KEYS: active, lease, completed, task hash, `processed:<day>`, processed.
 /// ARGV: task id, stats expiry, completed-at + retention, encoded message,
 /// max int64.
 pub static MARK_AS_COMPLETE: LazyLock<Script> = LazyLock::new(|| {
@@ -205,9 +205,9 @@ return redis.status_reply("OK")
 });
 
 /// Moves an active task to `:retry`, due at the given time; counts a
-/// failure when ARGV[5] is 1.
+/// failure when `ARGV[5]` is 1.
 ///
-/// KEYS: task hash, active, lease, retry, processed:<day>, failed:<day>,
+/// KEYS: task hash, active, lease, retry, `processed:<day>`, `failed:<day>`,
 /// processed, failed. ARGV: task id, encoded message, retry at (Unix s),
 /// stats expiry, is failure (1/0), max int64.
 pub static RETRY: LazyLock<Script> = LazyLock::new(|| {
@@ -248,7 +248,7 @@ return redis.status_reply("OK")
 /// number of archived tasks and the score of the oldest, so that the caller
 /// knows whether [`TRIM_ARCHIVED`] has work to do.
 ///
-/// KEYS: task hash, active, lease, archived, processed:<day>, failed:<day>,
+/// KEYS: task hash, active, lease, archived, `processed:<day>`, `failed:<day>`,
 /// processed, failed. ARGV: task id, encoded message, died at (Unix s),
 /// stats expiry, max int64.
 pub static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
@@ -333,7 +333,7 @@ return redis.status_reply("OK")
 /// Go asynq's `RunTask` (asynqmon's and the CLI's "run"): moves a task
 /// waiting in `:scheduled`, `:retry`, `:archived` (or a group) to pending,
 /// keeping its message (so its retry count) as it is, provided its state
-/// and group are still the ones read before (they name KEYS[4]). Returns 1
+/// and group are still the ones read before (they name `KEYS[4]`). Returns 1
 /// when moved, 0 when the task does not exist, -1 when it is active, -2
 /// when already pending, -3 when its state changed since it was read.
 ///
