@@ -4,7 +4,10 @@
 //!
 //! - [`Envelope`]: the event as it travels: id, name, payload, metadata, time.
 //! - [`Store`]: the SQL on `outbox_events`.
-//! - [`OutboxDispatcher`]: the project's `Dispatcher`, backed by the store.
+//! - [`Event`] and [`Dispatcher`]: the contract for publishing events (the
+//!   service names them through `crate::dispatch`).
+//! - [`OutboxDispatcher`] and [`dispatch()`]: the project's `Dispatcher`,
+//!   backed by the store.
 //! - `Executor` (feature `seaorm`): what an event can be stored on: a
 //!   SeaORM transaction or connection, or a sqlx connection or pool.
 //! - `relay` (feature `worker`): moves committed rows to the queue.
@@ -14,6 +17,7 @@
 
 #[cfg(feature = "worker")]
 pub mod cleanup;
+mod contract;
 mod dispatcher;
 mod envelope;
 #[cfg(feature = "seaorm")]
@@ -24,6 +28,7 @@ mod store;
 #[cfg(feature = "worker")]
 pub mod wake;
 
+pub use contract::{DispatchError, Dispatcher, Event, StoreError};
 pub use dispatcher::{OutboxDispatcher, dispatch};
 pub use envelope::{Envelope, Metadata};
 #[cfg(feature = "seaorm")]

@@ -7,8 +7,8 @@ use sqlx::PgExecutor;
 
 #[cfg(feature = "seaorm")]
 use super::Executor;
+use super::{DispatchError, Dispatcher, Event};
 use super::{Envelope, Store};
-use crate::dispatch::{DispatchError, Dispatcher, Event};
 use crate::trace_context;
 
 /// Dispatches events by storing them in the outbox.

@@ -1,0 +1,73 @@
+//! The contract for publishing events: the [`Event`] and [`Dispatcher`]
+//! traits, which [`super::OutboxDispatcher`] implements; tests may provide
+//! their own dispatcher. The service names them through `crate::dispatch`.
+
+use std::future::Future;
+
+use serde::Serialize;
+
+#[cfg(feature = "seaorm")]
+use super::Executor;
+use super::envelope::Envelope;
+
+/// A domain event that can be published.
+pub trait Event: Serialize + Send + Sync {
+    /// The wire name, in lowerCamelCase (`orderPlaced`), shared with Go services.
+    const NAME: &'static str;
+}
+
+/// Why an event could not be dispatched.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error("failed to serialise event `{name}`")]
+    Serialize {
+        name: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("failed to store event `{name}` in the outbox")]
+    Store {
+        name: &'static str,
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// The database error of a failed store: SeaORM's with the `seaorm` feature.
+#[cfg(feature = "seaorm")]
+pub type StoreError = sea_orm::DbErr;
+/// The database error of a failed store: SeaORM's with the `seaorm` feature.
+#[cfg(not(feature = "seaorm"))]
+pub type StoreError = sqlx::Error;
+
+/// Publishes events. The executor decides the atomicity: pass the
+/// transaction of an `orm::Transactor::run` closure (`&DatabaseTransaction`)
+/// or of a `database::Transactor::run` one (`&mut PgConnection`) and the
+/// event commits or rolls back with the business writes; pass the SeaORM
+/// connection or the pool and it is stored at once.
+#[cfg(feature = "seaorm")]
+pub trait Dispatcher: Send + Sync {
+    fn dispatch<E, X>(
+        &self,
+        executor: X,
+        event: &E,
+    ) -> impl Future<Output = Result<Envelope, DispatchError>> + Send
+    where
+        E: Event,
+        X: Executor;
+}
+
+/// Publishes events. The executor decides the atomicity: pass the
+/// transaction of a `Transactor::run` closure and the event commits or rolls
+/// back with the business writes; pass the pool and it is stored at once.
+#[cfg(not(feature = "seaorm"))]
+pub trait Dispatcher: Send + Sync {
+    fn dispatch<'e, E, X>(
+        &self,
+        executor: X,
+        event: &E,
+    ) -> impl Future<Output = Result<Envelope, DispatchError>> + Send
+    where
+        E: Event,
+        X: sqlx::PgExecutor<'e>;
+}
