@@ -142,9 +142,7 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
             _ => "",
         };
         // A file moved as it was is one line: where from, where to.
-        if let (Outcome::Moved, [note]) = (&change.outcome, change.notes.as_slice())
-            && let Some(from) = note.strip_prefix("moved from ")
-        {
+        if let Outcome::Moved(from) = &change.outcome {
             out.push_str(&format!(
                 "  {:<width$}  {from} -> {}\n",
                 change.outcome.label(),

@@ -138,7 +138,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
             );
         }
     }
-    render_kit(name.as_str(), &mut tree)?;
+    render_kit(&renderer, name.as_str(), &mut tree)?;
     for event in &events {
         render_event(&renderer, &ctx, event, components.worker, &mut tree)?;
     }
@@ -153,8 +153,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
 /// The kit crate, `kit/`: copied from gpkit's own kit crate as it is, but
 /// for its package name. Cargo features (`worker`, `seaorm`), chosen by the
 /// service's dependency on it, switch its parts on.
-fn render_kit(name: &str, tree: &mut Tree) -> Result<()> {
-    let renderer = Renderer::new();
+fn render_kit(renderer: &Renderer, name: &str, tree: &mut Tree) -> Result<()> {
     for file in template_set(KIT_DIR)? {
         let mut contents = renderer.render(&file, &minijinja::Value::UNDEFINED)?;
         if file.output == "Cargo.toml" {

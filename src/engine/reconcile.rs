@@ -53,8 +53,8 @@ pub enum Outcome {
     Blocked,
     /// A managed region is gone or was edited by hand; nothing written.
     RegionProblem(String),
-    /// Moved into the kit crate as it was (a note names the old place).
-    Moved,
+    /// Moved into the kit crate as it was, from the old place it names.
+    Moved(String),
     /// The old place of a file moved into the kit crate; reported at the new.
     MovedAway,
     /// A kit file that the kit dropped but the user's code declares: now
@@ -90,7 +90,7 @@ impl Outcome {
             Outcome::KeptRemoved => "kept (no longer in the kit)",
             Outcome::Blocked => "conflicted (file exists)",
             Outcome::RegionProblem(_) => "conflicted (region)",
-            Outcome::Moved => "moved",
+            Outcome::Moved(_) => "moved",
             Outcome::MovedAway => "moved away",
             Outcome::NowYours => "kept (now yours)",
         }
@@ -276,7 +276,7 @@ fn move_into_kit(
         base: Some(theirs.clone()),
         notes: vec![format!("moved from {from}")],
     };
-    match ours.clone() {
+    match ours {
         None => {
             change.notes = vec![format!("you had deleted {from}; the kit crate needs it")];
             change.write = Some(theirs);
@@ -284,7 +284,7 @@ fn move_into_kit(
         Some(ours) => {
             merge_kit_file(&mut change, base.clone(), ours.clone(), theirs);
             if change.outcome == Outcome::UpToDate {
-                change.outcome = Outcome::Moved;
+                change.outcome = Outcome::Moved(from.to_string());
             }
             if change.write.is_none() {
                 change.write = Some(ours);

@@ -87,7 +87,7 @@ fn reason(change: &FileChange) -> String {
         Outcome::Merged => "kit file you edited: merged, your edits kept".into(),
         Outcome::Conflicted => "CONFLICT: overlapping edits, resolve the markers".into(),
         Outcome::Deleted => "no longer part of the kit, and unchanged by you".into(),
-        Outcome::Moved => "kit file moved into the kit crate, as it was".into(),
+        Outcome::Moved(_) => "kit file moved into the kit crate, as it was".into(),
         Outcome::MovedAway => "moved into the kit crate (`kit/`)".into(),
         Outcome::NowYours => "no longer part of the kit: now yours, kept as it is".into(),
         other => other.label().into(),
