@@ -14,9 +14,10 @@ pub mod schedules;
 pub mod startup;
 
 pub use kit::{
-    config, database, dispatch, env_file, migrate, operations, outbox, queue, scheduler, signals,
-    telemetry, trace_context, worker,
+    config, database, dispatch, env_file, migrate, outbox, signals, telemetry, trace_context,
 };
+
+pub use kit::{operations, queue, scheduler, worker};
 // gpkit:end modules
 
 pub mod orders;

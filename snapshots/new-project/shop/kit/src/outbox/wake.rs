@@ -51,20 +51,8 @@ impl Wake {
     /// other processes. Spawns the task that publishes, so it must be called
     /// inside a Tokio runtime.
     pub fn publishing(client: Client) -> Self {
-        let trigger = Arc::new(Notify::new());
-        let pending = Arc::clone(&trigger);
-        tokio::spawn(async move {
-            loop {
-                pending.notified().await;
-                if let Err(err) = client.publish(CHANNEL, "").await {
-                    tracing::debug!(error = %err, "outbox wake-up not published; relays will poll");
-                }
-            }
-        });
-        Self {
-            local: None,
-            publish: Some(trigger),
-        }
+        let connection = client.connection();
+        Self::publisher(connection.target().clone(), Some(connection))
     }
 
     /// Also wakes the relay that waits on `relay`, in this process.
@@ -80,10 +68,15 @@ impl Wake {
     /// next poll. Spawns the task that publishes, so it must be called
     /// inside a Tokio runtime.
     pub fn connecting(target: Target) -> Self {
+        Self::publisher(target, None)
+    }
+
+    /// Spawns the task that publishes one wake-up per pending signal on
+    /// `connection`, connecting to `target` first while it has none.
+    fn publisher(target: Target, mut connection: Option<Connection>) -> Self {
         let trigger = Arc::new(Notify::new());
         let pending = Arc::clone(&trigger);
         tokio::spawn(async move {
-            let mut connection: Option<Connection> = None;
             loop {
                 pending.notified().await;
                 if connection.is_none() {
