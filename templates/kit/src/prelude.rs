@@ -35,7 +35,7 @@
 //!                 .execute(&mut *tx)
 //!                 .await?;
 //!             dispatch(&mut *tx, &OrderPlaced { order_id }).await?;
-//!             Ok::<_, anyhow::Error>(())
+//!             Ok(())
 //!         })
 //!         .await
 //! }

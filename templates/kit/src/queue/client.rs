@@ -17,10 +17,9 @@ use super::connection::{Connection, Target};
 use super::message::TaskMessage;
 use super::wakeup::{self, Enqueued};
 use super::{QueueError, keys, scripts};
+pub use crate::config::DEFAULT_QUEUE;
 use crate::config::ValkeyConfig;
 
-/// Go asynq's default queue.
-pub const DEFAULT_QUEUE: &str = "default";
 /// Go asynq's default number of retries.
 pub const DEFAULT_MAX_RETRY: u32 = 25;
 /// Go asynq's default timeout of one run.

@@ -104,7 +104,8 @@ impl From<&TaskMessage> for Task {
 }
 
 /// Why a handler failed. Any error converts into it with `?`; the task is
-/// retried, unless the error was made with [`HandlerError::skip_retry`].
+/// retried, unless [`SkipRetry`] is in the error's chain (or the error was
+/// made with [`HandlerError::skip_retry`]): then it is archived at once.
 pub struct HandlerError {
     error: anyhow::Error,
     skip_retry: bool,
@@ -123,12 +124,20 @@ impl HandlerError {
 
 impl<E: Into<anyhow::Error>> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        Self {
-            error: error.into(),
-            skip_retry: false,
-        }
+        let error = error.into();
+        let skip_retry = error.chain().any(|cause| cause.is::<SkipRetry>());
+        Self { error, skip_retry }
     }
 }
+
+/// A failure that retrying cannot fix: return it from a listener or a
+/// scheduled job (`Err(SkipRetry("...".into()).into())`, also wrapped in
+/// `anyhow`'s context) and its task is archived at once instead of retried,
+/// as Go's `asynq.SkipRetry` does. `outbox retry-archived` runs it again
+/// later.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} (not retried)")]
+pub struct SkipRetry(pub String);
 
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -47,20 +47,17 @@ mod consumer;
 mod inspect;
 pub mod keys;
 pub mod message;
-mod names;
 pub mod scripts;
 pub mod wakeup;
-mod weights;
 
+pub use crate::config::{QueueNames, QueueWeights, check_queue_name};
 pub use broker::default_retry_delay;
 pub use client::{
     Client, DEFAULT_MAX_RETRY, DEFAULT_QUEUE, DEFAULT_TIMEOUT, EnqueueOutcome, NewTask,
 };
 pub use connection::{Connection, Target};
-pub use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
+pub use consumer::{Consumer, ConsumerOptions, HandlerError, SkipRetry, Task};
 pub use inspect::{QueueCounts, RunOutcome, TaskInfo};
-pub use names::{QueueNames, check_queue_name};
-pub use weights::QueueWeights;
 
 /// Why a queue operation failed. Never contains the Valkey password.
 #[derive(Debug, thiserror::Error)]

@@ -38,21 +38,16 @@ use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
 
-/// What a listener gets besides the event.
+/// What a listener gets besides the event: its id and time, the task's
+/// headers, the database, and [`Self::once`].
 #[derive(Debug, Clone)]
 pub struct ListenerContext {
-    /// The envelope id: the idempotency key for this event.
-    pub event_id: Uuid,
-    pub occurred_at: DateTime<Utc>,
-    /// Trace context (`traceparent`, `tracestate`) from the dispatch.
-    pub metadata: Metadata,
-    /// The headers of the listener's task (asynq task headers), which the
-    /// fan-out copies from the event's task.
-    pub headers: BTreeMap<String, String>,
-    /// The database, for listeners that write.
-    pub pool: PgPool,
-    /// The listener's name, its key in the inbox.
-    pub listener: String,
+    event_id: Uuid,
+    occurred_at: DateTime<Utc>,
+    metadata: Metadata,
+    headers: BTreeMap<String, String>,
+    pool: PgPool,
+    listener: String,
     /// The worker's transactor on `pool`: its commits wake the relays.
     transactor: Transactor,
 }
@@ -73,9 +68,16 @@ impl ListenerContext {
         &self.listener
     }
 
-    /// The headers of the listener's task (asynq task headers).
+    /// The headers of the listener's task (asynq task headers), which the
+    /// fan-out copies from the event's task.
     pub fn headers(&self) -> &BTreeMap<String, String> {
         &self.headers
+    }
+
+    /// The event's metadata: the trace context (`traceparent`,
+    /// `tracestate`) of its dispatch.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
     }
 
     /// The database, for work that need not happen once per event.
@@ -117,6 +119,7 @@ impl Listener {
         self.event
     }
 
+    /// The listener's name, unique among the event's listeners.
     pub fn name(&self) -> &str {
         &self.name
     }

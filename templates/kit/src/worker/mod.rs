@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::health::Readiness;
-use self::listeners::{Listener, Listeners, SkipRetry, listener_task_id};
+use self::listeners::{Listener, Listeners, listener_task_id};
 use self::metrics::{ListenerMetrics, Metrics};
 use crate::config::{Config, WakeMode};
 use crate::database;
@@ -337,7 +337,8 @@ pub async fn fan_out(
 /// dispatches in turn continue the same trace).
 ///
 /// A payload that is not an envelope at all is archived at once (retrying
-/// cannot fix it), and so is a run that fails with [`SkipRetry`]; an event
+/// cannot fix it), and so is a run that fails with a
+/// [`SkipRetry`](crate::queue::SkipRetry); an event
 /// whose payload does not decode into the listener's type is retried, see
 /// [`Listeners::listen`].
 async fn run_listener(
@@ -364,7 +365,6 @@ async fn run_listener(
         tracing::Instrument::instrument(listener.call(envelope, task.headers, transactor), span);
     match trace_context::scope(context, run).await {
         Ok(()) => Ok(()),
-        Err(err) if err.is::<SkipRetry>() => Err(HandlerError::skip_retry(err)),
         Err(err) => Err(err.into()),
     }
 }

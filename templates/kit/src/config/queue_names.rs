@@ -8,6 +8,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Go asynq's default queue, where a task goes when none is named.
+pub const DEFAULT_QUEUE: &str = "default";
+
 /// Checks one queue name.
 pub fn check_queue_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.contains(['{', '}', ',', '=']) || name.trim() != name {
@@ -33,7 +36,7 @@ impl QueueNames {
 impl Default for QueueNames {
     /// `default`: Go asynq's default queue alone.
     fn default() -> Self {
-        Self(vec![super::DEFAULT_QUEUE.to_string()])
+        Self(vec![DEFAULT_QUEUE.to_string()])
     }
 }
 

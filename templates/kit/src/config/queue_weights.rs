@@ -21,7 +21,7 @@ impl QueueWeights {
             return Err("no queue given; expected name=weight pairs such as default=1".into());
         }
         for (index, (name, weight)) in weights.iter().enumerate() {
-            super::check_queue_name(name)?;
+            super::queue_names::check_queue_name(name)?;
             if *weight == 0 {
                 return Err(format!("queue `{name}` has weight 0; weights start at 1"));
             }
@@ -66,7 +66,7 @@ impl QueueWeights {
 impl Default for QueueWeights {
     /// `default=1`: Go asynq's default queue alone.
     fn default() -> Self {
-        Self(vec![(super::DEFAULT_QUEUE.to_string(), 1)])
+        Self(vec![(super::queue_names::DEFAULT_QUEUE.to_string(), 1)])
     }
 }
 
