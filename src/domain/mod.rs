@@ -1,8 +1,11 @@
 //! The naming and domain rules gpkit's answers follow, independent of
 //! files: project and identifier names ([`names`]), events, their fields
 //! and listeners ([`events`]), goose migration file names and versions
-//! ([`migration`]), and schedules with their timing specs ([`schedule`]).
+//! ([`migration`]), schedules with their timing specs ([`schedule`]), and
+//! the kit's API changes that an upgrade carries user code across
+//! ([`api_changes`]).
 
+pub mod api_changes;
 pub mod events;
 pub mod migration;
 pub mod names;

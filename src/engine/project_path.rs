@@ -129,6 +129,41 @@ pub fn read_regular(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
         .with_context(|| format!("failed to read `{}`", path.display()))
 }
 
+/// The regular `.rs` files under the folder `dir` of `root`, as paths
+/// relative to `root`, sorted. Links are not followed (a linked file or
+/// folder is left out), so nothing outside the project is listed.
+pub fn rust_sources(root: &Path, dir: &str) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_string()];
+    while let Some(rel) = pending.pop() {
+        let path = root.join(&rel);
+        let entries = match std::fs::read_dir(&path) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => {
+                return Err(err).with_context(|| format!("failed to list `{}`", path.display()));
+            }
+        };
+        for entry in entries {
+            let entry = entry.with_context(|| format!("failed to list `{}`", path.display()))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let child = format!("{rel}/{name}");
+            let kind = entry
+                .file_type()
+                .with_context(|| format!("failed to inspect `{}`", entry.path().display()))?;
+            if kind.is_dir() {
+                pending.push(child);
+            } else if kind.is_file() && name.ends_with(".rs") {
+                found.push(child);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
 /// Removes the file (or link) at `path`, if there is one; a link is removed
 /// itself, never what it points to, and a directory is left alone.
 pub fn remove_if_there(path: &Path) -> Result<()> {

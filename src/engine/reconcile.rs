@@ -21,10 +21,11 @@ use std::fmt;
 use anyhow::Result;
 use diffy::{ConflictStyle, MergeOptions};
 
+use crate::domain::api_changes;
 use crate::engine::blueprint::{KIT_DIR, NOW_USERS, Tree};
 use crate::engine::manifest::Owner;
 use crate::engine::project::Project;
-use crate::engine::{cargo_toml, line_endings, regions};
+use crate::engine::{cargo_toml, line_endings, project_path, regions};
 
 /// What happened, or will happen, to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,6 +213,9 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
                 Owner::User => merge_user_file(&mut change, base, ours, theirs)?,
             },
         }
+        if file.owner == Owner::User && project.manifest.gpkit.template_set < api_changes::SET_6 {
+            carry_api_changes(&mut change);
+        }
         if crlf {
             change.write = change.write.map(|text| line_endings::to_crlf(&text));
         }
@@ -248,6 +252,47 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             base: None,
             notes: Vec::new(),
         });
+    }
+    if project.manifest.gpkit.template_set < api_changes::SET_6 {
+        changes.extend(carry_users_own_sources(project, desired)?);
+    }
+    Ok(changes)
+}
+
+/// The user's own Rust files (under `src/` and `tests/`, written by the
+/// user or by `--example`, not recorded by gpkit), carried across the
+/// kit's API changes of set 6; only those it changes or has a note for.
+fn carry_users_own_sources(project: &Project, desired: &Tree) -> Result<Vec<FileChange>> {
+    let mut changes = Vec::new();
+    for dir in ["src", "tests"] {
+        for path in project_path::rust_sources(&project.root, dir)? {
+            if desired.contains_key(&path) || project.manifest.files.contains_key(&path) {
+                continue;
+            }
+            let Some(current) = project.current(&path)? else {
+                continue;
+            };
+            let crlf = line_endings::is_crlf(&current);
+            let mut change = FileChange {
+                path,
+                owner: Owner::User,
+                outcome: Outcome::Kept,
+                current: Some(current),
+                old_base: None,
+                write: None,
+                delete: false,
+                base: None,
+                notes: Vec::new(),
+            };
+            carry_api_changes(&mut change);
+            if change.notes.is_empty() {
+                continue;
+            }
+            if crlf {
+                change.write = change.write.map(|text| line_endings::to_crlf(&text));
+            }
+            changes.push(change);
+        }
     }
     Ok(changes)
 }
@@ -373,6 +418,35 @@ fn merge_user_file(
         change.write = Some(merged.into_bytes());
     }
     Ok(())
+}
+
+/// Carries a user's Rust file across the kit's API changes of set 6
+/// ([`api_changes`]): the lines rewritten and those to change by hand are
+/// the change's notes.
+fn carry_api_changes(change: &mut FileChange) {
+    if !change.path.ends_with(".rs") || change.outcome.is_conflict() {
+        return;
+    }
+    let Some(text) = change.write.clone().or_else(|| change.current.clone()) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&line_endings::to_lf(text)).into_owned();
+    let carried = api_changes::carry_to_set_6(&text);
+    for note in &carried.notes {
+        let what = if note.rewritten {
+            "rewritten"
+        } else {
+            "to change"
+        };
+        change.notes.push(format!(
+            "line {} {what} (API of template set 6): {}",
+            note.line, note.text
+        ));
+    }
+    if carried.text != text {
+        change.write = Some(carried.text.into_bytes());
+        change.outcome = Outcome::Merged;
+    }
 }
 
 /// Whether `text` holds the conflict markers [`merge3`] writes.

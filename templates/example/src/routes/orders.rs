@@ -7,7 +7,6 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use kit::dispatch::Dispatcher;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -59,8 +58,8 @@ pub async fn place(
                 .bind(event.quantity)
                 .execute(&mut *tx)
                 .await?;
-            state.dispatcher.dispatch(&mut *tx, &event).await?;
-            Ok::<_, anyhow::Error>(())
+            kit::dispatch(&mut *tx, &event).await?;
+            Ok(())
         })
         .await
         .map_err(ApiError::internal)?;

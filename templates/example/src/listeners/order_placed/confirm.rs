@@ -1,6 +1,6 @@
 //! `confirm`: a listener of `orderPlaced` that confirms the order.
 
-use kit::worker::listeners::{ListenerContext, ListenerError};
+use kit::prelude::*;
 
 use crate::events::order_placed::OrderPlaced;
 
@@ -11,7 +11,7 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
     let confirmed = ctx
         .once(async |tx| {
             sqlx::query("INSERT INTO order_confirmations (event_id, order_id) VALUES ($1, $2)")
-                .bind(ctx.event_id)
+                .bind(ctx.event_id())
                 .bind(event.order_id)
                 .execute(&mut *tx)
                 .await?;
@@ -19,7 +19,7 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
         })
         .await?;
     if confirmed.is_some() {
-        tracing::info!(event_id = %ctx.event_id, order_id = %event.order_id, "order confirmed");
+        tracing::info!(event_id = %ctx.event_id(), order_id = %event.order_id, "order confirmed");
     }
     Ok(())
 }

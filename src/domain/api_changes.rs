@@ -1,0 +1,339 @@
+//! The kit's API changes that break a service's own code, and how an
+//! upgrade carries that code across them: a rewrite where the new form is
+//! certain, and otherwise a note that names the line and what to change.
+//!
+//! Template set 6 made the kit's API small: `kit::dispatch(executor,
+//! &event)` replaces the `dispatcher` of `AppState` and
+//! `OutboxDispatcher::new().dispatch(..)` (no trait to import), and
+//! `ListenerContext`'s fields are behind methods (`ctx.event_id()`).
+//! `Transactor::run` takes a closure that returns an `anyhow::Result`.
+
+/// The template set whose API [`carry_to_set_6`] carries code to.
+pub const SET_6: u32 = 6;
+
+/// `ListenerContext` fields that are `Copy`: `ctx.event_id` becomes
+/// `ctx.event_id()`.
+const COPY_FIELDS: &[&str] = &["event_id", "occurred_at"];
+
+/// `ListenerContext` fields whose accessors return a reference:
+/// `&ctx.headers` and `ctx.headers` both become `ctx.headers()`.
+const REF_FIELDS: &[&str] = &["headers", "listener", "metadata", "pool"];
+
+/// What an upgrade does to one line of the user's code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineNote {
+    /// The line's number, from 1, before the rewrites (which change lines
+    /// in place and may remove an import's line, never add one).
+    pub line: usize,
+    /// What changed, or what to change by hand.
+    pub text: String,
+    /// Whether the line was rewritten (otherwise it is left for the user).
+    pub rewritten: bool,
+}
+
+/// A file's text carried to the set 6 API, with a note per line touched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carried {
+    pub text: String,
+    pub notes: Vec<LineNote>,
+}
+
+/// Carries Rust source written against the kit of sets 1-5 to the API of
+/// set 6. Text that uses none of the changed API comes back as it was.
+pub fn carry_to_set_6(text: &str) -> Carried {
+    let mut notes = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let number = index + 1;
+        let mut line = line.to_string();
+        let before = line.clone();
+        // Comments compile as they are: left alone.
+        if !line.trim_start().starts_with("//") {
+            line = rewrite_dispatch(&line);
+            line = rewrite_context_fields(&line);
+        }
+        if line != before {
+            notes.push(LineNote {
+                line: number,
+                text: format!("`{}` -> `{}`", before.trim(), line.trim()),
+                rewritten: true,
+            });
+        }
+        if let Some(advice) = advice(&line) {
+            notes.push(LineNote {
+                line: number,
+                text: advice,
+                rewritten: false,
+            });
+        }
+        lines.push(line);
+    }
+    drop_unused_imports(&mut lines, &mut notes);
+    notes.sort_by_key(|note| note.line);
+    Carried {
+        text: lines.concat(),
+        notes,
+    }
+}
+
+/// `state.dispatcher.dispatch(` and `OutboxDispatcher::new().dispatch(`
+/// become `kit::dispatch(`.
+fn rewrite_dispatch(line: &str) -> String {
+    let mut line = line.to_string();
+    for (call, receiver_chars) in [
+        (".dispatcher.dispatch(", "."),
+        ("OutboxDispatcher::new().dispatch(", ":"),
+    ] {
+        while let Some(at) = line.find(call) {
+            // The receiver: `state`, `self.state`, `kit::outbox::`.
+            let start = line[..at]
+                .char_indices()
+                .rev()
+                .take_while(|(_, c)| is_ident(*c) || receiver_chars.contains(*c))
+                .last()
+                .map_or(at, |(i, _)| i);
+            let prefix = &line[..start];
+            if call.starts_with('.') && start == at {
+                break; // `.dispatcher` continues a line: left to the advice
+            }
+            line = format!("{prefix}kit::dispatch({}", &line[at + call.len()..]);
+        }
+    }
+    line
+}
+
+/// `ctx.event_id` becomes `ctx.event_id()`, and `&ctx.headers` or
+/// `ctx.headers` becomes `ctx.headers()`.
+fn rewrite_context_fields(line: &str) -> String {
+    let mut out = String::with_capacity(line.len() + 4);
+    let mut rest = line;
+    while let Some(at) = rest.find("ctx.") {
+        let starts_word = rest[..at].chars().next_back().is_none_or(|c| !is_ident(c));
+        let after = &rest[at + 4..];
+        let field: String = after.chars().take_while(|c| is_ident(*c)).collect();
+        let ends_field = !after[field.len()..].starts_with('(');
+        let known = COPY_FIELDS.contains(&field.as_str()) || REF_FIELDS.contains(&field.as_str());
+        if !(starts_word && ends_field && known) {
+            out.push_str(&rest[..at + 4]);
+            rest = &rest[at + 4..];
+            continue;
+        }
+        let mut head = &rest[..at];
+        if REF_FIELDS.contains(&field.as_str()) {
+            head = head.strip_suffix('&').unwrap_or(head);
+        }
+        out.push_str(head);
+        out.push_str(&format!("ctx.{field}()"));
+        rest = &after[field.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a line still holds that set 6 no longer compiles, and the change.
+fn advice(line: &str) -> Option<String> {
+    let code = line.trim();
+    if code.starts_with("//") {
+        return None;
+    }
+    if code.contains(".dispatcher") {
+        return Some(
+            "`AppState` has no `dispatcher` in set 6: call `kit::dispatch(&mut *tx, &event)`"
+                .to_string(),
+        );
+    }
+    let turbofish = code.find("Ok::<_, ").map(|at| &code[at + 8..]);
+    if let Some(error) = turbofish {
+        let kept = ["anyhow::Error>", "ListenerError>"];
+        if !kept.iter().any(|kept| error.starts_with(kept)) {
+            return Some(
+                "a `Transactor::run` closure returns `anyhow::Result` in set 6: write `Ok(..)` \
+                 here, and handle the run's error as an `anyhow::Error`"
+                    .to_string(),
+            );
+        }
+    }
+    None
+}
+
+/// Removes `Dispatcher` and `OutboxDispatcher` from `use` lines once the
+/// file no longer names them (a rewritten `dispatch` call left them unused).
+fn drop_unused_imports(lines: &mut [String], notes: &mut Vec<LineNote>) {
+    let is_use = |line: &str| line.trim_start().starts_with("use ");
+    let method_calls = lines
+        .iter()
+        .filter(|line| !is_use(line))
+        .any(|line| line.replace("kit::dispatch(", "").contains(".dispatch("));
+    for name in ["Dispatcher", "OutboxDispatcher"] {
+        let named = lines
+            .iter()
+            .filter(|line| !is_use(line))
+            .any(|line| has_word(line, name));
+        // `Dispatcher` stays while a `.dispatch(` method call needs it.
+        if named || (name == "Dispatcher" && method_calls) {
+            continue;
+        }
+        for (index, line) in lines.iter_mut().enumerate() {
+            if !is_use(line) || !has_word(line, name) {
+                continue;
+            }
+            if let Some(new) = without_import(line, name) {
+                notes.push(LineNote {
+                    line: index + 1,
+                    text: format!("`{}` -> `{}` (no longer used)", line.trim(), new.trim()),
+                    rewritten: true,
+                });
+                *line = new;
+            }
+        }
+    }
+}
+
+/// `line`, a one-line `use`, without `name`: `None` when it has another
+/// form (left as it is; the compiler names an unused import).
+fn without_import(line: &str, name: &str) -> Option<String> {
+    let indent = &line[..line.len() - line.trim_start().len()];
+    let body = line.trim().strip_prefix("use ")?.strip_suffix(';')?;
+    let newline = if line.ends_with('\n') { "\n" } else { "" };
+    if let Some(path) = body.strip_suffix(&format!("::{name}")) {
+        return (!path.contains('{')).then(String::new);
+    }
+    let (path, group) = body.split_once("::{")?;
+    let group = group.strip_suffix('}')?;
+    if group.contains('{') {
+        return None;
+    }
+    let items: Vec<&str> = group
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    if !items.contains(&name) {
+        return None;
+    }
+    let kept: Vec<&str> = items.into_iter().filter(|item| *item != name).collect();
+    Some(match kept.as_slice() {
+        [] => String::new(),
+        [one] => format!("{indent}use {path}::{one};{newline}"),
+        many => format!("{indent}use {path}::{{{}}};{newline}", many.join(", ")),
+    })
+}
+
+fn has_word(line: &str, word: &str) -> bool {
+    line.match_indices(word).any(|(at, _)| {
+        let before = line[..at].chars().next_back();
+        let after = line[at + word.len()..].chars().next();
+        before.is_none_or(|c| !is_ident(c)) && after.is_none_or(|c| !is_ident(c))
+    })
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handler_of_set_5_dispatches_with_kit_dispatch() {
+        let old = "\
+use axum::Json;
+use kit::dispatch::Dispatcher;
+
+async fn place() {
+            state.dispatcher.dispatch(&mut *tx, &event).await?;
+}
+";
+        let carried = carry_to_set_6(old);
+        assert_eq!(
+            carried.text,
+            "\
+use axum::Json;
+
+async fn place() {
+            kit::dispatch(&mut *tx, &event).await?;
+}
+"
+        );
+        let lines: Vec<usize> = carried.notes.iter().map(|n| n.line).collect();
+        assert_eq!(lines, [2, 5]);
+        assert!(carried.notes.iter().all(|n| n.rewritten));
+    }
+
+    #[test]
+    fn a_listener_reads_the_context_through_its_methods() {
+        let old = "    tracing::info!(event_id = %ctx.event_id, listener = %ctx.listener, \
+                   pool = ?&ctx.pool, n = ctx.headers.len(), \"x\");\n";
+        let carried = carry_to_set_6(old);
+        assert_eq!(
+            carried.text,
+            "    tracing::info!(event_id = %ctx.event_id(), listener = %ctx.listener(), \
+             pool = ?ctx.pool(), n = ctx.headers().len(), \"x\");\n"
+        );
+        assert_eq!(carried.notes.len(), 1);
+    }
+
+    #[test]
+    fn code_on_the_new_api_and_other_names_are_left_alone() {
+        let text = "\
+let id = ctx.event_id();
+// idempotent on `ctx.event_id`, `state.dispatcher.dispatch(..)`
+let other = my_ctx.event_id;
+let field = ctx.payload;
+kit::dispatch(&mut *tx, &event).await?;
+Ok::<_, anyhow::Error>(())
+";
+        let carried = carry_to_set_6(text);
+        assert_eq!(carried.text, text);
+        assert!(carried.notes.is_empty(), "{:?}", carried.notes);
+    }
+
+    #[test]
+    fn a_listener_of_older_sets_drops_its_dispatcher_imports() {
+        let old = "\
+use crate::dispatch::{Dispatcher, Event};
+use crate::outbox::OutboxDispatcher;
+
+    OutboxDispatcher::new().dispatch(&mut *tx, &Confirmed {}).await?;
+";
+        let carried = carry_to_set_6(old);
+        assert_eq!(
+            carried.text,
+            "\
+use crate::dispatch::Event;
+
+    kit::dispatch(&mut *tx, &Confirmed {}).await?;
+"
+        );
+    }
+
+    #[test]
+    fn a_dispatcher_still_called_as_a_method_keeps_its_import() {
+        let text = "\
+use kit::dispatch::Dispatcher;
+    my_dispatcher.dispatch(&mut *tx, &event).await?;
+";
+        assert_eq!(carry_to_set_6(text).text, text);
+    }
+
+    #[test]
+    fn what_cannot_be_rewritten_is_named_with_the_change_to_make() {
+        let text = "\
+            state
+                .dispatcher
+                .dispatch(&mut *tx, &event)
+            Ok::<_, sqlx::Error>(id)
+";
+        let carried = carry_to_set_6(text);
+        assert_eq!(carried.text, text);
+        let lines: Vec<(usize, bool)> = carried
+            .notes
+            .iter()
+            .map(|n| (n.line, n.rewritten))
+            .collect();
+        assert_eq!(lines, [(2, false), (4, false)]);
+        assert!(carried.notes[0].text.contains("kit::dispatch"));
+        assert!(carried.notes[1].text.contains("anyhow::Result"));
+    }
+}
