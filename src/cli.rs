@@ -338,8 +338,8 @@ pub struct NewProjectArgs {
     ///
     /// With `sea-orm`, transactions hand out SeaORM's `DatabaseTransaction`
     /// (on the same sqlx pool), and events dispatched on it commit with your
-    /// entities. Asked when interactive. The example needs `sqlx`.
-    #[arg(long, value_name = "LAYER", conflicts_with = "example")]
+    /// entities. Asked when interactive. `--example` is written for either.
+    #[arg(long, value_name = "LAYER")]
     pub db: Option<crate::engine::manifest::DataLayer>,
 }
 

@@ -47,11 +47,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
     )?;
 
     let db = prompt::select(
-        if args.example {
-            Some(DataLayer::Sqlx)
-        } else {
-            args.db
-        },
+        args.db,
         ctx.no_input,
         "Data layer for your application code?",
         &[
@@ -64,9 +60,7 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         DataLayer::Sqlx,
     )?;
 
-    // The example's handlers are written with sqlx.
     let example = worker
-        && db == DataLayer::Sqlx
         && prompt::choice(
             example_flag,
             ctx.no_input,
@@ -166,7 +160,7 @@ fn shell_quote(word: &str) -> String {
 fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan> {
     let tree = blueprint::render(&answers, &components)?;
     let mut edits = if example {
-        example::files(&tree)?
+        example::files(&tree, answers.db)?
     } else {
         Default::default()
     };

@@ -124,15 +124,25 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
         ),
     };
     out.push_str(&heading);
+    let kit_replaced = unmodified_kit_replaced(changes);
+    let in_kit = |c: &FileChange| c.path.starts_with(&format!("{}/", blueprint::KIT_DIR));
     let listed: Vec<&FileChange> = changes
         .iter()
         .filter(|c| !matches!(c.outcome, Outcome::UpToDate | Outcome::MovedAway))
+        .filter(|c| kit_replaced.is_none() || !in_kit(c))
         .collect();
     let width = listed
         .iter()
         .map(|c| c.outcome.label().len())
+        .chain(kit_replaced.as_ref().map(|_| REPLACED.len()))
         .max()
         .unwrap_or(0);
+    if let Some(summary) = &kit_replaced {
+        out.push_str(&format!(
+            "  {REPLACED:<width$}  {}/ ({summary})\n",
+            blueprint::KIT_DIR
+        ));
+    }
     for change in &listed {
         let hint = match change.outcome {
             Outcome::Conflicted => " (resolve the <<<<<<< markers)",
@@ -172,6 +182,35 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
         out.push_str(&format!("  ({current} other files up to date)\n"));
     }
     out
+}
+
+/// The report's word for a kit replaced as a whole.
+const REPLACED: &str = "replaced";
+
+/// When the user changed nothing in `kit/` and the upgrade changes it, the
+/// kit is replaced as a unit, reported in one line: how many of its files
+/// were updated, created and deleted. `None` for a patched kit (each file
+/// is reported) or one with nothing new.
+fn unmodified_kit_replaced(changes: &[FileChange]) -> Option<String> {
+    let prefix = format!("{}/", blueprint::KIT_DIR);
+    let kit: Vec<&FileChange> = changes
+        .iter()
+        .filter(|c| c.path.starts_with(&prefix))
+        .collect();
+    let unmodified = kit.iter().all(|c| {
+        matches!(
+            c.outcome,
+            Outcome::UpToDate | Outcome::Updated | Outcome::Created | Outcome::Deleted
+        )
+    });
+    let count = |outcome: Outcome| kit.iter().filter(|c| c.outcome == outcome).count();
+    let (updated, created, deleted) = (
+        count(Outcome::Updated),
+        count(Outcome::Created),
+        count(Outcome::Deleted),
+    );
+    (unmodified && updated + created + deleted > 0)
+        .then(|| format!("unmodified: {updated} updated, {created} created, {deleted} deleted"))
 }
 
 /// Inside a git work tree, refuses to touch files with uncommitted changes:

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use crate::domain::events;
 use crate::domain::migration::{self, Numbering};
 use crate::engine::blueprint::{INBOX_MIGRATION, OUTBOX_MIGRATION, Tree};
-use crate::engine::manifest::EventSpec;
+use crate::engine::manifest::{DataLayer, EventSpec};
 use crate::engine::templates::{Renderer, template_set};
 
 /// How to try the example once the next steps run.
@@ -36,25 +36,37 @@ pub fn event() -> Result<EventSpec> {
 }
 
 /// The example's files by path: edits of files in `tree` (the blueprint
-/// with [`event`]) and new files of the user's.
-pub fn files(tree: &Tree) -> Result<BTreeMap<String, Vec<u8>>> {
+/// with [`event`]) and new files of the user's. With SeaORM, the route and
+/// the listener are written with SeaORM entities (`example-seaorm`, over
+/// the `example` set), declared in `src/lib.rs` as `entities`.
+pub fn files(tree: &Tree, db: DataLayer) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = BTreeMap::new();
     let renderer = Renderer::new();
-    for template in template_set("example")? {
-        let contents = renderer.render(&template, &minijinja::context! {})?;
-        let path = match template.output {
-            "migrations/orders.sql" => migration_path()?,
-            other => other.to_string(),
-        };
-        files.insert(path, contents);
+    let mut sets = vec!["example"];
+    if db == DataLayer::SeaOrm {
+        sets.push("example-seaorm");
+    }
+    for set in sets {
+        for template in template_set(set)? {
+            let contents = renderer.render(&template, &minijinja::context! {})?;
+            let path = match template.output {
+                "migrations/orders.sql" => migration_path()?,
+                other => other.to_string(),
+            };
+            files.insert(path, contents);
+        }
+    }
+    if db == DataLayer::SeaOrm {
+        let lib = "src/lib.rs";
+        let text = blueprint_text(tree, lib)?;
+        files.insert(
+            lib.to_string(),
+            format!("{text}\npub mod entities;\n").into_bytes(),
+        );
     }
 
     let routes = "src/routes/mod.rs";
-    let text = tree
-        .get(routes)
-        .map(|file| String::from_utf8_lossy(&file.contents).into_owned())
-        .with_context(|| format!("the blueprint has no `{routes}` (this is a bug in gpkit)"))?;
-    let mut edited = text.clone();
+    let mut edited = blueprint_text(tree, routes)?;
     for (anchor, with) in [
         (
             "use axum::Router;\n",
@@ -85,6 +97,13 @@ pub fn files(tree: &Tree) -> Result<BTreeMap<String, Vec<u8>>> {
         "the example's listener `{listener}` is missing (this is a bug in gpkit)"
     );
     Ok(files)
+}
+
+/// The text of the blueprint's file at `path`.
+fn blueprint_text(tree: &Tree, path: &str) -> Result<String> {
+    tree.get(path)
+        .map(|file| String::from_utf8_lossy(&file.contents).into_owned())
+        .with_context(|| format!("the blueprint has no `{path}` (this is a bug in gpkit)"))
 }
 
 /// Where `gpkit new migration orders` would write, in a project whose only

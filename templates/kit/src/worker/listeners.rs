@@ -34,6 +34,8 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 pub use super::listener_error::{ListenerError, SkipRetry};
+#[cfg(feature = "seaorm")]
+pub use super::orm_context::OrmListenerContext;
 use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
@@ -99,6 +101,12 @@ impl ListenerContext {
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
     {
         super::inbox::once(&self.transactor, &self.listener, self.event_id, work).await
+    }
+
+    /// The worker's transactor, whose commits wake the relays.
+    #[cfg(feature = "seaorm")]
+    pub(crate) fn transactor(&self) -> &Transactor {
+        &self.transactor
     }
 }
 
@@ -168,6 +176,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// No listeners yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -177,10 +186,15 @@ impl Listeners {
     /// # Panics
     /// When `E` already has a listener called `name`: task ids are derived
     /// from the name, so two listeners must not share one.
-    pub fn listen<E, F, Fut>(&mut self, name: &str, handler: F) -> &mut Self
+    ///
+    /// The handler takes the event and a context: a [`ListenerContext`], or
+    /// with SeaORM an [`OrmListenerContext`], whose `once` hands a
+    /// SeaORM transaction (any type made `From<ListenerContext>`).
+    pub fn listen<E, C, F, Fut>(&mut self, name: &str, handler: F) -> &mut Self
     where
         E: Event + DeserializeOwned + 'static,
-        F: Fn(E, ListenerContext) -> Fut + Send + Sync + 'static,
+        C: From<ListenerContext> + Send + 'static,
+        F: Fn(E, C) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), ListenerError>> + Send + 'static,
     {
         let listeners = self.by_event.entry(E::NAME).or_default();
@@ -202,7 +216,7 @@ impl Listeners {
                         std::any::type_name::<E>()
                     )
                 })?;
-                handler(event, context).await
+                handler(event, C::from(context)).await
             })
         });
         listeners.push(Listener {

@@ -27,6 +27,8 @@ pub mod inbox;
 mod listener_error;
 pub mod listeners;
 pub mod metrics;
+#[cfg(feature = "seaorm")]
+mod orm_context;
 pub mod persistence;
 
 use std::future::Future;

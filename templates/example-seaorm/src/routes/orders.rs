@@ -1,0 +1,137 @@
+//! The example slice's orders: `POST /orders` stores an order and its
+//! `orderPlaced` event in one SeaORM transaction; `GET /orders/{id}` shows
+//! the order, and whether the `confirm` listener has confirmed it yet.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::entities::{confirmation, order};
+use crate::events::order_placed::OrderPlaced;
+use crate::startup::AppState;
+
+/// The body of `POST /orders`.
+#[derive(Debug, Deserialize)]
+pub struct NewOrder {
+    pub sku: String,
+    pub quantity: i32,
+}
+
+/// An order, as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct Order {
+    pub id: Uuid,
+    pub sku: String,
+    pub quantity: i32,
+    /// Whether the `confirm` listener has recorded the order's event.
+    pub confirmed: bool,
+}
+
+/// `POST /orders`: 201 with the new order; 400 with `{"error": ...}` when
+/// the body is not a valid order.
+pub async fn place(
+    State(state): State<AppState>,
+    body: Result<Json<NewOrder>, JsonRejection>,
+) -> Result<(StatusCode, Json<Order>), ApiError> {
+    let Json(new) = body.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+    let sku = new.sku.trim();
+    if sku.is_empty() {
+        return Err(ApiError::bad_request("`sku` must not be empty"));
+    }
+    if new.quantity < 1 {
+        return Err(ApiError::bad_request("`quantity` must be 1 or more"));
+    }
+    let event = OrderPlaced {
+        order_id: Uuid::now_v7(),
+        sku: sku.to_string(),
+        quantity: new.quantity,
+    };
+    state
+        .transactor
+        .run(async |tx| {
+            order::ActiveModel {
+                id: Set(event.order_id),
+                sku: Set(event.sku.clone()),
+                quantity: Set(event.quantity),
+            }
+            .insert(tx)
+            .await?;
+            kit::dispatch(tx, &event).await?;
+            Ok(())
+        })
+        .await
+        .map_err(ApiError::internal)?;
+    let order = Order {
+        id: event.order_id,
+        sku: event.sku,
+        quantity: event.quantity,
+        confirmed: false,
+    };
+    Ok((StatusCode::CREATED, Json(order)))
+}
+
+/// `GET /orders/{id}`: 200 with the order, 404 when there is none, 400 when
+/// `id` is not a UUID.
+pub async fn show(
+    State(state): State<AppState>,
+    id: Result<Path<Uuid>, PathRejection>,
+) -> Result<Json<Order>, ApiError> {
+    let Path(id) = id.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+    let db = state.transactor.connection();
+    let order = order::Entity::find_by_id(id)
+        .one(db)
+        .await
+        .map_err(|err| ApiError::internal(err.into()))?
+        .ok_or(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("there is no order {id}"),
+        })?;
+    let confirmation = confirmation::Entity::find()
+        .filter(confirmation::Column::OrderId.eq(id))
+        .one(db)
+        .await
+        .map_err(|err| ApiError::internal(err.into()))?;
+    Ok(Json(Order {
+        id,
+        sku: order.sku,
+        quantity: order.quantity,
+        confirmed: confirmation.is_some(),
+    }))
+}
+
+/// An error response: a status and `{"error": "<message>"}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    /// A failure of ours: logged in full, answered without details.
+    fn internal(err: anyhow::Error) -> Self {
+        tracing::error!(error = format!("{err:#}"), "request failed");
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "internal error".to_string(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(serde_json::json!({ "error": self.message }));
+        (self.status, body).into_response()
+    }
+}
