@@ -27,7 +27,9 @@ mod queue_names;
 mod queue_weights;
 
 #[cfg(feature = "worker")]
-pub use queue_names::{DEFAULT_QUEUE, QueueNames, check_queue_name};
+pub(crate) use queue_names::DEFAULT_QUEUE;
+#[cfg(feature = "worker")]
+pub use queue_names::QueueNames;
 #[cfg(feature = "worker")]
 pub use queue_weights::QueueWeights;
 
@@ -217,7 +219,7 @@ impl ValkeyConfig {
 
     /// Whether connections use TLS: `VALKEY_URL`'s scheme, or `VALKEY_TLS`
     /// for the other forms.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         match &self.url {
             Some(url) => url.is_tls(),
             None => self.tls.unwrap_or(false),
@@ -240,12 +242,12 @@ pub struct ValkeyUrl(SecretString);
 
 impl ValkeyUrl {
     /// The URL, password included, for the connection only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         self.0.expose_secret()
     }
 
     /// Whether the scheme asks for TLS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.expose().starts_with("rediss://") || self.expose().starts_with("valkeys://")
     }
 
@@ -509,7 +511,7 @@ pub struct DatabaseUrl(SecretString);
 
 impl DatabaseUrl {
     /// Connection options for sqlx; the only place the URL is parsed for use.
-    pub fn connect_options(&self) -> PgConnectOptions {
+    pub(crate) fn connect_options(&self) -> PgConnectOptions {
         PgConnectOptions::from_str(self.0.expose_secret())
             .expect("DATABASE_URL was validated when the configuration was loaded")
     }
@@ -523,7 +525,7 @@ impl DatabaseUrl {
 }
 
 /// `raw` with its credentials masked; `<invalid url>` when it is not a URL.
-pub fn redact_url(raw: &str) -> String {
+pub(crate) fn redact_url(raw: &str) -> String {
     let Ok(mut url) = url::Url::parse(raw) else {
         return "<invalid url>".to_string();
     };

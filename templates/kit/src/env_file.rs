@@ -41,7 +41,7 @@ pub fn load() -> Result<bool, EnvFileError> {
 }
 
 /// [`load`] for the file at `path`.
-pub fn load_from(path: &Path) -> Result<bool, EnvFileError> {
+pub(crate) fn load_from(path: &Path) -> Result<bool, EnvFileError> {
     let shown = path.display().to_string();
     let content = match std::fs::read_to_string(path) {
         Ok(content) => content,

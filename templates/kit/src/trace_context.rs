@@ -38,7 +38,7 @@ pub struct TraceContext {
 
 impl TraceContext {
     /// A new trace, with random ids.
-    pub fn new_root() -> Self {
+    pub(crate) fn new_root() -> Self {
         Self {
             trace_id: uuid::Uuid::new_v4().simple().to_string(),
             span_id: new_span_id(),
@@ -99,7 +99,7 @@ impl TraceContext {
     }
 
     /// Writes `traceparent` (and `tracestate`) into event metadata.
-    pub fn inject(&self, metadata: &mut Metadata) {
+    pub(crate) fn inject(&self, metadata: &mut Metadata) {
         metadata.insert("traceparent".to_string(), self.traceparent());
         if let Some(state) = &self.tracestate {
             metadata.insert("tracestate".to_string(), state.clone());

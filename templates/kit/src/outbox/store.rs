@@ -140,22 +140,6 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// Marks rows as published, in one statement.
-    pub async fn mark_published(
-        &self,
-        tx: &mut PgConnection,
-        row_ids: &[i64],
-    ) -> Result<u64, sqlx::Error> {
-        if row_ids.is_empty() {
-            return Ok(0);
-        }
-        let done = sqlx::query("UPDATE outbox_events SET published_at = now() WHERE id = ANY($1)")
-            .bind(row_ids)
-            .execute(tx)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
     /// Deletes up to `limit` rows published longer than `retention` ago and
     /// returns how many it deleted. Rows another cleaner holds are skipped.
     pub async fn delete_published<'e>(

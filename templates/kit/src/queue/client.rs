@@ -17,13 +17,13 @@ use super::connection::{Connection, Target};
 use super::message::TaskMessage;
 use super::wakeup::{self, Enqueued};
 use super::{QueueError, keys, scripts};
-pub use crate::config::DEFAULT_QUEUE;
+pub(crate) use crate::config::DEFAULT_QUEUE;
 use crate::config::ValkeyConfig;
 
 /// Go asynq's default number of retries.
-pub const DEFAULT_MAX_RETRY: u32 = 25;
+pub(crate) const DEFAULT_MAX_RETRY: u32 = 25;
 /// Go asynq's default timeout of one run.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// A handle on Valkey for enqueuing tasks and running a
 /// [`Consumer`](super::Consumer). Cheap to clone; clones share the

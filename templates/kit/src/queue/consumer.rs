@@ -181,10 +181,10 @@ pub struct ConsumerOptions {
     /// How often completed tasks past their retention are deleted. Default 8 s.
     pub cleanup_interval: Duration,
     /// Delay before retry n + 1, given n failures so far.
-    /// Default [`default_retry_delay`], Go asynq's.
+    /// Default `default_retry_delay`, Go asynq's.
     pub retry_delay: fn(u32) -> Duration,
     /// Also wake when another process publishes an enqueue on
-    /// [`wakeup::CHANNEL`] (`OUTBOX_WAKE=valkey`). Default off.
+    /// `wakeup::CHANNEL` (`OUTBOX_WAKE=valkey`). Default off.
     pub wake_on_published: bool,
 }
 

@@ -159,7 +159,7 @@ impl Client {
         Ok(tasks)
     }
 
-    /// asynq's "run" ([`scripts::RUN_TASK`]): moves the waiting task `id` of
+    /// asynq's "run" (`scripts::RUN_TASK`): moves the waiting task `id` of
     /// `queue` to pending, with its message (and retry count) unchanged.
     /// Reads the task's state and group first, for the key of the set it
     /// waits in; the script checks they did not change meanwhile, else it

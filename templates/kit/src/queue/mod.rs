@@ -48,13 +48,12 @@ mod inspect;
 pub mod keys;
 pub mod message;
 pub mod scripts;
-pub mod wakeup;
+pub(crate) mod wakeup;
 
-pub use crate::config::{QueueNames, QueueWeights, check_queue_name};
-pub use broker::default_retry_delay;
-pub use client::{
-    Client, DEFAULT_MAX_RETRY, DEFAULT_QUEUE, DEFAULT_TIMEOUT, EnqueueOutcome, NewTask,
-};
+pub use crate::config::{QueueNames, QueueWeights};
+pub(crate) use broker::default_retry_delay;
+pub use client::{Client, EnqueueOutcome, NewTask};
+pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
 pub use connection::{Connection, Target};
 pub use consumer::{Consumer, ConsumerOptions, HandlerError, SkipRetry, Task};
 pub use inspect::{QueueCounts, RunOutcome, TaskInfo};

@@ -23,7 +23,7 @@ use crate::outbox::Store;
 pub use crate::outbox::relay::RelayMetrics;
 
 /// How often the backlog gauges are refreshed.
-pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -146,7 +146,11 @@ impl Default for Metrics {
 }
 
 /// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`] until `shutdown`.
-pub async fn watch_backlog(pool: PgPool, metrics: RelayMetrics, shutdown: CancellationToken) {
+pub(crate) async fn watch_backlog(
+    pool: PgPool,
+    metrics: RelayMetrics,
+    shutdown: CancellationToken,
+) {
     loop {
         let backlog = tokio::select! {
             () = shutdown.cancelled() => break,
