@@ -36,17 +36,23 @@ pub use queue_weights::QueueWeights;
 /// The whole service configuration.
 #[derive(Debug, confique::Config)]
 pub struct Config {
+    /// The Postgres connection (`DATABASE_*`).
     #[config(nested)]
     pub database: DatabaseConfig,
+    /// The HTTP server (`HTTP_*`).
     #[config(nested)]
     pub http: HttpConfig,
+    /// Valkey, the queue's store (`VALKEY_*`).
     #[config(nested)]
     pub valkey: ValkeyConfig,
+    /// The outbox and its relay (`OUTBOX_*`).
     #[config(nested)]
     pub outbox: OutboxConfig,
+    /// The worker: listeners, inbox and metrics (`WORKER_*`, `INBOX_RETENTION`).
     #[cfg(feature = "worker")]
     #[config(nested)]
     pub worker: WorkerConfig,
+    /// The scheduler (`SCHEDULER_*`).
     #[cfg(feature = "worker")]
     #[config(nested)]
     pub scheduler: SchedulerConfig,
@@ -603,6 +609,7 @@ pub mod duration {
 
     use serde::{Deserialize, Deserializer};
 
+    /// Parses a humantime string; the error names the value and the expected form.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
         let raw = String::deserialize(deserializer)?;
         humantime::parse_duration(&raw).map_err(|err| {
@@ -621,6 +628,7 @@ pub mod from_str {
 
     use serde::{Deserialize, Deserializer};
 
+    /// Parses a string with `T::from_str`; the error names the value.
     pub fn deserialize<'de, D, T>(deserializer: D) -> Result<T, D::Error>
     where
         D: Deserializer<'de>,

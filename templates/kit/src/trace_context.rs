@@ -88,6 +88,7 @@ impl TraceContext {
         }
     }
 
+    /// The trace id, 32 lowercase hex digits.
     pub fn trace_id(&self) -> &str {
         &self.trace_id
     }

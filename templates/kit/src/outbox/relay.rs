@@ -89,12 +89,17 @@ pub struct Round {
 /// marked published before the error is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
+    /// Claiming or marking rows failed.
     #[error("outbox database error")]
     Database(#[from] sqlx::Error),
+    /// Enqueuing failed part-way through the batch.
     #[error("queue error after {published} of {claimed} events were published")]
     Queue {
+        /// Events claimed in the round.
         claimed: usize,
+        /// Events published before the failure.
         published: usize,
+        /// The queue's error.
         #[source]
         source: queue::QueueError,
     },
@@ -145,6 +150,8 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// A relay that claims from `pool` and enqueues to `queue`, with the
+    /// batch size, poll interval, task retention and queues of `config`.
     pub fn new(pool: PgPool, queue: Client, config: &OutboxConfig, metrics: RelayMetrics) -> Self {
         Self {
             pool,

@@ -18,7 +18,9 @@ pub struct Store;
 /// A row claimed for publishing: its row id and its event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedEvent {
+    /// The row's `id` in `outbox_events`.
     pub row_id: i64,
+    /// The event the row holds.
     pub envelope: Envelope,
 }
 

@@ -77,15 +77,20 @@ const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
+    /// The task type, such as `event:orderPlaced`.
     pub task_type: String,
+    /// The task id.
     pub id: String,
+    /// The payload, as the producer enqueued it.
     pub payload: Vec<u8>,
     /// The task's headers (asynq's `TaskMessage.headers`), as the producer
     /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
     pub headers: BTreeMap<String, String>,
+    /// The queue the task came from.
     pub queue: String,
     /// Failed runs before this one.
     pub retried: u32,
+    /// Retries allowed after the first failed run.
     pub max_retry: u32,
 }
 
@@ -231,6 +236,8 @@ pub struct Consumer {
 }
 
 impl Consumer {
+    /// A consumer that takes tasks through `client`, run as `options` say, with
+    /// no handlers yet.
     pub fn new(client: Client, options: ConsumerOptions) -> Self {
         Self {
             client,

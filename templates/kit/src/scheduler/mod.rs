@@ -117,6 +117,7 @@ pub trait ScheduledJob: Send + Sync + 'static {
 /// What a job gets.
 #[derive(Debug, Clone)]
 pub struct JobContext {
+    /// The tick the job runs for.
     pub tick: Tick,
     /// The database, for jobs that read or write.
     pub pool: PgPool,
@@ -129,9 +130,12 @@ type RunJob = Arc<
 
 /// One registered schedule.
 pub struct Entry {
+    /// The schedule's name, unique among the service's schedules.
     pub name: &'static str,
+    /// When it ticks: a cron expression.
     pub cron: &'static str,
     pub(crate) time_zone: &'static str,
+    /// How many missed ticks a new leader enqueues (0: none).
     pub catch_up: u32,
     what: What,
 }
@@ -161,6 +165,7 @@ pub struct Schedules {
 }
 
 impl Schedules {
+    /// No schedules.
     pub fn new() -> Self {
         Self::default()
     }

@@ -168,6 +168,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// No listeners.
     pub fn new() -> Self {
         Self::default()
     }
