@@ -27,24 +27,32 @@ mod queue_names;
 mod queue_weights;
 
 #[cfg(feature = "worker")]
-pub use queue_names::{DEFAULT_QUEUE, QueueNames, check_queue_name};
+pub(crate) use queue_names::DEFAULT_QUEUE;
+#[cfg(feature = "worker")]
+pub use queue_names::QueueNames;
 #[cfg(feature = "worker")]
 pub use queue_weights::QueueWeights;
 
 /// The whole service configuration.
 #[derive(Debug, confique::Config)]
 pub struct Config {
+    /// The Postgres connection (`DATABASE_*`).
     #[config(nested)]
     pub database: DatabaseConfig,
+    /// The HTTP server (`HTTP_*`).
     #[config(nested)]
     pub http: HttpConfig,
+    /// Valkey, the queue's store (`VALKEY_*`).
     #[config(nested)]
     pub valkey: ValkeyConfig,
+    /// The outbox and its relay (`OUTBOX_*`).
     #[config(nested)]
     pub outbox: OutboxConfig,
+    /// The worker: listeners, inbox and metrics (`WORKER_*`, `INBOX_RETENTION`).
     #[cfg(feature = "worker")]
     #[config(nested)]
     pub worker: WorkerConfig,
+    /// The scheduler (`SCHEDULER_*`).
     #[cfg(feature = "worker")]
     #[config(nested)]
     pub scheduler: SchedulerConfig,
@@ -217,7 +225,7 @@ impl ValkeyConfig {
 
     /// Whether connections use TLS: `VALKEY_URL`'s scheme, or `VALKEY_TLS`
     /// for the other forms.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         match &self.url {
             Some(url) => url.is_tls(),
             None => self.tls.unwrap_or(false),
@@ -240,12 +248,12 @@ pub struct ValkeyUrl(SecretString);
 
 impl ValkeyUrl {
     /// The URL, password included, for the connection only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         self.0.expose_secret()
     }
 
     /// Whether the scheme asks for TLS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.expose().starts_with("rediss://") || self.expose().starts_with("valkeys://")
     }
 
@@ -509,7 +517,7 @@ pub struct DatabaseUrl(SecretString);
 
 impl DatabaseUrl {
     /// Connection options for sqlx; the only place the URL is parsed for use.
-    pub fn connect_options(&self) -> PgConnectOptions {
+    pub(crate) fn connect_options(&self) -> PgConnectOptions {
         PgConnectOptions::from_str(self.0.expose_secret())
             .expect("DATABASE_URL was validated when the configuration was loaded")
     }
@@ -523,7 +531,7 @@ impl DatabaseUrl {
 }
 
 /// `raw` with its credentials masked; `<invalid url>` when it is not a URL.
-pub fn redact_url(raw: &str) -> String {
+pub(crate) fn redact_url(raw: &str) -> String {
     let Ok(mut url) = url::Url::parse(raw) else {
         return "<invalid url>".to_string();
     };
@@ -601,6 +609,7 @@ pub mod duration {
 
     use serde::{Deserialize, Deserializer};
 
+    /// Parses a humantime string; the error names the value and the expected form.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
         let raw = String::deserialize(deserializer)?;
         humantime::parse_duration(&raw).map_err(|err| {
@@ -619,6 +628,7 @@ pub mod from_str {
 
     use serde::{Deserialize, Deserializer};
 
+    /// Parses a string with `T::from_str`; the error names the value.
     pub fn deserialize<'de, D, T>(deserializer: D) -> Result<T, D::Error>
     where
         D: Deserializer<'de>,

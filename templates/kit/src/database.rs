@@ -24,7 +24,7 @@ pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
 }
 
 /// The connection options of `config`, with its statement timeout.
-pub fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
+pub(crate) fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
     let millis = config.statement_timeout.as_millis().to_string();
     config
         .url

@@ -18,6 +18,8 @@
 //! inbox, metrics), `scheduler`, `operations` (the `outbox` command).
 //! Feature `seaorm`: `orm`, SeaORM transactions.
 
+#![deny(missing_docs)]
+
 pub mod config;
 pub mod database;
 pub mod dispatch;

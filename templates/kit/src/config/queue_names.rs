@@ -9,10 +9,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Go asynq's default queue, where a task goes when none is named.
-pub const DEFAULT_QUEUE: &str = "default";
+pub(crate) const DEFAULT_QUEUE: &str = "default";
 
 /// Checks one queue name.
-pub fn check_queue_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_queue_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.contains(['{', '}', ',', '=']) || name.trim() != name {
         return Err(format!(
             "`{name}` is not a valid queue name (it must be non-empty, without spaces around \

@@ -43,7 +43,7 @@ impl QueueWeights {
     }
 
     /// Every queue, in a weighted random order for one dequeue.
-    pub fn dequeue_order(&self) -> Vec<String> {
+    pub(crate) fn dequeue_order(&self) -> Vec<String> {
         if let [(only, _)] = self.0.as_slice() {
             return vec![only.clone()];
         }

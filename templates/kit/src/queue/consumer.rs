@@ -77,15 +77,20 @@ const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
+    /// The task type, such as `event:orderPlaced`.
     pub task_type: String,
+    /// The task id.
     pub id: String,
+    /// The payload, as the producer enqueued it.
     pub payload: Vec<u8>,
     /// The task's headers (asynq's `TaskMessage.headers`), as the producer
     /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
     pub headers: BTreeMap<String, String>,
+    /// The queue the task came from.
     pub queue: String,
     /// Failed runs before this one.
     pub retried: u32,
+    /// Retries allowed after the first failed run.
     pub max_retry: u32,
 }
 
@@ -181,10 +186,10 @@ pub struct ConsumerOptions {
     /// How often completed tasks past their retention are deleted. Default 8 s.
     pub cleanup_interval: Duration,
     /// Delay before retry n + 1, given n failures so far.
-    /// Default [`default_retry_delay`], Go asynq's.
+    /// Default `default_retry_delay`, Go asynq's.
     pub retry_delay: fn(u32) -> Duration,
     /// Also wake when another process publishes an enqueue on
-    /// [`wakeup::CHANNEL`] (`OUTBOX_WAKE=valkey`). Default off.
+    /// `wakeup::CHANNEL` (`OUTBOX_WAKE=valkey`). Default off.
     pub wake_on_published: bool,
 }
 
@@ -231,6 +236,8 @@ pub struct Consumer {
 }
 
 impl Consumer {
+    /// A consumer that takes tasks through `client`, run as `options` say, with
+    /// no handlers yet.
     pub fn new(client: Client, options: ConsumerOptions) -> Self {
         Self {
             client,

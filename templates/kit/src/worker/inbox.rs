@@ -11,7 +11,7 @@
 //! the same transaction commit with the work, so a chain of listeners stays
 //! exactly once in effect.
 //!
-//! Records older than `INBOX_RETENTION` are deleted by [`run_cleanup`]: a
+//! Records older than `INBOX_RETENTION` are deleted by `run_cleanup`: a
 //! duplicate arriving later than that would run again, so the retention
 //! must outlast every redelivery (the queue's retries and deduplication
 //! window, and any replay).
@@ -150,7 +150,7 @@ pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, s
 
 /// Runs [`delete_expired`] at start and then every `interval`, until
 /// `shutdown` is cancelled.
-pub async fn run_cleanup(
+pub(crate) async fn run_cleanup(
     pool: PgPool,
     retention: Duration,
     interval: Duration,

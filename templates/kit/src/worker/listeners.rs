@@ -242,7 +242,7 @@ impl Listeners {
 }
 
 /// `listener:<event>:<listener>`, the task type of one listener's work.
-pub fn listener_task_type(event: &str, listener: &str) -> String {
+pub(crate) fn listener_task_type(event: &str, listener: &str) -> String {
     format!("listener:{event}:{listener}")
 }
 

@@ -22,14 +22,14 @@
 //! (and no lock) outlives the process. A loop stuck on a hung database or
 //! Valkey call is dropped within a second.
 
-pub mod health;
+pub(crate) mod health;
 pub mod inbox;
 mod listener_error;
 pub mod listeners;
 pub mod metrics;
 #[cfg(feature = "seaorm")]
 mod orm_context;
-pub mod persistence;
+pub(crate) mod persistence;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -208,10 +208,10 @@ pub async fn run(
 
 /// How long the loops may take to stop once shutdown began before
 /// whatever still waits on a hung call is dropped.
-pub const STOP_GRACE: Duration = Duration::from_millis(800);
+pub(crate) const STOP_GRACE: Duration = Duration::from_millis(800);
 /// How long closing the pool may take: it waits for the connections in
 /// use, which a hung Postgres never gives back.
-pub const CLOSE_GRACE: Duration = Duration::from_millis(300);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_millis(300);
 
 /// Waits for `tasks` to stop, at most [`STOP_GRACE`]; then aborts the rest.
 async fn stop_loops(tasks: &mut JoinSet<()>) {
@@ -297,7 +297,7 @@ pub fn handle_events(
 /// (`outbox replay`) queues the same envelope under a new task id, and so
 /// gets new listener tasks. Each listener task carries the event task's
 /// headers.
-pub async fn fan_out(
+pub(crate) async fn fan_out(
     queue: &Client,
     listeners: &Listeners,
     task: Task,
