@@ -184,8 +184,8 @@ Examples:
     ///
     /// The name may be spelled `OrderPlaced`, `order_placed` or `orderPlaced`:
     /// the Rust type is `OrderPlaced`, the module `order_placed` and the wire
-    /// name `orderPlaced`. The first event also puts the `Transactor` and the
-    /// outbox `Dispatcher` into the server's `AppState`. On an existing
+    /// name `orderPlaced`. The first event also puts the `Transactor` into
+    /// the server's `AppState`. On an existing
     /// event, `--listener` adds just the listeners.
     #[command(after_help = "\
 Examples:

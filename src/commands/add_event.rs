@@ -1,5 +1,5 @@
 //! `gpkit add event <name>`: a typed event, its listeners, and the first
-//! time the outbox dispatcher wiring in the server's state.
+//! time the `Transactor` in the server's state.
 
 use std::process::ExitCode;
 
@@ -103,7 +103,6 @@ fn dispatch_hint(names: &EventNames, db: DataLayer) -> String {
         r#"use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use kit::dispatch::Dispatcher;
 
 use crate::events::{module}::{ty};
 use crate::startup::AppState;
@@ -117,8 +116,8 @@ pub async fn publish_{module}(
         .transactor
         .run(async |tx| {{
             {writes}
-            state.dispatcher.dispatch({tx}, &event).await?;
-            Ok::<_, anyhow::Error>(())
+            kit::dispatch({tx}, &event).await?;
+            Ok(())
         }})
         .await;
     match stored {{
