@@ -38,12 +38,37 @@ pub struct Store {
 }
 
 impl Store {
-    /// The store embedded in this gpkit.
+    /// The store embedded in this gpkit. Debug builds also read the
+    /// releases of `GPKIT_RELEASED_DIR`, a directory laid out as the store
+    /// (a test hook, ignored in release builds: the tests upgrade from a
+    /// kit that no real release shipped).
     pub fn embedded() -> &'static Store {
         static STORE: OnceLock<Store> = OnceLock::new();
         STORE.get_or_init(|| {
-            Store::load(templates::released_names(), templates::released_file)
-                .expect("the store of released kits is well-formed (this is a bug in gpkit)")
+            let mut store = Store::load(templates::released_names(), templates::released_file)
+                .expect("the store of released kits is well-formed (this is a bug in gpkit)");
+            if cfg!(debug_assertions)
+                && let Some(dir) = std::env::var_os("GPKIT_RELEASED_DIR")
+            {
+                let extra = Store::read_dir(std::path::Path::new(&dir))
+                    .expect("GPKIT_RELEASED_DIR holds a store of released kits");
+                store.releases.extend(extra.releases);
+                store.blobs.extend(extra.blobs);
+            }
+            store
+        })
+    }
+
+    /// A store laid out in the directory `dir` (the test hook's).
+    fn read_dir(dir: &std::path::Path) -> Result<Self> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let name = entry?.file_name().into_string().unwrap_or_default();
+            names.push(&*Box::leak(name.into_boxed_str()));
+        }
+        Store::load(names, |path| {
+            let bytes = std::fs::read(dir.join(path)).ok()?;
+            Some(&*Box::leak(bytes.into_boxed_slice()))
         })
     }
 
@@ -64,12 +89,16 @@ impl Store {
             let text = std::str::from_utf8(file(name).unwrap_or_default())
                 .with_context(|| format!("`{name}` is not UTF-8"))?;
             let mut files = BTreeMap::new();
-            for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            for line in text
+                .lines()
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            {
                 let Some((sha256, path)) = line.split_once("  ") else {
                     bail!("`{name}`: `{line}` is not `<sha256>  <path>`");
                 };
-                let blob = file(&format!("blobs/{sha256}"))
-                    .with_context(|| format!("`{name}` names `blobs/{sha256}`, which is missing"))?;
+                let blob = file(&format!("blobs/{sha256}")).with_context(|| {
+                    format!("`{name}` names `blobs/{sha256}`, which is missing")
+                })?;
                 store.blobs.insert(sha256.to_string(), blob);
                 files.insert(path.to_string(), sha256.to_string());
             }
@@ -168,7 +197,10 @@ mod tests {
         // Only the kit crate's files, at a path some release had them.
         assert_eq!(store.find("src/config.rs", &sha, "shop"), None);
         assert_eq!(store.find("kit/src/other.rs", &sha, "shop"), None);
-        assert_eq!(store.find("kit/src/config.rs", &sha256_hex(b"x"), "shop"), None);
+        assert_eq!(
+            store.find("kit/src/config.rs", &sha256_hex(b"x"), "shop"),
+            None
+        );
     }
 
     #[test]
