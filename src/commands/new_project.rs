@@ -163,8 +163,8 @@ fn shell_quote(word: &str) -> String {
 
 /// The plan of a whole new project: every blueprint file, its base copy
 /// (unless gpkit regenerates it: the kit's files) and the manifest that
-/// records them; with `example`, the example's edits on
-/// top, as a user's edits after `gpkit add event` and `gpkit new migration`.
+/// records them; with `example`, the example's edits on top, as a user's
+/// edits after `gpkit add event` and `gpkit new migration`.
 fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan> {
     let tree = blueprint::render(&answers, &components)?;
     let mut edits = if example {
@@ -204,9 +204,8 @@ fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan>
         plan.create(path, contents, "the example (yours)");
     }
     // A base that gpkit regenerates from its released kits needs no copy.
-    let store = Store::embedded();
+    let (store, name) = (Store::embedded(), &manifest.answers.name);
     for (path, file) in tree {
-        let name = &manifest.answers.name;
         if store
             .find(&path, &sha256_hex(&file.contents), name)
             .is_none()

@@ -1,7 +1,7 @@
 //! Turning reconciled file changes into a plan: the files to write or
 //! delete, their new base copies, and the manifest that records them.
 //! A base that gpkit regenerates from its released kits gets no copy, and
-//! an upgrade deletes the copies that became redundant.
+//! a run that changes the project deletes the copies that became redundant.
 
 use anyhow::Result;
 
