@@ -13,6 +13,7 @@ use crate::engine::manifest::{
     sha256_hex,
 };
 use crate::engine::plan::Plan;
+use crate::engine::released::Store;
 use crate::prompt;
 
 mod example;
@@ -154,9 +155,10 @@ fn shell_quote(word: &str) -> String {
     }
 }
 
-/// The plan of a whole new project: every blueprint file, its base copy and
-/// the manifest that records them; with `example`, the example's edits on
-/// top, as a user's edits after `gpkit add event` and `gpkit new migration`.
+/// The plan of a whole new project: every blueprint file, its base copy
+/// (unless gpkit regenerates it: the kit's files) and the manifest that
+/// records them; with `example`, the example's edits on top, as a user's
+/// edits after `gpkit add event` and `gpkit new migration`.
 fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan> {
     let tree = blueprint::render(&answers, &components)?;
     let mut edits = if example {
@@ -195,8 +197,15 @@ fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan>
     for (path, contents) in edits {
         plan.create(path, contents, "the example (yours)");
     }
+    // A base that gpkit regenerates from its released kits needs no copy.
+    let (store, name) = (Store::embedded(), &manifest.answers.name);
     for (path, file) in tree {
-        plan.create(format!("{BASE_DIR}/{path}"), file.contents, "base copy");
+        if store
+            .find(&path, &sha256_hex(&file.contents), name)
+            .is_none()
+        {
+            plan.create(format!("{BASE_DIR}/{path}"), file.contents, "base copy");
+        }
     }
     Ok(plan)
 }

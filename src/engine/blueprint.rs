@@ -157,15 +157,7 @@ fn render_kit(renderer: &Renderer, name: &str, tree: &mut Tree) -> Result<()> {
     for file in template_set(KIT_DIR)? {
         let mut contents = renderer.render(&file, &minijinja::Value::UNDEFINED)?;
         if file.output == "Cargo.toml" {
-            let text = String::from_utf8(contents)?;
-            let from = format!("name = \"{KIT_PACKAGE}\"");
-            anyhow::ensure!(
-                text.contains(&from),
-                "the kit's Cargo.toml does not name its package `{KIT_PACKAGE}` (this is a bug in gpkit)"
-            );
-            contents = text
-                .replacen(&from, &format!("name = \"{name}-kit\""), 1)
-                .into_bytes();
+            contents = kit_manifest(&contents, name)?;
         }
         let path = format!("{KIT_DIR}/{}", file.output);
         let purpose = purpose(&path, &contents);
@@ -179,6 +171,20 @@ fn render_kit(renderer: &Renderer, name: &str, tree: &mut Tree) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The kit's `Cargo.toml` for the project `name`: gpkit's own kit manifest
+/// `template` (package `gpkit-kit`) with the package named `<name>-kit`.
+pub fn kit_manifest(template: &[u8], name: &str) -> Result<Vec<u8>> {
+    let text = std::str::from_utf8(template)?;
+    let from = format!("name = \"{KIT_PACKAGE}\"");
+    anyhow::ensure!(
+        text.contains(&from),
+        "the kit's Cargo.toml does not name its package `{KIT_PACKAGE}` (this is a bug in gpkit)"
+    );
+    Ok(text
+        .replacen(&from, &format!("name = \"{name}-kit\""), 1)
+        .into_bytes())
 }
 
 /// The file of one schedule, `src/schedules/<name>.rs`: the user's, written

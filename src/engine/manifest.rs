@@ -4,7 +4,8 @@
 //! was generated with, the components present, and for every generated file
 //! its owner and a hash of what gpkit last wrote. The exact bytes gpkit last
 //! wrote are kept beside it under `.gpkit/base/`, so that `gpkit upgrade
-//! templates` can do a 3-way merge without git.
+//! templates` can do a 3-way merge without git, but for the kit's files,
+//! which gpkit regenerates from the hash ([`crate::engine::released`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -129,7 +130,8 @@ fn is_false(value: &bool) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRecord {
     pub owner: Owner,
-    /// SHA-256 of the bytes gpkit last wrote (kept in `.gpkit/base/`).
+    /// SHA-256 of the bytes gpkit last wrote (kept in `.gpkit/base/`, or
+    /// for a released kit file found by this hash).
     pub sha256: String,
 }
 

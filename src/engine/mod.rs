@@ -5,7 +5,8 @@
 //!   [`templates`] for the [`manifest`]'s answers and components;
 //! - what to do with each file: [`reconcile`] compares the blueprint with
 //!   the [`project`] on disk (3-way, with [`regions`] in user files and
-//!   [`cargo_toml`] merges), and [`update`] turns the decisions into a
+//!   [`cargo_toml`] merges; the base of an unpatched kit file comes from
+//!   the [`released`] kits), and [`update`] turns the decisions into a
 //!   [`plan`] with the new manifest;
 //! - how it reaches the disk: [`plan`] applies all or nothing through the
 //!   [`journal`], under the project's [`lock`], never through a link
@@ -22,5 +23,6 @@ pub mod project;
 pub mod project_path;
 pub mod reconcile;
 pub mod regions;
+pub mod released;
 pub mod templates;
 pub mod update;

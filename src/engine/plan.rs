@@ -87,7 +87,8 @@ impl Plan {
     }
 
     /// The plan as text: one line per change (the `.gpkit/base/` copies are
-    /// summarised in one line), and unified diffs when `diff` is set.
+    /// summarised in a line for those written and one for those deleted),
+    /// and unified diffs when `diff` is set.
     pub fn render(&self, diff: bool) -> String {
         let shown: Vec<&Change> = self
             .changes
@@ -108,12 +109,25 @@ impl Plan {
                 change.path, change.reason
             );
         }
-        let bases = self.changes.len() - shown.len();
-        if bases > 0 {
+        let (dropped, recorded): (Vec<&Change>, Vec<&Change>) = self
+            .changes
+            .iter()
+            .filter(|c| is_base_copy(&c.path))
+            .partition(|c| matches!(c.action, Action::Delete { .. }));
+        let files = |n: usize| format!("{n} file{}", if n == 1 { "" } else { "s" });
+        if !recorded.is_empty() {
             let _ = writeln!(
                 out,
-                "  record  {BASE_DIR}/ ({bases} file{}: what gpkit wrote, for later 3-way merges)",
-                if bases == 1 { "" } else { "s" }
+                "  record  {BASE_DIR}/ ({}: what gpkit wrote, for later 3-way merges)",
+                files(recorded.len())
+            );
+        }
+        if !dropped.is_empty() {
+            let _ = writeln!(
+                out,
+                "  delete  {BASE_DIR}/ ({}: copies no longer needed, of files gone or that \
+                 gpkit regenerates from its released kits)",
+                files(dropped.len())
             );
         }
         if diff {
@@ -330,9 +344,24 @@ mod tests {
         assert!(text.contains("  create  src/a.rs  a new file\n"), "{text}");
         assert!(text.contains("  update  b.txt     changed\n"), "{text}");
         assert!(text.contains("record  .gpkit/base/ (1 file"), "{text}");
+        assert!(!text.contains("delete  .gpkit/base/"), "{text}");
         assert!(text.contains("--- /dev/null\n+++ b/src/a.rs\n"), "{text}");
         assert!(text.contains("-one\n+two\n"), "{text}");
         assert_eq!(plan.summary(), "1 to create, 1 to update, 0 to delete");
+    }
+
+    #[test]
+    fn deleted_base_copies_are_one_line() {
+        let mut plan = Plan::new();
+        for name in ["a", "b", "c"] {
+            plan.delete(format!("{BASE_DIR}/kit/src/{name}.rs"), b"x".to_vec(), "r");
+        }
+        plan.create(format!("{BASE_DIR}/Cargo.toml"), b"y".to_vec(), "r");
+        let text = plan.render(false);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.contains("  delete  .gpkit/base/ (3 files: "), "{text}");
+        assert!(text.contains("  record  .gpkit/base/ (1 file: "), "{text}");
+        assert_eq!(plan.summary(), "0 to create, 0 to update, 0 to delete");
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! An existing generated project on disk: its root, its manifest, and the
 //! three versions of each file that updates work with (what is on disk,
-//! what gpkit last wrote, what the templates render now).
+//! what gpkit last wrote, what the templates render now). What gpkit last
+//! wrote is a base copy under `.gpkit/base/`, or, for a kit file as a
+//! template set released it, those bytes regenerated from the manifest's hash.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
 use crate::engine::blueprint::TEMPLATE_SET_VERSION;
-use crate::engine::manifest::{BASE_DIR, Manifest};
+use crate::engine::manifest::{BASE_DIR, Manifest, sha256_hex};
 use crate::engine::project_path;
+use crate::engine::released::Store;
 
 /// A gpkit project found at `root`.
 #[derive(Debug, Clone)]
@@ -45,13 +48,123 @@ impl Project {
         project_path::read(&self.root, path)
     }
 
-    /// What gpkit last wrote to `path`, if it recorded it. A base copy that
-    /// is missing, a link or not a regular file counts as none: a conflict
-    /// to report, never permission to overwrite.
+    /// What gpkit last wrote to `path`, if it recorded it: its base copy
+    /// under `.gpkit/base/` when there is one, else the bytes gpkit
+    /// regenerates from the recorded hash ([`Project::regenerated_base`]).
+    /// Neither counts as no base: a conflict to report, never permission to
+    /// overwrite.
     pub fn base(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        match self.base_copy(path)? {
+            Some(copy) => Ok(Some(copy)),
+            None => Ok(self.regenerated_base(path)),
+        }
+    }
+
+    /// The base copy of `path` under `.gpkit/base/`, if gpkit recorded the
+    /// file and the copy is there. A copy that is missing, a link or not a
+    /// regular file counts as none.
+    pub fn base_copy(&self, path: &str) -> Result<Option<Vec<u8>>> {
         if !self.manifest.files.contains_key(path) {
             return Ok(None);
         }
         project_path::read_regular(&self.root, &format!("{BASE_DIR}/{path}"))
+    }
+
+    /// The bytes gpkit last wrote to `path`, regenerated from the hash the
+    /// manifest records when gpkit released them (a kit file of some
+    /// template set), checked against that hash; `None` otherwise.
+    pub fn regenerated_base(&self, path: &str) -> Option<Vec<u8>> {
+        let record = self.manifest.files.get(path)?;
+        Store::embedded().find(path, &record.sha256, &self.manifest.answers.name)
+    }
+
+    /// Whether gpkit can regenerate `base` as the base of `path` without a
+    /// copy: it is a kit file that a released template set shipped.
+    pub fn regenerates(&self, path: &str, base: &[u8]) -> bool {
+        Store::embedded()
+            .find(path, &sha256_hex(base), &self.manifest.answers.name)
+            .is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::manifest::{Answers, Components, FileRecord, Owner, Versions};
+
+    /// A project at `root` whose manifest records `path` with `sha256`.
+    fn project(root: &Path, path: &str, sha256: &str) -> Project {
+        let mut manifest = Manifest {
+            gpkit: Versions {
+                version: "0.1.0".into(),
+                template_set: TEMPLATE_SET_VERSION,
+            },
+            answers: Answers {
+                name: "shop".into(),
+                db: Default::default(),
+            },
+            components: Components::default(),
+            files: Default::default(),
+        };
+        manifest.files.insert(
+            path.into(),
+            FileRecord {
+                owner: Owner::Kit,
+                sha256: sha256.into(),
+            },
+        );
+        Project {
+            root: root.to_path_buf(),
+            manifest,
+        }
+    }
+
+    /// A kit file of the current template set, as released: path and bytes.
+    fn released_file() -> (String, Vec<u8>) {
+        let store = Store::embedded();
+        let (path, sha256) = store
+            .release(TEMPLATE_SET_VERSION)
+            .unwrap()
+            .iter()
+            .find(|(path, _)| path.ends_with(".rs"))
+            .unwrap();
+        let path = format!("kit/{path}");
+        let bytes = store.find(&path, sha256, "shop").unwrap();
+        (path, bytes)
+    }
+
+    #[test]
+    fn a_released_kit_file_needs_no_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, bytes) = released_file();
+        let project = project(dir.path(), &path, &sha256_hex(&bytes));
+        assert_eq!(project.base_copy(&path).unwrap(), None);
+        assert_eq!(project.base(&path).unwrap(), Some(bytes.clone()));
+        assert!(project.regenerates(&path, &bytes));
+        assert!(!project.regenerates(&path, b"other bytes"));
+        assert!(!project.regenerates("src/lib.rs", &bytes), "only kit files");
+    }
+
+    #[test]
+    fn a_base_copy_on_disk_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, bytes) = released_file();
+        let project = project(dir.path(), &path, &sha256_hex(&bytes));
+        let copy = dir.path().join(BASE_DIR).join(&path);
+        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+        std::fs::write(&copy, "what gpkit wrote, as kept\n").unwrap();
+        let expected = Some(b"what gpkit wrote, as kept\n".to_vec());
+        assert_eq!(project.base_copy(&path).unwrap(), expected);
+        assert_eq!(project.base(&path).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_hash_found_nowhere_is_no_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = released_file();
+        let project = project(dir.path(), &path, &sha256_hex(b"never released"));
+        assert_eq!(project.base(&path).unwrap(), None);
+        // A file the manifest does not record has no base either.
+        assert_eq!(project.base("kit/src/unrecorded.rs").unwrap(), None);
     }
 }

@@ -112,13 +112,16 @@ pub struct FileChange {
     pub outcome: Outcome,
     /// The file as it was read when deciding; `None` when it is missing.
     pub current: Option<Vec<u8>>,
-    /// gpkit's base copy as it was read when deciding, if recorded.
+    /// gpkit's base copy under `.gpkit/base/` (LF) as it was read when
+    /// deciding; `None` when there is none (the base is regenerated from the
+    /// released kits, or missing).
     pub old_base: Option<Vec<u8>>,
     /// The file's new content; `None` when the file is left as it is or deleted.
     pub write: Option<Vec<u8>>,
     /// Whether the file is deleted from disk.
     pub delete: bool,
     /// The new base (what the templates render now); `None` drops the record.
+    /// It is kept as a copy unless gpkit can regenerate it.
     pub base: Option<Vec<u8>>,
     /// Why a user-owned file was not changed as the templates wanted.
     pub notes: Vec<String>,
@@ -162,19 +165,22 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
         let current = project.current(from)?;
         let crlf = current.as_deref().is_some_and(line_endings::is_crlf);
         let ours = current.clone().map(line_endings::to_lf);
-        let base = project.base(from)?.map(line_endings::to_lf);
+        let bases = Bases::read(project, from)?;
         let recorded = project.manifest.files.contains_key(from);
         let theirs = file.contents.clone();
         if let Some(from) = moves.get(path) {
-            changes.extend(move_into_kit(from, path, current, ours, base, theirs, crlf));
+            changes.extend(move_into_kit(
+                from, path, current, ours, bases, theirs, crlf,
+            ));
             continue;
         }
+        let Bases { copy, base } = bases;
         let mut change = FileChange {
             path: path.clone(),
             owner: file.owner,
             outcome: Outcome::UpToDate,
             current,
-            old_base: base.clone(),
+            old_base: copy,
             write: None,
             delete: false,
             base: Some(theirs.clone()),
@@ -230,7 +236,7 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
     {
         let owner = project.manifest.files[path].owner;
         let ours = project.current(path)?;
-        let base = project.base(path)?.map(line_endings::to_lf);
+        let Bases { copy, base } = Bases::read(project, path)?;
         let (outcome, delete) = match &ours.clone().map(line_endings::to_lf) {
             None => (Outcome::Deleted, false),
             Some(_) if owner == Owner::Kit && NOW_USERS.contains(&path.as_str()) => {
@@ -246,7 +252,7 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             owner,
             outcome,
             current: ours,
-            old_base: base,
+            old_base: copy,
             write: None,
             delete,
             base: None,
@@ -297,6 +303,26 @@ fn carry_users_own_sources(project: &Project, desired: &Tree) -> Result<Vec<File
     Ok(changes)
 }
 
+/// What gpkit last wrote to one file, both with LF line endings.
+struct Bases {
+    /// Its base copy on disk, under `.gpkit/base/`.
+    copy: Option<Vec<u8>>,
+    /// The base to compare and merge with: that copy, or else the bytes
+    /// gpkit regenerates from the manifest's hash.
+    base: Option<Vec<u8>>,
+}
+
+impl Bases {
+    fn read(project: &Project, path: &str) -> Result<Self> {
+        let copy = project.base_copy(path)?.map(line_endings::to_lf);
+        let base = match &copy {
+            Some(copy) => Some(copy.clone()),
+            None => project.regenerated_base(path),
+        };
+        Ok(Self { copy, base })
+    }
+}
+
 /// A kit file read at its old place `from` and written to `to`: the old
 /// place goes, the file (the user's edits merged with the kit's changes)
 /// is written at the new one. A file the user had deleted comes back, since
@@ -306,7 +332,7 @@ fn move_into_kit(
     to: &str,
     current: Option<Vec<u8>>,
     ours: Option<Vec<u8>>,
-    base: Option<Vec<u8>>,
+    Bases { copy, base }: Bases,
     theirs: Vec<u8>,
     crlf: bool,
 ) -> [FileChange; 2] {
@@ -345,7 +371,7 @@ fn move_into_kit(
         outcome: Outcome::MovedAway,
         delete: current.is_some(),
         current,
-        old_base: base,
+        old_base: copy,
         write: None,
         base: None,
         notes: vec![format!("now {to}")],

@@ -11,6 +11,10 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
 
 static TEMPLATES: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/templates");
 
+/// The folder of `templates/` that holds the store of released kit files
+/// (see [`crate::engine::released`]); not a template set.
+const RELEASED_DIR: &str = "released";
+
 /// The suffix that marks a file as a template to render.
 const TEMPLATE_SUFFIX: &str = ".jinja";
 
@@ -29,6 +33,11 @@ impl TemplateFile {
     pub fn is_template(&self) -> bool {
         self.source.ends_with(TEMPLATE_SUFFIX)
     }
+
+    /// The file's bytes as embedded, before rendering.
+    pub fn contents(&self) -> &'static [u8] {
+        self.contents
+    }
 }
 
 /// Lists the files of one template set (a top-level folder of `templates/`),
@@ -41,6 +50,26 @@ pub fn template_set(set: &str) -> Result<Vec<TemplateFile>> {
     collect(dir, set, &mut files);
     files.sort_by(|a, b| a.output.cmp(b.output));
     Ok(files)
+}
+
+/// The file `path` of the store of released kit files
+/// (`templates/released/<path>`), if there is one.
+pub fn released_file(path: &str) -> Option<&'static [u8]> {
+    TEMPLATES
+        .get_file(format!("{RELEASED_DIR}/{path}"))
+        .map(|file| file.contents())
+}
+
+/// The names of the files directly in the store of released kit files.
+pub fn released_names() -> Vec<&'static str> {
+    TEMPLATES
+        .get_dir(RELEASED_DIR)
+        .map(|dir| {
+            dir.files()
+                .filter_map(|f| f.path().file_name()?.to_str())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn collect(dir: &'static Dir<'static>, set: &str, files: &mut Vec<TemplateFile>) {

@@ -1,5 +1,7 @@
 //! Turning reconciled file changes into a plan: the files to write or
 //! delete, their new base copies, and the manifest that records them.
+//! A base that gpkit regenerates from its released kits gets no copy, and
+//! a run that changes the project deletes the copies that became redundant.
 
 use anyhow::Result;
 
@@ -10,11 +12,17 @@ use crate::engine::plan::Plan;
 use crate::engine::project::Project;
 use crate::engine::reconcile::{FileChange, Outcome};
 
+/// Why a base copy is deleted though the file is still recorded.
+const REGENERATED: &str = "base copy no longer kept: gpkit regenerates it from its released kits";
+
 /// The plan that applies `changes` to `project` and records `components`
 /// and the current template set in the manifest.
 pub fn plan(project: &Project, changes: &[FileChange], components: Components) -> Result<Plan> {
     let mut plan = Plan::new();
     let mut manifest = project.manifest.clone();
+    // Base copies of bytes gpkit regenerates, deleted only along with a
+    // change: they alone are no upgrade to report (or to fail `--check` on).
+    let mut redundant = Vec::new();
     manifest.components = components;
     manifest.gpkit.version = env!("CARGO_PKG_VERSION").to_string();
     manifest.gpkit.template_set = TEMPLATE_SET_VERSION;
@@ -28,7 +36,7 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
             _ => {}
         }
         let base_path = format!("{BASE_DIR}/{}", change.path);
-        let old_base = change.old_base.clone();
+        let copy = change.old_base.clone();
         match &change.base {
             Some(base) => {
                 manifest.files.insert(
@@ -38,14 +46,25 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
                         sha256: sha256_hex(base),
                     },
                 );
-                match old_base {
+                match copy {
+                    // gpkit regenerates this base: a copy of other bytes
+                    // goes now (it would be taken for the base), one of
+                    // the same bytes with the rest of the change, if any.
+                    Some(old) if project.regenerates(&change.path, base) => {
+                        if &old == base {
+                            redundant.push((base_path, old));
+                        } else {
+                            plan.delete(base_path, old, REGENERATED);
+                        }
+                    }
+                    None if project.regenerates(&change.path, base) => {}
                     Some(old) => plan.update(base_path, old, base.clone(), "base copy"),
                     None => plan.create(base_path, base.clone(), "base copy"),
                 }
             }
             None => {
                 manifest.files.remove(&change.path);
-                if let Some(old) = old_base {
+                if let Some(old) = copy {
                     plan.delete(base_path, old, "base copy");
                 }
             }
@@ -56,9 +75,13 @@ pub fn plan(project: &Project, changes: &[FileChange], components: Components) -
     // even when this gpkit's version string differs.
     let nothing_new = plan.is_empty()
         && manifest.components == project.manifest.components
+        && manifest.files == project.manifest.files
         && manifest.gpkit.template_set == project.manifest.gpkit.template_set;
     if nothing_new {
         return Ok(plan);
+    }
+    for (path, old) in redundant {
+        plan.delete(path, old, REGENERATED);
     }
     let old_manifest = project.current(MANIFEST_FILE)?.unwrap_or_default();
     let mut new_manifest = manifest.to_toml().into_bytes();

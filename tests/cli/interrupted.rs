@@ -86,6 +86,47 @@ fn a_run_killed_at_any_point_is_repaired_by_the_next() {
     }
 }
 
+/// An upgrade that also deletes the base copies gpkit no longer needs (a
+/// project of template set 4 keeps a copy of every file), killed once it
+/// has begun renaming: the next run does the remaining renames and the
+/// deletions, and the project matches one upgraded without interruption.
+#[test]
+fn an_upgrade_killed_before_it_deleted_the_redundant_copies_is_completed() {
+    let fixture = crate::support::repo().join("tests/fixtures/upgrade/v4-edited");
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("reference");
+    let project = dir.path().join("killed");
+    crate::support::copy_tree(&fixture, &reference);
+    crate::support::copy_tree(&fixture, &project);
+    let upgrade = |project: &Path| {
+        gpkit(project)
+            .args(["upgrade", "templates"])
+            .output()
+            .unwrap()
+    };
+    assert!(upgrade(&reference).status.success());
+    let expected = read_tree(&reference, &[]);
+    assert!(
+        !expected.keys().any(|p| p.starts_with(".gpkit/base/kit/")),
+        "the clean upgrade kept copies of the kit"
+    );
+
+    let killed = gpkit(&project)
+        .args(["upgrade", "templates"])
+        .env("GPKIT_FAULT", "renamed:1")
+        .output()
+        .unwrap();
+    assert!(killed.status.code().is_none(), "the run was not killed");
+    let repaired = upgrade(&project);
+    let stderr = String::from_utf8_lossy(&repaired.stderr);
+    assert!(repaired.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the remaining renames and deletions were done"),
+        "{stderr}"
+    );
+    assert_eq!(read_tree(&project, &[]), expected);
+}
+
 /// Two runs in one project: the second waits briefly, then fails naming
 /// the first and changing nothing; the first completes.
 #[test]

@@ -60,3 +60,38 @@ fn a_crlf_checkout_is_up_to_date_and_keeps_crlf_through_an_add() {
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("Up to date"), "{stdout}");
 }
+
+/// A CRLF checkout of a set-5 project without its copies of the kit: the
+/// bases regenerated from the released kit (LF) are compared with the files
+/// as LF, so the kit files the user edited are kept and nothing is written.
+#[test]
+fn a_crlf_checkout_without_copies_of_the_kit_is_up_to_date() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("legacy-shop");
+    crate::support::copy_tree(
+        &crate::support::repo().join("tests/fixtures/upgrade/v5-edited"),
+        &project,
+    );
+    std::fs::remove_dir_all(project.join(".gpkit/base/kit")).unwrap();
+    convert_to_crlf(&project);
+    let before = read_tree(&project, &[]);
+
+    let output = gpkit(&project)
+        .args(["upgrade", "templates"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("Up to date"), "{stdout}");
+    for path in ["kit/src/telemetry.rs", "kit/src/outbox/dispatcher.rs"] {
+        let kept = stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("kept ") && l.ends_with(path));
+        assert!(kept, "{path}: {stdout}");
+    }
+    assert_eq!(
+        read_tree(&project, &[]),
+        before,
+        "the upgrade changed files"
+    );
+}

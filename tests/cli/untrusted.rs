@@ -166,42 +166,97 @@ fn a_migrations_directory_that_is_a_link_is_refused() {
 fn a_base_copy_that_is_a_link_is_refused() {
     let ws = Workspace::new();
     let project = ws.project();
+    let config = project.join("tests/config.rs");
+    let mut edited = std::fs::read(&config).unwrap();
+    edited.extend_from_slice(b"// my edit\n");
+    std::fs::write(&config, &edited).unwrap();
+    std::fs::write(ws.outside().join("fake-base.rs"), &edited).unwrap();
+    let base = project.join(".gpkit/base/tests/config.rs");
+    std::fs::remove_file(&base).unwrap();
+    std::os::unix::fs::symlink(ws.outside().join("fake-base.rs"), &base).unwrap();
+    ws.refused(
+        &["upgrade", "templates", "--restore-deleted"],
+        "`.gpkit/base/tests/config.rs` in the project is a symbolic link",
+    );
+}
+
+/// A link put where a kit crate file's base copy would be (gpkit keeps
+/// none: it regenerates that base) is not followed: the fake base it
+/// points to would make the user's edit look like gpkit's and be replaced.
+#[cfg(unix)]
+#[test]
+fn a_link_where_no_base_copy_is_kept_is_not_followed() {
+    let ws = Workspace::new();
+    let project = ws.project();
     let config = project.join("kit/src/config.rs");
     let mut edited = std::fs::read(&config).unwrap();
     edited.extend_from_slice(b"// my edit\n");
     std::fs::write(&config, &edited).unwrap();
     std::fs::write(ws.outside().join("fake-base.rs"), &edited).unwrap();
     let base = project.join(".gpkit/base/kit/src/config.rs");
-    std::fs::remove_file(&base).unwrap();
+    std::fs::create_dir_all(base.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(ws.outside().join("fake-base.rs"), &base).unwrap();
-    ws.refused(
-        &["upgrade", "templates", "--restore-deleted"],
-        "`.gpkit/base/kit/src/config.rs` in the project is a symbolic link",
-    );
-}
-
-/// A missing base copy is no permission to overwrite: the user's edit is
-/// reported as a conflict and kept in the file.
-#[test]
-fn a_missing_base_copy_is_a_conflict_not_an_overwrite() {
-    let ws = Workspace::new();
-    let project = ws.project();
-    let config = project.join("kit/src/config.rs");
-    let mut edited = std::fs::read_to_string(&config).unwrap();
-    edited = edited.replacen("pub struct Config", "// my edit\npub struct Config", 1);
-    std::fs::write(&config, &edited).unwrap();
-    std::fs::remove_file(project.join(".gpkit/base/kit/src/config.rs")).unwrap();
+    let before = disk_state(ws.dir.path(), &[]);
 
     let output = gpkit(&project)
         .args(["upgrade", "templates"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(3), "{stdout}");
-    assert!(stdout.contains("kit/src/config.rs"), "{stdout}");
-    let after = std::fs::read_to_string(&config).unwrap();
-    assert!(
-        after.contains("// my edit\n"),
-        "the edit was lost:\n{after}"
-    );
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    let kept = stdout
+        .lines()
+        .any(|l| l.trim_start().starts_with("kept ") && l.ends_with(" kit/src/config.rs"));
+    assert!(kept, "{stdout}");
+    assert_eq!(disk_state(ws.dir.path(), &[]), before, "files changed");
+}
+
+/// A base that is neither a copy on disk nor a kit gpkit released (a hash
+/// found nowhere) is no permission to overwrite: the user's edit is
+/// reported as a conflict and kept in the file.
+#[test]
+fn a_missing_base_is_a_conflict_not_an_overwrite() {
+    for (path, lose_base) in [
+        // A kit crate file whose recorded hash no release of gpkit has.
+        ("kit/src/config.rs", "hash"),
+        // A kit file gpkit keeps a copy of, the copy deleted.
+        ("tests/config.rs", "copy"),
+    ] {
+        let ws = Workspace::new();
+        let project = ws.project();
+        let file = project.join(path);
+        let original = std::fs::read(&file).unwrap();
+        let mut edited = String::from_utf8(original.clone()).unwrap();
+        edited = edited.replacen("\nuse ", "\n// my edit\nuse ", 1);
+        assert!(edited.contains("// my edit\n"), "{path}");
+        std::fs::write(&file, &edited).unwrap();
+        if lose_base == "copy" {
+            std::fs::remove_file(project.join(".gpkit/base").join(path)).unwrap();
+        } else {
+            let manifest = project.join("gpkit.toml");
+            let text = std::fs::read_to_string(&manifest).unwrap();
+            let text = text.replace(
+                &sha256_hex(&original),
+                &sha256_hex(b"a kit this gpkit never released"),
+            );
+            std::fs::write(&manifest, text).unwrap();
+        }
+
+        let output = gpkit(&project)
+            .args(["upgrade", "templates"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(3), "{path}: {stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().any(|w| w == path))
+            .unwrap_or_default();
+        assert!(line.contains("conflicted"), "{path}: {stdout}");
+        let after = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            after.contains("// my edit\n"),
+            "{path}: the edit was lost:\n{after}"
+        );
+    }
 }

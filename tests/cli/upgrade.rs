@@ -424,3 +424,206 @@ fn line(report: &str, path: &str) -> String {
         .unwrap_or_else(|| panic!("{path} is not in the report:\n{report}"))
         .to_string()
 }
+
+/// A new project keeps no copy of the kit under `.gpkit/base/`: gpkit
+/// regenerates those bases from the kit it released. It still upgrades
+/// as before, a kit file the user edited included, and twice is once.
+#[test]
+fn a_new_project_keeps_no_copy_of_the_kit_and_upgrades_fine() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = crate::support::new_project(dir.path(), &["--worker"]);
+    let copies: Vec<String> = read_tree(&project.join(".gpkit/base"), &[])
+        .into_keys()
+        .collect();
+    assert_text_snapshot("new-project/base-copies.txt", &(copies.join("\n") + "\n"));
+    assert!(!project.join(".gpkit/base/kit").exists(), "{copies:?}");
+    assert!(project.join(".gpkit/base/Cargo.toml").is_file());
+
+    crate::support::edit(
+        &project.join("kit/src/telemetry.rs"),
+        "use tracing::Subscriber;\n",
+        "use tracing::Subscriber;\n// Ours: a note in the kit.\n",
+    );
+    let before = disk_state(&project, &[]);
+    let (code, dry) = upgrade(&project, &["--dry-run"]);
+    assert_eq!(code, 0, "{dry}");
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        line(&report, "kit/src/telemetry.rs").contains("kept"),
+        "{report}"
+    );
+    assert!(
+        dry.ends_with(&report),
+        "--dry-run printed another plan:\n{dry}"
+    );
+    assert_eq!(
+        disk_state(&project, &[]),
+        before,
+        "the upgrade changed files"
+    );
+    assert_eq!(upgrade(&project, &["--check"]).0, 0);
+}
+
+/// The store of released kits has the kit of every release fixture made
+/// since the kit became a crate (set 5): gpkit regenerates each kit file's
+/// base from the hash the fixture's manifest records, and where the fixture
+/// has a copy of it, the copy's bytes.
+#[test]
+fn the_released_kits_regenerate_the_kit_bases_of_every_release_fixture() {
+    use gpkit::engine::manifest::{Manifest, sha256_hex};
+    use gpkit::engine::released::Store;
+    let fixtures = repo().join("tests/fixtures/upgrade");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&fixtures).unwrap() {
+        let root = entry.unwrap().path();
+        let name = root.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with('v') || !name.ends_with("-edited") {
+            continue;
+        }
+        let manifest = Manifest::load(&root).unwrap();
+        for (path, record) in manifest.files.iter().filter(|(p, _)| p.starts_with("kit/")) {
+            let found = Store::embedded().find(path, &record.sha256, &manifest.answers.name);
+            assert!(found.is_some(), "{name}: {path} is not in the store");
+            // Fixtures of set 5 have copies (gpkit wrote them then).
+            if let Ok(copy) = std::fs::read(root.join(".gpkit/base").join(path)) {
+                assert_eq!(sha256_hex(&copy), record.sha256, "{name}: {path}");
+                assert_eq!(found, Some(copy), "{name}: {path}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 68, "only {checked} kit files checked");
+}
+
+/// A project of template set 5 whose copies of the kit are gone upgrades
+/// as it does with them: the bases come from the released kit of set 5.
+#[test]
+fn a_set_5_project_upgrades_without_its_copies_of_the_kit() {
+    let (_with_dir, with) = fixture("v5-edited");
+    let (_without_dir, without) = fixture("v5-edited");
+    std::fs::remove_dir_all(without.join(".gpkit/base/kit")).unwrap();
+
+    let (code, report) = upgrade(&without, &[]);
+    assert!(code == 0 || code == 3, "exit {code}\n{report}");
+    assert_eq!((code, report), upgrade(&with, &[]));
+    assert_eq!(
+        read_tree(&without, &[".gpkit"]),
+        read_tree(&with, &[".gpkit"]),
+        "the files differ from an upgrade with the copies"
+    );
+    assert_eq!(upgrade(&without, &["--check"]).0, 0);
+}
+
+/// A directory laid out as gpkit's store of released kits
+/// (`templates/released`), with one release: `set` shipping `files` (path
+/// inside the kit crate, bytes). Debug builds of gpkit read it from
+/// `GPKIT_RELEASED_DIR`.
+fn released_kit(dir: &Path, set: u32, files: &[(&str, &[u8])]) {
+    use gpkit::engine::manifest::sha256_hex;
+    std::fs::create_dir_all(dir.join("blobs")).unwrap();
+    let mut list = String::new();
+    for (path, bytes) in files {
+        let sha256 = sha256_hex(bytes);
+        std::fs::write(dir.join("blobs").join(&sha256), bytes).unwrap();
+        list.push_str(&format!("{sha256}  {path}\n"));
+    }
+    std::fs::write(dir.join(format!("set-{set}.sha256")), list).unwrap();
+}
+
+/// A kit file the user edited is merged 3-way with a base from the
+/// released kits: as if the project came from a release (set 0, which only
+/// this test's store has) whose telemetry.rs had another doc comment, and the user then added code at its end. With
+/// the base unknown, the same file is a conflict, and the edit is kept.
+#[test]
+fn an_edited_kit_file_merges_with_a_base_from_the_released_kits() {
+    use gpkit::engine::manifest::sha256_hex;
+    let dir = tempfile::tempdir().unwrap();
+    let project = crate::support::new_project(dir.path(), &["--worker"]);
+    let path = project.join("kit/src/telemetry.rs");
+    let current = std::fs::read_to_string(&path).unwrap();
+    let old = current.replace(
+        "Logs are human-readable by default",
+        "Logs are plain text by default",
+    );
+    assert_ne!(old, current);
+    let store = dir.path().join("released");
+    released_kit(&store, 0, &[("src/telemetry.rs", old.as_bytes())]);
+    let manifest = project.join("gpkit.toml");
+    crate::support::edit(
+        &manifest,
+        &sha256_hex(current.as_bytes()),
+        &sha256_hex(old.as_bytes()),
+    );
+    crate::support::edit(
+        &manifest,
+        &format!("template_set = {TEMPLATE_SET_VERSION}"),
+        "template_set = 0",
+    );
+    let ours = format!("{old}\n/// Ours.\npub const OURS: u8 = 1;\n");
+    std::fs::write(&path, &ours).unwrap();
+    let run = |args: &[&str], released: bool| {
+        let mut cmd = gpkit(&project);
+        if released {
+            cmd.env("GPKIT_RELEASED_DIR", &store);
+        }
+        let output = cmd
+            .args(["upgrade", "templates"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        (output.status.code().unwrap(), stdout)
+    };
+
+    // No base: a conflict to report, never an overwrite.
+    let (code, dry) = run(&["--dry-run"], false);
+    assert_eq!(code, 0, "{dry}");
+    let (_, report) = dry.split_once("nothing was written.\n").unwrap();
+    assert!(
+        line(report, "kit/src/telemetry.rs").contains("conflicted"),
+        "{dry}"
+    );
+
+    let before = disk_state(&project, &[]);
+    let (code, dry) = run(&["--dry-run"], true);
+    assert_eq!(code, 0, "{dry}");
+    assert_eq!(disk_state(&project, &[]), before, "--dry-run changed files");
+    let (code, report) = run(&[], true);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        report.starts_with(&format!(
+            "Upgraded from template set 0 to {TEMPLATE_SET_VERSION}.\n"
+        )),
+        "{report}"
+    );
+    let files = report.split_once('\n').unwrap().1;
+    assert!(
+        dry.ends_with(files),
+        "--dry-run printed another plan:\n{dry}"
+    );
+    assert!(
+        line(&report, "kit/src/telemetry.rs").contains("merged"),
+        "{report}"
+    );
+    let merged = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        merged,
+        format!("{current}\n/// Ours.\npub const OURS: u8 = 1;\n")
+    );
+    // The new base is the current kit's: no copy of it, nothing left to do.
+    assert!(!project.join(".gpkit/base/kit").exists());
+    let after = disk_state(&project, &[]);
+    let (code, report) = run(&[], false);
+    assert_eq!(code, 0, "{report}");
+    assert!(report.starts_with("Up to date"), "{report}");
+    assert!(
+        line(&report, "kit/src/telemetry.rs").contains("kept"),
+        "{report}"
+    );
+    assert_eq!(
+        disk_state(&project, &[]),
+        after,
+        "a second upgrade changed files"
+    );
+}
