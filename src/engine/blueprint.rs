@@ -76,9 +76,10 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// the kit crate (`kit/`, the same for every project, its parts switched
 /// on by Cargo features), the `project` template set, plus the `worker` set
 /// when the worker is on and the `deploy` set (container files) when deploy
-/// is on; with the SeaORM data layer, the `seaorm` set (and `seaorm-worker`
-/// with the worker). Files shared by several (`lib.rs`, `Cargo.toml`, the
-/// container files) switch on the `worker`, `deploy` and `seaorm` variables.
+/// is on. Files shared by several (`lib.rs`, `Cargo.toml`, the container
+/// files) switch on the `worker`, `deploy` and `seaorm` variables; the
+/// SeaORM data layer is the kit's `seaorm` feature, and its tests are the
+/// kit's (`kit/tests/`).
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let seaorm = answers.db == DataLayer::SeaOrm;
@@ -111,12 +112,6 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     }
     if components.deploy {
         sets.push("deploy");
-    }
-    if seaorm {
-        sets.push("seaorm");
-        if components.worker {
-            sets.push("seaorm-worker");
-        }
     }
     for set in sets {
         for file in template_set(set)? {

@@ -3,6 +3,8 @@
 //! never do, and the server's after-commit hook (the relay's wake-up) runs
 //! after SeaORM commits too.
 
+#![cfg(all(feature = "seaorm", feature = "worker"))]
+
 mod support;
 
 use std::sync::Arc;

@@ -10,6 +10,8 @@
 //! The last tests run the worker's own event handlers (the fan-out and the
 //! listener tasks) on the consumer.
 
+#![cfg(feature = "worker")]
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -183,7 +183,8 @@ async fn a_dispatch_inside_a_trace_stores_the_trace_context() {
 
 #[test]
 fn migration_sql_is_the_up_section_of_the_outbox_migration() {
-    let file = std::fs::read_to_string("migrations/20200101000100_outbox.sql").unwrap();
+    let file = std::fs::read_to_string(support::migrations_dir().join("20200101000100_outbox.sql"))
+        .unwrap();
     let parsed =
         parser::parse(&file, Direction::Up, &|_| None).expect("the outbox migration parses");
     assert!(parsed.use_tx);

@@ -1,6 +1,8 @@
 //! The inbox against real Postgres: a listener's database work commits once
 //! per event, however often and however concurrently the event arrives.
 
+#![cfg(feature = "worker")]
+
 mod support;
 
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! The relay against real Postgres and Valkey/Redis: committed events become
 //! tasks exactly once, rolled-back ones never do.
 
+#![cfg(feature = "worker")]
+
 mod support;
 
 use std::collections::BTreeSet;

@@ -2,6 +2,8 @@
 //! transaction is stored exactly when the transaction commits, with the
 //! entities written in it.
 
+#![cfg(feature = "seaorm")]
+
 mod support;
 
 use sea_orm::{ActiveModelTrait, EntityTrait, PaginatorTrait, Set};

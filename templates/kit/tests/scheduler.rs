@@ -3,6 +3,8 @@
 //! only by the holder, expiry without renewal, hand-over on release. Each
 //! test uses a service name of its own and deletes its key at the end.
 
+#![cfg(feature = "worker")]
+
 use std::time::Duration;
 
 use kit::queue::Client;
