@@ -2,13 +2,11 @@
 //! secret. (How the binaries report a configuration error is checked on
 //! real processes in `binaries.rs`.)
 
-mod support;
-
 const SECRET: &str = "hunter2";
 
 #[test]
 fn debug_output_hides_every_secret() {
-    let mut config = support::test_config(&format!("postgres://app:{SECRET}@db:5432/app"));
+    let mut config = kit::testing::config(&format!("postgres://app:{SECRET}@db:5432/app"));
     config.valkey.password = Some(SECRET.to_string().into());
 
     let shown = format!("{config:?}");
@@ -17,7 +15,7 @@ fn debug_output_hides_every_secret() {
     assert!(shown.contains("postgres://app:***@db:5432/app"), "{shown}");
 
     // The `?password=` form that sqlx accepts too.
-    let config = support::test_config(&format!("postgres://app@db:5432/app?password={SECRET}"));
+    let config = kit::testing::config(&format!("postgres://app@db:5432/app?password={SECRET}"));
     let shown = format!("{config:?}");
     assert!(!shown.contains(SECRET), "{shown}");
     assert!(shown.contains("password=***"), "{shown}");

@@ -31,7 +31,7 @@ impl Event for OrderPlaced {
 }
 
 fn relay(db: &TestDatabase, queue: &TestQueue) -> Relay {
-    let config = support::test_config("postgres://unused@localhost/unused");
+    let config = kit::testing::config("postgres://unused@localhost/unused");
     Relay::new(
         db.pool.clone(),
         queue.client.clone(),
@@ -421,7 +421,7 @@ async fn wait_for_a_subscriber(queue: &TestQueue) {
 
 /// A relay polling every 30 s, and its metrics.
 fn sleepy_relay(db: &TestDatabase, queue: &TestQueue) -> (Relay, RelayMetrics) {
-    let mut config = support::test_config("postgres://unused@localhost/unused");
+    let mut config = kit::testing::config("postgres://unused@localhost/unused");
     config.outbox.poll_interval = Duration::from_secs(30);
     let metrics = Metrics::new().relay;
     let relay = Relay::new(

@@ -72,7 +72,7 @@ async fn seaorm_dispatched_events_become_tasks_like_any_other() {
     );
 
     // Act
-    let config = support::test_config("postgres://unused@localhost/unused");
+    let config = kit::testing::config("postgres://unused@localhost/unused");
     let relay = Relay::new(
         db.pool.clone(),
         queue.client.clone(),

@@ -1,6 +1,6 @@
 //! What the kit's integration tests share: a throwaway database per test,
-//! the migrations to apply to it, and a configuration that needs no
-//! environment.
+//! the migrations to apply to it, and a queue of a test's own. (A
+//! configuration that needs no environment is `kit::testing::config`.)
 
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
@@ -9,55 +9,13 @@ pub mod goose;
 
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-use kit::config::{self, Config};
 use kit::migrate;
 #[cfg(feature = "worker")]
 use kit::queue;
-
-/// The default configuration, with `database_url` and a free HTTP port.
-pub fn test_config(database_url: &str) -> Config {
-    Config {
-        database: config::DatabaseConfig {
-            url: database_url.parse().expect("a valid Postgres URL"),
-            max_connections: 5,
-            connect_timeout: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(30),
-        },
-        http: config::HttpConfig {
-            addr: "127.0.0.1:0".parse().unwrap(),
-        },
-        valkey: config::ValkeyConfig::default(),
-        outbox: config::OutboxConfig {
-            poll_interval: Duration::from_secs(1),
-            batch_size: 100,
-            retention: Duration::from_secs(168 * 3600),
-            cleanup_interval: Duration::from_secs(3600),
-            task_retention: Duration::from_secs(24 * 3600),
-            #[cfg(feature = "worker")]
-            wake: config::WakeMode::Off,
-            #[cfg(feature = "worker")]
-            queues: Default::default(),
-        },
-        #[cfg(feature = "worker")]
-        worker: config::WorkerConfig {
-            concurrency: 10,
-            queues: "default=1".parse().unwrap(),
-            shutdown_timeout: Duration::from_secs(30),
-            metrics_addr: "127.0.0.1:0".parse().unwrap(),
-            inbox_retention: Duration::from_secs(168 * 3600),
-        },
-        #[cfg(feature = "worker")]
-        scheduler: config::SchedulerConfig {
-            enabled: true,
-            lease_ttl: Duration::from_secs(15),
-        },
-    }
-}
 
 /// The project's migrations, which hold the kit's (goose reads one
 /// folder): `migrations/` next to `kit/` in a generated project, and in
