@@ -33,10 +33,12 @@ pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
 /// (goose refuses those): set 3 added it, dated the day set 3 was made.
 pub const INBOX_MIGRATION: &str = "migrations/20261130000000_inbox.sql";
 
-/// Files outside `src/` that are the user's from the moment they are
-/// written. Every file under `src/` is the user's too; gpkit never rewrites
-/// them, it only edits managed regions and dependency tables. Every other
-/// file (the kit under `kit/`, the migrations, the kit's tests) is kit-owned.
+/// Files outside `src/` and `tests/` that are the user's from the moment
+/// they are written. Every file under `src/` and `tests/` (the service's
+/// tests) is the user's too; gpkit never rewrites them, it only edits
+/// managed regions and dependency tables. Every other file (the kit under
+/// `kit/`, its tests in `kit/tests/` included, and the migrations) is
+/// kit-owned.
 const USER_OWNED: &[&str] = &["Cargo.toml", "README.md", ".gitignore"];
 
 /// The folder of the kit crate in a generated project, and its template set.
@@ -53,7 +55,7 @@ pub const NOW_USERS: &[&str] = &["src/routes/health_check.rs"];
 
 /// Who owns the file at `path` of a generated project.
 pub fn owner_of(path: &str) -> Owner {
-    if path.starts_with("src/") || USER_OWNED.contains(&path) {
+    if path.starts_with("src/") || path.starts_with("tests/") || USER_OWNED.contains(&path) {
         Owner::User
     } else {
         Owner::Kit
@@ -76,9 +78,10 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// the kit crate (`kit/`, the same for every project, its parts switched
 /// on by Cargo features), the `project` template set, plus the `worker` set
 /// when the worker is on and the `deploy` set (container files) when deploy
-/// is on; with the SeaORM data layer, the `seaorm` set (and `seaorm-worker`
-/// with the worker). Files shared by several (`lib.rs`, `Cargo.toml`, the
-/// container files) switch on the `worker`, `deploy` and `seaorm` variables.
+/// is on. Files shared by several (`lib.rs`, `Cargo.toml`, the container
+/// files) switch on the `worker`, `deploy` and `seaorm` variables; the
+/// SeaORM data layer is the kit's `seaorm` feature, and its tests are the
+/// kit's (`kit/tests/`).
 pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let seaorm = answers.db == DataLayer::SeaOrm;
@@ -111,12 +114,6 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
     }
     if components.deploy {
         sets.push("deploy");
-    }
-    if seaorm {
-        sets.push("seaorm");
-        if components.worker {
-            sets.push("seaorm-worker");
-        }
     }
     for set in sets {
         for file in template_set(set)? {

@@ -1,5 +1,7 @@
 //! End to end: generate a project, build it, run its checks and its own
-//! tests, and run its `migrate` binary against a real Postgres.
+//! tests (the service's: the kit's tests are run once, in gpkit's
+//! workspace, by `scripts/test`), and run its `migrate` binary against a
+//! real Postgres.
 //!
 //! Generated projects share one cargo target directory
 //! (`target/generated`), so dependencies compile once per machine. Postgres
@@ -213,9 +215,9 @@ fn a_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
 /// set 4, in `kit/` since set 5; with typical user edits, one inside a kit
 /// file) upgrade to the current set and then build with zero warnings, pass
 /// clippy and `fmt --check`, and keep every edit. The oldest and the newest
-/// before the kit crate also pass their own tests against Postgres and
-/// Valkey (the kit's tests are the same in all once upgraded; what differs
-/// is the user code that must still compile).
+/// before the kit crate also pass their own tests against Postgres (the
+/// service's, in `tests/`; the kit's tests that older sets wrote there are
+/// gone, and run in gpkit's workspace instead).
 #[test]
 fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
     for release in [

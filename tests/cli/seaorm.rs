@@ -1,7 +1,10 @@
 //! `gpkit new project --db sea-orm`: the SeaORM variant's tree, its bad
 //! input, and end to end a SeaORM project with the worker and two events
-//! that builds cleanly, passes its own tests (the outbox contract on
-//! SeaORM, against real Postgres and Valkey) and upgrades as a no-op.
+//! that builds cleanly, passes its own tests, compiles the kit's tests
+//! (every one of them: the project has all the kit's features) and runs the
+//! SeaORM outbox contract among them in the project's layout, and upgrades
+//! as a no-op. The kit's tests all run in gpkit's workspace
+//! (`scripts/test`).
 
 use std::path::Path;
 
@@ -119,7 +122,7 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
     add_the_dispatch_examples(&project, &String::from_utf8(added.stderr).unwrap());
 
     // Act and assert: zero warnings, clippy, fmt, and the project's own
-    // tests, among them the SeaORM contract and relay tests.
+    // tests.
     build_binaries(&project);
     cargo(
         &project,
@@ -128,6 +131,35 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
     cargo(&project, &["fmt", "--check"]);
     let tests = cargo(&project, &["test"]);
     let report = String::from_utf8_lossy(&tests.stdout);
+    assert!(
+        report.contains("test both_probes_answer_200_when_the_database_is_up ... ok"),
+        "{report}"
+    );
+    // The project's `cargo test` is the service's: the kit's tests are not
+    // among them.
+    assert!(!report.contains("an_entity_and_its_event_commit_together"));
+
+    // The kit's tests compile as the project's kit (`shop-kit`, with the
+    // project's migrations next to it), and the SeaORM contract and relay
+    // tests pass there.
+    cargo(
+        &project,
+        &["test", "-p", "shop-kit", "--all-features", "--no-run"],
+    );
+    let kit_tests = cargo(
+        &project,
+        &[
+            "test",
+            "-p",
+            "shop-kit",
+            "--all-features",
+            "--test",
+            "outbox_seaorm",
+            "--test",
+            "relay_seaorm",
+        ],
+    );
+    let report = String::from_utf8_lossy(&kit_tests.stdout);
     for test in [
         "an_entity_and_its_event_commit_together",
         "an_error_stores_neither_the_entity_nor_the_event",
@@ -149,9 +181,8 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
 }
 
 /// The data layer is an answer of the manifest: `gpkit add worker` later
-/// renders the SeaORM variant of the worker's files (the relay test on
-/// SeaORM, the transactor that wakes the relay), exactly as `new project
-/// --worker` would have.
+/// renders the SeaORM variant of the worker's files (the transactor that
+/// wakes the relay), exactly as `new project --worker` would have.
 #[test]
 fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives() {
     let later = tempfile::tempdir().unwrap();
@@ -173,7 +204,7 @@ fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives()
         .success();
 
     let tree = read_tree(&later.path().join("shop"), &[]);
-    assert!(tree.contains_key("tests/relay_seaorm.rs"));
+    assert!(tree.contains_key("src/bin/worker.rs"));
     let startup = String::from_utf8_lossy(&tree["src/startup.rs"]).into_owned();
     assert!(
         startup.contains("pub transactor: kit::orm::Transactor,"),
@@ -206,7 +237,7 @@ fn a_seaorm_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
     let tests = cargo(&project, &["test"]);
     let report = String::from_utf8_lossy(&tests.stdout);
     assert!(
-        report.contains("test an_entity_and_its_event_commit_together ... ok"),
+        report.contains("test both_probes_answer_200_when_the_database_is_up ... ok"),
         "{report}"
     );
 }

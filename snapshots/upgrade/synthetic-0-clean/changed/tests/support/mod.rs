@@ -1,40 +1,17 @@
-//! What the integration tests share: a throwaway database per test, and a
-//! configuration that needs no environment.
+//! What the service's tests share: a throwaway database per test. (A
+//! configuration that needs no environment is `kit::testing::config`. The
+//! kit's own tests are in `kit/tests/`; `cargo test -p legacy-shop-kit
+//! --all-features` runs them.)
 
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-use kit::config::{self, Config};
 use kit::migrate;
-
-/// The default configuration, with `database_url` and a free HTTP port.
-pub fn test_config(database_url: &str) -> Config {
-    Config {
-        database: config::DatabaseConfig {
-            url: database_url.parse().expect("a valid Postgres URL"),
-            max_connections: 5,
-            connect_timeout: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(30),
-        },
-        http: config::HttpConfig {
-            addr: "127.0.0.1:0".parse().unwrap(),
-        },
-        valkey: config::ValkeyConfig::default(),
-        outbox: config::OutboxConfig {
-            poll_interval: Duration::from_secs(1),
-            batch_size: 100,
-            retention: Duration::from_secs(168 * 3600),
-            cleanup_interval: Duration::from_secs(3600),
-            task_retention: Duration::from_secs(24 * 3600),
-        },
-    }
-}
 
 /// A database created for one test and dropped (with `FORCE`) when the value
 /// is dropped, also when the test fails.

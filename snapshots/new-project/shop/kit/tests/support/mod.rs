@@ -1,0 +1,174 @@
+//! What the kit's integration tests share: a throwaway database per test,
+//! the migrations to apply to it, and a queue of a test's own. (A
+//! configuration that needs no environment is `kit::testing::config`.)
+
+// Each test binary uses a different part of this module.
+#![allow(dead_code)]
+
+pub mod goose;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, Executor, PgConnection};
+
+use kit::migrate;
+#[cfg(feature = "worker")]
+use kit::queue;
+
+/// The project's migrations, which hold the kit's (goose reads one
+/// folder): `migrations/` next to `kit/` in a generated project, and in
+/// gpkit's repository, where the kit is `templates/kit`, the project
+/// template's `templates/project/migrations/`.
+pub fn migrations_dir() -> PathBuf {
+    let kit = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let project = kit.join("../migrations");
+    if project.is_dir() {
+        project
+    } else {
+        kit.join("../project/migrations")
+    }
+}
+
+/// A database created for one test and dropped (with `FORCE`) when the value
+/// is dropped, also when the test fails.
+pub struct TestDatabase {
+    pub pool: PgPool,
+    pub options: PgConnectOptions,
+    name: String,
+    admin: PgConnectOptions,
+}
+
+impl TestDatabase {
+    /// Creates an empty database on the server `DATABASE_URL` points at.
+    pub async fn empty() -> Self {
+        let url = std::env::var("DATABASE_URL").expect(
+            "these tests need a Postgres server: set DATABASE_URL, \
+             e.g. postgres://postgres@127.0.0.1:5432/postgres",
+        );
+        let admin = PgConnectOptions::from_str(&url).expect("DATABASE_URL is a Postgres URL");
+        let name = format!("test_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = PgConnection::connect_with(&admin)
+            .await
+            .expect("connect to DATABASE_URL");
+        conn.execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
+            .await
+            .expect("create the test database");
+        conn.close().await.ok();
+        let options = admin.clone().database(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(5)
+            .connect_with(options.clone())
+            .await
+            .expect("connect to the test database");
+        Self {
+            pool,
+            options,
+            name,
+            admin,
+        }
+    }
+
+    /// Creates a database with every migration of [`migrations_dir`]
+    /// applied by the kit's goose runner.
+    pub async fn migrated() -> Self {
+        let db = Self::empty().await;
+        migrate::testing::up(&db.pool, migrations_dir())
+            .await
+            .expect("apply the migrations");
+        db
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = std::mem::take(&mut self.name);
+        // Drop runs inside the test's runtime, which cannot block on async
+        // work; a separate thread with its own runtime can.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to drop the test database");
+            runtime.block_on(async move {
+                let mut conn = PgConnection::connect_with(&admin).await?;
+                conn.execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str())
+                    .await?;
+                conn.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("warning: failed to drop a test database");
+        }
+    }
+}
+
+/// A queue name of its own for one test on the shared Valkey/Redis
+/// (`VALKEY_ADDR`, default 127.0.0.1:6379); its keys are deleted on drop.
+#[cfg(feature = "worker")]
+pub struct TestQueue {
+    pub name: String,
+    pub client: queue::Client,
+    redis: redis::Client,
+}
+
+#[cfg(feature = "worker")]
+impl TestQueue {
+    pub async fn new() -> Self {
+        let addr = std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".to_string());
+        let name = format!("test_{}", uuid::Uuid::now_v7().simple());
+        let client = queue::Client::connect(&addr, None, 0)
+            .await
+            .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
+        let redis = redis::Client::open(format!("redis://{addr}/0")).unwrap();
+        Self {
+            name,
+            client,
+            redis,
+        }
+    }
+
+    /// A plain connection for inspecting the queue's keys.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.redis.get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// The ids waiting in the queue, oldest first.
+    pub async fn pending_ids(&self) -> Vec<String> {
+        let mut conn = self.connection().await;
+        let mut ids: Vec<String> = redis::cmd("LRANGE")
+            .arg(queue::keys::pending(&self.name))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // asynq pushes on the left and takes from the right.
+        ids.reverse();
+        ids
+    }
+}
+
+#[cfg(feature = "worker")]
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        let Ok(mut conn) = self.redis.get_connection() else {
+            return;
+        };
+        let pattern = format!("{}*", queue::keys::queue_prefix(&self.name));
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
+        }
+        let _: Result<(), _> = redis::cmd("SREM")
+            .arg("asynq:queues")
+            .arg(&self.name)
+            .query(&mut conn);
+    }
+}

@@ -1,0 +1,1640 @@
+//! The queue layer against a real Valkey (or Redis): what is stored is what
+//! Go asynq stores, and tasks move between states as a Go worker moves them.
+//!
+//! The server is `VALKEY_ADDR` (default 127.0.0.1:6379). Each test works in
+//! its own queue, `test_<uuid>`, and deletes that queue's keys when it ends,
+//! also when it fails; nothing else on the server is touched. The test that
+//! pauses the server starts one of its own (`VALKEY_SERVER`, or
+//! `valkey-server` or `redis-server` on PATH; skipped without one).
+//!
+//! The last tests run the worker's own event handlers (the fan-out and the
+//! listener tasks) on the consumer.
+
+#![cfg(feature = "worker")]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use kit::database::Transactor;
+use kit::dispatch::Event;
+use kit::outbox::Envelope;
+use kit::queue::message::ServerInfo;
+use kit::queue::message::TaskMessage;
+use kit::queue::message::WorkerInfo;
+use kit::queue::{
+    Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError,
+    RunOutcome, Task, keys, scripts,
+};
+use kit::worker::handle_events;
+use kit::worker::listeners::ListenerContext;
+use kit::worker::listeners::Listeners;
+use kit::worker::listeners::SkipRetry;
+use kit::worker::listeners::listener_task_id;
+use kit::worker::metrics::{ListenerLabels, ListenerMetrics};
+
+fn server_addr() -> String {
+    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
+}
+
+/// A queue of its own for one test. Dropping it deletes the queue's keys.
+struct TestQueue {
+    name: String,
+    client: Client,
+    redis: redis::aio::MultiplexedConnection,
+}
+
+impl TestQueue {
+    async fn new() -> Self {
+        let name = format!("test_{}", uuid::Uuid::now_v7().simple());
+        let client = Client::connect(&server_addr(), None, 0)
+            .await
+            .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
+        let redis = redis::Client::open(format!("redis://{}/", server_addr()))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        Self {
+            name,
+            client,
+            redis,
+        }
+    }
+
+    fn task(&self, task_type: &str, id: &str) -> NewTask {
+        NewTask::new(task_type, id, format!("payload of {id}").into_bytes()).queue(&self.name)
+    }
+
+    async fn enqueue(&self, tasks: &[NewTask]) -> Vec<EnqueueOutcome> {
+        self.client
+            .enqueue(tasks)
+            .await
+            .expect("the round trip succeeds")
+            .into_iter()
+            .map(|outcome| outcome.expect("each task is accepted"))
+            .collect()
+    }
+
+    async fn state(&self, id: &str) -> Option<String> {
+        self.redis
+            .clone()
+            .hget(keys::task(&self.name, id), "state")
+            .await
+            .unwrap()
+    }
+
+    /// The stored message, split into protobuf fields by [`proto_fields`].
+    async fn stored_fields(&self, id: &str) -> Fields {
+        let msg: Vec<u8> = self
+            .redis
+            .clone()
+            .hget(keys::task(&self.name, id), "msg")
+            .await
+            .unwrap();
+        proto_fields(&msg)
+    }
+
+    async fn pending(&self) -> Vec<String> {
+        self.redis
+            .clone()
+            .lrange(keys::pending(&self.name), 0, -1)
+            .await
+            .unwrap()
+    }
+
+    async fn zset(&self, key: String) -> Vec<(String, f64)> {
+        self.redis
+            .clone()
+            .zrange_withscores(key, 0, -1)
+            .await
+            .unwrap()
+    }
+
+    async fn counter(&self, key: String) -> i64 {
+        let value: Option<i64> = self.redis.clone().get(key).await.unwrap();
+        value.unwrap_or(0)
+    }
+
+    /// Consumer options for this queue, with intervals short enough for tests.
+    fn options(&self) -> ConsumerOptions {
+        ConsumerOptions {
+            queues: self.name.parse().unwrap(),
+            concurrency: 4,
+            shutdown_timeout: Duration::from_secs(2),
+            poll_interval: Duration::from_millis(50),
+            forward_interval: Duration::from_millis(100),
+            recover_interval: Duration::from_millis(100),
+            retry_delay: |_| Duration::ZERO,
+            ..ConsumerOptions::default()
+        }
+    }
+}
+
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        let Ok(mut conn) = redis::Client::open(format!("redis://{}/", server_addr()))
+            .and_then(|client| client.get_connection())
+        else {
+            return;
+        };
+        let pattern = format!("{}*", keys::queue_prefix(&self.name));
+        let keys: Vec<String> = redis::Commands::scan_match(&mut conn, &pattern)
+            .map(|iter| iter.filter_map(Result::ok).collect())
+            .unwrap_or_default();
+        for key in keys {
+            let _: redis::RedisResult<()> = redis::Commands::del(&mut conn, key);
+        }
+        let _: redis::RedisResult<()> =
+            redis::Commands::srem(&mut conn, keys::ALL_QUEUES, &self.name);
+    }
+}
+
+/// A consumer running in the background until [`Running::stop`].
+struct Running {
+    shutdown: CancellationToken,
+    handle: JoinHandle<Result<(), QueueError>>,
+}
+
+impl Running {
+    fn start(consumer: Consumer) -> Self {
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(consumer.run(shutdown.clone().cancelled_owned()));
+        Self { shutdown, handle }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.handle
+            .await
+            .expect("the consumer does not panic")
+            .expect("the consumer stops cleanly");
+    }
+}
+
+/// Polls `check` every 50 ms until it holds, failing after `limit`.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Protobuf fields by number: varints as integers, the rest as bytes.
+type Fields = HashMap<u64, Vec<u8>>;
+
+/// Splits a protobuf message into its fields without using the crate's
+/// own schema, so that the tags are checked against asynq.proto itself.
+fn proto_fields(mut bytes: &[u8]) -> Fields {
+    fn varint(bytes: &mut &[u8]) -> u64 {
+        let mut value = 0;
+        for shift in (0..64).step_by(7) {
+            let byte = bytes[0];
+            *bytes = &bytes[1..];
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        value
+    }
+    let mut fields = Fields::new();
+    while !bytes.is_empty() {
+        let key = varint(&mut bytes);
+        let value = match key & 7 {
+            0 => varint(&mut bytes).to_string().into_bytes(),
+            2 => {
+                let len = varint(&mut bytes) as usize;
+                let (value, rest) = bytes.split_at(len);
+                bytes = rest;
+                value.to_vec()
+            }
+            other => panic!("unexpected wire type {other}"),
+        };
+        fields.insert(key >> 3, value);
+    }
+    fields
+}
+
+fn text(fields: &Fields, number: u64) -> String {
+    String::from_utf8(fields.get(&number).cloned().unwrap_or_default()).unwrap()
+}
+
+/// A TCP proxy to the server that delays every client write by `delay`
+/// and counts the connections made through it.
+fn slow_proxy(delay: Duration) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counter = connections.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let server = TcpStream::connect(server_addr()).unwrap();
+            let (client_read, server_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || pipe_bytes(client_read, server_write, delay));
+            std::thread::spawn(move || pipe_bytes(server, client, Duration::ZERO));
+        }
+    });
+    (addr, connections)
+}
+
+fn pipe_bytes(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let mut buffer = vec![0; 64 * 1024];
+    while let Ok(read) = from.read(&mut buffer) {
+        if read == 0 {
+            break;
+        }
+        std::thread::sleep(delay);
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+#[tokio::test]
+async fn a_batch_of_1000_tasks_is_enqueued_in_one_pipelined_round_trip() {
+    // Arrange: every write to the server is delayed by 100 ms, so one
+    // round trip per task would take 100 s.
+    let queue = TestQueue::new().await;
+    let (proxy, connections) = slow_proxy(Duration::from_millis(100));
+    let client = Client::connect(&proxy, None, 0).await.unwrap();
+    let tasks: Vec<NewTask> = (0..1000)
+        .map(|n| queue.task("event:orderPlaced", &format!("order-{n}")))
+        .collect();
+
+    // Act
+    let start = Instant::now();
+    let outcomes = client.enqueue(&tasks).await.unwrap();
+    let elapsed = start.elapsed();
+
+    // Assert
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        1,
+        "one shared connection"
+    );
+    assert_eq!(outcomes.len(), 1000);
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Ok(EnqueueOutcome::Enqueued)))
+    );
+    let mut pending = queue.pending().await;
+    pending.sort();
+    let mut expected: Vec<String> = (0..1000).map(|n| format!("order-{n}")).collect();
+    expected.sort();
+    assert_eq!(pending, expected);
+}
+
+#[tokio::test]
+async fn a_repeated_enqueue_is_reported_duplicate_per_task() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    queue.enqueue(&[queue.task("event:a", "first")]).await;
+
+    // Act
+    let outcomes = queue
+        .client
+        .enqueue(&[
+            queue.task("event:a", "first"),
+            queue.task("event:a", "second"),
+            queue.task("event:a", ""),
+            queue.task("event:a", "second"),
+        ])
+        .await
+        .unwrap();
+
+    // Assert
+    assert!(matches!(outcomes[0], Ok(EnqueueOutcome::Duplicate)));
+    assert!(matches!(outcomes[1], Ok(EnqueueOutcome::Enqueued)));
+    assert!(matches!(outcomes[2], Err(QueueError::InvalidTask(_))));
+    assert!(matches!(outcomes[3], Ok(EnqueueOutcome::Duplicate)));
+    assert_eq!(queue.pending().await.len(), 2);
+}
+
+#[tokio::test]
+async fn twenty_concurrent_enqueues_of_one_id_enqueue_it_once() {
+    // Arrange: twenty clients, twenty connections.
+    let queue = TestQueue::new().await;
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        clients.push(Client::connect(&server_addr(), None, 0).await.unwrap());
+    }
+
+    // Act
+    let mut racers = tokio::task::JoinSet::new();
+    for client in clients {
+        let task = queue.task("event:a", "contested");
+        racers.spawn(async move { client.enqueue(&[task]).await.unwrap().remove(0).unwrap() });
+    }
+    let outcomes = racers.join_all().await;
+
+    // Assert
+    let enqueued = outcomes
+        .iter()
+        .filter(|o| **o == EnqueueOutcome::Enqueued)
+        .count();
+    assert_eq!(enqueued, 1);
+    assert_eq!(queue.pending().await, vec!["contested".to_string()]);
+}
+
+#[tokio::test]
+async fn a_stored_task_is_what_a_go_asynq_worker_expects() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let task = queue
+        .task("event:orderPlaced", "0191-order")
+        .max_retry(7)
+        .timeout(Duration::from_secs(90))
+        .retention(Duration::from_secs(3600));
+
+    // Act
+    queue.enqueue(&[task]).await;
+
+    // Assert: asynq.proto field numbers.
+    let fields = queue.stored_fields("0191-order").await;
+    assert_eq!(text(&fields, 1), "event:orderPlaced", "type");
+    assert_eq!(text(&fields, 2), "payload of 0191-order", "payload");
+    assert_eq!(text(&fields, 3), "0191-order", "id");
+    assert_eq!(text(&fields, 4), queue.name, "queue");
+    assert_eq!(text(&fields, 5), "7", "retry");
+    assert_eq!(text(&fields, 8), "90", "timeout");
+    assert_eq!(text(&fields, 12), "3600", "retention");
+    for unset in [6, 7, 9, 10, 11, 13, 14, 15] {
+        assert!(!fields.contains_key(&unset), "field {unset} is unset");
+    }
+    assert_eq!(queue.state("0191-order").await.as_deref(), Some("pending"));
+    let pending_since: i64 = queue
+        .redis
+        .clone()
+        .hget(keys::task(&queue.name, "0191-order"), "pending_since")
+        .await
+        .unwrap();
+    let now_ns = chrono::Utc::now().timestamp_nanos_opt().unwrap();
+    assert!(
+        (now_ns - pending_since).abs() < 60_000_000_000,
+        "nanoseconds"
+    );
+    let registered: bool = queue
+        .redis
+        .clone()
+        .sismember(keys::ALL_QUEUES, &queue.name)
+        .await
+        .unwrap();
+    assert!(registered, "the queue is listed in asynq:queues");
+}
+
+#[tokio::test]
+async fn the_consumer_runs_handlers_and_completes_tasks() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let log = ran.clone();
+    consumer.handle("event:orderPlaced", move |task: Task| {
+        let log = log.clone();
+        async move {
+            log.lock()
+                .unwrap()
+                .push((task.id, task.payload, task.retried));
+            Ok(())
+        }
+    });
+    let kept = queue
+        .task("event:orderPlaced", "kept")
+        .retention(Duration::from_secs(3600));
+    let dropped = queue.task("event:orderPlaced", "dropped");
+    queue.enqueue(&[kept.clone(), dropped.clone()]).await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "both tasks to finish", || async {
+        queue.state("kept").await.as_deref() == Some("completed")
+            && queue.state("dropped").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    let mut ran = ran.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(
+        ran,
+        vec![
+            ("dropped".to_string(), b"payload of dropped".to_vec(), 0),
+            ("kept".to_string(), b"payload of kept".to_vec(), 0),
+        ]
+    );
+    let completed = queue.zset(keys::completed(&queue.name)).await;
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].0, "kept");
+    let expires_in = completed[0].1 - chrono::Utc::now().timestamp() as f64;
+    assert!((3500.0..=3600.0).contains(&expires_in), "{expires_in}");
+    assert_eq!(queue.counter(keys::processed_total(&queue.name)).await, 2);
+    assert!(queue.zset(keys::lease(&queue.name)).await.is_empty());
+    // The retained id still deduplicates; the deleted one can be reused.
+    assert_eq!(
+        queue.enqueue(&[kept, dropped]).await,
+        vec![EnqueueOutcome::Duplicate, EnqueueOutcome::Enqueued]
+    );
+}
+
+/// A consumer of `queue` that polls only every 15-45 s and reports when
+/// its `job:ping` handler ran; its consumer runs on `client`.
+fn sleepy_consumer(
+    queue: &TestQueue,
+    client: Client,
+    wake_on_published: bool,
+) -> (Running, tokio::sync::mpsc::UnboundedReceiver<Instant>) {
+    let (ran, runs) = tokio::sync::mpsc::unbounded_channel();
+    let options = ConsumerOptions {
+        poll_interval: Duration::from_secs(30),
+        wake_on_published,
+        ..queue.options()
+    };
+    let mut consumer = Consumer::new(client, options);
+    consumer.handle("job:ping", move |_task: Task| {
+        let ran = ran.clone();
+        async move {
+            ran.send(Instant::now()).ok();
+            Ok(())
+        }
+    });
+    (Running::start(consumer), runs)
+}
+
+#[tokio::test]
+async fn an_idle_consumer_wakes_when_its_own_process_enqueues() {
+    let queue = TestQueue::new().await;
+    let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), false);
+    // Let it find the queue empty and go to sleep for its 15-45 s poll.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let enqueued = Instant::now();
+    queue.enqueue(&[queue.task("job:ping", "a")]).await;
+    let ran = tokio::time::timeout(Duration::from_secs(10), runs.recv())
+        .await
+        .expect("the handler ran long before the next poll")
+        .unwrap();
+    running.stop().await;
+
+    assert!(ran - enqueued < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn an_idle_consumer_wakes_when_another_process_publishes_its_enqueue() {
+    let queue = TestQueue::new().await;
+    let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), true);
+    // Another process: a client of its own, publishing its enqueues.
+    let other = Client::connect(&server_addr(), None, 0).await.unwrap();
+    other.enqueued().set_publish(true);
+    // Let the consumer go to sleep and subscribe.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let outcome = other.enqueue(&[queue.task("job:ping", "b")]).await.unwrap();
+    assert_eq!(outcome[0].as_ref().unwrap(), &EnqueueOutcome::Enqueued);
+    tokio::time::timeout(Duration::from_secs(10), runs.recv())
+        .await
+        .expect("the handler ran long before the next poll")
+        .unwrap();
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_handler_is_retried_then_archived() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let counter = attempts.clone();
+    consumer.handle("job:flaky", move |_task: Task| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Err(HandlerError::from(anyhow::anyhow!("payment provider down")))
+        }
+    });
+    queue
+        .enqueue(&[queue.task("job:flaky", "flaky").max_retry(2)])
+        .await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state("flaky").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: the first run and two retries.
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    let fields = queue.stored_fields("flaky").await;
+    assert_eq!(text(&fields, 6), "2", "retried");
+    assert_eq!(text(&fields, 7), "payment provider down", "error_msg");
+    let archived = queue.zset(keys::archived(&queue.name)).await;
+    assert_eq!(archived.len(), 1);
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 3);
+}
+
+#[tokio::test]
+async fn shutdown_puts_an_unfinished_task_back_to_pending_and_returns() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let mut options = queue.options();
+    options.shutdown_timeout = Duration::from_millis(500);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let signal = started.clone();
+    consumer.handle("job:slow", move |_task: Task| {
+        let signal = signal.clone();
+        async move {
+            signal.notify_one();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        }
+    });
+    queue.enqueue(&[queue.task("job:slow", "slow")]).await;
+    let running = Running::start(consumer);
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler starts");
+
+    // Act
+    let start = Instant::now();
+    running.stop().await;
+
+    // Assert
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(queue.pending().await, vec!["slow".to_string()]);
+    assert_eq!(queue.state("slow").await.as_deref(), Some("pending"));
+    assert!(queue.zset(keys::lease(&queue.name)).await.is_empty());
+    let active: Vec<String> = queue
+        .redis
+        .clone()
+        .lrange(keys::active(&queue.name), 0, -1)
+        .await
+        .unwrap();
+    assert!(active.is_empty());
+    let fields = queue.stored_fields("slow").await;
+    assert!(!fields.contains_key(&6), "an interruption is not a failure");
+}
+
+#[tokio::test]
+async fn a_task_whose_lease_expired_is_recovered_and_runs_again() {
+    // Arrange: a worker took the task and died two minutes ago.
+    let queue = TestQueue::new().await;
+    queue.enqueue(&[queue.task("job:orphan", "orphan")]).await;
+    let mut redis = queue.redis.clone();
+    let _: () = redis::pipe()
+        .rpoplpush(keys::pending(&queue.name), keys::active(&queue.name))
+        .hset(keys::task(&queue.name, "orphan"), "state", "active")
+        .zadd(
+            keys::lease(&queue.name),
+            "orphan",
+            chrono::Utc::now().timestamp() - 120,
+        )
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let retried = Arc::new(Mutex::new(Vec::new()));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let log = retried.clone();
+    consumer.handle("job:orphan", move |task: Task| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(task.retried);
+            Ok::<(), HandlerError>(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the orphan to run", || async {
+        queue.state("orphan").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: recovered as a failed run, then run once more.
+    assert_eq!(*retried.lock().unwrap(), vec![1]);
+}
+
+#[tokio::test]
+async fn the_lease_of_a_running_task_is_extended() {
+    // Arrange: a 3 s lease, extended every 500 ms, and a 4 s handler.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.lease_duration = Duration::from_secs(3);
+    options.heartbeat_interval = Duration::from_millis(500);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    consumer.handle("job:long", move |_task: Task| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok(())
+        }
+    });
+    queue.enqueue(&[queue.task("job:long", "long")]).await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(5), "the task to start", || async {
+        queue.state("long").await.as_deref() == Some("active")
+    })
+    .await;
+    let first = queue.zset(keys::lease(&queue.name)).await[0].1;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let later = queue.zset(keys::lease(&queue.name)).await[0].1;
+    eventually(Duration::from_secs(10), "the task to finish", || async {
+        queue.state("long").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    assert!(
+        later >= first + 2.0,
+        "lease {first} was not extended ({later})"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the lease was never lost");
+    assert_eq!(queue.counter(keys::processed_total(&queue.name)).await, 1);
+}
+
+#[tokio::test]
+async fn a_handler_can_fan_out_follow_up_tasks() {
+    // Arrange: the event handler enqueues one task per listener, with ids
+    // derived from the event's, as the listener fan-out does.
+    let queue = TestQueue::new().await;
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let client = queue.client.clone();
+    let queue_name = queue.name.clone();
+    consumer.handle("event:orderPlaced", move |task: Task| {
+        let (client, queue_name) = (client.clone(), queue_name.clone());
+        async move {
+            let listeners: Vec<NewTask> = ["sendEmail", "reserveStock"]
+                .iter()
+                .map(|listener| {
+                    NewTask::new(
+                        format!("listener:orderPlaced:{listener}"),
+                        format!("{}:{listener}", task.id),
+                        task.payload.clone(),
+                    )
+                    .queue(&queue_name)
+                })
+                .collect();
+            for outcome in client.enqueue(&listeners).await? {
+                outcome?;
+            }
+            Ok(())
+        }
+    });
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    for listener in ["sendEmail", "reserveStock"] {
+        let log = ran.clone();
+        consumer.handle(
+            format!("listener:orderPlaced:{listener}"),
+            move |task: Task| {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push(task.id);
+                    Ok(())
+                }
+            },
+        );
+    }
+    queue
+        .enqueue(&[queue.task("event:orderPlaced", "evt-1")])
+        .await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "both listeners to run", || async {
+        ran.lock().unwrap().len() == 2
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    let mut ran = ran.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, vec!["evt-1:reserveStock", "evt-1:sendEmail"]);
+}
+
+#[tokio::test]
+async fn a_wrong_password_fails_at_connect_without_showing_it() {
+    // Arrange
+    let password = secrecy::SecretString::from("hunter2-not-the-password");
+
+    // Act
+    let err = match Client::connect(&server_addr(), Some(&password), 0).await {
+        Ok(_) => panic!("the server requires no password or a different one"),
+        Err(err) => err,
+    };
+
+    // Assert
+    let shown = format!("{err} {err:?}");
+    assert!(matches!(err, QueueError::Connect { .. }), "{shown}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_fails_at_connect() {
+    // Arrange: a port nothing listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+
+    // Act
+    let start = Instant::now();
+    let result = Client::connect(&format!("127.0.0.1:{port}"), None, 0).await;
+
+    // Assert
+    assert!(matches!(result, Err(QueueError::Connect { .. })));
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A Valkey (or Redis) server of the test's own, which it may pause with
+/// SIGSTOP. Dropping it kills the server.
+struct OwnServer {
+    child: Child,
+    port: u16,
+}
+
+impl OwnServer {
+    /// Starts `VALKEY_SERVER`, or `valkey-server` or `redis-server` from
+    /// PATH, on a free port; `None` when there is none.
+    async fn start() -> Option<Self> {
+        let candidates: Vec<String> = std::env::var("VALKEY_SERVER")
+            .into_iter()
+            .chain(["valkey-server".to_string(), "redis-server".to_string()])
+            .collect();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = candidates.iter().find_map(|binary| {
+            Command::new(binary)
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .spawn()
+                .ok()
+        })?;
+        let server = Self { child, port };
+        eventually(Duration::from_secs(10), "the server to answer", || async {
+            Client::connect(&server.addr(), None, 0).await.is_ok()
+        })
+        .await;
+        Some(server)
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://{}/", self.addr()))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the code under test logs, captured for a test that waits for a
+/// logged event. Only for `#[tokio::test]` (one thread), where every task
+/// logs to the subscriber set on the test's thread.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn contains(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).contains(text)
+    }
+}
+
+impl Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLogs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+/// What a run across a server pause left: the server (killed when
+/// dropped), a connection to it, and how many times the handler ran.
+struct AfterPause {
+    _server: OwnServer,
+    redis: redis::aio::MultiplexedConnection,
+    runs: usize,
+}
+
+/// Runs the task `blip` of queue `blip` on a server of the test's own, with
+/// a handler that returns `result` only once the test has paused the
+/// server; resumes the server once the write that moves the task on has
+/// failed, and waits until the task has left `active`. `None` when there
+/// is no server binary to run.
+async fn finish_a_task_while_the_server_is_paused(
+    result: fn() -> Result<(), HandlerError>,
+) -> Option<AfterPause> {
+    // Arrange
+    let logs = CapturedLogs::default();
+    let _logging = logs.capture();
+    let Some(server) = OwnServer::start().await else {
+        eprintln!("skipped: no valkey-server or redis-server to pause (set VALKEY_SERVER)");
+        return None;
+    };
+    let client = Client::connect(&server.addr(), None, 0).await.unwrap();
+    let redis = server.redis().await;
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(
+        client.clone(),
+        ConsumerOptions {
+            queues: "blip".parse().unwrap(),
+            poll_interval: Duration::from_millis(50),
+            recover_interval: Duration::from_millis(100),
+            ..ConsumerOptions::default()
+        },
+    );
+    let (signal, wait, counter) = (started.clone(), finish.clone(), runs.clone());
+    consumer.handle("job:blip", move |_task: Task| {
+        let (signal, wait, counter) = (signal.clone(), wait.clone(), counter.clone());
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            signal.notify_one();
+            wait.notified().await;
+            result()
+        }
+    });
+    let task = NewTask::new("job:blip", "blip", vec![]).queue("blip");
+    client.enqueue(&[task]).await.unwrap().remove(0).unwrap();
+    let running = Running::start(consumer);
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler starts");
+
+    // Act: the handler ends while the server answers nothing; the server
+    // comes back once the write has failed.
+    server.pause();
+    finish.notify_one();
+    eventually(Duration::from_secs(30), "the write to fail", || async {
+        logs.contains("will retry")
+    })
+    .await;
+    server.resume();
+    eventually(Duration::from_secs(30), "the task to leave active", || {
+        let mut redis = redis.clone();
+        async move {
+            let active: Vec<String> = redis.lrange(keys::active("blip"), 0, -1).await.unwrap();
+            active.is_empty()
+        }
+    })
+    .await;
+    running.stop().await;
+    Some(AfterPause {
+        _server: server,
+        redis,
+        runs: runs.load(Ordering::SeqCst),
+    })
+}
+
+#[tokio::test]
+async fn a_success_acknowledged_while_the_server_is_paused_completes_once() {
+    // Arrange, Act
+    let Some(AfterPause {
+        _server,
+        mut redis,
+        runs,
+    }) = finish_a_task_while_the_server_is_paused(|| Ok(())).await
+    else {
+        return;
+    };
+
+    // Assert: deleted exactly once, and never run again.
+    assert_eq!(runs, 1);
+    let exists: bool = redis.exists(keys::task("blip", "blip")).await.unwrap();
+    assert!(!exists);
+    let processed: i64 = redis.get(keys::processed_total("blip")).await.unwrap();
+    assert_eq!(processed, 1);
+    let failed: Option<i64> = redis.get(keys::failed_total("blip")).await.unwrap();
+    assert_eq!(failed, None);
+    let leased: Vec<String> = redis.zrange(keys::lease("blip"), 0, -1).await.unwrap();
+    assert!(leased.is_empty());
+}
+
+#[tokio::test]
+async fn a_failure_recorded_while_the_server_is_paused_is_retried_once() {
+    // Arrange, Act
+    let Some(AfterPause {
+        _server,
+        mut redis,
+        runs,
+    }) = finish_a_task_while_the_server_is_paused(|| {
+        Err(HandlerError::from(anyhow::anyhow!("card declined")))
+    })
+    .await
+    else {
+        return;
+    };
+
+    // Assert: in `:retry` with one failure counted, and not run again.
+    assert_eq!(runs, 1);
+    let state: Option<String> = redis
+        .hget(keys::task("blip", "blip"), "state")
+        .await
+        .unwrap();
+    assert_eq!(state.as_deref(), Some("retry"));
+    let msg: Vec<u8> = redis.hget(keys::task("blip", "blip"), "msg").await.unwrap();
+    let fields = proto_fields(&msg);
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(text(&fields, 7), "card declined", "error_msg");
+    let failed: i64 = redis.get(keys::failed_total("blip")).await.unwrap();
+    assert_eq!(failed, 1);
+    let leased: Vec<String> = redis.zrange(keys::lease("blip"), 0, -1).await.unwrap();
+    assert!(leased.is_empty());
+}
+
+#[tokio::test]
+async fn a_task_that_cannot_be_recovered_does_not_stop_the_recovery_of_others() {
+    // Arrange: two expired leases. The older one's task is not in the
+    // active list (an inconsistent state), so moving it fails; the other
+    // is a worker's orphan.
+    let queue = TestQueue::new().await;
+    queue
+        .enqueue(&[
+            queue.task("job:orphan", "broken"),
+            queue.task("job:orphan", "orphan"),
+        ])
+        .await;
+    let now = chrono::Utc::now().timestamp();
+    let mut redis = queue.redis.clone();
+    let _: () = redis::pipe()
+        .lrem(keys::pending(&queue.name), 0, "broken")
+        .lrem(keys::pending(&queue.name), 0, "orphan")
+        .rpush(keys::active(&queue.name), "orphan")
+        .hset(keys::task(&queue.name, "orphan"), "state", "active")
+        .hset(keys::task(&queue.name, "broken"), "state", "active")
+        .zadd(keys::lease(&queue.name), "broken", now - 200)
+        .zadd(keys::lease(&queue.name), "orphan", now - 120)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let log = runs.clone();
+    consumer.handle("job:orphan", move |task: Task| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(task.id);
+            Ok(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the orphan to run", || async {
+        queue.state("orphan").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the orphan was recovered and ran; the broken task was left.
+    assert_eq!(*runs.lock().unwrap(), vec!["orphan".to_string()]);
+    let leased = queue.zset(keys::lease(&queue.name)).await;
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].0, "broken");
+}
+
+#[tokio::test]
+async fn a_task_past_its_deadline_fails_without_running() {
+    // Arrange: a task whose deadline passed a minute ago, with one retry.
+    let queue = TestQueue::new().await;
+    let message = TaskMessage {
+        r#type: "job:late".into(),
+        id: "late".into(),
+        queue: queue.name.clone(),
+        retry: 1,
+        deadline: chrono::Utc::now().timestamp() - 60,
+        ..TaskMessage::default()
+    };
+    let now_ns = chrono::Utc::now().timestamp_nanos_opt().unwrap();
+    let _: i64 = scripts::ENQUEUE
+        .key(keys::task(&queue.name, "late"))
+        .key(keys::pending(&queue.name))
+        .arg(message.encode_to_vec())
+        .arg("late")
+        .arg(now_ns)
+        .invoke_async(&mut queue.redis.clone())
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let counter = runs.clone();
+    consumer.handle("job:late", move |_task: Task| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state("late").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: failed twice (the run and its retry), never started.
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let fields = queue.stored_fields("late").await;
+    assert_eq!(text(&fields, 7), "context deadline exceeded", "error_msg");
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 2);
+}
+
+/// A handler still running when the task's timeout is up is stopped, and
+/// the run counts as a failure with Go's error text: retried, then archived.
+#[tokio::test]
+async fn a_handler_that_outlives_its_timeout_is_stopped_and_fails() {
+    // Arrange: a 1 s timeout, one retry, a handler that would take a minute.
+    let queue = TestQueue::new().await;
+    queue
+        .enqueue(&[NewTask::new("job:slow", "slow", b"".to_vec())
+            .queue(queue.name.as_str())
+            .timeout(Duration::from_secs(1))
+            .max_retry(1)])
+        .await;
+    let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let (on_start, on_finish) = (started.clone(), finished.clone());
+    consumer.handle("job:slow", move |_task: Task| {
+        let (on_start, on_finish) = (on_start.clone(), on_finish.clone());
+        async move {
+            on_start.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            on_finish.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(60),
+        "the task to be archived",
+        || async { queue.state("slow").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: started twice (the run and its retry), stopped both times.
+    assert_eq!(started.load(Ordering::SeqCst), 2);
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
+    let fields = queue.stored_fields("slow").await;
+    assert_eq!(text(&fields, 7), "context deadline exceeded", "error_msg");
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 2);
+}
+
+#[tokio::test]
+async fn a_handler_reads_the_headers_of_its_task() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let headers = BTreeMap::from([
+        ("tenant".to_string(), "acme".to_string()),
+        ("source".to_string(), "go-service".to_string()),
+    ]);
+    let seen = Arc::new(Mutex::new(None));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let log = seen.clone();
+    consumer.handle("job:headers", move |task: Task| {
+        let log = log.clone();
+        async move {
+            *log.lock().unwrap() = Some(task.headers);
+            Ok(())
+        }
+    });
+    let task = queue
+        .task("job:headers", "with-headers")
+        .headers(headers.clone())
+        .retention(Duration::from_secs(60));
+    queue.enqueue(&[task]).await;
+    let stored = queue.stored_fields("with-headers").await;
+    assert!(stored.contains_key(&15), "headers are TaskMessage field 15");
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the task to complete", || async {
+        queue.state("with-headers").await.as_deref() == Some("completed")
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    assert_eq!(seen.lock().unwrap().clone(), Some(headers));
+}
+
+#[tokio::test]
+async fn a_cancelled_task_is_dropped_and_retried() {
+    // Arrange: a handler that never ends unless dropped, and retries far
+    // off so the cancelled task stays in `:retry`.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.retry_delay = |_| Duration::from_secs(3600);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let started = Arc::new(Notify::new());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (signal, drops) = (started.clone(), dropped.clone());
+    consumer.handle("job:endless", move |_task: Task| {
+        let (signal, drops) = (signal.clone(), drops.clone());
+        async move {
+            let _guard = DropCounter(drops);
+            signal.notify_one();
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    queue.enqueue(&[queue.task("job:endless", "endless")]).await;
+    let running = Running::start(consumer);
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler starts");
+
+    // Act: what asynqmon's Cancel and Go's Inspector.CancelProcessing send
+    // (again until received: the subscription may still be on its way).
+    eventually(Duration::from_secs(15), "the task to be cancelled", || {
+        let (mut redis, queue) = (queue.redis.clone(), &queue);
+        async move {
+            let _: i64 = redis
+                .publish(keys::CANCEL_CHANNEL, "endless")
+                .await
+                .unwrap();
+            queue.state("endless").await.as_deref() == Some("retry")
+        }
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the handler was dropped, and the task failed as in Go.
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    let fields = queue.stored_fields("endless").await;
+    assert_eq!(text(&fields, 7), "context canceled", "error_msg");
+    assert_eq!(text(&fields, 6), "1", "retried");
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 1);
+}
+
+/// Counts the drops of the future that holds it.
+struct DropCounter(Arc<AtomicUsize>);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The `ServerInfo` of the consumer that serves `queue`, with the score of
+/// its key in `asynq:servers`, if it is written.
+async fn server_state(queue: &TestQueue) -> Option<(String, ServerInfo, f64)> {
+    let mut redis = queue.redis.clone();
+    let servers: Vec<(String, f64)> = redis
+        .zrange_withscores(keys::ALL_SERVERS, 0, -1)
+        .await
+        .unwrap();
+    for (key, score) in servers {
+        let Some(bytes): Option<Vec<u8>> = redis.get(&key).await.unwrap() else {
+            continue;
+        };
+        let Ok(info) = ServerInfo::decode(bytes.as_slice()) else {
+            continue;
+        };
+        if info.queues.contains_key(&queue.name) {
+            return Some((key, info, score));
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_running_consumer_publishes_its_server_state_for_asynqmon() {
+    // Arrange: a consumer of the test's queue, weight 3, running one task.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.queues = format!("{}=3", queue.name).parse().unwrap();
+    options.concurrency = 3;
+    options.heartbeat_interval = Duration::from_secs(1);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let finish = Arc::new(Notify::new());
+    let wait = finish.clone();
+    consumer.handle("job:observed", move |_task: Task| {
+        let wait = wait.clone();
+        async move {
+            wait.notified().await;
+            Ok(())
+        }
+    });
+    queue
+        .enqueue(&[queue.task("job:observed", "observed")])
+        .await;
+    let before = chrono::Utc::now().timestamp();
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "one worker to be shown",
+        || async {
+            server_state(&queue)
+                .await
+                .is_some_and(|(_, info, _)| info.active_worker_count == 1)
+        },
+    )
+    .await;
+    let (key, info, score) = server_state(&queue).await.unwrap();
+    let workers_key = key.replacen("asynq:servers:", "asynq:workers:", 1);
+    let workers: HashMap<String, Vec<u8>> =
+        queue.redis.clone().hgetall(&workers_key).await.unwrap();
+
+    // Assert: Go asynq's ServerInfo and WorkerInfo.
+    let host = hostname::get().unwrap().into_string().unwrap();
+    let pid = std::process::id();
+    assert_eq!(key, keys::server_info(&host, pid, &info.server_id));
+    assert_eq!(info.host, host);
+    assert_eq!(info.pid, i32::try_from(pid).unwrap());
+    assert!(
+        uuid::Uuid::parse_str(&info.server_id).is_ok(),
+        "{}",
+        info.server_id
+    );
+    assert_eq!(info.concurrency, 3);
+    assert_eq!(info.queues, HashMap::from([(queue.name.clone(), 3)]));
+    assert_eq!(info.status, "active");
+    let started = info.start_time.unwrap().seconds;
+    assert!((before - 1..=before + 10).contains(&started), "{started}");
+    let expires_in = score - chrono::Utc::now().timestamp() as f64;
+    assert!(
+        (0.0..=2.0).contains(&expires_in),
+        "the TTL is twice the heartbeat: {expires_in}"
+    );
+    assert_eq!(workers.len(), 1);
+    let worker = WorkerInfo::decode(workers["observed"].as_slice()).unwrap();
+    assert_eq!(worker.task_id, "observed");
+    assert_eq!(worker.task_type, "job:observed");
+    assert_eq!(worker.queue, queue.name);
+    assert_eq!(worker.task_payload, b"payload of observed");
+    assert_eq!(worker.server_id, info.server_id);
+    let deadline = worker.deadline.unwrap().seconds - worker.start_time.unwrap().seconds;
+    assert!(
+        (1799..=1800).contains(&deadline),
+        "the default 30 min timeout: {deadline}"
+    );
+
+    // And at shutdown the state is deleted.
+    finish.notify_one();
+    running.stop().await;
+    let mut redis = queue.redis.clone();
+    let listed: Option<f64> = redis.zscore(keys::ALL_SERVERS, &key).await.unwrap();
+    assert_eq!(listed, None);
+    let listed: Option<f64> = redis.zscore(keys::ALL_WORKERS, &workers_key).await.unwrap();
+    assert_eq!(listed, None);
+    let left: bool = redis.exists(&key).await.unwrap();
+    assert!(!left);
+}
+
+/// The event of the listener tests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Pinged {
+    count: u32,
+}
+
+impl Event for Pinged {
+    const NAME: &'static str = "testPinged";
+}
+
+/// The runs of the test listener: each event with its context.
+type ListenerRuns = Arc<Mutex<Vec<(Pinged, ListenerContext)>>>;
+
+/// A consumer of `queue` with the worker's own event handlers and one
+/// listener of [`Pinged`], which records each run.
+fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consumer, ListenerRuns) {
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let log = runs.clone();
+    let mut listeners = Listeners::new();
+    listeners.listen("record", move |event: Pinged, context: ListenerContext| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push((event, context));
+            Ok(())
+        }
+    });
+    // The listener does not use the database; the pool never connects.
+    let pool = sqlx::PgPool::connect_lazy("postgres://unused@127.0.0.1:1/unused").unwrap();
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    handle_events(
+        &mut consumer,
+        queue.client.clone(),
+        Transactor::new(pool),
+        Arc::new(listeners),
+        Duration::ZERO,
+        ListenerMetrics::default(),
+    );
+    (consumer, runs)
+}
+
+/// An `event:` task carrying `envelope`, as the relay queues it.
+fn event_task(queue: &TestQueue, envelope: &Envelope) -> NewTask {
+    NewTask::new(
+        format!("event:{}", envelope.name),
+        envelope.id.to_string(),
+        serde_json::to_vec(envelope).unwrap(),
+    )
+    .queue(&queue.name)
+}
+
+#[tokio::test]
+async fn the_fan_out_passes_the_event_headers_to_the_listener_tasks() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let (consumer, runs) = consumer_with_listener(&queue, queue.options());
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 3}));
+    let headers = BTreeMap::from([("tenant".to_string(), "acme".to_string())]);
+    queue
+        .enqueue(&[event_task(&queue, &envelope).headers(headers.clone())])
+        .await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the listener to run", || async {
+        !runs.lock().unwrap().is_empty()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 1);
+    let (event, context) = &runs[0];
+    assert_eq!(*event, Pinged { count: 3 });
+    assert_eq!(context.event_id(), envelope.id);
+    assert_eq!(context.headers(), &headers);
+}
+
+#[tokio::test]
+async fn an_event_that_does_not_decode_into_the_listener_type_is_retried_not_archived() {
+    // Arrange: an event whose payload has the wrong shape, and retries far
+    // off so the listener task stays in `:retry`.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.retry_delay = |_| Duration::from_secs(3600);
+    let (consumer, runs) = consumer_with_listener(&queue, options);
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": "three"}));
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+    let listener_task = listener_task_id(envelope.id, "record").to_string();
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the listener task to fail",
+        || async { queue.state(&listener_task).await.as_deref() == Some("retry") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: the listener never saw it; it will be tried again.
+    assert!(runs.lock().unwrap().is_empty());
+    let fields = queue.stored_fields(&listener_task).await;
+    assert_eq!(text(&fields, 6), "1", "retried");
+    let error = text(&fields, 7);
+    assert!(error.contains("does not decode into"), "{error}");
+    assert!(error.contains("Pinged"), "{error}");
+}
+
+#[tokio::test]
+async fn a_task_that_is_not_an_event_envelope_is_archived_at_once() {
+    // Arrange
+    let queue = TestQueue::new().await;
+    let (consumer, _runs) = consumer_with_listener(&queue, queue.options());
+    queue
+        .enqueue(&[queue.task("listener:testPinged:record", "garbage")])
+        .await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state("garbage").await.as_deref() == Some("archived") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: archived without retries (asynq's SkipRetry).
+    let fields = queue.stored_fields("garbage").await;
+    assert!(!fields.contains_key(&6), "never retried");
+    assert!(text(&fields, 7).contains("not an event envelope"));
+}
+
+#[tokio::test]
+async fn an_event_task_under_a_new_id_reaches_the_listeners_again_with_the_same_event_id() {
+    // Arrange: the relay's task (id = event id), and a replay of the same
+    // envelope under a new task id, as `outbox replay` queues it.
+    let queue = TestQueue::new().await;
+    let (consumer, runs) = consumer_with_listener(&queue, queue.options());
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    let mut replay = event_task(&queue, &envelope);
+    replay.id = uuid::Uuid::now_v7().to_string();
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the first run", || async {
+        runs.lock().unwrap().len() == 1
+    })
+    .await;
+    queue.enqueue(&[replay]).await;
+    eventually(Duration::from_secs(10), "the replayed run", || async {
+        runs.lock().unwrap().len() == 2
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: two runs, one event id for the listener to deduplicate on.
+    let runs = runs.lock().unwrap();
+    assert!(
+        runs.iter()
+            .all(|(_, context)| context.event_id() == envelope.id)
+    );
+}
+
+#[tokio::test]
+async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
+    // Arrange: a listener that gives up once, then succeeds.
+    let queue = TestQueue::new().await;
+    let attempts = Arc::new(Mutex::new(0));
+    let counted = attempts.clone();
+    let mut listeners = Listeners::new();
+    listeners.listen("once", move |_: Pinged, _: ListenerContext| {
+        let counted = counted.clone();
+        async move {
+            let mut attempts = counted.lock().unwrap();
+            *attempts += 1;
+            if *attempts == 1 {
+                return Err(SkipRetry("not now".into()).into());
+            }
+            Ok(())
+        }
+    });
+    let pool = sqlx::PgPool::connect_lazy("postgres://unused@127.0.0.1:1/unused").unwrap();
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let metrics = ListenerMetrics::default();
+    handle_events(
+        &mut consumer,
+        queue.client.clone(),
+        Transactor::new(pool),
+        Arc::new(listeners),
+        Duration::from_secs(60),
+        metrics.clone(),
+    );
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+    let task = listener_task_id(envelope.id, "once").to_string();
+
+    // Act: archived at once; asynq's "run" puts it back.
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state(&task).await.as_deref() == Some("archived") },
+    )
+    .await;
+    let archived = queue
+        .client
+        .archived_tasks(&queue.name, None)
+        .await
+        .unwrap();
+    let info = queue
+        .client
+        .task_info(&queue.name, &task)
+        .await
+        .unwrap()
+        .unwrap();
+    let outcome = queue.client.run_task(&queue.name, &task).await.unwrap();
+    eventually(Duration::from_secs(10), "the task to complete", || async {
+        queue.state(&task).await.as_deref() == Some("completed")
+    })
+    .await;
+    running.stop().await;
+
+    // Assert
+    assert_eq!(archived.len(), 1);
+    assert_eq!(archived[0].0.id, task);
+    assert_eq!((info.state.as_str(), info.retried), ("archived", 0));
+    assert_eq!(info.last_error.as_deref(), Some("not now (not retried)"));
+    assert!(info.archived_at.is_some());
+    assert_eq!(outcome, RunOutcome::Queued);
+    assert_eq!(*attempts.lock().unwrap(), 2);
+    let counts = queue.client.queue_counts(&queue.name).await.unwrap();
+    // The listener task is kept for its retention; the event task had none.
+    assert_eq!((counts.archived, counts.completed), (0, 1));
+    let labels = ListenerLabels {
+        event: Pinged::NAME.into(),
+        listener: "once".into(),
+    };
+    assert_eq!(metrics.failed.get_or_create(&labels).get(), 1);
+    assert_eq!(metrics.succeeded.get_or_create(&labels).get(), 1);
+    assert_eq!(
+        queue
+            .client
+            .run_task(&queue.name, "no-such-task")
+            .await
+            .unwrap(),
+        RunOutcome::Missing
+    );
+}
