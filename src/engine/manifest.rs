@@ -179,7 +179,8 @@ impl Manifest {
         format!(
             "# Written by gpkit: what it generated in this project, so that `gpkit add` and\n\
              # `gpkit upgrade templates` can change the project without losing your edits.\n\
-             # The exact content gpkit last wrote to each file is kept in `.gpkit/base/`.\n\
+             # What gpkit last wrote to each file is kept in `.gpkit/base/`, but for the\n\
+             # kit's released files, which gpkit finds again by their hash below.\n\
              # Commit this file and `.gpkit/`; do not edit them by hand.\n\n{body}"
         )
     }
