@@ -83,7 +83,7 @@ fn a_hand_edited_project_keeps_every_edit() {
         startup.contains("pub shop_name: String,")
             && startup.contains("shop_name: \"Ours\".into(),")
     );
-    assert!(startup.contains("pub dispatcher: kit::outbox::OutboxDispatcher,"));
+    assert!(startup.contains("pub transactor: kit::database::Transactor,"));
 }
 
 #[test]
@@ -226,7 +226,7 @@ fn a_missing_region_stops_it_with_the_code_to_restore() {
         .unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(
-        stderr.contains("pub dispatcher: kit::outbox::OutboxDispatcher,"),
+        stderr.contains("pub transactor: kit::database::Transactor,"),
         "{stderr}"
     );
 }
@@ -258,7 +258,7 @@ fn dry_run_shows_every_change_and_writes_nothing() {
         );
     }
     assert!(
-        text.contains("+    pub dispatcher: kit::outbox::OutboxDispatcher,"),
+        text.contains("+    pub transactor: kit::database::Transactor,"),
         "{text}"
     );
     assert_eq!(disk_state(&project, &[]), before);

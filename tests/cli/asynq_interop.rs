@@ -71,7 +71,7 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
     let refused: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM refused_orders WHERE order_id = $1)")
             .bind(event.order_id)
-            .fetch_one(&ctx.pool)
+            .fetch_one(ctx.pool())
             .await?;
     if refused {{
         record(&event, &ctx, "failed").await?;
@@ -86,12 +86,12 @@ async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Re
          VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind("{listener}")
-    .bind(ctx.event_id)
+    .bind(ctx.event_id())
     .bind(event.order_id)
     .bind(&event.note)
-    .bind(ctx.metadata.get("traceparent"))
+    .bind(ctx.metadata().get("traceparent"))
     .bind(outcome)
-    .execute(&ctx.pool)
+    .execute(ctx.pool())
     .await?;
     Ok(())
 }}

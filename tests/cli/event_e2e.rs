@@ -26,10 +26,10 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
         "INSERT INTO listener_runs (listener, event_id, order_id, note) VALUES ($1, $2, $3, $4)",
     )
     .bind("{listener}")
-    .bind(ctx.event_id)
+    .bind(ctx.event_id())
     .bind(event.order_id)
     .bind(&event.note)
-    .execute(&ctx.pool)
+    .execute(ctx.pool())
     .await?;
     Ok(())
 }}

@@ -22,8 +22,8 @@ use crate::worker::listeners::{ListenerContext, ListenerError};
 
 pub async fn handle(event: PaymentTaken, ctx: ListenerContext) -> Result<(), ListenerError> {
     sqlx::query("INSERT INTO attempts (event_id) VALUES ($1)")
-        .bind(ctx.event_id)
-        .execute(&ctx.pool)
+        .bind(ctx.event_id())
+        .execute(ctx.pool())
         .await?;
     ctx.once(async |tx| {
         sqlx::query("INSERT INTO ledger (payment_id) VALUES ($1)")

@@ -27,7 +27,7 @@ use crate::worker_e2e::{RedisServer, Worker, free_port, metric, wait_until};
 fn listener_body(listener: &str) -> String {
     let refuse = if listener == "audit" {
         r#"    let (refused,): (i64,) = sqlx::query_as("SELECT count(*) FROM refused")
-        .fetch_one(&ctx.pool)
+        .fetch_one(ctx.pool())
         .await?;
     if refused > 0 {
         return Err(SkipRetry(format!("order {} refused", event.order_id)).into());
@@ -51,9 +51,9 @@ use crate::worker::listeners::{{{imports}}};
 pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
 {refuse}    sqlx::query("INSERT INTO listener_runs (listener, event_id, order_id) VALUES ($1, $2, $3)")
         .bind("{listener}")
-        .bind(ctx.event_id)
+        .bind(ctx.event_id())
         .bind(event.order_id)
-        .execute(&ctx.pool)
+        .execute(ctx.pool())
         .await?;
     Ok(())
 }}

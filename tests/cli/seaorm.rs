@@ -66,7 +66,7 @@ fn add_the_dispatch_examples(project: &Path, printed: &str) {
         .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
         .collect();
     assert!(
-        hint.contains("state.dispatcher.dispatch(tx, &event).await?;"),
+        hint.contains("kit::dispatch(tx, &event).await?;"),
         "{printed}"
     );
     let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
@@ -76,10 +76,7 @@ fn add_the_dispatch_examples(project: &Path, printed: &str) {
         .and_then(|rest| rest.split("```").next())
         .expect("the README has a Rust example");
     assert!(example.contains(".insert(tx)"), "{example}");
-    assert!(
-        example.contains("state.dispatcher.dispatch(tx, &order)"),
-        "{example}"
-    );
+    assert!(example.contains("kit::dispatch(tx, &order)"), "{example}");
 
     std::fs::write(
         project.join("src/dispatch_hint.rs"),

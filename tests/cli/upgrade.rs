@@ -213,7 +213,7 @@ fn the_json_report_lists_every_file() {
     assert_eq!(outcome("kit/src/signals.rs"), Some("created".into()));
     assert_eq!(outcome("src/version.rs"), Some("deleted".into()));
     assert_eq!(outcome(".env.example"), Some("deleted by you".into()));
-    assert_eq!(outcome("kit/src/migrate/lock.rs"), Some("moved".into()));
+    assert_eq!(outcome("kit/src/migrate/naming.rs"), Some("moved".into()));
     assert_eq!(
         outcome("src/routes/health_check.rs"),
         Some("kept (now yours)".into())

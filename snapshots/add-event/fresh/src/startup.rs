@@ -5,23 +5,22 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use kit::config::Config;
 use kit::database;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::routes;
+use crate::settings::Settings;
 
 /// State shared by all request handlers.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub pool: PgPool,
     // gpkit:begin state-fields
-    /// Runs a unit of work in one transaction (commit on `Ok`).
+    /// Runs a unit of work in one transaction (commit on `Ok`): call
+    /// `kit::dispatch(&mut *tx, &event)` in it, and the event commits or
+    /// rolls back with your writes.
     pub transactor: kit::database::Transactor,
-    /// Publishes events through the outbox: dispatch inside `transactor.run`
-    /// and the event commits or rolls back with your writes.
-    pub dispatcher: kit::outbox::OutboxDispatcher,
     // gpkit:end state-fields
 }
 
@@ -35,7 +34,8 @@ impl Application {
     /// Binds the HTTP address (port 0 picks a free port) and prepares the
     /// state. The database pool connects lazily, so no live database is
     /// needed to build the application.
-    pub async fn build(config: &Config) -> anyhow::Result<Self> {
+    pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
+        let config = &settings.kit;
         let listener = TcpListener::bind(config.http.addr)
             .await
             .with_context(|| format!("failed to listen on {}", config.http.addr))?;
@@ -43,7 +43,6 @@ impl Application {
         let state = AppState {
             // gpkit:begin state-init
             transactor: kit::outbox::wake::transactor(pool.clone(), config)?,
-            dispatcher: kit::outbox::OutboxDispatcher::new(),
             // gpkit:end state-init
             pool,
         };

@@ -5,12 +5,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use kit::config::Config;
 use kit::database;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::routes;
+use crate::settings::Settings;
 
 /// State shared by all request handlers.
 #[derive(Debug, Clone)]
@@ -30,7 +30,8 @@ impl Application {
     /// Binds the HTTP address (port 0 picks a free port) and prepares the
     /// state. The database pool connects lazily, so no live database is
     /// needed to build the application.
-    pub async fn build(config: &Config) -> anyhow::Result<Self> {
+    pub async fn build(settings: &Settings) -> anyhow::Result<Self> {
+        let config = &settings.kit;
         let listener = TcpListener::bind(config.http.addr)
             .await
             .with_context(|| format!("failed to listen on {}", config.http.addr))?;

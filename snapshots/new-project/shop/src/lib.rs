@@ -11,6 +11,7 @@ pub mod events;
 pub mod listeners;
 pub mod routes;
 pub mod schedules;
+pub mod settings;
 pub mod startup;
 
 pub use kit::{

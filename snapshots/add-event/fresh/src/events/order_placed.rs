@@ -1,6 +1,6 @@
 //! The `orderPlaced` event.
 
-use kit::dispatch::Event;
+use kit::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// The wire name, shared with Go services on the same queue.

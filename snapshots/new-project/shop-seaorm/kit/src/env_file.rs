@@ -16,18 +16,33 @@ pub const FILE: &str = ".env";
 /// Why `.env` could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvFileError {
+    /// The file exists but cannot be read.
     #[error("cannot read `{path}`: {source}")]
     Read {
+        /// The file's path.
         path: String,
+        /// The read error.
         #[source]
         source: io::Error,
     },
+    /// A line is not `NAME=value`.
     #[error(
         "`{path}` line {line}: expected NAME=value; put a value that holds spaces or `#` in quotes"
     )]
-    Malformed { path: String, line: usize },
+    Malformed {
+        /// The file's path.
+        path: String,
+        /// The line's number, from 1.
+        line: usize,
+    },
+    /// A quoted value has no closing quote.
     #[error("`{path}` line {line}: a quote opened on this line is never closed")]
-    Unclosed { path: String, line: usize },
+    Unclosed {
+        /// The file's path.
+        path: String,
+        /// The number of the line the quote opens on, from 1.
+        line: usize,
+    },
 }
 
 /// Loads `.env` from the working directory into the process environment, if
@@ -41,7 +56,7 @@ pub fn load() -> Result<bool, EnvFileError> {
 }
 
 /// [`load`] for the file at `path`.
-pub fn load_from(path: &Path) -> Result<bool, EnvFileError> {
+pub(crate) fn load_from(path: &Path) -> Result<bool, EnvFileError> {
     let shown = path.display().to_string();
     let content = match std::fs::read_to_string(path) {
         Ok(content) => content,

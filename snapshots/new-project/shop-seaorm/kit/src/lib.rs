@@ -8,6 +8,7 @@
 //!   `worker`) the relay that publishes them.
 //! - [`migrate`]: goose-compatible migrations, the `migrate` binary's code.
 //! - [`health`]: the `/healthz` and `/readyz` probes.
+//! - [`binary`]: the start of each binary (`.env`, settings, logs, runtime).
 //! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
 //!   plumbing shared by the binaries.
 //! - [`testing`]: a configuration for tests.
@@ -19,6 +20,9 @@
 //! inbox, metrics), `scheduler`, `operations` (the `outbox` command).
 //! Feature `seaorm`: `orm`, SeaORM transactions.
 
+#![deny(missing_docs)]
+
+pub mod binary;
 pub mod config;
 pub mod database;
 pub mod dispatch;

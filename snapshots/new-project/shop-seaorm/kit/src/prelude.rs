@@ -35,7 +35,7 @@
 //!                 .execute(&mut *tx)
 //!                 .await?;
 //!             dispatch(&mut *tx, &OrderPlaced { order_id }).await?;
-//!             Ok::<_, anyhow::Error>(())
+//!             Ok(())
 //!         })
 //!         .await
 //! }
@@ -107,5 +107,7 @@ pub use crate::dispatch::{DispatchError, Event};
 pub use crate::outbox::dispatch;
 #[cfg(feature = "worker")]
 pub use crate::scheduler::Schedules;
+#[cfg(all(feature = "worker", feature = "seaorm"))]
+pub use crate::worker::listeners::OrmListenerContext;
 #[cfg(feature = "worker")]
 pub use crate::worker::listeners::{ListenerContext, ListenerError, Listeners, SkipRetry};

@@ -5,7 +5,8 @@
 //! its own queue, `test_<uuid>`, and deletes that queue's keys when it ends,
 //! also when it fails; nothing else on the server is touched. The test that
 //! pauses the server starts one of its own (`VALKEY_SERVER`, or
-//! `valkey-server` or `redis-server` on PATH; skipped without one).
+//! `valkey-server` or `redis-server` on PATH; skipped without one, and
+//! failed under `CI=true`).
 //!
 //! The last tests run the worker's own event handlers (the fan-out and the
 //! listener tasks) on the consumer.
@@ -924,6 +925,12 @@ async fn finish_a_task_while_the_server_is_paused(
     let logs = CapturedLogs::default();
     let _logging = logs.capture();
     let Some(server) = OwnServer::start().await else {
+        // Under CI a missing server fails the test instead of passing it.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no valkey-server or redis-server to pause, and CI=true: set VALKEY_SERVER \
+             (gpkit's scripts/test installs valkey-server)"
+        );
         eprintln!("skipped: no valkey-server or redis-server to pause (set VALKEY_SERVER)");
         return None;
     };
@@ -1461,8 +1468,8 @@ async fn the_fan_out_passes_the_event_headers_to_the_listener_tasks() {
     assert_eq!(runs.len(), 1);
     let (event, context) = &runs[0];
     assert_eq!(*event, Pinged { count: 3 });
-    assert_eq!(context.event_id, envelope.id);
-    assert_eq!(context.headers, headers);
+    assert_eq!(context.event_id(), envelope.id);
+    assert_eq!(context.headers(), &headers);
 }
 
 #[tokio::test]
@@ -1549,7 +1556,7 @@ async fn an_event_task_under_a_new_id_reaches_the_listeners_again_with_the_same_
     let runs = runs.lock().unwrap();
     assert!(
         runs.iter()
-            .all(|(_, context)| context.event_id == envelope.id)
+            .all(|(_, context)| context.event_id() == envelope.id)
     );
 }
 

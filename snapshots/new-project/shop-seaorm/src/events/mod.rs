@@ -1,6 +1,6 @@
 //! The service's events: one module per event, each a serde type that
 //! implements `Event`, with its wire name. `gpkit add event` adds them
-//! between the markers; dispatch them with the outbox `Dispatcher`.
+//! between the markers; dispatch them with `kit::dispatch`.
 
 // gpkit:begin modules
 // gpkit:end modules

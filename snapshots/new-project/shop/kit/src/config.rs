@@ -5,6 +5,11 @@
 //! error that names the variable, the value and the expected form. Secrets
 //! (the database password, the Valkey password) never appear in `Debug`
 //! output or in errors.
+//!
+//! The service's own configuration type nests [`Config`] beside settings of
+//! its own and is loaded with [`load`], so that adding a setting never
+//! touches the kit. Queue names (`QueueNames`, `QueueWeights`, feature
+//! `worker`) are settings too, and live here for the queue to use.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -12,28 +17,42 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use confique::Config as _;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer};
 use sqlx::postgres::PgConnectOptions;
 
 #[cfg(feature = "worker")]
-use crate::queue::{QueueNames, QueueWeights};
+mod queue_names;
+#[cfg(feature = "worker")]
+mod queue_weights;
+
+#[cfg(feature = "worker")]
+pub(crate) use queue_names::DEFAULT_QUEUE;
+#[cfg(feature = "worker")]
+pub use queue_names::QueueNames;
+#[cfg(feature = "worker")]
+pub use queue_weights::QueueWeights;
 
 /// The whole service configuration.
 #[derive(Debug, confique::Config)]
 pub struct Config {
+    /// The Postgres connection (`DATABASE_*`).
     #[config(nested)]
     pub database: DatabaseConfig,
+    /// The HTTP server (`HTTP_*`).
     #[config(nested)]
     pub http: HttpConfig,
+    /// Valkey, the queue's store (`VALKEY_*`).
     #[config(nested)]
     pub valkey: ValkeyConfig,
+    /// The outbox and its relay (`OUTBOX_*`).
     #[config(nested)]
     pub outbox: OutboxConfig,
+    /// The worker: listeners, inbox and metrics (`WORKER_*`, `INBOX_RETENTION`).
     #[cfg(feature = "worker")]
     #[config(nested)]
     pub worker: WorkerConfig,
+    /// The scheduler (`SCHEDULER_*`).
     #[cfg(feature = "worker")]
     #[config(nested)]
     pub scheduler: SchedulerConfig,
@@ -206,7 +225,7 @@ impl ValkeyConfig {
 
     /// Whether connections use TLS: `VALKEY_URL`'s scheme, or `VALKEY_TLS`
     /// for the other forms.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         match &self.url {
             Some(url) => url.is_tls(),
             None => self.tls.unwrap_or(false),
@@ -229,12 +248,12 @@ pub struct ValkeyUrl(SecretString);
 
 impl ValkeyUrl {
     /// The URL, password included, for the connection only.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         self.0.expose_secret()
     }
 
     /// Whether the scheme asks for TLS.
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.expose().starts_with("rediss://") || self.expose().starts_with("valkeys://")
     }
 
@@ -426,22 +445,44 @@ impl SchedulerConfig {
 pub struct ConfigError(String);
 
 impl Config {
-    /// Loads the configuration from the process environment.
+    /// Loads the kit's configuration from the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::builder()
-            .env()
-            .load()
-            .map_err(|err| ConfigError(explain(&err.to_string())))
+        load()
     }
+}
+
+/// Loads any configuration type from the process environment, with the
+/// kit's errors (the variable named, never a secret): the service's own
+/// type, which nests the kit's [`Config`] beside settings of its own.
+///
+/// ```no_run
+/// #[derive(Debug, confique::Config)]
+/// pub struct Settings {
+///     #[config(nested)]
+///     pub kit: kit::config::Config,
+///     /// The greeting `GET /hello` answers with.
+///     #[config(env = "SHOP_GREETING", default = "hello")]
+///     pub greeting: String,
+/// }
+///
+/// let settings: Settings = kit::config::load()?;
+/// println!("{}", settings.greeting);
+/// # Ok::<_, kit::config::ConfigError>(())
+/// ```
+pub fn load<C: confique::Config>() -> Result<C, ConfigError> {
+    C::builder()
+        .env()
+        .load()
+        .map_err(|err| ConfigError(explain(&C::META, &err.to_string())))
 }
 
 /// confique reports a missing value by its field path (`database.url`);
 /// users know it by its variable, so name that and what it should hold.
-fn explain(message: &str) -> String {
+fn explain(meta: &confique::meta::Meta, message: &str) -> String {
     let missing = message
         .strip_prefix("required configuration value is missing: '")
         .and_then(|rest| rest.strip_suffix('\''));
-    if let Some((env, doc)) = missing.and_then(|path| leaf(&Config::META, path)) {
+    if let Some((env, doc)) = missing.and_then(|path| leaf(meta, path)) {
         return format!("{env} is not set; expected {}", doc.trim());
     }
     // A check across settings (`ValkeyConfig::validate`) says it all itself.
@@ -476,7 +517,7 @@ pub struct DatabaseUrl(SecretString);
 
 impl DatabaseUrl {
     /// Connection options for sqlx; the only place the URL is parsed for use.
-    pub fn connect_options(&self) -> PgConnectOptions {
+    pub(crate) fn connect_options(&self) -> PgConnectOptions {
         PgConnectOptions::from_str(self.0.expose_secret())
             .expect("DATABASE_URL was validated when the configuration was loaded")
     }
@@ -490,7 +531,7 @@ impl DatabaseUrl {
 }
 
 /// `raw` with its credentials masked; `<invalid url>` when it is not a URL.
-pub fn redact_url(raw: &str) -> String {
+pub(crate) fn redact_url(raw: &str) -> String {
     let Ok(mut url) = url::Url::parse(raw) else {
         return "<invalid url>".to_string();
     };
@@ -568,6 +609,7 @@ pub mod duration {
 
     use serde::{Deserialize, Deserializer};
 
+    /// Parses a humantime string; the error names the value and the expected form.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
         let raw = String::deserialize(deserializer)?;
         humantime::parse_duration(&raw).map_err(|err| {
@@ -586,6 +628,7 @@ pub mod from_str {
 
     use serde::{Deserialize, Deserializer};
 
+    /// Parses a string with `T::from_str`; the error names the value.
     pub fn deserialize<'de, D, T>(deserializer: D) -> Result<T, D::Error>
     where
         D: Deserializer<'de>,
@@ -601,6 +644,7 @@ pub mod from_str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use confique::Config as _;
 
     #[test]
     fn the_debug_form_of_a_database_url_hides_the_password() {
@@ -762,10 +806,13 @@ mod tests {
         );
 
         assert!(ValkeyConfig::default().validate().is_ok());
-        let explained = explain(&format!(
-            "config validation of `ValkeyConfig` failed: {}",
-            both.validate().unwrap_err()
-        ));
+        let explained = explain(
+            &Config::META,
+            &format!(
+                "config validation of `ValkeyConfig` failed: {}",
+                both.validate().unwrap_err()
+            ),
+        );
         assert!(
             explained.starts_with("VALKEY_URL and VALKEY_ADDR"),
             "{explained}"
@@ -774,7 +821,33 @@ mod tests {
 
     #[test]
     fn missing_values_are_named_by_their_variable() {
-        let message = explain("required configuration value is missing: 'database.url'");
+        let message = explain(
+            &Config::META,
+            "required configuration value is missing: 'database.url'",
+        );
         assert!(message.starts_with("DATABASE_URL is not set; expected Postgres connection URL"));
+    }
+
+    /// A service's own configuration type, nesting the kit's.
+    #[derive(Debug, confique::Config)]
+    #[allow(dead_code)]
+    struct Settings {
+        #[config(nested)]
+        kit: Config,
+        /// A setting of the service's own.
+        #[config(env = "TEST_GREETING", default = "hello")]
+        greeting: String,
+    }
+
+    #[test]
+    fn a_missing_kit_value_in_a_nesting_type_is_named_by_its_variable() {
+        let message = explain(
+            &Settings::META,
+            "required configuration value is missing: 'kit.database.url'",
+        );
+        assert!(
+            message.starts_with("DATABASE_URL is not set; expected Postgres connection URL"),
+            "{message}"
+        );
     }
 }

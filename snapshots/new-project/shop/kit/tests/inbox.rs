@@ -56,7 +56,7 @@ fn listeners(runs: Arc<AtomicU32>) -> Listeners {
                 ctx.once(async |tx| {
                     runs.fetch_add(1, Ordering::SeqCst);
                     sqlx::query("INSERT INTO ledger (event_id, amount) VALUES ($1, $2)")
-                        .bind(ctx.event_id)
+                        .bind(ctx.event_id())
                         .bind(event.amount)
                         .execute(&mut *tx)
                         .await?;
@@ -277,4 +277,82 @@ async fn a_commit_in_once_runs_the_transactors_after_commit_hook() {
         1,
         "a skipped duplicate ran the hook"
     );
+}
+
+/// With SeaORM, a listener that takes an `OrmListenerContext` gets a SeaORM
+/// transaction in `ctx.once`: its work and the events it dispatches there
+/// commit once per event, a failure rolls both back, and the commit runs
+/// the transactor's after-commit hook.
+#[cfg(feature = "seaorm")]
+#[tokio::test]
+async fn a_seaorm_listener_commits_its_work_and_follow_up_once() {
+    use kit::worker::listeners::OrmListenerContext;
+    use sea_orm::{ConnectionTrait, Statement};
+
+    let db = ledger_database().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&runs);
+    let mut listeners = Listeners::new();
+    listeners.listen(
+        "ledger",
+        move |event: PaymentTaken, ctx: OrmListenerContext| {
+            let runs = Arc::clone(&counted);
+            async move {
+                ctx.once(async |tx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let insert = Statement::from_sql_and_values(
+                        tx.get_database_backend(),
+                        "INSERT INTO ledger (event_id, amount) VALUES ($1, $2)",
+                        [ctx.event_id().into(), event.amount.into()],
+                    );
+                    tx.execute(insert).await?;
+                    kit::dispatch(
+                        tx,
+                        &ReceiptSent {
+                            amount: event.amount,
+                        },
+                    )
+                    .await?;
+                    if event.amount < 0 {
+                        anyhow::bail!("a negative amount");
+                    }
+                    Ok(())
+                })
+                .await?;
+                Ok(())
+            }
+        },
+    );
+    let listener = &listeners.of(PaymentTaken::NAME)[0];
+    let commits = Arc::new(AtomicU32::new(0));
+    let hooked = Arc::clone(&commits);
+    let transactor = Transactor::new(db.pool.clone()).after_commit(move || {
+        hooked.fetch_add(1, Ordering::SeqCst);
+    });
+
+    let envelope = Envelope::new(PaymentTaken::NAME, serde_json::json!({ "amount": 42 }));
+    for _ in 0..2 {
+        listener
+            .call(envelope.clone(), Default::default(), transactor.clone())
+            .await
+            .unwrap();
+    }
+    let failing = Envelope::new(PaymentTaken::NAME, serde_json::json!({ "amount": -1 }));
+    let failed = listener
+        .call(failing, Default::default(), transactor.clone())
+        .await;
+
+    assert!(failed.is_err());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "once, and the failing run");
+    assert_eq!(commits.load(Ordering::SeqCst), 1);
+    assert_eq!(count(&db, "SELECT count(*) FROM ledger").await, 1);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM outbox_events WHERE event_name = 'receiptSent'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM inbox_processed").await, 1);
 }

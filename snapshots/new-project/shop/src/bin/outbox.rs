@@ -4,11 +4,11 @@
 
 use std::process::ExitCode;
 
-use kit::config::Config;
 use kit::operations::{self, cli::Cli};
 use kit::worker::listeners::Listeners;
 
 use shop::listeners::register as register_listeners;
+use shop::settings::Settings;
 
 fn main() -> ExitCode {
     // Arguments first: `--help` and mistakes need no configuration.
@@ -26,8 +26,8 @@ fn main() -> ExitCode {
 
 #[tokio::main]
 async fn run(cli: Cli) -> ExitCode {
-    let config = match Config::from_env() {
-        Ok(config) => config,
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
         Err(err) => {
             eprintln!("error: {err}");
             return ExitCode::FAILURE;
@@ -35,5 +35,5 @@ async fn run(cli: Cli) -> ExitCode {
     };
     let mut listeners = Listeners::new();
     register_listeners(&mut listeners);
-    operations::run(config, listeners, cli).await
+    operations::run(settings.kit, listeners, cli).await
 }

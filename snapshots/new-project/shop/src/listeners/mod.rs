@@ -3,7 +3,7 @@
 //! `gpkit add event <name> --listener <listener>` adds a module here and
 //! registers it between the markers below; you can also register listeners
 //! by hand, outside the markers. A listener may see an event more than once,
-//! so make it idempotent on `ctx.event_id`.
+//! so make it idempotent on `ctx.event_id()`.
 
 use kit::worker::listeners::Listeners;
 

@@ -5,6 +5,7 @@
 // gpkit:begin modules
 pub mod events;
 pub mod routes;
+pub mod settings;
 pub mod startup;
 
 pub use kit::{

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 
 use kit::database;
 
+use legacy_shop::settings::Settings;
 use legacy_shop::startup::Application;
 
 /// Sends `GET path` and returns the status code.
@@ -33,8 +34,10 @@ async fn get(addr: SocketAddr, path: &str) -> u16 {
 
 /// Starts the application on a free port, with `database_url`.
 async fn spawn_app(database_url: &str) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let config = kit::testing::config(database_url);
-    let app = Application::build(&config)
+    let settings = Settings {
+        kit: kit::testing::config(database_url),
+    };
+    let app = Application::build(&settings)
         .await
         .expect("build the application");
     let addr = app.local_addr();

@@ -1,6 +1,6 @@
 //! `audit`: a listener of `orderPlaced`.
 
-use kit::worker::listeners::{ListenerContext, ListenerError};
+use kit::prelude::*;
 
 use crate::events::order_placed::OrderPlaced;
 
@@ -10,13 +10,13 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
     // Database work in `ctx.once` commits once per event, however often the
     // event arrives: write through `tx`, and dispatch follow-up events with
     // it. Work outside the database (an e-mail, an HTTP call) does not
-    // belong there; make it idempotent on `ctx.event_id` instead.
+    // belong there; make it idempotent on `ctx.event_id()` instead.
     let ran = ctx
         .once(async |_tx| {
             // sqlx::query("INSERT ...").execute(&mut *_tx).await?;
             Ok(())
         })
         .await?;
-    tracing::info!(event_id = %ctx.event_id, ?event, first = ran.is_some(), "orderPlaced: audit");
+    tracing::info!(event_id = %ctx.event_id(), ?event, first = ran.is_some(), "orderPlaced: audit");
     Ok(())
 }

@@ -118,7 +118,7 @@ impl std::error::Error for ParseError {}
 ///
 /// `env` looks up variables for `-- +goose ENVSUB ON` sections: `Some(value)` when
 /// the variable is set (possibly to an empty string), `None` when it is unset. The
-/// migration runner passes [`process_env`].
+/// migration runner passes `process_env`.
 pub fn parse(
     sql: &str,
     direction: Direction,
@@ -128,7 +128,7 @@ pub fn parse(
 }
 
 /// Looks a variable up in the process environment, for [`parse`]'s `env`.
-pub fn process_env(name: &str) -> Option<String> {
+pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
 }
 
@@ -507,7 +507,7 @@ fn fold_eq(x: char, y: char) -> bool {
 /// Go's `strconv.Quote` (`%q`), which goose uses in its messages: a double-quoted
 /// string with `"` and `\` escaped, control and other non-printable characters as
 /// `\n`, `\t`, `\x1b`, `\u00a0`, ...; printable Unicode is kept as is.
-pub fn go_quote(s: &str) -> String {
+pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -18,7 +18,7 @@
 //! fails the run with nothing changed. While it works, a command holds the advisory
 //! lock from [`super::lock`] on its connection (`version` does not need it).
 //!
-//! Progress is reported through a [`Logger`] in goose's words (`OK   <file> (<dur>)`,
+//! Progress is reported through a `Logger` in goose's words (`OK   <file> (<dur>)`,
 //! `goose: successfully migrated database to version: N`, ...); the default logger
 //! writes to stderr as goose does.
 
@@ -36,7 +36,7 @@ use super::source::{self, DiscoveryError, LoadError, Migration};
 use super::store::{self, VersionStore};
 
 /// Receives each log line.
-pub type Logger = Arc<dyn Fn(&str) + Send + Sync>;
+pub(crate) type Logger = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// What can go wrong while migrating.
 #[derive(Debug, thiserror::Error)]
@@ -517,7 +517,7 @@ fn without_comment_lines(statement: &str) -> String {
 
 /// goose's status table: a header, then `<applied at or Pending> -- <file>` per
 /// file, with times in Go's ANSIC layout (`Mon Jan  2 15:04:05 2006`).
-pub fn format_status(statuses: &[MigrationStatus]) -> String {
+pub(crate) fn format_status(statuses: &[MigrationStatus]) -> String {
     let mut out = String::from(
         "    Applied At                  Migration\n    =======================================\n",
     );
@@ -534,7 +534,7 @@ pub fn format_status(statuses: &[MigrationStatus]) -> String {
 
 /// A duration as goose logs it: rounded like its `truncateDuration`, printed like
 /// Go's `time.Duration.String` (`1.23ms`, `45.6µs`, `2.5s`, `1m3.01s`).
-pub fn go_duration(elapsed: Duration) -> String {
+pub(crate) fn go_duration(elapsed: Duration) -> String {
     let nanos = elapsed.as_nanos();
     let step = match nanos {
         n if n > 1_000_000_000 => 10_000_000,

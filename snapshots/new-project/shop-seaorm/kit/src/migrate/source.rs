@@ -125,7 +125,7 @@ impl fmt::Display for Duplicate {
 }
 
 /// The `*.sql` files directly inside `dir`, sorted by name.
-pub fn sql_files(dir: &Path) -> Result<Vec<PathBuf>, DiscoveryError> {
+pub(crate) fn sql_files(dir: &Path) -> Result<Vec<PathBuf>, DiscoveryError> {
     if !dir.is_dir() {
         return Err(DiscoveryError::MissingDirectory(dir.display().to_string()));
     }
@@ -167,7 +167,7 @@ pub fn collect(dir: &Path) -> Result<Vec<Migration>, DiscoveryError> {
 }
 
 /// The first pair of migrations sharing a version, if any (`migrations` sorted).
-pub fn find_duplicate(migrations: &[Migration]) -> Option<Duplicate> {
+pub(crate) fn find_duplicate(migrations: &[Migration]) -> Option<Duplicate> {
     migrations.windows(2).find_map(|pair| {
         (pair[0].version == pair[1].version).then(|| Duplicate {
             version: pair[0].version,

@@ -28,7 +28,7 @@ use sqlx::{Executor as _, PgConnection};
 
 /// One row of the version table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VersionRow {
+pub(crate) struct VersionRow {
     /// The migration version (0 for the initial row).
     pub version: i64,
     /// Always `true` for rows written by current goose and by this tool.
@@ -37,7 +37,7 @@ pub struct VersionRow {
 
 /// Reads and writes one version table.
 #[derive(Debug, Clone)]
-pub struct VersionStore {
+pub(crate) struct VersionStore {
     table: String,
 }
 
@@ -47,11 +47,6 @@ impl VersionStore {
         Self {
             table: table.into(),
         }
-    }
-
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.table
     }
 
     /// Creates the table and its version-0 row unless the table already exists.
@@ -153,7 +148,7 @@ impl VersionStore {
 
 /// goose's "current version": the most recently applied version (by row `id`), not
 /// necessarily the highest. `None` when no row is applied (an empty table).
-pub fn current_version(rows: &[VersionRow]) -> Option<i64> {
+pub(crate) fn current_version(rows: &[VersionRow]) -> Option<i64> {
     let mut rolled_back = HashSet::new();
     for row in rows {
         if rolled_back.contains(&row.version) {
@@ -168,7 +163,7 @@ pub fn current_version(rows: &[VersionRow]) -> Option<i64> {
 }
 
 /// The versions whose newest row is applied (`rows` newest first).
-pub fn applied_versions(rows: &[VersionRow]) -> HashSet<i64> {
+pub(crate) fn applied_versions(rows: &[VersionRow]) -> HashSet<i64> {
     let mut seen = HashSet::new();
     let mut applied = HashSet::new();
     for row in rows {

@@ -61,7 +61,7 @@ impl DirectionReport {
 
 impl FileReport {
     /// Whether anything is wrong with this file.
-    pub fn has_error(&self) -> bool {
+    pub(crate) fn has_error(&self) -> bool {
         self.error.is_some() || self.up.error.is_some() || self.down.error.is_some()
     }
 }
@@ -124,7 +124,7 @@ fn check(sql: &str, direction: Direction) -> DirectionReport {
 }
 
 /// A readable summary: one block per file, then a total.
-pub fn render_text(reports: &[FileReport]) -> String {
+pub(crate) fn render_text(reports: &[FileReport]) -> String {
     let mut out = String::new();
     for report in reports {
         let version = report

@@ -14,15 +14,15 @@ use super::{USAGE, list, purge, replay, retry_archived, show, status};
 #[command(name = "outbox", version)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
     /// Output: `text` for people, `json` for scripts (a stable shape, see
     /// the README)
     #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
-    pub format: Format,
+    pub(crate) format: Format,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// The relay's lag, recent throughput, rows due for cleanup, the
     /// table's size, and each queue's tasks by state
     Status(status::Args),
@@ -41,7 +41,7 @@ pub enum Command {
 
 impl Cli {
     /// The process's arguments. On a mistake, or `--help`, what clap has
-    /// to say is printed and the exit code returned ([`usage_error`]).
+    /// to say is printed and the exit code returned (`usage_error`).
     pub fn from_args() -> Result<Self, ExitCode> {
         Self::try_parse().map_err(|err| usage_error(&err))
     }
@@ -49,7 +49,7 @@ impl Cli {
 
 /// Reports an argument error (exit 64) or prints the help or version
 /// that clap was asked for (exit 0).
-pub fn usage_error(err: &clap::Error) -> ExitCode {
+pub(crate) fn usage_error(err: &clap::Error) -> ExitCode {
     // Printing to a closed pipe is not worth a panic.
     let _ = err.print();
     if err.use_stderr() {

@@ -52,7 +52,7 @@ pub struct Args {
 
 /// One queued task (`--format json`: `{"replayed": [...]}`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     pub event_id: Uuid,
     pub queue: String,
     pub task_id: String,

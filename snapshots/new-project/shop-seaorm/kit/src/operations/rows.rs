@@ -13,7 +13,7 @@ use crate::outbox::{Envelope, Metadata};
 
 /// One row of `outbox_events`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct EventRow {
+pub(crate) struct EventRow {
     pub id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,
@@ -67,7 +67,7 @@ fn to_event((id, name, created_at, published_at, payload, metadata): Row) -> Eve
 
 /// Which events to list.
 #[derive(Debug, Clone, Default)]
-pub struct Filter {
+pub(crate) struct Filter {
     pub name: Option<String>,
     /// `Some(true)`: published only; `Some(false)`: unpublished only.
     pub published: Option<bool>,
@@ -77,12 +77,12 @@ pub struct Filter {
     pub until: Option<DateTime<Utc>>,
     pub limit: Option<u32>,
     /// Newest first (lists) or oldest first (replays).
-    pub newest_first: bool,
+    pub(crate) newest_first: bool,
 }
 
 /// The events with these ids, in no particular order; unknown ids are
 /// simply absent.
-pub async fn by_ids(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<EventRow>, sqlx::Error> {
+pub(crate) async fn by_ids(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<EventRow>, sqlx::Error> {
     let rows: Vec<Row> = sqlx::query_as(&format!("{COLUMNS} WHERE event_id = ANY($1)"))
         .bind(ids)
         .fetch_all(pool)
@@ -122,7 +122,7 @@ pub async fn list(pool: &PgPool, filter: &Filter) -> Result<Vec<EventRow>, sqlx:
 
 /// The table's figures for `outbox status`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct TableStats {
+pub(crate) struct TableStats {
     pub unpublished: i64,
     /// Age of the oldest unpublished event: the relay's lag.
     pub oldest_unpublished_age_seconds: Option<f64>,
@@ -169,7 +169,7 @@ pub async fn stats(pool: &PgPool, retention: Duration) -> Result<TableStats, sql
 
 /// Deletes up to `limit` rows published before `before`, oldest first, and
 /// returns how many. Rows another cleaner holds are skipped.
-pub async fn delete_published_before(
+pub(crate) async fn delete_published_before(
     pool: &PgPool,
     before: DateTime<Utc>,
     limit: u32,
@@ -187,7 +187,7 @@ pub async fn delete_published_before(
 }
 
 /// How many rows were published before `before`.
-pub async fn count_published_before(
+pub(crate) async fn count_published_before(
     pool: &PgPool,
     before: DateTime<Utc>,
 ) -> Result<i64, sqlx::Error> {

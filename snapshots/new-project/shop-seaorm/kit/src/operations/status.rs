@@ -19,12 +19,12 @@ pub struct Args {
     /// Exit 2 when the oldest unpublished event is older than this, such
     /// as 30s or 5m
     #[arg(long, value_parser = time::parse_duration)]
-    pub max_lag: Option<Duration>,
+    pub(crate) max_lag: Option<Duration>,
 }
 
 /// One queue's counts.
 #[derive(Debug, Clone, Serialize)]
-pub struct QueueStatus {
+pub(crate) struct QueueStatus {
     pub queue: String,
     #[serde(flatten)]
     pub counts: QueueCounts,

@@ -19,6 +19,7 @@ pub struct OutboxDispatcher {
 }
 
 impl OutboxDispatcher {
+    /// A dispatcher that writes to `outbox_events`.
     pub fn new() -> Self {
         Self::default()
     }

@@ -21,7 +21,7 @@
 //! pile up while any session holds an old snapshot (vacuum cannot remove
 //! them). A row id is taken at insert, not at commit, so a transaction that
 //! commits late can leave an unpublished row below that point: a round that
-//! comes back short, and every [`RESCAN_EVERY`]th full round, makes the next
+//! comes back short, and every `RESCAN_EVERY`th full round, makes the next
 //! claim start from the beginning again, and such a row is published then.
 //!
 //! The marks belong to the round's transaction: a crash before the commit
@@ -60,16 +60,16 @@ const RELAY_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 /// Full rounds in a row after which the claim starts from the beginning
 /// again, so that under a backlog that never ends, a row that committed
 /// late below the keyset position waits at most this many rounds.
-pub const RESCAN_EVERY: u32 = 100;
+pub(crate) const RESCAN_EVERY: u32 = 100;
 
 /// The longest wait between failed rounds.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What every event's task type starts with.
 pub const EVENT_TASK_PREFIX: &str = "event:";
 
 /// The asynq task type of an event: `event:<name>`.
-pub fn event_task_type(event_name: &str) -> String {
+pub(crate) fn event_task_type(event_name: &str) -> String {
     format!("{EVENT_TASK_PREFIX}{event_name}")
 }
 
@@ -89,12 +89,17 @@ pub struct Round {
 /// marked published before the error is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
+    /// Claiming or marking rows failed.
     #[error("outbox database error")]
     Database(#[from] sqlx::Error),
+    /// Enqueuing failed part-way through the batch.
     #[error("queue error after {published} of {claimed} events were published")]
     Queue {
+        /// Events claimed in the round.
         claimed: usize,
+        /// Events published before the failure.
         published: usize,
+        /// The queue's error.
         #[source]
         source: queue::QueueError,
     },
@@ -120,10 +125,10 @@ pub struct RelayMetrics {
     /// Unpublished events.
     pub backlog: Gauge,
     /// Age of the oldest unpublished event, in seconds.
-    pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
+    pub(crate) oldest_unpublished_age: Gauge<f64, AtomicU64>,
     /// When the last relay round (good or failed) finished, in Unix
     /// seconds; 0 before the first.
-    pub last_round_unix: Gauge<f64, AtomicU64>,
+    pub(crate) last_round_unix: Gauge<f64, AtomicU64>,
 }
 
 /// The relay for one worker process.
@@ -145,6 +150,8 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// A relay that claims from `pool` and enqueues to `queue`, with the
+    /// batch size, poll interval, task retention and queues of `config`.
     pub fn new(pool: PgPool, queue: Client, config: &OutboxConfig, metrics: RelayMetrics) -> Self {
         Self {
             pool,
@@ -370,7 +377,7 @@ impl Relay {
     }
 
     /// Runs rounds until `shutdown` is cancelled. The round in hand gets
-    /// [`SHUTDOWN_GRACE`] to finish; one still waiting on the database or
+    /// `SHUTDOWN_GRACE` to finish; one still waiting on the database or
     /// the queue then is dropped, which rolls it back (its events go out in
     /// the next round, the queue reporting any it already has as
     /// duplicates). No transaction is held while it waits.
@@ -421,7 +428,7 @@ impl Relay {
 }
 
 /// How long the round in hand may go on after shutdown began.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
 /// Completes [`SHUTDOWN_GRACE`] after `shutdown` is cancelled.
 async fn grace_after(shutdown: &CancellationToken) {
@@ -453,7 +460,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 /// every failure up to `cap`; each delay is drawn between 3/4 of the ceiling
 /// and the ceiling, so replicas that failed together do not retry together.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     base: Duration,
     cap: Duration,
     failures: u32,
@@ -476,7 +483,7 @@ impl Backoff {
     }
 
     /// The delay before the next attempt, and one more failure counted.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let ceiling = self.ceiling();
         self.failures = self.failures.saturating_add(1);
         ceiling.mul_f64(0.75 + 0.25 * fastrand::f64())

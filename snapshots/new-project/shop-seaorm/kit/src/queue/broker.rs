@@ -506,7 +506,7 @@ pub(super) fn is_not_found(err: &QueueError) -> bool {
 /// Go asynq's `DefaultRetryDelayFunc` (Sidekiq's formula): after the n-th
 /// failure (n counted from 0), wait n⁴ + 15 + rand(0..30)·(n+1) seconds:
 /// about 15–45 s first, 1 min, 2 min, ..., 4.5 days at n = 25.
-pub fn default_retry_delay(retried: u32) -> Duration {
+pub(crate) fn default_retry_delay(retried: u32) -> Duration {
     let n = u64::from(retried);
     let jitter = fastrand::u64(0..30) * (n + 1);
     Duration::from_secs(

@@ -84,7 +84,7 @@ pub fn completed(queue: &str) -> String {
 
 /// The set of a queue's group names (task aggregation, not used by this
 /// kit; asynq's "run" script keeps it tidy).
-pub fn all_groups(queue: &str) -> String {
+pub(crate) fn all_groups(queue: &str) -> String {
     format!("asynq:{{{queue}}}:groups")
 }
 
@@ -95,12 +95,12 @@ pub fn group(queue: &str, group: &str) -> String {
 }
 
 /// Count of tasks processed on a day (UTC), as asynqmon charts them.
-pub fn processed_on(queue: &str, day: DateTime<Utc>) -> String {
+pub(crate) fn processed_on(queue: &str, day: DateTime<Utc>) -> String {
     format!("asynq:{{{queue}}}:processed:{}", day.format("%Y-%m-%d"))
 }
 
 /// Count of tasks that failed on a day (UTC).
-pub fn failed_on(queue: &str, day: DateTime<Utc>) -> String {
+pub(crate) fn failed_on(queue: &str, day: DateTime<Utc>) -> String {
     format!("asynq:{{{queue}}}:failed:{}", day.format("%Y-%m-%d"))
 }
 

@@ -21,12 +21,16 @@ pub struct TaskMessage {
     /// The task type, such as `event:orderPlaced`.
     #[prost(string, tag = "1")]
     pub r#type: String,
+    /// The payload, as the handler receives it.
     #[prost(bytes = "vec", tag = "2")]
     pub payload: Vec<u8>,
+    /// Key-value metadata for the handler (asynq's task headers).
     #[prost(btree_map = "string, string", tag = "15")]
     pub headers: BTreeMap<String, String>,
+    /// The task id, unique in its queue.
     #[prost(string, tag = "3")]
     pub id: String,
+    /// The queue the task belongs to.
     #[prost(string, tag = "4")]
     pub queue: String,
     /// Maximum number of retries.
@@ -35,8 +39,10 @@ pub struct TaskMessage {
     /// Retries so far.
     #[prost(int32, tag = "6")]
     pub retried: i32,
+    /// The error of the last failed run.
     #[prost(string, tag = "7")]
     pub error_msg: String,
+    /// When the last run failed, in Unix seconds.
     #[prost(int64, tag = "11")]
     pub last_failed_at: i64,
     /// How long one run may take, in seconds.
@@ -48,11 +54,13 @@ pub struct TaskMessage {
     /// The uniqueness lock of a Go `asynq.Unique` task; empty otherwise.
     #[prost(string, tag = "10")]
     pub unique_key: String,
+    /// The group of a Go aggregated task; empty otherwise.
     #[prost(string, tag = "14")]
     pub group_key: String,
     /// How long the task is kept in `:completed` after success, in seconds.
     #[prost(int64, tag = "12")]
     pub retention: i64,
+    /// When the task completed, in Unix seconds.
     #[prost(int64, tag = "13")]
     pub completed_at: i64,
 }
@@ -60,8 +68,10 @@ pub struct TaskMessage {
 /// `google.protobuf.Timestamp`, as asynq.proto imports it.
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
 pub struct Timestamp {
+    /// Seconds since the Unix epoch.
     #[prost(int64, tag = "1")]
     pub seconds: i64,
+    /// Nanoseconds within that second.
     #[prost(int32, tag = "2")]
     pub nanos: i32,
 }
@@ -79,25 +89,31 @@ impl From<DateTime<Utc>> for Timestamp {
 /// `Inspector.Servers()` show it (`asynq.ServerInfo`).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ServerInfo {
+    /// The host name of the server.
     #[prost(string, tag = "1")]
     pub host: String,
+    /// The process id of the server.
     #[prost(int32, tag = "2")]
     pub pid: i32,
     /// A UUID, new at each start.
     #[prost(string, tag = "3")]
     pub server_id: String,
+    /// How many tasks the server runs at once.
     #[prost(int32, tag = "4")]
     pub concurrency: i32,
     /// Queue name to priority (its weight).
     #[prost(map = "string, int32", tag = "5")]
     pub queues: HashMap<String, i32>,
+    /// Whether higher-priority queues are always emptied first; never for this kit's worker.
     #[prost(bool, tag = "6")]
     pub strict_priority: bool,
     /// `active` while the server takes tasks.
     #[prost(string, tag = "7")]
     pub status: String,
+    /// When the server started.
     #[prost(message, optional, tag = "8")]
     pub start_time: Option<Timestamp>,
+    /// Tasks running now.
     #[prost(int32, tag = "9")]
     pub active_worker_count: i32,
 }
@@ -105,20 +121,28 @@ pub struct ServerInfo {
 /// One running task of a server (`asynq.WorkerInfo`).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WorkerInfo {
+    /// The host name of the server running the task.
     #[prost(string, tag = "1")]
     pub host: String,
+    /// The process id of the server running the task.
     #[prost(int32, tag = "2")]
     pub pid: i32,
+    /// The `server_id` of that server's [`ServerInfo`].
     #[prost(string, tag = "3")]
     pub server_id: String,
+    /// The id of the running task.
     #[prost(string, tag = "4")]
     pub task_id: String,
+    /// The type of the running task.
     #[prost(string, tag = "5")]
     pub task_type: String,
+    /// The payload of the running task.
     #[prost(bytes = "vec", tag = "6")]
     pub task_payload: Vec<u8>,
+    /// The queue the task came from.
     #[prost(string, tag = "7")]
     pub queue: String,
+    /// When the run started.
     #[prost(message, optional, tag = "8")]
     pub start_time: Option<Timestamp>,
     /// When the run must end.

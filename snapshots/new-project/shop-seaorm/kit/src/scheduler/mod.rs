@@ -6,8 +6,8 @@
 //! - One replica at a time leads: it holds a lease on Valkey ([`lease`]).
 //!   Only the leader enqueues ticks; the others wait to take over.
 //! - Every tick has a deterministic id, a UUIDv5 of the service, the
-//!   schedule's name and the tick's time ([`Tick::id_of`]), the same on
-//!   every replica ([`spec`] computes the same tick times everywhere). Two
+//!   schedule's name and the tick's time (`Tick::id_of`), the same on
+//!   every replica (`spec` computes the same tick times everywhere). Two
 //!   replicas that both believe they lead (a paused process, a partition)
 //!   enqueue the same ids, and the second enqueue is a no-op:
 //!   - an event tick is inserted into the outbox with the tick id as its
@@ -23,11 +23,11 @@
 //!   leader then enqueues up to that many of the latest ticks, each under
 //!   its own id (those already enqueued are no-ops).
 //! - The leader writes the schedules and each tick it enqueued where
-//!   asynqmon's Schedulers page reads them ([`history`]).
+//!   asynqmon's Schedulers page reads them (`history`).
 
-pub mod history;
+pub(crate) mod history;
 pub mod lease;
-pub mod spec;
+pub(crate) mod spec;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,7 +49,7 @@ use crate::outbox::{Envelope, Metadata, Store};
 use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task};
 
 /// The prefix of a job's task type: `job:<name>`.
-pub const JOB_TASK_PREFIX: &str = "job:";
+pub(crate) const JOB_TASK_PREFIX: &str = "job:";
 
 /// One tick of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ impl Tick {
     }
 
     /// UUIDv5 of `<service>/<schedule>@<unix seconds>`.
-    pub fn id_of(schedule: &str, at: DateTime<Utc>) -> Uuid {
+    pub(crate) fn id_of(schedule: &str, at: DateTime<Utc>) -> Uuid {
         let name = format!("{}/{schedule}@{}", env!("CARGO_PKG_NAME"), at.timestamp());
         Uuid::new_v5(&Uuid::NAMESPACE_OID, name.as_bytes())
     }
@@ -117,6 +117,7 @@ pub trait ScheduledJob: Send + Sync + 'static {
 /// What a job gets.
 #[derive(Debug, Clone)]
 pub struct JobContext {
+    /// The tick the job runs for.
     pub tick: Tick,
     /// The database, for jobs that read or write.
     pub pool: PgPool,
@@ -129,9 +130,12 @@ type RunJob = Arc<
 
 /// One registered schedule.
 pub struct Entry {
+    /// The schedule's name, unique among the service's schedules.
     pub name: &'static str,
+    /// When it ticks: a cron expression.
     pub cron: &'static str,
-    pub time_zone: &'static str,
+    pub(crate) time_zone: &'static str,
+    /// How many missed ticks a new leader enqueues (0: none).
     pub catch_up: u32,
     what: What,
 }
@@ -161,6 +165,7 @@ pub struct Schedules {
 }
 
 impl Schedules {
+    /// No schedules.
     pub fn new() -> Self {
         Self::default()
     }
@@ -201,7 +206,7 @@ impl Schedules {
 
     /// Parses every schedule's spec and zone: the worker refuses to start
     /// on a bad one (or a name registered twice), naming it.
-    pub fn specs(&self) -> anyhow::Result<Vec<Spec>> {
+    pub(crate) fn specs(&self) -> anyhow::Result<Vec<Spec>> {
         let mut names = std::collections::BTreeSet::new();
         self.entries
             .iter()
@@ -218,7 +223,7 @@ impl Schedules {
     }
 
     /// Registers on `consumer` the handler of each job's `job:<name>` task.
-    pub fn handle_jobs(&self, consumer: &mut Consumer, pool: &PgPool) {
+    pub(crate) fn handle_jobs(&self, consumer: &mut Consumer, pool: &PgPool) {
         for entry in &self.entries {
             let What::Job(run) = &entry.what else {
                 continue;
@@ -262,9 +267,9 @@ async fn run_job(name: &str, run: &RunJob, pool: PgPool, task: Task) -> Result<(
 
 /// Where and how the leader enqueues ticks.
 #[derive(Debug, Clone)]
-pub struct TickOptions {
+pub(crate) struct TickOptions {
     /// The queue of job tasks.
-    pub job_queue: String,
+    pub(crate) job_queue: String,
     /// How long a completed job task keeps deduplicating its id.
     pub retention: Duration,
 }
@@ -272,7 +277,7 @@ pub struct TickOptions {
 /// Enqueues one tick: an event into the outbox, a job into the queue.
 /// Returns whether it was new (false: already enqueued, by this replica or
 /// another).
-pub async fn enqueue_tick(
+pub(crate) async fn enqueue_tick(
     entry: &Entry,
     tick: &Tick,
     pool: &PgPool,
@@ -324,7 +329,7 @@ struct Leading {
 }
 
 /// The scheduler of one worker replica.
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     schedules: Arc<Schedules>,
     specs: Vec<Spec>,
     lease: Lease,

@@ -19,14 +19,14 @@ use crate::outbox::relay::MAX_BACKOFF;
 use crate::queue::Client;
 
 /// How long each readiness check waits for an answer.
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a relay round may take, beyond the longest wait between two
 /// rounds, before the relay counts as stuck.
-pub const ROUND_LIMIT: Duration = Duration::from_secs(120);
+pub(crate) const ROUND_LIMIT: Duration = Duration::from_secs(120);
 
 /// What `/readyz` checks. Cloning shares it.
 #[derive(Clone)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     pool: PgPool,
     queue: Client,
     relay: RelayMetrics,

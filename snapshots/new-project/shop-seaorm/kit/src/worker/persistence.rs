@@ -16,14 +16,14 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Persistence {
     /// `appendonly yes`: every write goes to the append-only file.
-    pub append_only: bool,
+    pub(crate) append_only: bool,
     /// The `save` rules (`3600 1 300 100 60 10000`); empty: no snapshots.
     pub save: String,
 }
 
 impl Persistence {
     /// Whether a restart would lose everything queued.
-    pub fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         !self.append_only && self.save.trim().is_empty()
     }
 }
@@ -45,7 +45,7 @@ pub async fn read(queue: &Client) -> Option<Persistence> {
 }
 
 /// Logs a warning when Valkey persists nothing.
-pub async fn warn_if_off(queue: &Client) {
+pub(crate) async fn warn_if_off(queue: &Client) {
     match read(queue).await {
         Some(persistence) if persistence.is_off() => tracing::warn!(
             "Valkey persists nothing (appendonly no, save \"\"): a restart of Valkey loses \

@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 /// goose's `DefaultLockID`: `crc32.ChecksumIEEE("goose")`.
-pub const LOCK_ID: i64 = 4_097_083_626;
+pub(crate) const LOCK_ID: i64 = 4_097_083_626;
 
 /// How to wait for a lock held by someone else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,13 +10,13 @@ use serde::Serialize;
 
 /// `--format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Text,
     Json,
 }
 
 /// Prints `value` as pretty JSON on stdout.
-pub fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+pub(crate) fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     println!("{text}");
     Ok(())
@@ -28,12 +28,12 @@ pub fn time(time: DateTime<Utc>) -> String {
 }
 
 /// An optional time, or `-`.
-pub fn maybe_time(value: Option<DateTime<Utc>>) -> String {
+pub(crate) fn maybe_time(value: Option<DateTime<Utc>>) -> String {
     value.map_or_else(|| "-".to_string(), time)
 }
 
 /// A duration to the second, such as `1h 2m 3s`.
-pub fn age(duration: Duration) -> String {
+pub(crate) fn age(duration: Duration) -> String {
     humantime::format_duration(Duration::from_secs(duration.as_secs())).to_string()
 }
 

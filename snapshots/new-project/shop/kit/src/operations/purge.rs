@@ -29,7 +29,7 @@ pub struct Args {
 
 /// What was deleted (`--format json`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Purged {
+pub(crate) struct Purged {
     pub published_before: DateTime<Utc>,
     pub deleted: u64,
     /// Statements run, the last one short.

@@ -26,7 +26,7 @@ pub struct Args {
 
 /// One task put back (`--format json`: `{"retried": [...]}`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Retried {
+pub(crate) struct Retried {
     pub queue: String,
     pub id: String,
     #[serde(rename = "type")]

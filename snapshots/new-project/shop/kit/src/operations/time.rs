@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 
 /// A point in time: a duration means that long before now.
-pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
+pub(crate) fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(ago) = humantime::parse_duration(text) {
         let ago = TimeDelta::from_std(ago).map_err(|_| too_far(text))?;
         return Utc::now()

@@ -13,10 +13,13 @@ pub use crate::trace_context::Metadata;
 /// queue task id, and what listeners deduplicate on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
+    /// The event id, unique per event: the idempotency key.
     pub id: Uuid,
     /// The event's wire name, lowerCamelCase (`orderPlaced`).
     pub name: String,
+    /// The event, as its JSON serialisation.
     pub payload: serde_json::Value,
+    /// Key-value context carried with the event, such as the trace context.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: Metadata,
     /// RFC 3339, microsecond precision (what Postgres stores).

@@ -422,7 +422,7 @@ impl Connection {
 
     /// Whether this is a cluster connection, where a pipeline must stay
     /// within one slot.
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.shared.target.kind, Kind::Cluster(..))
     }
 

@@ -77,15 +77,20 @@ const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
+    /// The task type, such as `event:orderPlaced`.
     pub task_type: String,
+    /// The task id.
     pub id: String,
+    /// The payload, as the producer enqueued it.
     pub payload: Vec<u8>,
     /// The task's headers (asynq's `TaskMessage.headers`), as the producer
     /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
     pub headers: BTreeMap<String, String>,
+    /// The queue the task came from.
     pub queue: String,
     /// Failed runs before this one.
     pub retried: u32,
+    /// Retries allowed after the first failed run.
     pub max_retry: u32,
 }
 
@@ -104,7 +109,8 @@ impl From<&TaskMessage> for Task {
 }
 
 /// Why a handler failed. Any error converts into it with `?`; the task is
-/// retried, unless the error was made with [`HandlerError::skip_retry`].
+/// retried, unless [`SkipRetry`] is in the error's chain (or the error was
+/// made with [`HandlerError::skip_retry`]): then it is archived at once.
 pub struct HandlerError {
     error: anyhow::Error,
     skip_retry: bool,
@@ -123,12 +129,20 @@ impl HandlerError {
 
 impl<E: Into<anyhow::Error>> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        Self {
-            error: error.into(),
-            skip_retry: false,
-        }
+        let error = error.into();
+        let skip_retry = error.chain().any(|cause| cause.is::<SkipRetry>());
+        Self { error, skip_retry }
     }
 }
+
+/// A failure that retrying cannot fix: return it from a listener or a
+/// scheduled job (`Err(SkipRetry("...".into()).into())`, also wrapped in
+/// `anyhow`'s context) and its task is archived at once instead of retried,
+/// as Go's `asynq.SkipRetry` does. `outbox retry-archived` runs it again
+/// later.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} (not retried)")]
+pub struct SkipRetry(pub String);
 
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -172,10 +186,10 @@ pub struct ConsumerOptions {
     /// How often completed tasks past their retention are deleted. Default 8 s.
     pub cleanup_interval: Duration,
     /// Delay before retry n + 1, given n failures so far.
-    /// Default [`default_retry_delay`], Go asynq's.
+    /// Default `default_retry_delay`, Go asynq's.
     pub retry_delay: fn(u32) -> Duration,
     /// Also wake when another process publishes an enqueue on
-    /// [`wakeup::CHANNEL`] (`OUTBOX_WAKE=valkey`). Default off.
+    /// `wakeup::CHANNEL` (`OUTBOX_WAKE=valkey`). Default off.
     pub wake_on_published: bool,
 }
 
@@ -222,6 +236,8 @@ pub struct Consumer {
 }
 
 impl Consumer {
+    /// A consumer that takes tasks through `client`, run as `options` say, with
+    /// no handlers yet.
     pub fn new(client: Client, options: ConsumerOptions) -> Self {
         Self {
             client,

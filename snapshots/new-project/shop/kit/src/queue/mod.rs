@@ -47,54 +47,65 @@ mod consumer;
 mod inspect;
 pub mod keys;
 pub mod message;
-mod names;
 pub mod scripts;
-pub mod wakeup;
-mod weights;
+pub(crate) mod wakeup;
 
-pub use broker::default_retry_delay;
-pub use client::{
-    Client, DEFAULT_MAX_RETRY, DEFAULT_QUEUE, DEFAULT_TIMEOUT, EnqueueOutcome, NewTask,
-};
+pub use crate::config::{QueueNames, QueueWeights};
+pub(crate) use broker::default_retry_delay;
+pub use client::{Client, EnqueueOutcome, NewTask};
+pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
 pub use connection::{Connection, Target};
-pub use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
+pub use consumer::{Consumer, ConsumerOptions, HandlerError, SkipRetry, Task};
 pub use inspect::{QueueCounts, RunOutcome, TaskInfo};
-pub use names::{QueueNames, check_queue_name};
-pub use weights::QueueWeights;
 
 /// Why a queue operation failed. Never contains the Valkey password.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
+    /// No connection could be made.
     #[error("cannot connect to Valkey at {addr}")]
     Connect {
+        /// The address tried.
         addr: String,
+        /// The client's error.
         #[source]
         source: redis::RedisError,
     },
+    /// A configured address is not `host:port`.
     #[error("`{0}` is not a Valkey address; expected host:port, such as localhost:6379")]
     Address(String),
+    /// `VALKEY_URL` has an unknown scheme.
     #[error(
         "VALKEY_URL is not a Valkey URL; expected redis://, rediss://, valkey:// or valkeys://"
     )]
     Url,
+    /// The CA certificate could not be read.
     #[error("cannot read the CA certificate VALKEY_CA_CERT `{path}`")]
     CaCert {
+        /// The certificate's path.
         path: String,
+        /// The read error.
         #[source]
         source: std::io::Error,
     },
+    /// A command failed.
     #[error("Valkey command failed")]
     Redis(#[from] redis::RedisError),
+    /// Valkey's reply has an unexpected shape.
     #[error("Valkey sent an unexpected reply: {0}")]
     UnexpectedReply(String),
+    /// The task cannot be enqueued as it is.
     #[error("invalid task: {0}")]
     InvalidTask(String),
+    /// A stored task does not decode as a `TaskMessage`.
     #[error("a task in queue `{queue}` is not a valid asynq TaskMessage")]
     Decode {
+        /// The queue the task is in.
         queue: String,
+        /// The decoding error.
         #[source]
         source: prost::DecodeError,
     },
+    /// The consumer's options contradict each other.
     #[error("invalid consumer options: {0}")]
     Options(String),
 }

@@ -15,8 +15,8 @@
 //! task ids inside the script (its issues #480, #951); here those state
 //! changes take two steps: the ids are read first, then a script that is
 //! given their keys checks that each task is still where it was read and
-//! moves only those ([`DEQUEUE`], [`FORWARD`], [`DELETE_EXPIRED`],
-//! [`TRIM_ARCHIVED`], [`RUN_TASK`]). Listing expired leases needs no script.
+//! moves only those (`DEQUEUE`, `FORWARD`, `DELETE_EXPIRED`,
+//! `TRIM_ARCHIVED`, `RUN_TASK`). Listing expired leases needs no script.
 //! All keys of a queue carry its `{queue}` hash tag, so each script runs on
 //! the one node of a Valkey Cluster that owns the queue's slot.
 
@@ -52,7 +52,7 @@ return 1
 ///
 /// KEYS: pending, paused, active, lease, task hash of `expected`. ARGV:
 /// lease expiry (Unix s), `expected`.
-pub static DEQUEUE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static DEQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("EXISTS", KEYS[2]) == 1 then
@@ -79,7 +79,7 @@ return {2, msg, redis.call("LINDEX", KEYS[1], -1)}
 ///
 /// KEYS: active, lease, task hash, `processed:<day>`, processed.
 /// ARGV: task id, stats expiry (Unix s), max int64.
-pub static DONE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static DONE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
@@ -108,7 +108,7 @@ return redis.status_reply("OK")
 
 /// [`DONE`] for a task enqueued by Go with `asynq.Unique`: also releases
 /// its uniqueness lock. KEYS: as [`DONE`], then the unique key.
-pub static DONE_UNIQUE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static DONE_UNIQUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
@@ -143,7 +143,7 @@ return redis.status_reply("OK")
 /// KEYS: active, lease, completed, task hash, `processed:<day>`, processed.
 /// ARGV: task id, stats expiry, completed-at + retention, encoded message,
 /// max int64.
-pub static MARK_AS_COMPLETE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static MARK_AS_COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
@@ -173,7 +173,7 @@ return redis.status_reply("OK")
 
 /// [`MARK_AS_COMPLETE`] that also releases a Go uniqueness lock.
 /// KEYS: as [`MARK_AS_COMPLETE`], then the unique key.
-pub static MARK_AS_COMPLETE_UNIQUE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static MARK_AS_COMPLETE_UNIQUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
@@ -210,7 +210,7 @@ return redis.status_reply("OK")
 /// KEYS: task hash, active, lease, retry, `processed:<day>`, `failed:<day>`,
 /// processed, failed. ARGV: task id, encoded message, retry at (Unix s),
 /// stats expiry, is failure (1/0), max int64.
-pub static RETRY: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
@@ -251,7 +251,7 @@ return redis.status_reply("OK")
 /// KEYS: task hash, active, lease, archived, `processed:<day>`, `failed:<day>`,
 /// processed, failed. ARGV: task id, encoded message, died at (Unix s),
 /// stats expiry, max int64.
-pub static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
@@ -290,7 +290,7 @@ return {redis.call("ZCARD", KEYS[4]), tonumber(oldest[2])}
 ///
 /// KEYS: archived, then the task hash of each id. ARGV: cutoff (Unix s),
 /// max archive size, then the ids.
-pub static TRIM_ARCHIVED: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static TRIM_ARCHIVED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local excess = redis.call("ZCARD", KEYS[1]) - tonumber(ARGV[2])
@@ -314,7 +314,7 @@ return deleted
 /// the next one dequeued (used at shutdown).
 ///
 /// KEYS: active, lease, pending, task hash. ARGV: task id.
-pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
@@ -339,7 +339,7 @@ return redis.status_reply("OK")
 ///
 /// KEYS: task hash, pending, groups, the sorted set the task waits in (its
 /// state's, or its group's when aggregating). ARGV: task id, state, group.
-pub static RUN_TASK: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static RUN_TASK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("EXISTS", KEYS[1]) == 0 then
@@ -374,7 +374,7 @@ return 1
 /// KEYS: source sorted set, pending, then for each task its hash and its
 /// group's sorted set (its hash again when it has no group). ARGV: now
 /// (Unix s), now (ns), then for each task its id and group ("" for none).
-pub static FORWARD: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static FORWARD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local moved = 0
@@ -409,7 +409,7 @@ return moved
 ///
 /// KEYS: completed, then the task hash of each id. ARGV: now (Unix s), then
 /// the ids.
-pub static DELETE_EXPIRED: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static DELETE_EXPIRED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local deleted = 0
@@ -431,7 +431,7 @@ return deleted
 ///
 /// KEYS: server info, workers. ARGV: TTL (s), encoded server info, then
 /// task id and encoded worker info pairs.
-pub static WRITE_SERVER_STATE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static WRITE_SERVER_STATE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 redis.call("SETEX", KEYS[1], ARGV[1], ARGV[2])
@@ -446,7 +446,7 @@ return redis.status_reply("OK")
 });
 
 /// Deletes a server's state at shutdown. KEYS: server info, workers.
-pub static CLEAR_SERVER_STATE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static CLEAR_SERVER_STATE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 redis.call("DEL", KEYS[1])

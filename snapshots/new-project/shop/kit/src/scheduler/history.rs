@@ -29,14 +29,14 @@ use crate::queue::Client;
 use crate::queue::message::Timestamp;
 
 /// The sorted set of every scheduler's entries key.
-pub const ALL_SCHEDULERS: &str = "asynq:schedulers";
+pub(crate) const ALL_SCHEDULERS: &str = "asynq:schedulers";
 
 /// How many enqueue events a schedule's history keeps.
 const HISTORY_LENGTH: isize = 1000;
 
 /// One schedule as asynqmon shows it (`asynq.SchedulerEntry`).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct SchedulerEntry {
+pub(crate) struct SchedulerEntry {
     #[prost(string, tag = "1")]
     pub id: String,
     #[prost(string, tag = "2")]
@@ -46,20 +46,20 @@ pub struct SchedulerEntry {
     #[prost(bytes = "vec", tag = "4")]
     pub task_payload: Vec<u8>,
     #[prost(string, repeated, tag = "5")]
-    pub enqueue_options: Vec<String>,
+    pub(crate) enqueue_options: Vec<String>,
     #[prost(message, optional, tag = "6")]
-    pub next_enqueue_time: Option<Timestamp>,
+    pub(crate) next_enqueue_time: Option<Timestamp>,
     #[prost(message, optional, tag = "7")]
-    pub prev_enqueue_time: Option<Timestamp>,
+    pub(crate) prev_enqueue_time: Option<Timestamp>,
 }
 
 /// One tick enqueued (`asynq.SchedulerEnqueueEvent`).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct SchedulerEnqueueEvent {
+pub(crate) struct SchedulerEnqueueEvent {
     #[prost(string, tag = "1")]
     pub task_id: String,
     #[prost(message, optional, tag = "2")]
-    pub enqueue_time: Option<Timestamp>,
+    pub(crate) enqueue_time: Option<Timestamp>,
 }
 
 /// This process's scheduler id, `host:pid:uuid` as Go's.
@@ -71,17 +71,17 @@ static SCHEDULER_ID: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// `asynq:schedulers:{<scheduler id>}`.
-pub fn entries_key(scheduler_id: &str) -> String {
+pub(crate) fn entries_key(scheduler_id: &str) -> String {
     format!("asynq:schedulers:{{{scheduler_id}}}")
 }
 
 /// `asynq:scheduler_history:<entry id>`.
-pub fn history_key(entry_id: &str) -> String {
+pub(crate) fn history_key(entry_id: &str) -> String {
     format!("asynq:scheduler_history:{entry_id}")
 }
 
 /// The id asynqmon knows `schedule` by.
-pub fn entry_id(schedule: &str) -> String {
+pub(crate) fn entry_id(schedule: &str) -> String {
     let name = format!("{}/{schedule}", env!("CARGO_PKG_NAME"));
     Uuid::new_v5(&Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }
@@ -106,7 +106,12 @@ fn entry(schedule: &Entry, spec: &Spec) -> SchedulerEntry {
 }
 
 /// Writes this leader's entries, expiring after `ttl`.
-pub async fn write_entries(queue: &Client, schedules: &Schedules, specs: &[Spec], ttl: Duration) {
+pub(crate) async fn write_entries(
+    queue: &Client,
+    schedules: &Schedules,
+    specs: &[Spec],
+    ttl: Duration,
+) {
     let key = entries_key(&SCHEDULER_ID);
     let encoded: Vec<Vec<u8>> = schedules
         .all()
@@ -140,7 +145,7 @@ pub async fn write_entries(queue: &Client, schedules: &Schedules, specs: &[Spec]
 }
 
 /// Removes this process's entries (when it stops leading).
-pub async fn clear_entries(queue: &Client) {
+pub(crate) async fn clear_entries(queue: &Client) {
     let key = entries_key(&SCHEDULER_ID);
     let mut conn = queue.connection();
     let cleared = async {

@@ -11,7 +11,7 @@
 //! the same transaction commit with the work, so a chain of listeners stays
 //! exactly once in effect.
 //!
-//! Records older than `INBOX_RETENTION` are deleted by [`run_cleanup`]: a
+//! Records older than `INBOX_RETENTION` are deleted by `run_cleanup`: a
 //! duplicate arriving later than that would run again, so the retention
 //! must outlast every redelivery (the queue's retries and deduplication
 //! window, and any replay).
@@ -27,6 +27,10 @@ use crate::database::Transactor;
 use crate::outbox::cleanup;
 /// Rows deleted per cleanup statement, as for the outbox.
 pub use crate::outbox::cleanup::CLEANUP_BATCH;
+
+/// Records (listener, event id), or does nothing when a delivery before did.
+const RECORD: &str = "INSERT INTO inbox_processed (listener, event_id) VALUES ($1, $2) \
+                      ON CONFLICT (listener, event_id) DO NOTHING";
 
 /// SQLSTATE `undefined_table`.
 const UNDEFINED_TABLE: &str = "42P01";
@@ -47,16 +51,13 @@ where
     F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
 {
     let mut tx = transactor.pool().begin().await?;
-    let recorded = sqlx::query(
-        "INSERT INTO inbox_processed (listener, event_id) VALUES ($1, $2) \
-         ON CONFLICT (listener, event_id) DO NOTHING",
-    )
-    .bind(listener)
-    .bind(event_id)
-    .execute(&mut *tx)
-    .await
-    .map_err(explain)?
-    .rows_affected()
+    let recorded = sqlx::query(RECORD)
+        .bind(listener)
+        .bind(event_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(explain)?
+        .rows_affected()
         == 1;
     if !recorded {
         tx.rollback().await?;
@@ -69,20 +70,63 @@ where
     Ok(Some(value))
 }
 
+/// [`once`] in a SeaORM transaction on the transactor's pool: the same
+/// inbox record, the same commit and after-commit hook.
+#[cfg(feature = "seaorm")]
+pub(crate) async fn once_orm<T, F>(
+    transactor: &Transactor,
+    listener: &str,
+    event_id: Uuid,
+    work: F,
+) -> Result<Option<T>, ListenerError>
+where
+    F: AsyncFnOnce(&sea_orm::DatabaseTransaction) -> Result<T, ListenerError>,
+{
+    use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+
+    let tx = crate::orm::connection(transactor.pool()).begin().await?;
+    let record = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        RECORD,
+        [listener.into(), event_id.into()],
+    );
+    let recorded = match tx.execute(record).await {
+        Ok(done) => done.rows_affected() == 1,
+        Err(err) if err.to_string().contains(UNDEFINED_TABLE_MESSAGE) => {
+            return Err(missing_table());
+        }
+        Err(err) => return Err(err.into()),
+    };
+    if !recorded {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    // On an error `tx` is dropped unfinished, which rolls it back.
+    let value = work(&tx).await?;
+    tx.commit().await?;
+    transactor.committed();
+    Ok(Some(value))
+}
+
+/// How Postgres words a missing inbox table, for errors that reach us as
+/// text (SeaORM's).
+#[cfg(feature = "seaorm")]
+const UNDEFINED_TABLE_MESSAGE: &str = "relation \"inbox_processed\" does not exist";
+
 /// A missing inbox table is a migration not applied; say so.
 fn explain(err: sqlx::Error) -> ListenerError {
     let missing = err
         .as_database_error()
         .and_then(|db| db.code())
         .is_some_and(|code| code == UNDEFINED_TABLE);
-    if missing {
-        anyhow::anyhow!(
-            "the inbox table `inbox_processed` does not exist: apply the migrations \
-             (cargo run --bin migrate -- up)"
-        )
-    } else {
-        err.into()
-    }
+    if missing { missing_table() } else { err.into() }
+}
+
+fn missing_table() -> ListenerError {
+    anyhow::anyhow!(
+        "the inbox table `inbox_processed` does not exist: apply the migrations \
+         (cargo run --bin migrate -- up)"
+    )
 }
 
 /// Deletes every record older than `retention`, batch by batch, and
@@ -106,7 +150,7 @@ pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, s
 
 /// Runs [`delete_expired`] at start and then every `interval`, until
 /// `shutdown` is cancelled.
-pub async fn run_cleanup(
+pub(crate) async fn run_cleanup(
     pool: PgPool,
     retention: Duration,
     interval: Duration,

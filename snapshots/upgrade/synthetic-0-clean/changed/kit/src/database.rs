@@ -24,7 +24,7 @@ pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
 }
 
 /// The connection options of `config`, with its statement timeout.
-pub fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
+pub(crate) fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
     let millis = config.statement_timeout.as_millis().to_string();
     config
         .url
@@ -68,14 +68,16 @@ pub struct UnreachableError {
 /// `Ok`, roll back when it returns `Err` or panics.
 ///
 /// Everything the closure does through the transaction it is handed,
-/// including `Dispatcher::dispatch`, commits or rolls back together.
+/// including [`crate::dispatch()`], commits or rolls back together. The
+/// closure returns an [`anyhow::Result`], so `?` works on any error and no
+/// type annotation is needed:
 ///
 /// ```no_run
-/// # async fn example(transactor: &kit::database::Transactor) -> Result<(), sqlx::Error> {
-/// let id: i64 = transactor
+/// # async fn example(transactor: &kit::database::Transactor) -> anyhow::Result<()> {
+/// let id: i32 = transactor
 ///     .run(async |tx| {
-///         let (id,): (i64,) = sqlx::query_as("SELECT 1").fetch_one(&mut *tx).await?;
-///         Ok::<_, sqlx::Error>(id)
+///         let (id,): (i32,) = sqlx::query_as("SELECT 1").fetch_one(&mut *tx).await?;
+///         Ok(id)
 ///     })
 ///     .await?;
 /// # Ok(()) }
@@ -90,6 +92,7 @@ pub struct Transactor {
 type AfterCommit = Arc<dyn Fn() + Send + Sync>;
 
 impl Transactor {
+    /// A transactor on `pool`, with no after-commit hook.
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
@@ -107,10 +110,9 @@ impl Transactor {
     /// Runs `work` in a new transaction. If `work` panics, the transaction
     /// is dropped unfinished, and sqlx rolls it back before the connection
     /// is used again.
-    pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
+    pub async fn run<T, F>(&self, work: F) -> anyhow::Result<T>
     where
-        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-        E: From<sqlx::Error>,
+        F: AsyncFnOnce(&mut PgConnection) -> anyhow::Result<T>,
     {
         let mut tx: Transaction<'static, Postgres> = self.pool.begin().await?;
         match work(&mut *tx).await {

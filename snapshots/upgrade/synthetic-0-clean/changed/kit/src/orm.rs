@@ -9,9 +9,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use sea_orm::{
-    DatabaseConnection, DatabaseTransaction, DbErr, SqlxPostgresConnector, TransactionTrait,
-};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, SqlxPostgresConnector, TransactionTrait};
 use sqlx::PgPool;
 
 /// A SeaORM connection on `pool`: it opens no connections of its own.
@@ -23,16 +21,18 @@ pub fn connection(pool: &PgPool) -> DatabaseConnection {
 /// `Ok`, roll back when it returns `Err` or panics.
 ///
 /// Everything the closure does through the `&DatabaseTransaction` it is
-/// handed (entity inserts and updates, queries, `Dispatcher::dispatch`)
-/// commits or rolls back together.
+/// handed (entity inserts and updates, queries, [`crate::dispatch()`])
+/// commits or rolls back together. The closure returns an
+/// [`anyhow::Result`], so `?` works on any error and no type annotation is
+/// needed:
 ///
 /// ```no_run
-/// # use sea_orm::{ConnectionTrait, DbErr};
-/// # async fn example(transactor: &kit::orm::Transactor) -> Result<(), DbErr> {
+/// # use sea_orm::ConnectionTrait;
+/// # async fn example(transactor: &kit::orm::Transactor) -> anyhow::Result<()> {
 /// let updated = transactor
 ///     .run(async |tx| {
 ///         let done = tx.execute_unprepared("UPDATE orders SET paid = true").await?;
-///         Ok::<_, DbErr>(done.rows_affected())
+///         Ok(done.rows_affected())
 ///     })
 ///     .await?;
 /// # Ok(()) }
@@ -47,6 +47,7 @@ pub struct Transactor {
 type AfterCommit = Arc<dyn Fn() + Send + Sync>;
 
 impl Transactor {
+    /// A transactor on the SeaORM connection `db`, with no after-commit hook.
     pub fn new(db: DatabaseConnection) -> Self {
         Self {
             db,
@@ -64,10 +65,9 @@ impl Transactor {
     /// Runs `work` in a new transaction. If `work` panics, the transaction
     /// is dropped unfinished, and SeaORM rolls it back before the connection
     /// is used again.
-    pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
+    pub async fn run<T, F>(&self, work: F) -> anyhow::Result<T>
     where
-        F: AsyncFnOnce(&DatabaseTransaction) -> Result<T, E>,
-        E: From<DbErr>,
+        F: AsyncFnOnce(&DatabaseTransaction) -> anyhow::Result<T>,
     {
         let tx = self.db.begin().await?;
         match work(&tx).await {

@@ -12,7 +12,9 @@ use tracing_subscriber::{EnvFilter, Registry};
 /// Output format of the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object per line.
     Json,
 }
 

@@ -38,7 +38,7 @@ pub struct TraceContext {
 
 impl TraceContext {
     /// A new trace, with random ids.
-    pub fn new_root() -> Self {
+    pub(crate) fn new_root() -> Self {
         Self {
             trace_id: uuid::Uuid::new_v4().simple().to_string(),
             span_id: new_span_id(),
@@ -88,6 +88,7 @@ impl TraceContext {
         }
     }
 
+    /// The trace id, 32 lowercase hex digits.
     pub fn trace_id(&self) -> &str {
         &self.trace_id
     }
@@ -99,7 +100,7 @@ impl TraceContext {
     }
 
     /// Writes `traceparent` (and `tracestate`) into event metadata.
-    pub fn inject(&self, metadata: &mut Metadata) {
+    pub(crate) fn inject(&self, metadata: &mut Metadata) {
         metadata.insert("traceparent".to_string(), self.traceparent());
         if let Some(state) = &self.tracestate {
             metadata.insert("tracestate".to_string(), state.clone());

@@ -60,32 +60,23 @@ fn main() -> ExitCode {
     run_tests(tests)
 }
 
-/// Does what the binary `name`'s `main` does before it serves: `.env`
-/// first, while the process has one thread, then the configuration (the
-/// server and the worker) or the command line (`migrate`).
+/// Does what the binary `name`'s `main` does before it serves: the server
+/// and the worker start through `kit::binary::run` (`.env`, then the
+/// configuration), `migrate` loads `.env` and runs its command line.
 fn act_as(name: &str) -> ExitCode {
-    let prefix = if name == "migrate" {
-        "migrate"
-    } else {
-        "error"
-    };
-    if let Err(err) = env_file::load() {
-        eprintln!("{prefix}: {err}");
-        return ExitCode::FAILURE;
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
     match name {
-        "migrate" => runtime.block_on(cli::main()),
-        "server" | "worker" => match runtime.block_on(async { Config::from_env() }) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
+        "migrate" => {
+            if let Err(err) = env_file::load() {
+                eprintln!("migrate: {err}");
+                return ExitCode::FAILURE;
             }
-        },
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(cli::main())
+        }
+        "server" | "worker" => kit::binary::run(name, async |_: Config| Ok(())),
         other => panic!("no binary is named `{other}`"),
     }
 }

@@ -36,7 +36,7 @@ pub struct Args {
 
 /// One listed event (`--format json`: `{"events": [...]}`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Listed {
+pub(crate) struct Listed {
     pub id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,

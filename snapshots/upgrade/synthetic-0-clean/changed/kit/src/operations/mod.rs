@@ -6,28 +6,28 @@
 //!
 //! - [`cli`]: the arguments, and [`run`], which connects and runs one
 //!   subcommand;
-//! - one module per subcommand: [`status`], [`show`], [`list`], [`replay`],
-//!   [`retry_archived`], [`purge`];
-//! - [`rows`]: the SQL on `outbox_events` they need;
-//! - [`tasks`]: from an event to its tasks in the queue;
-//! - [`time`]: times given as `2h` (that long ago) or RFC 3339;
-//! - [`output`]: text for people, JSON (`--format json`) for scripts.
+//! - one module per subcommand (internal to the kit): `status`, `show`,
+//!   `list`, `replay`, `retry_archived`, `purge`;
+//! - `rows`: the SQL on `outbox_events` they need;
+//! - `tasks`: from an event to its tasks in the queue;
+//! - `time`: times given as `2h` (that long ago) or RFC 3339;
+//! - `output`: text for people, JSON (`--format json`) for scripts.
 //!
 //! Exit codes: 0 done, 1 failed (an unknown event, a database or queue
 //! error), 2 `status --max-lag` exceeded, 64 invalid arguments. A command
 //! that fails on its input changes nothing.
 
 pub mod cli;
-pub mod list;
-pub mod output;
-pub mod purge;
-pub mod replay;
-pub mod retry_archived;
-pub mod rows;
-pub mod show;
-pub mod status;
-pub mod tasks;
-pub mod time;
+pub(crate) mod list;
+pub(crate) mod output;
+pub(crate) mod purge;
+pub(crate) mod replay;
+pub(crate) mod retry_archived;
+pub(crate) mod rows;
+pub(crate) mod show;
+pub(crate) mod status;
+pub(crate) mod tasks;
+pub(crate) mod time;
 
 use std::process::ExitCode;
 use std::sync::OnceLock;
@@ -42,12 +42,12 @@ use crate::queue::Client;
 use crate::worker::listeners::Listeners;
 
 /// Exit code when `status --max-lag` is exceeded.
-pub const LAG_EXCEEDED: u8 = 2;
+pub(crate) const LAG_EXCEEDED: u8 = 2;
 /// Exit code for invalid arguments (`EX_USAGE`).
-pub const USAGE: u8 = 64;
+pub(crate) const USAGE: u8 = 64;
 
 /// What every subcommand works with.
-pub struct Context {
+pub(crate) struct Context {
     pub pool: PgPool,
     /// Connected at first use: `list` and `purge` work while Valkey is down.
     queue: OnceLock<Client>,
@@ -70,13 +70,13 @@ impl Context {
 
     /// The queues events go to (`OUTBOX_QUEUES`): where their event tasks
     /// and, after the fan-out, their listener tasks are.
-    pub fn outbox_queues(&self) -> &[String] {
+    pub(crate) fn outbox_queues(&self) -> &[String] {
         self.config.outbox.queues.names()
     }
 
     /// Every queue of the service: `OUTBOX_QUEUES`, then the other queues
     /// of `WORKER_QUEUES`.
-    pub fn all_queues(&self) -> Vec<String> {
+    pub(crate) fn all_queues(&self) -> Vec<String> {
         let mut queues = self.outbox_queues().to_vec();
         for queue in self.config.worker.queues.names() {
             if !queues.iter().any(|q| q == queue) {

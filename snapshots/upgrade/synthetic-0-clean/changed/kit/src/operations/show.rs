@@ -22,7 +22,7 @@ pub struct Args {
 
 /// The whole report (`--format json`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Shown {
+pub(crate) struct Shown {
     pub event: EventRow,
     pub trace_id: Option<String>,
     #[serde(flatten)]

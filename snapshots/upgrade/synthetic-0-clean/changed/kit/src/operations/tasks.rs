@@ -17,11 +17,11 @@ use crate::worker::listeners::{listener_task_id, listener_task_type};
 /// What `show` reports for a task that is not in the queue: not queued yet
 /// (the relay or the fan-out has not run), or gone (deleted after its
 /// retention, or by hand).
-pub const MISSING: &str = "missing";
+pub(crate) const MISSING: &str = "missing";
 
 /// One listener's task for an event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ListenerTask {
+pub(crate) struct ListenerTask {
     pub listener: String,
     #[serde(flatten)]
     pub task: TaskInfo,
@@ -29,7 +29,7 @@ pub struct ListenerTask {
 
 /// An event's task in each outbox queue and each listener's task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EventTasks {
+pub(crate) struct EventTasks {
     pub event_tasks: Vec<TaskInfo>,
     pub listener_tasks: Vec<ListenerTask>,
 }
@@ -85,6 +85,6 @@ async fn lookup(
 }
 
 /// A new id for a replayed task: time-ordered, never used before.
-pub fn new_task_id() -> Uuid {
+pub(crate) fn new_task_id() -> Uuid {
     Uuid::now_v7()
 }

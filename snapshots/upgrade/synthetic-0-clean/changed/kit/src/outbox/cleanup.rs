@@ -2,7 +2,7 @@
 //! every `OUTBOX_CLEANUP_INTERVAL`, in bounded batches of short transactions.
 //! Safe in every replica: rows another cleaner holds are skipped.
 //!
-//! [`in_batches`] and [`every`] are the shape of any such cleanup; the
+//! `in_batches` and [`every`] are the shape of any such cleanup; the
 //! inbox's (`worker::inbox`) uses them too.
 
 use std::future::Future;
@@ -38,7 +38,7 @@ pub async fn run(
 
 /// Calls `delete_batch` (which deletes at most [`CLEANUP_BATCH`] rows and
 /// says how many) until a batch comes back short; the total deleted.
-pub async fn in_batches<F, Fut>(mut delete_batch: F) -> Result<u64, sqlx::Error>
+pub(crate) async fn in_batches<F, Fut>(mut delete_batch: F) -> Result<u64, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<u64, sqlx::Error>>,

@@ -19,15 +19,21 @@ pub trait Event: Serialize + Send + Sync {
 /// Why an event could not be dispatched.
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
+    /// The event could not be serialised to JSON.
     #[error("failed to serialise event `{name}`")]
     Serialize {
+        /// The event's wire name.
         name: &'static str,
+        /// serde's error.
         #[source]
         source: serde_json::Error,
     },
+    /// The database refused the outbox row.
     #[error("failed to store event `{name}` in the outbox")]
     Store {
+        /// The event's wire name.
         name: &'static str,
+        /// The database's error.
         #[source]
         source: StoreError,
     },
@@ -47,6 +53,7 @@ pub type StoreError = sqlx::Error;
 /// connection or the pool and it is stored at once.
 #[cfg(feature = "seaorm")]
 pub trait Dispatcher: Send + Sync {
+    /// Stores `event` in the outbox through `executor` and returns its envelope.
     fn dispatch<E, X>(
         &self,
         executor: X,
@@ -62,6 +69,7 @@ pub trait Dispatcher: Send + Sync {
 /// back with the business writes; pass the pool and it is stored at once.
 #[cfg(not(feature = "seaorm"))]
 pub trait Dispatcher: Send + Sync {
+    /// Stores `event` in the outbox through `executor` and returns its envelope.
     fn dispatch<'e, E, X>(
         &self,
         executor: X,

@@ -18,7 +18,9 @@ pub struct Store;
 /// A row claimed for publishing: its row id and its event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedEvent {
+    /// The row's `id` in `outbox_events`.
     pub row_id: i64,
+    /// The event the row holds.
     pub envelope: Envelope,
 }
 
@@ -134,22 +136,6 @@ impl Store {
             return Ok(0);
         }
         let done = sqlx::query("UPDATE outbox_events SET published_at = NULL WHERE id = ANY($1)")
-            .bind(row_ids)
-            .execute(tx)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// Marks rows as published, in one statement.
-    pub async fn mark_published(
-        &self,
-        tx: &mut PgConnection,
-        row_ids: &[i64],
-    ) -> Result<u64, sqlx::Error> {
-        if row_ids.is_empty() {
-            return Ok(0);
-        }
-        let done = sqlx::query("UPDATE outbox_events SET published_at = now() WHERE id = ANY($1)")
             .bind(row_ids)
             .execute(tx)
             .await?;

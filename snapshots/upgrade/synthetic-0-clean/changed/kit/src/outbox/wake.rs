@@ -56,7 +56,7 @@ impl Wake {
     }
 
     /// Also wakes the relay that waits on `relay`, in this process.
-    pub fn and_local(mut self, relay: Arc<Notify>) -> Self {
+    pub(crate) fn and_local(mut self, relay: Arc<Notify>) -> Self {
         self.local = Some(relay);
         self
     }
@@ -67,7 +67,7 @@ impl Wake {
     /// until it answers are lost, and relays find those events at their
     /// next poll. Spawns the task that publishes, so it must be called
     /// inside a Tokio runtime.
-    pub fn connecting(target: Target) -> Self {
+    pub(crate) fn connecting(target: Target) -> Self {
         Self::publisher(target, None)
     }
 
@@ -120,7 +120,7 @@ impl Wake {
 /// The transactor for a process that dispatches events: with
 /// `OUTBOX_WAKE=valkey`, every commit also wakes the workers' relays. It
 /// does not connect to Valkey (the first wake-up does, see
-/// [`Wake::connecting`]): a server starts while Valkey is down. The error is
+/// `Wake::connecting`): a server starts while Valkey is down. The error is
 /// a Valkey setting that does not parse.
 pub fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueError> {
     let transactor = Transactor::new(pool);

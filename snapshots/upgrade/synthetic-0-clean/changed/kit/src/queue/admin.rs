@@ -19,7 +19,7 @@ impl Client {
 
     /// `CONFIG GET name`: the value of one server setting. Managed services
     /// and ACL users without `+config` refuse the command: an error.
-    pub async fn config_get(&self, name: &str) -> Result<String, QueueError> {
+    pub(crate) async fn config_get(&self, name: &str) -> Result<String, QueueError> {
         let reply: Vec<String> = redis::cmd("CONFIG")
             .arg("GET")
             .arg(name)

@@ -17,14 +17,13 @@ use super::connection::{Connection, Target};
 use super::message::TaskMessage;
 use super::wakeup::{self, Enqueued};
 use super::{QueueError, keys, scripts};
+pub(crate) use crate::config::DEFAULT_QUEUE;
 use crate::config::ValkeyConfig;
 
-/// Go asynq's default queue.
-pub const DEFAULT_QUEUE: &str = "default";
 /// Go asynq's default number of retries.
-pub const DEFAULT_MAX_RETRY: u32 = 25;
+pub(crate) const DEFAULT_MAX_RETRY: u32 = 25;
 /// Go asynq's default timeout of one run.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// A handle on Valkey for enqueuing tasks and running a
 /// [`Consumer`](super::Consumer). Cheap to clone; clones share the
@@ -47,11 +46,14 @@ pub struct Client {
 pub struct NewTask {
     /// `event:<name>`, `listener:<event>:<listener>`, `job:<name>` ...
     pub task_type: String,
+    /// The task id, the deduplication key.
     pub id: String,
+    /// The task's payload, as the handler receives it.
     pub payload: Vec<u8>,
     /// Key-value metadata for the handler (asynq's task headers), such as
     /// a tenant or trace context. Empty by default.
     pub headers: BTreeMap<String, String>,
+    /// The queue the task goes to.
     pub queue: String,
     /// Retries after the first run fails; the task is archived after that.
     pub max_retry: u32,
@@ -89,26 +91,31 @@ impl NewTask {
         }
     }
 
+    /// Sets the queue.
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
         self
     }
 
+    /// Sets the headers.
     pub fn headers(mut self, headers: BTreeMap<String, String>) -> Self {
         self.headers = headers;
         self
     }
 
+    /// Sets the retries after the first failed run.
     pub fn max_retry(mut self, max_retry: u32) -> Self {
         self.max_retry = max_retry;
         self
     }
 
+    /// Sets how long one run may take.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
+    /// Sets how long the task stays in `:completed` after success.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self

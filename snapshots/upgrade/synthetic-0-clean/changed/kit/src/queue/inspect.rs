@@ -12,7 +12,9 @@ use super::{Client, QueueError, keys, scripts};
 /// One task as it is in Valkey now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TaskInfo {
+    /// The queue the task is in.
     pub queue: String,
+    /// The task id.
     pub id: String,
     /// `event:<name>`, `listener:<event>:<listener>` ...
     #[serde(rename = "type")]
@@ -21,25 +23,35 @@ pub struct TaskInfo {
     pub state: String,
     /// Failed runs so far.
     pub retried: i32,
+    /// Retries allowed after the first failed run.
     pub max_retry: i32,
     /// The error of the last failed run, if any.
     pub last_error: Option<String>,
+    /// When the last run failed, if one did.
     pub last_failed_at: Option<DateTime<Utc>>,
     /// When a task in `scheduled` or `retry` runs next; when an archived
     /// task was archived.
     pub next_process_at: Option<DateTime<Utc>>,
+    /// When the task was archived, if it is.
     pub archived_at: Option<DateTime<Utc>>,
+    /// When the task completed, if it did.
     pub completed_at: Option<DateTime<Utc>>,
 }
 
 /// How many tasks of a queue are in each state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct QueueCounts {
+    /// Waiting to run.
     pub pending: u64,
+    /// Running now.
     pub active: u64,
+    /// Waiting for their time to come.
     pub scheduled: u64,
+    /// Failed, waiting for a retry.
     pub retry: u64,
+    /// Failed for good, kept for inspection.
     pub archived: u64,
+    /// Done, kept for their retention.
     pub completed: u64,
 }
 
@@ -159,7 +171,7 @@ impl Client {
         Ok(tasks)
     }
 
-    /// asynq's "run" ([`scripts::RUN_TASK`]): moves the waiting task `id` of
+    /// asynq's "run" (`scripts::RUN_TASK`): moves the waiting task `id` of
     /// `queue` to pending, with its message (and retry count) unchanged.
     /// Reads the task's state and group first, for the key of the set it
     /// waits in; the script checks they did not change meanwhile, else it

@@ -34,7 +34,7 @@ use croner::parser::{CronParser, Seconds, Year};
 
 /// A schedule's timing: when it ticks.
 #[derive(Debug, Clone)]
-pub struct Spec {
+pub(crate) struct Spec {
     timing: Timing,
     zone: Tz,
 }
@@ -74,7 +74,7 @@ impl Spec {
 
     /// The first tick strictly after `after`, or `None` when the spec never
     /// matches again.
-    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    pub(crate) fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match &self.timing {
             Timing::Every(every) => {
                 let next = (after.timestamp().div_euclid(*every) + 1) * every;

@@ -34,25 +34,22 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 pub use super::listener_error::{ListenerError, SkipRetry};
+#[cfg(feature = "seaorm")]
+pub use super::orm_context::OrmListenerContext;
 use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
 
-/// What a listener gets besides the event.
+/// What a listener gets besides the event: its id and time, the task's
+/// headers, the database, and [`Self::once`].
 #[derive(Debug, Clone)]
 pub struct ListenerContext {
-    /// The envelope id: the idempotency key for this event.
-    pub event_id: Uuid,
-    pub occurred_at: DateTime<Utc>,
-    /// Trace context (`traceparent`, `tracestate`) from the dispatch.
-    pub metadata: Metadata,
-    /// The headers of the listener's task (asynq task headers), which the
-    /// fan-out copies from the event's task.
-    pub headers: BTreeMap<String, String>,
-    /// The database, for listeners that write.
-    pub pool: PgPool,
-    /// The listener's name, its key in the inbox.
-    pub listener: String,
+    event_id: Uuid,
+    occurred_at: DateTime<Utc>,
+    metadata: Metadata,
+    headers: BTreeMap<String, String>,
+    pool: PgPool,
+    listener: String,
     /// The worker's transactor on `pool`: its commits wake the relays.
     transactor: Transactor,
 }
@@ -73,9 +70,16 @@ impl ListenerContext {
         &self.listener
     }
 
-    /// The headers of the listener's task (asynq task headers).
+    /// The headers of the listener's task (asynq task headers), which the
+    /// fan-out copies from the event's task.
     pub fn headers(&self) -> &BTreeMap<String, String> {
         &self.headers
+    }
+
+    /// The event's metadata: the trace context (`traceparent`,
+    /// `tracestate`) of its dispatch.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
     }
 
     /// The database, for work that need not happen once per event.
@@ -98,6 +102,12 @@ impl ListenerContext {
     {
         super::inbox::once(&self.transactor, &self.listener, self.event_id, work).await
     }
+
+    /// The worker's transactor, whose commits wake the relays.
+    #[cfg(feature = "seaorm")]
+    pub(crate) fn transactor(&self) -> &Transactor {
+        &self.transactor
+    }
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<(), ListenerError>> + Send>>;
@@ -117,6 +127,7 @@ impl Listener {
         self.event
     }
 
+    /// The listener's name, unique among the event's listeners.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -165,6 +176,7 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// No listeners yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -174,10 +186,15 @@ impl Listeners {
     /// # Panics
     /// When `E` already has a listener called `name`: task ids are derived
     /// from the name, so two listeners must not share one.
-    pub fn listen<E, F, Fut>(&mut self, name: &str, handler: F) -> &mut Self
+    ///
+    /// The handler takes the event and a context: a [`ListenerContext`], or
+    /// with SeaORM an [`OrmListenerContext`], whose `once` hands a
+    /// SeaORM transaction (any type made `From<ListenerContext>`).
+    pub fn listen<E, C, F, Fut>(&mut self, name: &str, handler: F) -> &mut Self
     where
         E: Event + DeserializeOwned + 'static,
-        F: Fn(E, ListenerContext) -> Fut + Send + Sync + 'static,
+        C: From<ListenerContext> + Send + 'static,
+        F: Fn(E, C) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), ListenerError>> + Send + 'static,
     {
         let listeners = self.by_event.entry(E::NAME).or_default();
@@ -199,7 +216,7 @@ impl Listeners {
                         std::any::type_name::<E>()
                     )
                 })?;
-                handler(event, context).await
+                handler(event, C::from(context)).await
             })
         });
         listeners.push(Listener {
@@ -225,7 +242,7 @@ impl Listeners {
 }
 
 /// `listener:<event>:<listener>`, the task type of one listener's work.
-pub fn listener_task_type(event: &str, listener: &str) -> String {
+pub(crate) fn listener_task_type(event: &str, listener: &str) -> String {
     format!("listener:{event}:{listener}")
 }
 

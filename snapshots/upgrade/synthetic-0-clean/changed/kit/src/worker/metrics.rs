@@ -23,12 +23,14 @@ use crate::outbox::Store;
 pub use crate::outbox::relay::RelayMetrics;
 
 /// How often the backlog gauges are refreshed.
-pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
+    /// The event's wire name.
     pub event: String,
+    /// The listener's name.
     pub listener: String,
 }
 
@@ -60,12 +62,15 @@ impl ListenerMetrics {
 /// Every metric of the worker, registered for export.
 #[derive(Debug, Clone)]
 pub struct Metrics {
+    /// The relay's instruments.
     pub relay: RelayMetrics,
+    /// The listeners' run counters.
     pub listeners: ListenerMetrics,
     registry: Arc<Registry>,
 }
 
 impl Metrics {
+    /// New instruments, registered for export under the `outbox` prefix.
     pub fn new() -> Self {
         let relay = RelayMetrics::default();
         let listeners = ListenerMetrics::default();
@@ -146,7 +151,11 @@ impl Default for Metrics {
 }
 
 /// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`] until `shutdown`.
-pub async fn watch_backlog(pool: PgPool, metrics: RelayMetrics, shutdown: CancellationToken) {
+pub(crate) async fn watch_backlog(
+    pool: PgPool,
+    metrics: RelayMetrics,
+    shutdown: CancellationToken,
+) {
     loop {
         let backlog = tokio::select! {
             () = shutdown.cancelled() => break,

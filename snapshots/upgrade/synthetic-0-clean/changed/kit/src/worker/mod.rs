@@ -22,12 +22,14 @@
 //! (and no lock) outlives the process. A loop stuck on a hung database or
 //! Valkey call is dropped within a second.
 
-pub mod health;
+pub(crate) mod health;
 pub mod inbox;
 mod listener_error;
 pub mod listeners;
 pub mod metrics;
-pub mod persistence;
+#[cfg(feature = "seaorm")]
+mod orm_context;
+pub(crate) mod persistence;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::health::Readiness;
-use self::listeners::{Listener, Listeners, SkipRetry, listener_task_id};
+use self::listeners::{Listener, Listeners, listener_task_id};
 use self::metrics::{ListenerMetrics, Metrics};
 use crate::config::{Config, WakeMode};
 use crate::database;
@@ -206,10 +208,10 @@ pub async fn run(
 
 /// How long the loops may take to stop once shutdown began before
 /// whatever still waits on a hung call is dropped.
-pub const STOP_GRACE: Duration = Duration::from_millis(800);
+pub(crate) const STOP_GRACE: Duration = Duration::from_millis(800);
 /// How long closing the pool may take: it waits for the connections in
 /// use, which a hung Postgres never gives back.
-pub const CLOSE_GRACE: Duration = Duration::from_millis(300);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_millis(300);
 
 /// Waits for `tasks` to stop, at most [`STOP_GRACE`]; then aborts the rest.
 async fn stop_loops(tasks: &mut JoinSet<()>) {
@@ -295,7 +297,7 @@ pub fn handle_events(
 /// (`outbox replay`) queues the same envelope under a new task id, and so
 /// gets new listener tasks. Each listener task carries the event task's
 /// headers.
-pub async fn fan_out(
+pub(crate) async fn fan_out(
     queue: &Client,
     listeners: &Listeners,
     task: Task,
@@ -337,7 +339,8 @@ pub async fn fan_out(
 /// dispatches in turn continue the same trace).
 ///
 /// A payload that is not an envelope at all is archived at once (retrying
-/// cannot fix it), and so is a run that fails with [`SkipRetry`]; an event
+/// cannot fix it), and so is a run that fails with a
+/// [`SkipRetry`](crate::queue::SkipRetry); an event
 /// whose payload does not decode into the listener's type is retried, see
 /// [`Listeners::listen`].
 async fn run_listener(
@@ -364,7 +367,6 @@ async fn run_listener(
         tracing::Instrument::instrument(listener.call(envelope, task.headers, transactor), span);
     match trace_context::scope(context, run).await {
         Ok(()) => Ok(()),
-        Err(err) if err.is::<SkipRetry>() => Err(HandlerError::skip_retry(err)),
         Err(err) => Err(err.into()),
     }
 }
