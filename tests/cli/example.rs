@@ -49,6 +49,54 @@ fn request(addr: &str, method: &str, path: &str, json: Option<&str>) -> Option<(
     Some((status, body))
 }
 
+/// Starts the example's server (on a free port) and worker on `db` and
+/// `redis`, and waits for the server to answer: its address and both.
+fn start_slice(
+    bins: &std::path::Path,
+    dir: &std::path::Path,
+    db: &Database,
+    redis: &RedisServer,
+) -> (String, Server, Worker) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = Server(
+        Command::new(bins.join("server"))
+            .current_dir(dir)
+            .env_clear()
+            .env("DATABASE_URL", db.url())
+            .env("VALKEY_ADDR", redis.addr())
+            .env("HTTP_ADDR", &addr)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let worker = Worker::start_binary(
+        &bins.join("worker"),
+        db,
+        redis,
+        &[("WORKER_QUEUES", "default=1")],
+    );
+    wait_until(Duration::from_secs(30), "the server answers", || {
+        request(&addr, "GET", "/healthz", None).is_some()
+    });
+    (addr, server, worker)
+}
+
+/// Stops the worker and the server with SIGTERM; both exit cleanly.
+fn stop_slice(mut server: Server, mut worker: Worker) {
+    worker.signal("-TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(35)),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+    Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(server.0.wait().unwrap().success());
+}
+
 /// A server process, killed if the test ends before stopping it.
 struct Server(Child);
 
@@ -95,27 +143,7 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
     let db = Database::create("gpkit_example");
     migrate(&project, &db, &["up"]);
     let redis = RedisServer::start();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut server = Server(
-        Command::new(bins.join("server"))
-            .current_dir(parent.path())
-            .env_clear()
-            .env("DATABASE_URL", db.url())
-            .env("VALKEY_ADDR", redis.addr())
-            .env("HTTP_ADDR", &addr)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut worker = Worker::start_binary(
-        &bins.join("worker"),
-        &db,
-        &redis,
-        &[("WORKER_QUEUES", "default=1")],
-    );
-    wait_until(Duration::from_secs(30), "the server answers", || {
-        request(&addr, "GET", "/healthz", None).is_some()
-    });
+    let (addr, server, worker) = start_slice(&bins, parent.path(), &db, &redis);
 
     // Bad input: 400, with what is wrong in a JSON body; nothing stored.
     for bad in [
@@ -179,18 +207,7 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
     .unwrap();
     assert_eq!(status, 404);
 
-    worker.signal("-TERM");
-    assert_eq!(
-        worker.wait(Duration::from_secs(35)),
-        Some(0),
-        "{}",
-        worker.log()
-    );
-    Command::new("kill")
-        .args(["-TERM", &server.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(server.0.wait().unwrap().success());
+    stop_slice(server, worker);
 
     wake_ups_survive_a_valkey_outage(&bins, parent.path(), &db);
 }
@@ -221,27 +238,7 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
     let db = Database::create("gpkit_example_orm");
     migrate(&project, &db, &["up"]);
     let redis = RedisServer::start();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut server = Server(
-        Command::new(bins.join("server"))
-            .current_dir(parent.path())
-            .env_clear()
-            .env("DATABASE_URL", db.url())
-            .env("VALKEY_ADDR", redis.addr())
-            .env("HTTP_ADDR", &addr)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut worker = Worker::start_binary(
-        &bins.join("worker"),
-        &db,
-        &redis,
-        &[("WORKER_QUEUES", "default=1")],
-    );
-    wait_until(Duration::from_secs(30), "the server answers", || {
-        request(&addr, "GET", "/healthz", None).is_some()
-    });
+    let (addr, server, worker) = start_slice(&bins, parent.path(), &db, &redis);
     let (status, body) = request(
         &addr,
         "POST",
@@ -308,18 +305,7 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
         "1"
     );
 
-    worker.signal("-TERM");
-    assert_eq!(
-        worker.wait(Duration::from_secs(35)),
-        Some(0),
-        "{}",
-        worker.log()
-    );
-    Command::new("kill")
-        .args(["-TERM", &server.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(server.0.wait().unwrap().success());
+    stop_slice(server, worker);
 }
 
 /// With `OUTBOX_WAKE=valkey`, the server starts and takes orders while
