@@ -293,6 +293,13 @@ fn an_upgrade_carries_the_users_code_to_the_api_of_set_6() {
         );
     }
 
+    // Its kit is as gpkit wrote it: replaced as a unit, in one line.
+    assert!(
+        report.contains("  replaced          kit/ (unmodified: "),
+        "{report}"
+    );
+    assert!(!report.contains("kit/src/"), "{report}");
+
     let read = |path: &str| std::fs::read_to_string(project.join(path)).unwrap();
     let orders = read("src/routes/orders.rs");
     assert!(

@@ -663,3 +663,17 @@ fn an_edited_kit_file_merges_with_a_base_from_the_released_kits() {
         "a second upgrade changed files"
     );
 }
+
+/// A kit the user patched is reported file by file (the patched files
+/// `kept` or `merged`), not as one `replaced` line.
+#[test]
+fn a_patched_kit_is_reported_file_by_file() {
+    let (_dir, project) = fixture("v5-edited");
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 0, "{report}");
+    assert!(!report.contains("replaced"), "{report}");
+    assert!(report.contains("kit/src/telemetry.rs"), "{report}");
+    assert!(report.contains("kit/src/database.rs"), "{report}");
+}
