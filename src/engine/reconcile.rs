@@ -211,19 +211,9 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             }
             (Some(ours), true) => match file.owner {
                 Owner::Kit => merge_kit_file(&mut change, base, ours, theirs),
-                // The service's tests of a set-5 project, now the user's
-                // (set 6), stay as they are: they call the user's `src/`,
-                // which gpkit no longer changes, so the templates' new
-                // version need not fit it.
-                Owner::User
-                    if project.manifest.files[path].owner == Owner::Kit
-                        && path.starts_with("tests/")
-                        && project.manifest.gpkit.template_set >= 5 =>
-                {
-                    change.outcome = Outcome::NowYours;
-                }
-                // A kit file that is now the user's (the binaries, set 5)
-                // gets the kit's changes one last time, merged as a kit file.
+                // A kit file that is now the user's (the binaries, set 5;
+                // the service's tests, set 6) gets the kit's changes one last
+                // time, merged as a kit file.
                 Owner::User if project.manifest.files[path].owner == Owner::Kit => {
                     merge_kit_file(&mut change, base, ours, theirs)
                 }
