@@ -26,3 +26,11 @@ impl Settings {
         config::load()
     }
 }
+
+impl From<config::Config> for Settings {
+    /// The kit's settings with yours at their defaults: what the service's
+    /// tests start from (`kit::testing::settings(url)`).
+    fn from(kit: config::Config) -> Self {
+        Self { kit }
+    }
+}

@@ -6,6 +6,13 @@ use std::time::Duration;
 
 use crate::config::{self, Config};
 
+/// [`config`] as the service's settings type `S` (its own `Settings`, which
+/// nests the kit's configuration, or the kit's [`Config`] itself), inferred
+/// from where it goes: `Application::build(&kit::testing::settings(url))`.
+pub fn settings<S: From<Config>>(database_url: &str) -> S {
+    S::from(config(database_url))
+}
+
 /// The configuration a test starts from, read from no environment:
 /// `database_url`, the HTTP server and the metrics endpoint on free ports
 /// (`127.0.0.1:0`), the relay's wake-ups off, and fixed values of a test's

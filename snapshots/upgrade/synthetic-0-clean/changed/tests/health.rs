@@ -13,7 +13,6 @@ use tokio::net::TcpStream;
 
 use kit::database;
 
-use legacy_shop::settings::Settings;
 use legacy_shop::startup::Application;
 
 /// Sends `GET path` and returns the status code.
@@ -34,10 +33,7 @@ async fn get(addr: SocketAddr, path: &str) -> u16 {
 
 /// Starts the application on a free port, with `database_url`.
 async fn spawn_app(database_url: &str) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let settings = Settings {
-        kit: kit::testing::config(database_url),
-    };
-    let app = Application::build(&settings)
+    let app = Application::build(&kit::testing::settings(database_url))
         .await
         .expect("build the application");
     let addr = app.local_addr();
