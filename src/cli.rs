@@ -89,9 +89,11 @@ Examples:
     /// migrations (`migrate up --create-database`) and runs `server` and
     /// `worker` with `DATABASE_URL`, `VALKEY_ADDR` and `HTTP_ADDR` set, each
     /// output line prefixed by the process's name. A process that exits is
-    /// restarted, with a growing pause while it keeps failing. Ctrl-C or
-    /// SIGTERM stops the processes, then the servers. One `gpkit dev` per
-    /// project at a time.
+    /// restarted, with a growing pause while it keeps failing. A change
+    /// under `src/`, `kit/`, `migrations/` or to `Cargo.toml` rebuilds,
+    /// migrates and restarts them; a failed build keeps them running.
+    /// Ctrl-C or SIGTERM stops the processes, then the servers. One `gpkit
+    /// dev` per project at a time.
     ///
     /// Exit codes: 0 after an orderly stop, 1 on an error (no Postgres found,
     /// a failed build or migration, another `gpkit dev` running here).
@@ -134,6 +136,10 @@ pub struct DevArgs {
     /// first
     #[arg(long, conflicts_with = "print_env")]
     pub fresh: bool,
+
+    /// Do not watch the sources: no rebuild and restart on a change
+    #[arg(long)]
+    pub no_watch: bool,
 
     /// Print DATABASE_URL and VALKEY_ADDR of the `gpkit dev` running in this
     /// project, as NAME=value lines, and exit (1 when none runs)

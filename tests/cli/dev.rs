@@ -1,8 +1,9 @@
 //! `gpkit dev`: in a project made with `--example`, it starts the project's
 //! own Postgres and Valkey, builds, migrates and runs the server and the
 //! worker (an order posted reaches its listener), prefixes their output,
-//! stops everything on SIGINT (no process, no port left), keeps the data
-//! for the next run, refuses a second run in the same project, and says
+//! restarts a process that dies, rebuilds and restarts on a change (keeping the running processes when
+//! the build fails), stops everything on SIGINT (no process, no port
+//! left), keeps the data for the next run, refuses a second run in the same project, and says
 //! what to install when there is no Postgres.
 //!
 //! `scripts/test` gives the tests servers of its own through DATABASE_URL
@@ -204,6 +205,15 @@ fn belonging(root_pid: u32, project: &Path) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// The pid of the server the `gpkit dev` with pid `dev` runs.
+fn server_pid(dev: u32, project: &Path) -> u32 {
+    belonging(dev, project)
+        .into_iter()
+        .find(|(_, cmdline)| cmdline.contains("/debug/server"))
+        .map(|(pid, _)| pid)
+        .expect("a server runs")
+}
+
 /// `NAME=value` from `gpkit dev --print-env` output.
 fn env_value<'a>(printed: &'a str, name: &str) -> &'a str {
     printed
@@ -299,6 +309,47 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
     }
     // Not a terminal: no colours, its own or the processes'.
     assert!(!out.contains('\x1b'), "{}", dev.log());
+
+    // A change that does not build: reported, the running server kept.
+    let lib = project.join("src/lib.rs");
+    let original = std::fs::read_to_string(&lib).unwrap();
+    let before = server_pid(dev.child.id(), &project);
+    std::fs::write(&lib, format!("{original}\nfn broken( {{\n")).unwrap();
+    let err = dev.err.clone();
+    let stderr_has = |text: &str| std::fs::read_to_string(&err).unwrap().contains(text);
+    wait_until(
+        Duration::from_secs(300),
+        "the failed build is reported",
+        || stderr_has("the build failed; the running processes are kept"),
+    );
+    dev.assert_running();
+    assert_eq!(
+        server_pid(dev.child.id(), &project),
+        before,
+        "{}",
+        dev.log()
+    );
+    assert_eq!(
+        request(&addr, "GET", "/healthz", None).map(|(s, _)| s),
+        Some(200)
+    );
+    // The fix: rebuilt, and the processes restarted on the new build.
+    std::fs::write(&lib, &original).unwrap();
+    let reloading = Instant::now();
+    wait_until(Duration::from_secs(300), "the processes restart", || {
+        stderr_has("restarted on the new build")
+    });
+    dev.wait_healthy(&addr, Duration::from_secs(60));
+    eprintln!(
+        "gpkit dev: reloaded in {:.1} s after the fix was saved",
+        reloading.elapsed().as_secs_f64()
+    );
+    assert_ne!(
+        server_pid(dev.child.id(), &project),
+        before,
+        "{}",
+        dev.log()
+    );
 
     // SIGINT: everything stops, and nothing is left behind.
     let ours = belonging(dev.child.id(), &project);

@@ -3,17 +3,21 @@
 //! project's own, or uses the servers `DATABASE_URL` and `VALKEY_ADDR`
 //! name when they answer; builds the binaries once, applies the pending
 //! migrations, and runs `server` and `worker`, restarting a process that
-//! exits. Ctrl-C or SIGTERM stops the processes, then the servers.
+//! exits; on a change to the sources it rebuilds, migrates and restarts
+//! them (a failed build keeps the running ones). Ctrl-C or SIGTERM stops
+//! the processes, then the servers.
 //!
 //! Layers: [`services`] (the servers), [`processes`] (the supervised
-//! processes), [`state`] (the lock and the state file under `.gpkit/dev/`),
-//! [`output`] (prefixed lines), [`signals`].
+//! processes), [`watch`] (changed sources), [`state`] (the lock and the
+//! state file under `.gpkit/dev/`), [`output`] (prefixed lines),
+//! [`signals`].
 
 mod output;
 mod processes;
 mod services;
 mod signals;
 mod state;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -70,14 +74,15 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
 
     // What to run, decided before anything is written or started.
     let (settings, _) = environment::load(&root, SETTINGS);
-    let given_db = settings
-        .get("DATABASE_URL")
-        .filter(|url| services::postgres_answers(url));
-    if settings.get("DATABASE_URL").is_some() && given_db.is_none() {
+    let mut given_db = settings.get("DATABASE_URL");
+    if let Some(url) = given_db
+        && let Err(reason) = services::postgres_answers(url)
+    {
         note(&format!(
-            "DATABASE_URL (from {}) does not answer; starting the project's own Postgres",
+            "DATABASE_URL (from {}) cannot be used ({reason}); starting the project's own Postgres",
             settings.where_set("DATABASE_URL")
         ));
+        given_db = None;
     }
     let pg_bin = match given_db {
         Some(_) => None,
@@ -189,7 +194,14 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
         env.push(("NO_COLOR".into(), "1".into()));
     }
 
-    let result = run_service(&root, &lock, &env, &service_pids, with_worker);
+    let result = run_service(
+        &root,
+        &lock,
+        &env,
+        &service_pids,
+        with_worker,
+        !args.no_watch,
+    );
     drop(valkey);
     drop(postgres);
     match result {
@@ -212,18 +224,16 @@ fn run_service(
     env: &[(String, String)],
     service_pids: &[(u32, PathBuf)],
     with_worker: bool,
+    watching: bool,
 ) -> Result<()> {
-    let binaries = build(root)?;
-    let binary = |name: &str| {
-        binaries.get(name).cloned().with_context(|| {
-            format!("`cargo build --bins` built no `{name}` binary; is this a gpkit project?")
-        })
+    let Some(binaries) = build(root)? else {
+        bail!(
+            "the build failed; nothing was run\n\
+             help: fix the errors above, then run `gpkit dev` again"
+        );
     };
-    migrate(&binary("migrate")?, root, env)?;
-    let mut programs = vec![("server".to_string(), binary("server")?)];
-    if with_worker {
-        programs.push(("worker".to_string(), binary("worker")?));
-    }
+    migrate(&binary(&binaries, "migrate")?, root, env)?;
+    let programs = programs(&binaries, with_worker)?;
     let mut supervisor = processes::Supervisor::start(&programs, env, root)?;
     let addr = &env.iter().find(|(k, _)| k == "HTTP_ADDR").unwrap().1;
     note(&format!(
@@ -248,9 +258,21 @@ fn run_service(
         lock.write_state(&shown, &pids)
     };
     write_state(&supervisor)?;
+    let mut watch = watching.then(|| watch::Watch::new(root));
+    let mut scanned = Instant::now();
     while signals::received().is_none() {
         if supervisor.tick() {
             write_state(&supervisor)?;
+        }
+        if let Some(watch) = watch.as_mut()
+            && scanned.elapsed() >= watch::INTERVAL
+        {
+            let changes = watch.changes();
+            if !changes.is_empty() {
+                reload(root, env, with_worker, &mut supervisor, &changes)?;
+                write_state(&supervisor)?;
+            }
+            scanned = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -259,6 +281,62 @@ fn run_service(
         signals::name(signals::received().unwrap_or(libc::SIGINT))
     ));
     supervisor.stop();
+    Ok(())
+}
+
+/// The binary `name` of a build.
+fn binary(binaries: &Binaries, name: &str) -> Result<PathBuf> {
+    binaries.get(name).cloned().with_context(|| {
+        format!("`cargo build --bins` built no `{name}` binary; is this a gpkit project?")
+    })
+}
+
+/// The processes to run, by name, from a build.
+fn programs(binaries: &Binaries, with_worker: bool) -> Result<Vec<(String, PathBuf)>> {
+    let mut programs = vec![("server".to_string(), binary(binaries, "server")?)];
+    if with_worker {
+        programs.push(("worker".to_string(), binary(binaries, "worker")?));
+    }
+    Ok(programs)
+}
+
+/// After `changes` to the sources: rebuilds; when that succeeds, applies
+/// new migrations and restarts the processes on the new binaries. A failed
+/// build or migration leaves the running processes as they are.
+fn reload(
+    root: &Path,
+    env: &[(String, String)],
+    with_worker: bool,
+    supervisor: &mut processes::Supervisor,
+    changes: &[PathBuf],
+) -> Result<()> {
+    let shown: Vec<String> = changes
+        .iter()
+        .take(3)
+        .map(|p| p.display().to_string())
+        .collect();
+    let more = match changes.len() {
+        n if n > 3 => format!(" and {} more", n - 3),
+        _ => String::new(),
+    };
+    note(&format!("changed: {}{more}; rebuilding", shown.join(", ")));
+    let Some(binaries) = build(root)? else {
+        note("the build failed; the running processes are kept (save a fix to rebuild)");
+        return Ok(());
+    };
+    let restarted = binary(&binaries, "migrate")
+        .and_then(|migrate_bin| migrate(&migrate_bin, root, env))
+        .and_then(|()| programs(&binaries, with_worker));
+    match restarted {
+        Ok(programs) => {
+            supervisor.restart(&programs)?;
+            note("restarted on the new build");
+        }
+        Err(err) if err.is::<Interrupted>() => return Err(err),
+        Err(err) => note(&format!(
+            "{err:#}\nthe running processes are kept (save a fix to retry)"
+        )),
+    }
     Ok(())
 }
 
@@ -277,9 +355,13 @@ fn wait_stoppable(mut child: std::process::Child) -> Result<std::process::ExitSt
     }
 }
 
-/// `cargo build --bins` in the project: the built binaries by name. Cargo's
-/// messages go to standard error as they come.
-fn build(root: &Path) -> Result<BTreeMap<String, PathBuf>> {
+/// The binaries a build made, by name.
+type Binaries = BTreeMap<String, PathBuf>;
+
+/// `cargo build --bins` in the project: the built binaries by name, or
+/// `None` when the build failed. Cargo's messages go to standard error as
+/// they come.
+fn build(root: &Path) -> Result<Option<Binaries>> {
     let started = Instant::now();
     note("cargo build --bins");
     let mut child = Command::new("cargo")
@@ -317,17 +399,17 @@ fn build(root: &Path) -> Result<BTreeMap<String, PathBuf>> {
     let status = wait_stoppable(child)?;
     let binaries = reader.join().unwrap_or_default();
     if !status.success() {
-        bail!(
-            "`cargo build --bins` failed ({}); nothing was run\n\
-             help: fix the errors above, then run `gpkit dev` again",
+        note(&format!(
+            "`cargo build --bins` failed ({})",
             processes::describe(status)
-        );
+        ));
+        return Ok(None);
     }
     note(&format!(
         "built in {:.1} s",
         started.elapsed().as_secs_f64()
     ));
-    Ok(binaries)
+    Ok(Some(binaries))
 }
 
 /// `migrate up --create-database` with the dev environment, its output

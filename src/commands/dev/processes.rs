@@ -165,6 +165,27 @@ impl Supervisor {
         started
     }
 
+    /// Stops every process, then starts each again from `programs` (the
+    /// same names, new binaries).
+    pub fn restart(&mut self, programs: &[(String, PathBuf)]) -> Result<()> {
+        self.stop();
+        for index in 0..self.processes.len() {
+            if let Some((_, program)) = programs
+                .iter()
+                .find(|(name, _)| *name == self.processes[index].name)
+            {
+                self.processes[index].program = program.clone();
+            }
+            let child = self.spawn(&self.processes[index])?;
+            let process = &mut self.processes[index];
+            process.child = Some(child);
+            process.started = Instant::now();
+            process.backoff = FIRST_BACKOFF;
+            process.restart_at = None;
+        }
+        Ok(())
+    }
+
     /// Stops every process: SIGTERM, then SIGKILL after [`STOP_TIMEOUT`].
     pub fn stop(&mut self) {
         for process in &mut self.processes {

@@ -121,22 +121,29 @@ pub fn find_valkey() -> Result<PathBuf> {
     )
 }
 
-/// Whether the Postgres server `url` names answers (a missing database
-/// counts: `migrate up --create-database` creates it). A URL that asks for
-/// TLS is taken as it is.
-pub fn postgres_answers(url: &str) -> bool {
+/// Whether the Postgres server `url` names answers and lets its user in (a
+/// missing database counts: `migrate up --create-database` creates it), or
+/// why not. A URL that asks for TLS is taken as it is.
+pub fn postgres_answers(url: &str) -> std::result::Result<(), String> {
     if url.contains("sslmode=require") || url.contains("sslmode=verify") {
-        return true;
+        return Ok(());
     }
-    let Ok(mut config) = postgres::Config::from_str(url) else {
-        return false;
-    };
+    let mut config =
+        postgres::Config::from_str(url).map_err(|_| "not a Postgres URL".to_string())?;
     config.connect_timeout(CHECK_TIMEOUT);
     match config.connect(postgres::NoTls) {
-        Ok(_) => true,
-        Err(err) => err
-            .code()
-            .is_some_and(|code| *code == postgres::error::SqlState::INVALID_CATALOG_NAME),
+        Ok(_) => Ok(()),
+        Err(err)
+            if err
+                .code()
+                .is_some_and(|code| *code == postgres::error::SqlState::INVALID_CATALOG_NAME) =>
+        {
+            Ok(())
+        }
+        Err(err) => Err(match err.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => "no answer".to_string(),
+        }),
     }
 }
 
