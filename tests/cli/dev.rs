@@ -13,6 +13,7 @@
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -76,6 +77,9 @@ impl Dev {
         let child = dev_command(project, &["--port", &port.to_string()])
             .stdout(File::create(&out).unwrap())
             .stderr(File::create(&err).unwrap())
+            // A group of its own, with the cargo it runs: a test can kill
+            // both, as closing a terminal would.
+            .process_group(0)
             .spawn()
             .unwrap();
         Self { child, out, err }
@@ -202,6 +206,18 @@ fn belonging(root_pid: u32, project: &Path) -> Vec<(u32, String)> {
             *pid != root_pid && (ours.contains(pid) || cmdline.contains(&needle))
         })
         .map(|(pid, _, cmdline)| (pid, cmdline))
+        .collect()
+}
+
+/// Of `ours`, and of the processes whose command line names `project`,
+/// those still running.
+fn left_running(ours: &[(u32, String)], project: &Path) -> Vec<String> {
+    processes()
+        .into_iter()
+        .filter(|(pid, _, cmd)| {
+            ours.iter().any(|(p, _)| p == pid) || cmd.contains(&*project.to_string_lossy())
+        })
+        .map(|(pid, _, cmd)| format!("{pid} {cmd}"))
         .collect()
 }
 
@@ -372,13 +388,7 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
         ours.len(),
         stopping.elapsed().as_secs_f64()
     );
-    let alive: Vec<String> = processes()
-        .into_iter()
-        .filter(|(pid, _, cmd)| {
-            ours.iter().any(|(p, _)| p == pid) || cmd.contains(&*project.to_string_lossy())
-        })
-        .map(|(pid, _, cmd)| format!("{pid} {cmd}"))
-        .collect();
+    let alive = left_running(&ours, &project);
     assert!(alive.is_empty(), "left running: {alive:#?}\n{}", dev.log());
     for (what, port) in [
         ("the server", port),
@@ -452,13 +462,7 @@ fn a_second_dev_in_the_same_project_is_refused_naming_the_first() {
         "{}",
         first.log()
     );
-    let alive: Vec<String> = processes()
-        .into_iter()
-        .filter(|(pid, _, cmd)| {
-            ours.iter().any(|(p, _)| p == pid) || cmd.contains(&*project.to_string_lossy())
-        })
-        .map(|(pid, _, cmd)| format!("{pid} {cmd}"))
-        .collect();
+    let alive = left_running(&ours, &project);
     assert!(
         alive.is_empty(),
         "left running: {alive:#?}\n{}",
@@ -481,4 +485,60 @@ fn without_postgres_it_says_what_to_install_and_starts_nothing() {
     assert!(stderr.contains("`apt-get install postgresql`"), "{stderr}");
     assert!(stderr.contains("`brew install postgresql@17`"), "{stderr}");
     assert!(!project.join(".gpkit/dev").exists(), "{stderr}");
+}
+
+#[test]
+fn a_killed_dev_is_no_refusal_and_the_next_run_stops_what_it_left() {
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &[]).canonicalize().unwrap();
+    let _one_cargo_at_a_time = cargo_lock();
+    let mut first = Dev::start(&project, parent.path(), free_port(), "first");
+    wait_until(Duration::from_secs(60), "the first run builds", || {
+        first.assert_running();
+        std::fs::read_to_string(&first.err)
+            .unwrap()
+            .contains("gpkit dev: cargo build --bins")
+    });
+    // SIGKILL to it and its cargo: its Postgres and Valkey keep running,
+    // and its lock file stays.
+    let left = belonging(first.child.id(), &project);
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", first.child.id())])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    first.child.wait().unwrap();
+    assert!(project.join(".gpkit/dev/lock").is_file());
+    let servers: Vec<&(u32, String)> = left
+        .iter()
+        .filter(|(_, cmd)| cmd.contains("postgres -D") || cmd.contains("-server"))
+        .collect();
+    assert_eq!(servers.len(), 2, "{left:#?}");
+    assert_eq!(left_running(&left, &project).len(), 2, "{left:#?}");
+    assert_eq!(print_env(&project).status.code(), Some(1));
+
+    // The next run is not refused, and stops the servers left behind.
+    let mut next = Dev::start(&project, parent.path(), free_port(), "next");
+    wait_until(Duration::from_secs(60), "the next run builds", || {
+        next.assert_running();
+        std::fs::read_to_string(&next.err)
+            .unwrap()
+            .contains("gpkit dev: cargo build --bins")
+    });
+    assert!(
+        next.log()
+            .contains("stopped 1 process(es) an earlier, killed `gpkit dev` left running"),
+        "{}",
+        next.log()
+    );
+    let ours = belonging(next.child.id(), &project);
+    assert_eq!(
+        next.interrupt(Duration::from_secs(40)),
+        Some(0),
+        "{}",
+        next.log()
+    );
+    let all: Vec<(u32, String)> = left.into_iter().chain(ours).collect();
+    let alive = left_running(&all, &project);
+    assert!(alive.is_empty(), "left running: {alive:#?}\n{}", next.log());
 }

@@ -134,14 +134,19 @@ impl Drop for DevLock {
     }
 }
 
-/// Whether the process `pid` exists and was started from `program` (read
-/// from `/proc`; elsewhere no process counts as a match).
+/// Whether the process `pid` exists and runs `program` (read from `/proc`:
+/// its executable, possibly replaced by a later build since, or the start
+/// of its command line, which Valkey rewrites; elsewhere no process counts
+/// as a match).
 fn runs(pid: u32, program: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-    first == program.as_os_str().as_encoded_bytes()
+    let wanted = program.as_os_str().as_encoded_bytes();
+    if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+        let exe = exe.as_os_str().as_encoded_bytes();
+        if exe == wanted || exe.strip_suffix(b" (deleted)") == Some(wanted) {
+            return true;
+        }
+    }
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline.starts_with(wanted))
 }
 
 /// The environment of the `gpkit dev` running in the project at `root`, as
