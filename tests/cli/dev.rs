@@ -542,3 +542,19 @@ fn a_killed_dev_is_no_refusal_and_the_next_run_stops_what_it_left() {
     let alive = left_running(&all, &project);
     assert!(alive.is_empty(), "left running: {alive:#?}\n{}", next.log());
 }
+
+#[test]
+fn dev_refuses_dry_run_and_diff_and_starts_nothing() {
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &[]);
+    for flag in ["--dry-run", "--diff"] {
+        let output = dev_command(&project, &[flag]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("takes neither `--dry-run` nor `--diff`"),
+            "{stderr}"
+        );
+    }
+    assert!(!project.join(".gpkit/dev").exists());
+}

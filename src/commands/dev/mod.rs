@@ -60,6 +60,12 @@ fn note(text: &str) {
 }
 
 pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
+    if ctx.dry_run || ctx.diff {
+        bail!(
+            "`gpkit dev` writes no plan, so it takes neither `--dry-run` nor `--diff`\n\
+             help: run `gpkit dev` without them"
+        );
+    }
     let (project, _) = ctx.open_project("dev", true)?;
     let root = project
         .root
@@ -135,8 +141,13 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
         }
         (None, Some(url)) => {
             note(&format!(
-                "Postgres: using DATABASE_URL from {}, which answers{}",
+                "Postgres: using DATABASE_URL from {}, {}{}",
                 settings.where_set("DATABASE_URL"),
+                if services::asks_for_tls(url) {
+                    "as given (it asks for TLS: not checked)"
+                } else {
+                    "which answers"
+                },
                 if args.fresh {
                     " (--fresh empties only the project's own servers)"
                 } else {

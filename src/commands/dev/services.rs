@@ -121,11 +121,16 @@ pub fn find_valkey() -> Result<PathBuf> {
     )
 }
 
+/// Whether a Postgres URL asks for TLS (`sslmode=require` and up).
+pub fn asks_for_tls(url: &str) -> bool {
+    url.contains("sslmode=require") || url.contains("sslmode=verify")
+}
+
 /// Whether the Postgres server `url` names answers and lets its user in (a
 /// missing database counts: `migrate up --create-database` creates it), or
 /// why not. A URL that asks for TLS is taken as it is.
 pub fn postgres_answers(url: &str) -> std::result::Result<(), String> {
-    if url.contains("sslmode=require") || url.contains("sslmode=verify") {
+    if asks_for_tls(url) {
         return Ok(());
     }
     let mut config =
