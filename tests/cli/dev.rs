@@ -72,9 +72,21 @@ struct Dev {
 
 impl Dev {
     fn start(project: &Path, logs: &Path, port: u16, name: &str) -> Self {
+        Self::start_with(project, logs, port, name, &[])
+    }
+
+    /// `start` with `env` added to the environment.
+    fn start_with(
+        project: &Path,
+        logs: &Path,
+        port: u16,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let out = logs.join(format!("{name}.out"));
         let err = logs.join(format!("{name}.err"));
         let child = dev_command(project, &["--port", &port.to_string()])
+            .envs(env.iter().copied())
             .stdout(File::create(&out).unwrap())
             .stderr(File::create(&err).unwrap())
             // A group of its own, with the cargo it runs: a test can kill
@@ -557,4 +569,51 @@ fn dev_refuses_dry_run_and_diff_and_starts_nothing() {
         );
     }
     assert!(!project.join(".gpkit/dev").exists());
+}
+
+#[test]
+fn a_database_url_that_answers_is_used_instead_of_a_cluster_of_its_own() {
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &[]).canonicalize().unwrap();
+    // The tests' server; the database is missing, which counts as answering
+    // (`migrate up --create-database` creates it).
+    let given = crate::e2e::database_url(&format!("gpkit_dev_given_{}", std::process::id()));
+    let _one_cargo_at_a_time = cargo_lock();
+    let mut dev = Dev::start_with(
+        &project,
+        parent.path(),
+        free_port(),
+        "given",
+        &[("DATABASE_URL", &given)],
+    );
+    wait_until(Duration::from_secs(60), "it builds", || {
+        dev.assert_running();
+        std::fs::read_to_string(&dev.err)
+            .unwrap()
+            .contains("gpkit dev: cargo build --bins")
+    });
+    let log = dev.log();
+    assert!(
+        log.contains("Postgres: using DATABASE_URL from the environment, which answers"),
+        "{log}"
+    );
+    assert!(!project.join(".gpkit/dev/postgres").exists(), "{log}");
+    let printed = print_env_with(&project, &given);
+    assert_eq!(env_value(&printed, "DATABASE_URL"), given);
+    assert_eq!(
+        dev.interrupt(Duration::from_secs(40)),
+        Some(0),
+        "{}",
+        dev.log()
+    );
+}
+
+/// `gpkit dev --print-env` with `DATABASE_URL` set as for the run.
+fn print_env_with(project: &Path, database_url: &str) -> String {
+    let output = dev_command(project, &["--print-env"])
+        .env("DATABASE_URL", database_url)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap()
 }
