@@ -23,7 +23,8 @@ Examples:
   gpkit --dry-run --diff new project shop
   gpkit -C shop new migration add_orders
   gpkit -C shop upgrade templates
-  gpkit -C shop doctor";
+  gpkit -C shop doctor
+  gpkit -C shop dev";
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
@@ -77,6 +78,32 @@ Examples:
   gpkit doctor
   gpkit -C shop doctor --format json")]
     Doctor(DoctorArgs),
+    /// Run the project locally: its own Postgres and Valkey, migrations,
+    /// server and worker
+    ///
+    /// Starts a Postgres cluster and (with the worker) a Valkey server that
+    /// belong to the project, on free loopback ports, with their data under
+    /// `.gpkit/dev/` (kept from one run to the next); when `DATABASE_URL` or
+    /// `VALKEY_ADDR` (environment or `.env`) names a server that answers,
+    /// uses it instead. Then runs `cargo build --bins`, applies the pending
+    /// migrations (`migrate up --create-database`) and runs `server` and
+    /// `worker` with `DATABASE_URL`, `VALKEY_ADDR` and `HTTP_ADDR` set, each
+    /// output line prefixed by the process's name. A process that exits is
+    /// restarted, with a growing pause while it keeps failing. A change
+    /// under `src/`, `kit/`, `migrations/` or to `Cargo.toml` rebuilds,
+    /// migrates and restarts them; a failed build keeps them running.
+    /// Ctrl-C or SIGTERM stops the processes, then the servers. One `gpkit
+    /// dev` per project at a time.
+    ///
+    /// Exit codes: 0 after an orderly stop, 1 on an error (no Postgres found,
+    /// a failed build or migration, another `gpkit dev` running here).
+    #[command(after_help = "\
+Examples:
+  gpkit dev
+  gpkit dev --port 3000
+  gpkit dev --fresh
+  eval \"$(gpkit dev --print-env)\"   # in another terminal: psql \"$DATABASE_URL\"")]
+    Dev(DevArgs),
     /// Print a shell completion script for gpkit
     #[command(after_help = "\
 Examples:
@@ -97,6 +124,27 @@ pub struct DoctorArgs {
     /// Report format
     #[arg(long, value_enum, default_value_t = ReportFormat::Text)]
     pub format: ReportFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// The port the server listens on, on 127.0.0.1
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+
+    /// Start from empty: remove the project's dev Postgres and Valkey data
+    /// first
+    #[arg(long, conflicts_with = "print_env")]
+    pub fresh: bool,
+
+    /// Do not watch the sources: no rebuild and restart on a change
+    #[arg(long)]
+    pub no_watch: bool,
+
+    /// Print DATABASE_URL and VALKEY_ADDR of the `gpkit dev` running in this
+    /// project, as NAME=value lines, and exit (1 when none runs)
+    #[arg(long)]
+    pub print_env: bool,
 }
 
 #[derive(Debug, Args)]

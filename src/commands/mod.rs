@@ -6,6 +6,8 @@ mod add_event;
 mod add_schedule;
 mod add_worker;
 mod completions;
+#[cfg(unix)]
+mod dev;
 mod doctor;
 mod new_migration;
 mod new_project;
@@ -129,6 +131,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Completions(args) => completions::completions(args.shell),
         Command::Man => completions::man(),
         Command::Doctor(args) => doctor::run(&ctx, args),
+        #[cfg(unix)]
+        Command::Dev(args) => dev::run(&ctx, args),
+        #[cfg(not(unix))]
+        Command::Dev(_) => bail!("`gpkit dev` runs on Linux and macOS only"),
     }
 }
 

@@ -24,7 +24,7 @@ fn free_port() -> u16 {
 
 /// `method path` on `addr` with an optional JSON body: the status and the
 /// body, or `None` while nothing answers.
-fn request(addr: &str, method: &str, path: &str, json: Option<&str>) -> Option<(u16, String)> {
+pub fn request(addr: &str, method: &str, path: &str, json: Option<&str>) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -18,6 +18,7 @@ const COMMANDS: &[&[&str]] = &[
     &["completions"],
     &["man"],
     &["doctor"],
+    &["dev"],
 ];
 
 #[test]

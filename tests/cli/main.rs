@@ -4,6 +4,7 @@ mod add_event;
 mod add_worker;
 mod asynq_interop;
 mod deploy;
+mod dev;
 mod doctor;
 mod e2e;
 mod event_e2e;

@@ -3,7 +3,7 @@
 //! template upgrade is available. Each problem comes with its fix; a failed
 //! check makes the exit code 1. It reads and connects, and writes nothing.
 
-mod environment;
+pub(super) mod environment;
 mod postgres;
 mod report;
 mod toolchain;
