@@ -47,8 +47,14 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         true,
     )?;
 
+    // `--example` alone takes the default data layer, as before it was
+    // written for both; `--example --db sea-orm` writes it with SeaORM.
     let db = prompt::select(
-        args.db,
+        if args.example && args.db.is_none() {
+            Some(DataLayer::Sqlx)
+        } else {
+            args.db
+        },
         ctx.no_input,
         "Data layer for your application code?",
         &[

@@ -384,7 +384,7 @@ fn the_dispatch_examples_compile(project: &Path) {
         .and_then(|rest| rest.split("```").next())
         .expect("the README has a Rust example");
     assert!(
-        example.contains("use kit::dispatch::Dispatcher;"),
+        example.contains("kit::dispatch(&mut *tx, &order).await?;"),
         "{example}"
     );
 

@@ -61,18 +61,22 @@ fn a_crlf_checkout_is_up_to_date_and_keeps_crlf_through_an_add() {
     assert!(stdout.contains("Up to date"), "{stdout}");
 }
 
-/// A CRLF checkout of a set-5 project without its copies of the kit: the
-/// bases regenerated from the released kit (LF) are compared with the files
-/// as LF, so the kit files the user edited are kept and nothing is written.
+/// A CRLF checkout of a project of the current set, which keeps no copies
+/// of the kit: the bases regenerated from the released kit (LF) are
+/// compared with the files as LF, so the kit files the user edited are kept
+/// and nothing is written.
 #[test]
 fn a_crlf_checkout_without_copies_of_the_kit_is_up_to_date() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("legacy-shop");
     crate::support::copy_tree(
-        &crate::support::repo().join("tests/fixtures/upgrade/v5-edited"),
+        &crate::support::repo().join(format!(
+            "tests/fixtures/upgrade/v{}-edited",
+            gpkit::engine::blueprint::TEMPLATE_SET_VERSION
+        )),
         &project,
     );
-    std::fs::remove_dir_all(project.join(".gpkit/base/kit")).unwrap();
+    assert!(!project.join(".gpkit/base/kit").exists());
     convert_to_crlf(&project);
     let before = read_tree(&project, &[]);
 

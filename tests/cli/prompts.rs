@@ -107,13 +107,15 @@ fn the_container_files_can_be_chosen_at_the_prompt() {
 }
 
 #[test]
-fn sea_orm_can_be_chosen_at_the_prompt_and_then_the_example_is_not_offered() {
+fn sea_orm_can_be_chosen_at_the_prompt_and_then_the_example_is_offered_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut session = spawn(dir.path(), &["new", "project", "shop", "--worker"]);
 
     session.exp_string("Data layer").unwrap();
     // `j` moves down the list (as the down arrow does), Enter picks.
     session.send_line("j").unwrap();
+    session.exp_string("Add the example").unwrap();
+    session.send_line("").unwrap();
     session.exp_string("Add container files").unwrap();
     session.send_line("").unwrap();
     session.exp_string("Created project `shop`").unwrap();

@@ -166,17 +166,18 @@ fn a_migrations_directory_that_is_a_link_is_refused() {
 fn a_base_copy_that_is_a_link_is_refused() {
     let ws = Workspace::new();
     let project = ws.project();
-    let config = project.join("tests/config.rs");
-    let mut edited = std::fs::read(&config).unwrap();
-    edited.extend_from_slice(b"// my edit\n");
-    std::fs::write(&config, &edited).unwrap();
-    std::fs::write(ws.outside().join("fake-base.rs"), &edited).unwrap();
-    let base = project.join(".gpkit/base/tests/config.rs");
+    // A kit file outside the kit crate, of which gpkit keeps a copy.
+    let migration = project.join("migrations/20261130000000_inbox.sql");
+    let mut edited = std::fs::read(&migration).unwrap();
+    edited.extend_from_slice(b"-- my edit\n");
+    std::fs::write(&migration, &edited).unwrap();
+    std::fs::write(ws.outside().join("fake-base.sql"), &edited).unwrap();
+    let base = project.join(".gpkit/base/migrations/20261130000000_inbox.sql");
     std::fs::remove_file(&base).unwrap();
-    std::os::unix::fs::symlink(ws.outside().join("fake-base.rs"), &base).unwrap();
+    std::os::unix::fs::symlink(ws.outside().join("fake-base.sql"), &base).unwrap();
     ws.refused(
         &["upgrade", "templates", "--restore-deleted"],
-        "`.gpkit/base/tests/config.rs` in the project is a symbolic link",
+        "`.gpkit/base/migrations/20261130000000_inbox.sql` in the project is a symbolic link",
     );
 }
 
@@ -216,19 +217,22 @@ fn a_link_where_no_base_copy_is_kept_is_not_followed() {
 /// reported as a conflict and kept in the file.
 #[test]
 fn a_missing_base_is_a_conflict_not_an_overwrite() {
-    for (path, lose_base) in [
+    for (path, lose_base, mark) in [
         // A kit crate file whose recorded hash no release of gpkit has.
-        ("kit/src/config.rs", "hash"),
+        ("kit/src/config.rs", "hash", "// my edit\n"),
         // A kit file gpkit keeps a copy of, the copy deleted.
-        ("tests/config.rs", "copy"),
+        (
+            "migrations/20261130000000_inbox.sql",
+            "copy",
+            "-- my edit\n",
+        ),
     ] {
         let ws = Workspace::new();
         let project = ws.project();
         let file = project.join(path);
         let original = std::fs::read(&file).unwrap();
         let mut edited = String::from_utf8(original.clone()).unwrap();
-        edited = edited.replacen("\nuse ", "\n// my edit\nuse ", 1);
-        assert!(edited.contains("// my edit\n"), "{path}");
+        edited.push_str(mark);
         std::fs::write(&file, &edited).unwrap();
         if lose_base == "copy" {
             std::fs::remove_file(project.join(".gpkit/base").join(path)).unwrap();
@@ -254,9 +258,6 @@ fn a_missing_base_is_a_conflict_not_an_overwrite() {
             .unwrap_or_default();
         assert!(line.contains("conflicted"), "{path}: {stdout}");
         let after = std::fs::read_to_string(&file).unwrap();
-        assert!(
-            after.contains("// my edit\n"),
-            "{path}: the edit was lost:\n{after}"
-        );
+        assert!(after.contains(mark), "{path}: the edit was lost:\n{after}");
     }
 }
