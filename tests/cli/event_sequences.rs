@@ -121,11 +121,7 @@ fn cases() -> u32 {
     {
         return n;
     }
-    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
-        256
-    } else {
-        64
-    }
+    if crate::support::in_ci() { 256 } else { 64 }
 }
 
 /// Every this many sequences, one ends with an [`AddListener`] call.

@@ -11,7 +11,8 @@
 //! (out-of-order) migrations and rollback order, runs started at the same
 //! moment, and the session settings a migration runs under.
 //!
-//! Where Go is missing the tests return early (see `go_peers`).
+//! Where Go is missing the tests skip, a failure under CI (see
+//! `crate::support::require_tool`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
