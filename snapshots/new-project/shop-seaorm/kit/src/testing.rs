@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::{self, Config};
 
-/// [`config`] as the service's settings type `S` (its own `Settings`, which
+/// [`config()`] as the service's settings type `S` (its own `Settings`, which
 /// nests the kit's configuration, or the kit's [`Config`] itself), inferred
 /// from where it goes: `Application::build(&kit::testing::settings(url))`.
 pub fn settings<S: From<Config>>(database_url: &str) -> S {
