@@ -89,7 +89,15 @@ fn rewrite_dispatch(line: &str) -> String {
         (".dispatcher.dispatch(", "."),
         ("OutboxDispatcher::new().dispatch(", ":"),
     ] {
-        while let Some(at) = line.find(call) {
+        let mut from = 0;
+        while let Some(found) = line[from..].find(call) {
+            let at = from + found;
+            from = at + call.len();
+            let before = line[..at].chars().next_back();
+            // `MyOutboxDispatcher::new()` is another type: left alone.
+            if receiver_chars == ":" && before.is_some_and(is_ident) {
+                continue;
+            }
             // The receiver: `state`, `self.state`, `kit::outbox::`.
             let start = line[..at]
                 .char_indices()
@@ -97,11 +105,16 @@ fn rewrite_dispatch(line: &str) -> String {
                 .take_while(|(_, c)| is_ident(*c) || receiver_chars.contains(*c))
                 .last()
                 .map_or(at, |(i, _)| i);
-            let prefix = &line[..start];
-            if call.starts_with('.') && start == at {
-                break; // `.dispatcher` continues a line: left to the advice
+            if receiver_chars == "." && start == at {
+                continue; // `.dispatcher` continues a line: left to the advice
             }
-            line = format!("{prefix}kit::dispatch({}", &line[at + call.len()..]);
+            let rewritten = format!(
+                "{}kit::dispatch({}",
+                &line[..start],
+                &line[at + call.len()..]
+            );
+            from = start + "kit::dispatch(".len();
+            line = rewritten;
         }
     }
     line
@@ -324,6 +337,17 @@ use crate::dispatch::Event;
 
     kit::dispatch(&mut *tx, &Confirmed {}).await?;
 "
+        );
+    }
+
+    #[test]
+    fn a_type_of_the_users_named_like_the_dispatcher_is_left_alone() {
+        let text = "    MyOutboxDispatcher::new().dispatch(&mut *tx, &event).await?;\n";
+        assert_eq!(carry_to_set_6(text).text, text);
+        let two = "a(state.dispatcher.dispatch(x), other.dispatcher.dispatch(y));\n";
+        assert_eq!(
+            carry_to_set_6(two).text,
+            "a(kit::dispatch(x), kit::dispatch(y));\n"
         );
     }
 
