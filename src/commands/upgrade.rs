@@ -125,7 +125,6 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
     };
     out.push_str(&heading);
     let kit_replaced = unmodified_kit_replaced(changes);
-    let in_kit = |c: &FileChange| c.path.starts_with(&format!("{}/", blueprint::KIT_DIR));
     let listed: Vec<&FileChange> = changes
         .iter()
         .filter(|c| !matches!(c.outcome, Outcome::UpToDate | Outcome::MovedAway))
@@ -184,6 +183,14 @@ fn text_report(report: &Report, changes: &[FileChange]) -> String {
     out
 }
 
+/// Whether the change is to a file of the kit crate, `kit/`.
+fn in_kit(change: &FileChange) -> bool {
+    change
+        .path
+        .strip_prefix(blueprint::KIT_DIR)
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// The report's word for a kit replaced as a whole.
 const REPLACED: &str = "replaced";
 
@@ -192,11 +199,7 @@ const REPLACED: &str = "replaced";
 /// were updated, created and deleted. `None` for a patched kit (each file
 /// is reported) or one with nothing new.
 fn unmodified_kit_replaced(changes: &[FileChange]) -> Option<String> {
-    let prefix = format!("{}/", blueprint::KIT_DIR);
-    let kit: Vec<&FileChange> = changes
-        .iter()
-        .filter(|c| c.path.starts_with(&prefix))
-        .collect();
+    let kit: Vec<&FileChange> = changes.iter().filter(|c| in_kit(c)).collect();
     let unmodified = kit.iter().all(|c| {
         matches!(
             c.outcome,
