@@ -92,8 +92,9 @@ where
     );
     let recorded = match tx.execute(record).await {
         Ok(done) => done.rows_affected() == 1,
-        Err(err) if err.to_string().contains(UNDEFINED_TABLE_MESSAGE) => {
-            return Err(missing_table());
+        // SeaORM carries sqlx's error: explained by its SQLSTATE, as above.
+        Err(sea_orm::DbErr::Exec(sea_orm::RuntimeErr::SqlxError(err))) => {
+            return Err(explain(err));
         }
         Err(err) => return Err(err.into()),
     };
@@ -108,25 +109,20 @@ where
     Ok(Some(value))
 }
 
-/// How Postgres words a missing inbox table, for errors that reach us as
-/// text (SeaORM's).
-#[cfg(feature = "seaorm")]
-const UNDEFINED_TABLE_MESSAGE: &str = "relation \"inbox_processed\" does not exist";
-
 /// A missing inbox table is a migration not applied; say so.
 fn explain(err: sqlx::Error) -> ListenerError {
     let missing = err
         .as_database_error()
         .and_then(|db| db.code())
         .is_some_and(|code| code == UNDEFINED_TABLE);
-    if missing { missing_table() } else { err.into() }
-}
-
-fn missing_table() -> ListenerError {
-    anyhow::anyhow!(
-        "the inbox table `inbox_processed` does not exist: apply the migrations \
-         (cargo run --bin migrate -- up)"
-    )
+    if missing {
+        anyhow::anyhow!(
+            "the inbox table `inbox_processed` does not exist: apply the migrations \
+             (cargo run --bin migrate -- up)"
+        )
+    } else {
+        err.into()
+    }
 }
 
 /// Deletes every record older than `retention`, batch by batch, and
