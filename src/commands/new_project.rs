@@ -125,22 +125,28 @@ pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What to run after `gpkit new project`, with Postgres and Valkey on their
-/// default ports: each line works when typed or pasted as it is (a test runs
+/// What to run after `gpkit new project`: `gpkit dev`, or, with Postgres
+/// and Valkey of the user's own on their default ports, the binaries one
+/// by one; each line works when typed or pasted as it is (a test runs
 /// them). `.env` holds the settings; a variable set in the environment wins.
 fn next_steps(dir: &str, worker: bool) -> String {
-    let servers = if worker {
-        "Postgres on localhost:5432 and Valkey on localhost:6379"
+    let (own, servers) = if worker {
+        (
+            "a Postgres and a Valkey",
+            "Postgres on localhost:5432 and Valkey on localhost:6379",
+        )
     } else {
-        "Postgres on localhost:5432"
+        ("a Postgres", "Postgres on localhost:5432")
     };
+    let dir = shell_quote(dir);
     let mut steps = format!(
-        "\nNext steps, with {servers}:\n  \
-         cd {}\n  \
+        "\nRun it, with {own} of the project's own (Ctrl-C stops it all):\n  \
+         cd {dir} && gpkit dev\n\
+         \nNext steps, with your own {servers}:\n  \
+         cd {dir}\n  \
          cp .env.example .env                             # settings: check DATABASE_URL\n  \
          cargo run --bin migrate -- up --create-database  # create the database and the schema\n  \
          cargo run --bin server                           # GET /healthz and /readyz on :8080\n",
-        shell_quote(dir)
     );
     if worker {
         steps.push_str(

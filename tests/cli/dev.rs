@@ -466,6 +466,36 @@ fn a_second_dev_in_the_same_project_is_refused_naming_the_first() {
         )),
         "{stderr}"
     );
+    // `gpkit doctor` reports the run and checks its servers, not the
+    // defaults of `.env.example` (nothing listens there).
+    let doctor = crate::support::gpkit(&project)
+        .args(["doctor", "--format", "json"])
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:9/none")
+        .env("VALKEY_ADDR", "127.0.0.1:9")
+        .output()
+        .unwrap();
+    let report = json(&String::from_utf8_lossy(&doctor.stdout));
+    let finding = |check: &str| {
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|finding| finding["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} finding: {report}"))
+    };
+    let dev_finding = finding("dev");
+    assert_eq!(dev_finding["status"], "ok", "{report}");
+    assert!(
+        dev_finding["detail"].as_str().unwrap().contains(&format!(
+            "`gpkit dev` runs in this project (process {})",
+            first.child.id()
+        )),
+        "{report}"
+    );
+    assert_eq!(finding("postgres")["status"], "ok", "{report}");
+    assert_eq!(finding("valkey")["status"], "ok", "{report}");
+
     // Interrupted during its build, the first stops its servers and exits.
     let ours = belonging(first.child.id(), &project);
     assert_eq!(

@@ -201,6 +201,7 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
         printed.contains("If a step fails, `gpkit doctor` in the project says what to fix."),
         "{printed}"
     );
+    assert!(printed.contains("\n  cd shop && gpkit dev\n"), "{printed}");
     assert!(
         steps
             .iter()

@@ -16,7 +16,7 @@ mod output;
 mod processes;
 mod services;
 mod signals;
-mod state;
+pub(super) mod state;
 mod watch;
 
 use std::collections::BTreeMap;

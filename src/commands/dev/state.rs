@@ -149,20 +149,25 @@ fn runs(pid: u32, program: &Path) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline.starts_with(wanted))
 }
 
-/// The environment of the `gpkit dev` running in the project at `root`, as
-/// its state file has it (`NAME=value` lines), or an error when none runs.
-pub fn running_env(root: &Path) -> Result<String> {
+/// The `gpkit dev` running in a project, as its lock and state file have it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    /// Its process id.
+    pub pid: String,
+    /// The environment it gives the project's processes, `(name, value)`.
+    pub env: Vec<(String, String)>,
+}
+
+/// The `gpkit dev` running in the project at `root`: `Ok(None)` when none
+/// runs, and an error while one is starting and has not written its state.
+pub fn running(root: &Path) -> Result<Option<Running>> {
     let dir = root.join(DEV_DIR);
-    let not_running = || {
-        anyhow::anyhow!(
-            "no `gpkit dev` is running in this project\n\
-             help: start one with `gpkit dev`, then ask again"
-        )
+    let Ok(file) = File::open(dir.join(LOCK_FILE)) else {
+        return Ok(None);
     };
-    let file = File::open(dir.join(LOCK_FILE)).map_err(|_| not_running())?;
     match file.try_lock_shared() {
         // Nobody holds it: no run.
-        Ok(()) => return Err(not_running()),
+        Ok(()) => return Ok(None),
         Err(TryLockError::WouldBlock) => {}
         Err(TryLockError::Error(err)) => return Err(err.into()),
     }
@@ -172,9 +177,31 @@ pub fn running_env(root: &Path) -> Result<String> {
              help: ask again in a moment"
         )
     })?;
-    Ok(state
+    let pid = std::fs::read_to_string(dir.join(LOCK_FILE))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let env = state
         .lines()
         .filter(|line| !line.starts_with("pid "))
-        .map(|line| format!("{line}\n"))
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+    Ok(Some(Running { pid, env }))
+}
+
+/// The environment of the `gpkit dev` running in the project at `root`, as
+/// `NAME=value` lines, or an error when none runs.
+pub fn running_env(root: &Path) -> Result<String> {
+    let running = running(root)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no `gpkit dev` is running in this project\n\
+             help: start one with `gpkit dev`, then ask again"
+        )
+    })?;
+    Ok(running
+        .env
+        .iter()
+        .map(|(name, value)| format!("{name}={value}\n"))
         .collect())
 }

@@ -12,6 +12,8 @@ use super::report::Finding;
 pub enum Source {
     Environment,
     DotEnv,
+    /// The running `gpkit dev`, whose servers the checks then use.
+    DevRun,
 }
 
 /// The project's settings, by variable name.
@@ -36,8 +38,15 @@ impl Settings {
     pub fn where_set(&self, name: &str) -> &'static str {
         match self.source(name) {
             Some(Source::Environment) => "the environment",
+            Some(Source::DevRun) => "the running `gpkit dev`",
             _ => ".env",
         }
+    }
+
+    /// Sets `name` to the value the running `gpkit dev` gives its processes.
+    pub fn use_dev_run(&mut self, name: &str, value: &str) {
+        self.values
+            .insert(name.to_string(), (value.to_string(), Source::DevRun));
     }
 }
 

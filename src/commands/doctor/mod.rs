@@ -36,8 +36,12 @@ pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
     let manifest = Manifest::load(&ctx.dir)?;
     let root = ctx.dir.as_path();
     let mut findings = vec![templates(&manifest), toolchain::check(root)];
-    let (settings, env_finding) = environment::load(root, SETTINGS);
+    let (mut settings, env_finding) = environment::load(root, SETTINGS);
     findings.push(env_finding);
+    #[cfg(unix)]
+    if let Some(dev) = dev_run(root, &mut settings) {
+        findings.push(dev);
+    }
     let (connected, client) = postgres::connect(&settings);
     findings.push(connected);
     findings.push(match client {
@@ -61,6 +65,39 @@ pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The `gpkit dev` running in the project, if any: its servers are the
+/// ones the project's processes use, so the checks after it use them too.
+#[cfg(unix)]
+fn dev_run(root: &std::path::Path, settings: &mut environment::Settings) -> Option<Finding> {
+    const DEV: &str = "dev";
+    let running = match super::dev::state::running(root) {
+        Ok(Some(running)) => running,
+        Ok(None) => return None,
+        Err(err) => {
+            return Some(Finding::warn(
+                DEV,
+                format!("{err:#}"),
+                "run gpkit doctor again",
+            ));
+        }
+    };
+    let mut servers = Vec::new();
+    for (name, value) in &running.env {
+        if SETTINGS.contains(&name.as_str()) {
+            settings.use_dev_run(name, value);
+            servers.push(name.as_str());
+        }
+    }
+    Some(Finding::ok(
+        DEV,
+        format!(
+            "`gpkit dev` runs in this project (process {}); the checks below use its {}",
+            running.pid,
+            servers.join(" and ")
+        ),
+    ))
 }
 
 /// Whether this gpkit has newer templates than the project was made with.
