@@ -18,7 +18,9 @@
 //! - the running Rust worker listed by Inspector.Servers() as a Go server
 //!   is, and Inspector.CancelProcessing cancelling its running task as it
 //!   does a Go server's;
-//! - 10,000 tasks shared by a Go server and a Rust worker, each run once,
+//! - 20,000 tasks shared by a Go server and three Rust workers, each run
+//!   exactly once, every process running its share;
+//! - 10,000 tasks shared by a Go server and a Rust worker, each run once
 //!   also when one side is stopped with SIGTERM midway.
 //!
 //! None is ignored. Each test skips where Go is missing, under the rule of
@@ -59,9 +61,10 @@ use std::time::Duration;
 use crate::events::order_placed::OrderPlaced;
 use crate::worker::listeners::{{ListenerContext, ListenerError}};
 
-/// Records each run in `listener_runs`. A note `sleep:<ms>` first records
-/// `start` and sleeps that long; an order in `refused_orders` fails with
-/// "order <id> refused" (recorded as `failed`); else the run is `done`.
+/// Records each run in `listener_runs`, with the id of the worker process
+/// that ran it. A note `sleep:<ms>` first records `start` and sleeps that
+/// long; an order in `refused_orders` fails with "order <id> refused"
+/// (recorded as `failed`); else the run is `done`.
 pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
     if let Some(ms) = event.note.strip_prefix("sleep:") {{
         record(&event, &ctx, "start").await?;
@@ -81,8 +84,8 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
 
 async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Result<(), ListenerError> {{
     sqlx::query(
-        "INSERT INTO listener_runs (listener, event_id, order_id, note, traceparent, outcome) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO listener_runs (listener, event_id, order_id, note, traceparent, outcome, pid) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind("{listener}")
     .bind(ctx.event_id())
@@ -90,6 +93,7 @@ async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Re
     .bind(&event.note)
     .bind(ctx.metadata().get("traceparent"))
     .bind(outcome)
+    .bind(i64::from(std::process::id()))
     .execute(ctx.pool())
     .await?;
     Ok(())
@@ -102,7 +106,8 @@ async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Re
 const LISTENER_TABLES: &str = "-- +goose Up
 CREATE TABLE listener_runs (
     listener text NOT NULL, event_id uuid NOT NULL, order_id bigint NOT NULL, note text NOT NULL,
-    traceparent text, outcome text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
+    traceparent text, outcome text NOT NULL, pid bigint NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE refused_orders (order_id bigint PRIMARY KEY);
 
@@ -240,12 +245,30 @@ fn count_runs(db: &Database, outcome: &str) -> usize {
     psql(&db.url(), &sql).parse().unwrap()
 }
 
-/// The slow tasks the `audit` listener has started and not finished.
-fn audit_in_flight(db: &Database) -> BTreeSet<String> {
-    let sql = "SELECT event_id FROM listener_runs s WHERE listener = 'audit' AND outcome = 'start' \
-               AND NOT EXISTS (SELECT 1 FROM listener_runs d \
-               WHERE d.event_id = s.event_id AND d.listener = 'audit' AND d.outcome = 'done')";
-    psql(&db.url(), sql).lines().map(str::to_string).collect()
+/// The slow tasks the `audit` listener of the worker process `pid` has
+/// started and not finished.
+fn audit_in_flight(db: &Database, pid: u32) -> BTreeSet<String> {
+    let sql = format!(
+        "SELECT event_id FROM listener_runs s \
+         WHERE listener = 'audit' AND outcome = 'start' AND pid = {pid} \
+         AND NOT EXISTS (SELECT 1 FROM listener_runs d \
+         WHERE d.event_id = s.event_id AND d.listener = 'audit' AND d.outcome = 'done')"
+    );
+    psql(&db.url(), &sql).lines().map(str::to_string).collect()
+}
+
+/// The completed runs of the `audit` listener, one per run: the id of the
+/// worker process that ran it, and the task id.
+fn audit_runs_by_pid(db: &Database) -> Vec<(u32, String)> {
+    let sql =
+        "SELECT pid, event_id FROM listener_runs WHERE listener = 'audit' AND outcome = 'done'";
+    psql(&db.url(), sql)
+        .lines()
+        .map(|line| {
+            let (pid, id) = line.split_once('|').unwrap_or_else(|| panic!("{line}"));
+            (pid.parse().unwrap(), id.to_string())
+        })
+        .collect()
 }
 
 // --- the Go peer -------------------------------------------------------------
@@ -314,24 +337,21 @@ fn wait_for_state(peer: &Path, redis: &RedisServer, queue: &str, id: &str, state
     info
 }
 
-/// Waits until `queue` has `completed` completed tasks and nothing else;
-/// the queue's counts (Inspector.GetQueueInfo).
+/// Waits at most `limit` until `queue` has `completed` completed tasks and
+/// nothing else; the queue's counts (Inspector.GetQueueInfo).
 fn wait_until_all_completed(
     peer: &Path,
     redis: &RedisServer,
     queue: &str,
     completed: u64,
+    limit: Duration,
 ) -> Value {
     let mut counts = Value::Null;
     let all_done = || {
         counts = go_queue(peer, redis, queue);
         counts["completed"] == completed
     };
-    wait_until(
-        Duration::from_secs(120),
-        &format!("{completed} tasks are completed"),
-        all_done,
-    );
+    wait_until(limit, &format!("{completed} tasks are completed"), all_done);
     for state in ["pending", "active", "scheduled", "retry", "archived"] {
         assert_eq!(counts[state], 0, "{state} tasks left: {counts}");
     }
@@ -681,7 +701,7 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
     );
 
     // 5 event tasks and 10 listener tasks, all completed.
-    let counts = wait_until_all_completed(&peer, &redis, "default", 15);
+    let counts = wait_until_all_completed(&peer, &redis, "default", 15, Duration::from_secs(120));
     assert_counters(&counts, since, 15, 0);
     let mut expected = Vec::new();
     for listener in ["audit", "email"] {
@@ -1110,12 +1130,15 @@ impl Side {
     }
 }
 
-/// The task ids of one side's completed runs, one per run.
-fn done_runs(side: Side, go_server: &GoServer, db: &Database) -> Vec<String> {
-    match side {
-        Side::Go => go_server.ids("done"),
-        Side::Rust => listener_runs(db, "audit", "done"),
-    }
+/// A run of [`share_the_queue`].
+struct Run {
+    /// How many tasks the Go client enqueues.
+    tasks: usize,
+    /// How many Rust worker processes serve the queue beside the Go server.
+    rust_workers: usize,
+    /// The side stopped with SIGTERM midway (the first Rust worker, for
+    /// Rust), if any.
+    stop: Option<Side>,
 }
 
 /// What [`share_the_queue`] saw.
@@ -1124,6 +1147,8 @@ struct Shared {
     enqueued: BTreeMap<String, bool>,
     /// The ids of the completed runs of each side, one per run.
     done: BTreeMap<Side, Vec<String>>,
+    /// The same runs by process: the Go server's, then each Rust worker's.
+    by_process: Vec<(String, Vec<String>)>,
     /// Slow tasks the stopped side had started but never finished.
     interrupted: BTreeSet<String>,
     /// The queue's counts at the end.
@@ -1132,16 +1157,21 @@ struct Shared {
     since: time::Date,
 }
 
-/// A Go asynq server and a Rust worker, 10 handlers each, share the
-/// `default` queue, where the Go client enqueues 10,000
-/// `listener:orderPlaced:audit` tasks (a task type both sides handle: the
-/// Rust `audit` listener and a Go ServeMux handler) while the queue is
-/// paused, and then unpauses it; they run until all are completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
+/// A Go asynq server and `run.rust_workers` Rust worker processes, 10
+/// handlers each, share the `default` queue of `redis`, where the Go client
+/// enqueues `run.tasks` `listener:orderPlaced:audit` tasks (a task type
+/// both sides handle: the Rust `audit` listener and a Go ServeMux handler)
+/// while the queue is paused, and then unpauses it; they run until all are
+/// completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
 /// are done and the `stop` side is in the middle of a slow task, that side
 /// gets SIGTERM, with a shutdown timeout of 1 s.
-fn share_the_queue(stop: Option<Side>) -> Shared {
+fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
+    let Run {
+        tasks,
+        rust_workers,
+        stop,
+    } = *run;
     let peer = go_peer("asynqpeer").expect("checked by the caller");
-    let redis = RedisServer::start();
     let db = database();
     let go_timeout = if stop == Some(Side::Go) { "1s" } else { "8s" };
     let serve = [
@@ -1158,17 +1188,16 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
     } else {
         "30s"
     };
-    let mut worker = start_worker(
-        &db,
-        &redis,
-        &[
-            ("WORKER_QUEUES", "default=1"),
-            ("WORKER_CONCURRENCY", "10"),
-            ("WORKER_SHUTDOWN_TIMEOUT", rust_timeout),
-        ],
-    );
+    let env = [
+        ("WORKER_QUEUES", "default=1"),
+        ("WORKER_CONCURRENCY", "10"),
+        ("WORKER_SHUTDOWN_TIMEOUT", rust_timeout),
+    ];
+    let mut workers: Vec<Worker> = (0..rust_workers)
+        .map(|_| start_worker(&db, &redis, &env))
+        .collect();
 
-    let lines: Vec<Value> = (0..10_000)
+    let lines: Vec<Value> = (0..tasks)
         .map(|n| {
             let slow = stop.is_some() && n % 500 == 250;
             let note = if slow {
@@ -1180,7 +1209,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         })
         .collect();
     // Enqueued while the queue is paused (which both sides honour), so
-    // that both start on the whole backlog at once.
+    // that all start on the whole backlog at once.
     let since = time::OffsetDateTime::now_utc().date();
     go(&peer, &redis, &["pause", "default"], "");
     let options = ["-type", AUDIT_TASK, "-retention", "1h"];
@@ -1192,12 +1221,13 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
             (str_of(&e["id"]).to_string(), slow)
         })
         .collect();
-    assert_eq!(enqueued.len(), 10_000);
-    assert_eq!(go_queue(&peer, &redis, "default")["pending"], 10_000);
+    assert_eq!(enqueued.len(), tasks);
+    assert_eq!(go_queue(&peer, &redis, "default")["pending"], tasks);
     go(&peer, &redis, &["unpause", "default"], "");
     let start = Instant::now();
 
     // Slow tasks a side has started and not finished.
+    let first_rust = workers.first().map(Worker::pid);
     let in_flight_slow = |side: Side, go_server: &GoServer| -> BTreeSet<String> {
         match side {
             Side::Go => {
@@ -1207,7 +1237,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
                     .filter(|id| enqueued[id] && !done.contains(id))
                     .collect()
             }
-            Side::Rust => audit_in_flight(&db),
+            Side::Rust => audit_in_flight(&db, first_rust.expect("a Rust worker")),
         }
     };
     let mut interrupted = BTreeSet::new();
@@ -1223,21 +1253,51 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
         );
         match side {
             Side::Go => go_server.stop(Duration::from_secs(10)),
-            Side::Rust => stop_worker(&mut worker, Duration::from_secs(10)),
+            Side::Rust => stop_worker(&mut workers[0], Duration::from_secs(10)),
         }
         interrupted = in_flight_slow(side, &go_server);
     }
 
-    let counts = wait_until_all_completed(&peer, &redis, "default", 10_000);
+    let limit = Duration::from_secs(60) + Duration::from_millis(6) * tasks as u32;
+    let counts = wait_until_all_completed(&peer, &redis, "default", tasks as u64, limit);
     eprintln!(
-        "10,000 shared tasks took {:.2?} (stopped: {stop:?})",
+        "{tasks} tasks shared by a Go server and {rust_workers} Rust worker(s) took {:.2?} \
+         (stopped: {stop:?})",
         start.elapsed()
     );
-    let done = [Side::Go, Side::Rust]
-        .map(|side| (side, done_runs(side, &go_server, &db)))
-        .into();
-    if stop != Some(Side::Rust) {
-        stop_worker(&mut worker, Duration::from_secs(35));
+
+    // Every recorded run, by process.
+    let rust_runs = audit_runs_by_pid(&db);
+    let pids: Vec<u32> = workers.iter().map(Worker::pid).collect();
+    let strangers: Vec<&(u32, String)> = rust_runs
+        .iter()
+        .filter(|(pid, _)| !pids.contains(pid))
+        .collect();
+    assert!(
+        strangers.is_empty(),
+        "runs of no worker of this test: {strangers:?}"
+    );
+    let mut by_process = vec![("Go server".to_string(), go_server.ids("done"))];
+    for (n, &pid) in pids.iter().enumerate() {
+        let ids = rust_runs.iter().filter(|(p, _)| *p == pid);
+        by_process.push((
+            format!("Rust worker {} (pid {pid})", n + 1),
+            ids.map(|(_, id)| id.clone()).collect(),
+        ));
+    }
+    let done = [
+        (Side::Go, go_server.ids("done")),
+        (
+            Side::Rust,
+            rust_runs.into_iter().map(|(_, id)| id).collect(),
+        ),
+    ]
+    .into();
+
+    for (n, worker) in workers.iter_mut().enumerate() {
+        if !(n == 0 && stop == Some(Side::Rust)) {
+            stop_worker(worker, Duration::from_secs(35));
+        }
     }
     if stop != Some(Side::Go) {
         go_server.stop(Duration::from_secs(15));
@@ -1245,6 +1305,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
     Shared {
         enqueued,
         done,
+        by_process,
         interrupted,
         counts,
         since,
@@ -1252,7 +1313,7 @@ fn share_the_queue(stop: Option<Side>) -> Shared {
 }
 
 impl Shared {
-    /// Completed runs per task id, over both sides.
+    /// Completed runs per task id, over all processes.
     fn runs_per_id(&self) -> BTreeMap<&str, usize> {
         let mut runs = BTreeMap::new();
         for id in self.done.values().flatten() {
@@ -1269,18 +1330,48 @@ impl Shared {
             .collect()
     }
 
-    /// Asserts that every enqueued task ran, and that both sides ran some.
+    /// Each process's number of completed runs.
+    fn shares(&self) -> Vec<(&str, usize)> {
+        self.by_process
+            .iter()
+            .map(|(name, ids)| (name.as_str(), ids.len()))
+            .collect()
+    }
+
+    /// Prints each process's share of the tasks.
+    fn print_shares(&self) {
+        let tasks = self.enqueued.len();
+        for (name, runs) in self.shares() {
+            let percent = 100.0 * runs as f64 / tasks as f64;
+            eprintln!("{name} ran {runs} of the {tasks} tasks ({percent:.1}%)");
+        }
+    }
+
+    /// Asserts that every enqueued task ran, and prints each process's share.
     fn assert_nothing_lost(&self) {
         let runs = self.runs_per_id();
         let ran: BTreeSet<&str> = runs.keys().copied().collect();
         let enqueued: BTreeSet<&str> = self.enqueued.keys().map(String::as_str).collect();
-        assert_eq!(ran.len(), 10_000, "ids that ran");
-        assert!(ran == enqueued, "the ids that ran are not the ids enqueued");
-        // Both sides count their runs in Go's counters, under Go's keys.
-        let all_runs = runs.values().sum();
-        assert_counters(&self.counts, self.since, all_runs, 0);
+        self.print_shares();
+        let lost = enqueued.difference(&ran).count();
+        let strangers = ran.difference(&enqueued).count();
+        assert_eq!(
+            (lost, strangers),
+            (0, 0),
+            "(enqueued ids that never ran, ids that ran but were not enqueued)"
+        );
+    }
+
+    /// Asserts the queue's processed counters: every task completed once
+    /// (both sides count their runs in Go's counters, under Go's keys), and
+    /// none failed.
+    fn assert_counted_once_each(&self) {
+        assert_counters(&self.counts, self.since, self.enqueued.len(), 0);
+    }
+
+    /// Asserts that the Go server and the Rust workers each ran some tasks.
+    fn assert_both_sides_ran(&self) {
         let (go, rust) = (self.done[&Side::Go].len(), self.done[&Side::Rust].len());
-        eprintln!("Go ran {go} tasks, Rust {rust}");
         assert!(
             go > 0 && rust > 0,
             "one side ran nothing: Go {go}, Rust {rust}"
@@ -1288,19 +1379,43 @@ impl Shared {
     }
 }
 
-/// 10,000 tasks on one queue served by a Go server and a Rust worker:
-/// each runs exactly once over both sides, and both sides take part.
+/// 20,000 tasks on one queue served by a Go server and three Rust worker
+/// processes, 10 handlers each, with nothing stopped or crashing: every
+/// task runs exactly once (every recorded run of every process is counted,
+/// per task id), Go's counters count each once, and each of the four
+/// processes runs a fair-ish share, at least 10% of the tasks (a fair
+/// share is 25%).
 #[test]
-fn ten_thousand_tasks_shared_by_go_and_rust_run_exactly_once() {
+fn twenty_thousand_tasks_shared_by_go_and_three_rust_workers_run_exactly_once() {
     if go_peer("asynqpeer").is_none() {
         return;
     }
     project();
-    let shared = share_the_queue(None);
+    let run = Run {
+        tasks: 20_000,
+        rust_workers: 3,
+        stop: None,
+    };
+    let shared = share_the_queue(&run, valkey());
 
     shared.assert_nothing_lost();
     let twice = shared.run_more_than_once();
-    assert!(twice.is_empty(), "tasks that ran more than once: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "{} tasks ran more than once: {twice:?}",
+        twice.len()
+    );
+    let runs: usize = shared.runs_per_id().values().sum();
+    assert_eq!(runs, run.tasks, "completed runs over all processes");
+    shared.assert_counted_once_each();
+    let floor = run.tasks / 10;
+    let shares = shared.shares();
+    let short: Vec<&(&str, usize)> = shares.iter().filter(|(_, runs)| *runs < floor).collect();
+    assert!(
+        short.is_empty(),
+        "processes that ran less than 10% ({floor}) of the {} tasks: {short:?} (all: {shares:?})",
+        run.tasks
+    );
 }
 
 /// SIGTERM to one side while it runs a task that outlasts its shutdown
@@ -1314,9 +1429,15 @@ fn ten_thousand_tasks_shared_by_go_and_rust_run_exactly_once() {
 /// dropped before that). So this asserts that no task runs to completion
 /// twice, on either side or across them: every task exactly once.
 fn sigterm_to_one_side_midway(side: Side) {
-    let shared = share_the_queue(Some(side));
+    let run = Run {
+        tasks: 10_000,
+        rust_workers: 1,
+        stop: Some(side),
+    };
+    let shared = share_the_queue(&run, RedisServer::start());
 
     shared.assert_nothing_lost();
+    shared.assert_both_sides_ran();
     let other = side.other();
     assert!(!shared.interrupted.is_empty(), "nothing was cut short");
     for id in &shared.interrupted {
@@ -1340,6 +1461,7 @@ fn sigterm_to_one_side_midway(side: Side) {
         "tasks that ran more than once after SIGTERM to {side:?} \
          (id, runs on {side:?}, runs on {other:?}): {twice_by_side:?}"
     );
+    shared.assert_counted_once_each();
 }
 
 #[test]
