@@ -21,7 +21,9 @@
 //! - 20,000 tasks shared by a Go server and three Rust workers, each run
 //!   exactly once, every process running its share;
 //! - 10,000 tasks shared by a Go server and a Rust worker, each run once
-//!   also when one side is stopped with SIGTERM midway.
+//!   also when one side is stopped with SIGTERM midway, and each completed
+//!   when the Rust worker is killed midway, only the tasks it held possibly
+//!   twice.
 //!
 //! None is ignored. Each test skips where Go is missing, under the rule of
 //! [`crate::support::require_tool`] (a failure under CI), see [`go_peer`].
@@ -1130,15 +1132,42 @@ impl Side {
     }
 }
 
+/// How one side of a [`share_the_queue`] run is stopped midway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM to that side (the first Rust worker, for Rust).
+    Term(Side),
+    /// SIGKILL to the (first) Rust worker.
+    KillRust,
+}
+
 /// A run of [`share_the_queue`].
 struct Run {
     /// How many tasks the Go client enqueues.
     tasks: usize,
     /// How many Rust worker processes serve the queue beside the Go server.
     rust_workers: usize,
-    /// The side stopped with SIGTERM midway (the first Rust worker, for
-    /// Rust), if any.
-    stop: Option<Side>,
+    /// How a side is stopped midway, if one is.
+    stop: Option<Stop>,
+}
+
+/// The note of every task of a [`Stop::KillRust`] run: each sleeps 80 ms,
+/// so that both sides hold tasks all along and the run outlasts the 30 s
+/// the kill waits for (10,000 tasks on 20 handlers take 40 s at least),
+/// while the Go server alone, after the kill, finishes the rest in about
+/// the time its recoverer takes to come round (2 min after its start).
+const KILL_RUN_NOTE: &str = "sleep:80";
+
+/// What a [`Stop::KillRust`] run saw of the killed worker.
+struct Killed {
+    /// The tasks it held when killed: those whose lease expired and that
+    /// Go's recoverer retried ("asynq: task lease expired", 1 retry).
+    held: BTreeSet<String>,
+    /// The tasks it had started before the kill (its `start` records).
+    started: BTreeSet<String>,
+    /// The tasks it had run to completion before the kill (its `done`
+    /// records).
+    finished: BTreeSet<String>,
 }
 
 /// What [`share_the_queue`] saw.
@@ -1149,8 +1178,11 @@ struct Shared {
     done: BTreeMap<Side, Vec<String>>,
     /// The same runs by process: the Go server's, then each Rust worker's.
     by_process: Vec<(String, Vec<String>)>,
-    /// Slow tasks the stopped side had started but never finished.
+    /// Slow tasks the stopped side had started but never finished (with
+    /// [`Stop::KillRust`], any task).
     interrupted: BTreeSet<String>,
+    /// With [`Stop::KillRust`], what the killed worker left.
+    killed: Option<Killed>,
     /// The queue's counts at the end.
     counts: Value,
     /// The UTC date the test began.
@@ -1162,18 +1194,33 @@ struct Shared {
 /// enqueues `run.tasks` `listener:orderPlaced:audit` tasks (a task type
 /// both sides handle: the Rust `audit` listener and a Go ServeMux handler)
 /// while the queue is paused, and then unpauses it; they run until all are
-/// completed. With `stop`, every 500th task sleeps 5 s, and once 3,000 runs
-/// are done and the `stop` side is in the middle of a slow task, that side
+/// completed.
+///
+/// With [`Stop::Term`], every 500th task sleeps 5 s, and once 3,000 runs
+/// are done and the stopped side is in the middle of a slow task, that side
 /// gets SIGTERM, with a shutdown timeout of 1 s.
+///
+/// With [`Stop::KillRust`], every task sleeps ([`KILL_RUN_NOTE`]), and once
+/// 3,000 runs are done, the Rust worker runs tasks and the Go server has
+/// been up 30 s, the Rust worker gets SIGKILL. The Go server runs what is
+/// left; the tasks the killed worker held stay active under a lease nobody
+/// extends until Go's recoverer (at the Go server's start and then every
+/// minute) retries them, 30 s past their lease: that is its round at 2
+/// min, 60 to 90 s after the kill. Inspector.RunTask then runs them at once
+/// rather than after Go's 15-45 s retry delay.
 fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
     let Run {
         tasks,
         rust_workers,
         stop,
     } = *run;
+    let term = match stop {
+        Some(Stop::Term(side)) => Some(side),
+        _ => None,
+    };
     let peer = go_peer("asynqpeer").expect("checked by the caller");
     let db = database();
-    let go_timeout = if stop == Some(Side::Go) { "1s" } else { "8s" };
+    let go_timeout = if term == Some(Side::Go) { "1s" } else { "8s" };
     let serve = [
         "-handle",
         AUDIT_TASK,
@@ -1182,8 +1229,11 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
         "-shutdown-timeout",
         go_timeout,
     ];
+    // Before the Go server starts: its recoverer's rounds are counted from
+    // its start.
+    let go_started = Instant::now();
     let mut go_server = GoServer::start(&peer, &redis, &serve);
-    let rust_timeout = if stop == Some(Side::Rust) {
+    let rust_timeout = if term == Some(Side::Rust) {
         "1s"
     } else {
         "30s"
@@ -1199,9 +1249,11 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
 
     let lines: Vec<Value> = (0..tasks)
         .map(|n| {
-            let slow = stop.is_some() && n % 500 == 250;
+            let slow = term.is_some() && n % 500 == 250;
             let note = if slow {
                 "sleep:5000".to_string()
+            } else if stop == Some(Stop::KillRust) {
+                KILL_RUN_NOTE.to_string()
             } else {
                 format!("task {n}")
             };
@@ -1241,7 +1293,8 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
         }
     };
     let mut interrupted = BTreeSet::new();
-    if let Some(side) = stop {
+    let mut killed = None;
+    if let Some(side) = term {
         let midway = || {
             let runs = go_server.ids("done").len() + count_runs(&db, "done");
             runs >= 3_000 && !in_flight_slow(side, &go_server).is_empty()
@@ -1257,9 +1310,101 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
         }
         interrupted = in_flight_slow(side, &go_server);
     }
+    if stop == Some(Stop::KillRust) {
+        let rust = first_rust.expect("a Rust worker");
+        let midway = || {
+            let runs = go_server.ids("done").len() + count_runs(&db, "done");
+            runs >= 3_000
+                && go_started.elapsed() >= Duration::from_secs(30)
+                && !audit_in_flight(&db, rust).is_empty()
+        };
+        wait_until(
+            Duration::from_secs(90),
+            "3,000 runs, tasks running on the Rust worker and the Go server up 30 s",
+            midway,
+        );
+        workers[0].signal("-KILL");
+        workers[0].wait(Duration::from_secs(10));
+        let kill = Instant::now();
+        let since_start = kill - go_started;
+        let runs = go_server.ids("done").len() + count_runs(&db, "done");
+        eprintln!(
+            "SIGKILL to the Rust worker after {runs} runs, {since_start:.1?} after the Go \
+             server's start"
+        );
+        // Go's first recoverer round later than 60 s after the kill (30 s
+        // of lease, 30 s of grace), give or take the rounds' drift.
+        let round = Duration::from_secs(60);
+        let rounds_before = (since_start + round).as_secs() / round.as_secs();
+        let next_round = go_started + round * (rounds_before as u32 + 1);
+        let limit = next_round - Instant::now() + Duration::from_secs(20);
+        // Recovered: in `retry` (where nothing else goes in this run), and
+        // none left active under an expired lease.
+        let mut counts = Value::Null;
+        let recovered_or_done = || {
+            counts = go_queue(&peer, &redis, "default");
+            if counts["completed"] == tasks {
+                return true;
+            }
+            counts["retry"].as_u64() > Some(0)
+                && !go(&peer, &redis, &["list", "default", "active"], "")
+                    .iter()
+                    .any(|task| task["is_orphaned"] == true)
+        };
+        wait_until(
+            limit,
+            "Go's recoverer retries the tasks the killed Rust worker held",
+            recovered_or_done,
+        );
+        eprintln!(
+            "Go's recoverer retried {} tasks of the killed Rust worker {:.1?} after the kill",
+            counts["retry"],
+            kill.elapsed()
+        );
+        let retried = go(&peer, &redis, &["list", "default", "retry"], "");
+        assert!(
+            !retried.is_empty(),
+            "the killed Rust worker held no task: nothing to recover ({counts})"
+        );
+        let started_on_go: BTreeSet<String> = go_server.ids("start").into_iter().collect();
+        let mut held = BTreeSet::new();
+        for task in &retried {
+            let id = str_of(&task["id"]);
+            assert_eq!(
+                (&task["retried"], &task["last_err"]),
+                (&json!(1), &json!("asynq: task lease expired")),
+                "{task}"
+            );
+            assert!(
+                !started_on_go.contains(id),
+                "{id} was held by the killed Rust worker and started on Go before the recovery"
+            );
+            go(&peer, &redis, &["run", "default", id], "");
+            held.insert(id.to_string());
+        }
+        killed = Some(held);
+    }
 
     let limit = Duration::from_secs(60) + Duration::from_millis(6) * tasks as u32;
     let counts = wait_until_all_completed(&peer, &redis, "default", tasks as u64, limit);
+    // What the killed worker recorded, it recorded before it was gone (read
+    // now, when no write it sent can still be on its way).
+    let killed = killed.map(|held| {
+        let rust = first_rust.expect("a Rust worker");
+        let records = |outcome: &str| -> BTreeSet<String> {
+            let sql = format!(
+                "SELECT event_id FROM listener_runs \
+                 WHERE listener = 'audit' AND outcome = '{outcome}' AND pid = {rust}"
+            );
+            psql(&db.url(), &sql).lines().map(str::to_string).collect()
+        };
+        interrupted = audit_in_flight(&db, rust);
+        Killed {
+            held,
+            started: records("start"),
+            finished: records("done"),
+        }
+    });
     eprintln!(
         "{tasks} tasks shared by a Go server and {rust_workers} Rust worker(s) took {:.2?} \
          (stopped: {stop:?})",
@@ -1294,12 +1439,13 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
     ]
     .into();
 
+    let first_stopped = matches!(stop, Some(Stop::Term(Side::Rust) | Stop::KillRust));
     for (n, worker) in workers.iter_mut().enumerate() {
-        if !(n == 0 && stop == Some(Side::Rust)) {
+        if !(n == 0 && first_stopped) {
             stop_worker(worker, Duration::from_secs(35));
         }
     }
-    if stop != Some(Side::Go) {
+    if term != Some(Side::Go) {
         go_server.stop(Duration::from_secs(15));
     }
     Shared {
@@ -1307,6 +1453,7 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
         done,
         by_process,
         interrupted,
+        killed,
         counts,
         since,
     }
@@ -1432,7 +1579,7 @@ fn sigterm_to_one_side_midway(side: Side) {
     let run = Run {
         tasks: 10_000,
         rust_workers: 1,
-        stop: Some(side),
+        stop: Some(Stop::Term(side)),
     };
     let shared = share_the_queue(&run, RedisServer::start());
 
@@ -1462,6 +1609,93 @@ fn sigterm_to_one_side_midway(side: Side) {
          (id, runs on {side:?}, runs on {other:?}): {twice_by_side:?}"
     );
     shared.assert_counted_once_each();
+}
+
+/// SIGKILL to the Rust worker midway through 10,000 tasks it shares with a
+/// Go server (10 handlers each, every task sleeping 80 ms): no shutdown,
+/// so the tasks it held stay active under leases nobody extends. The Go
+/// server runs the rest, and its own recoverer takes the held tasks back
+/// once their leases are 30 s past expiry (60-90 s after the kill, see
+/// [`share_the_queue`]): each waits in `retry` with one retry and asynq's
+/// lease-expired error, and then completes on Go. Every task completes.
+///
+/// What is allowed to repeat, and this asserts: only a task the killed
+/// worker held (its lease is among those Go recovered, so at most its 10
+/// handler slots) whose handler the killed worker had started and run to
+/// completion before the kill (both recorded under its pid: the handler
+/// finished, but the worker died before Valkey recorded the completion);
+/// such a task runs exactly twice, once on the killed worker and once on
+/// Go after the recovery. Every other task runs exactly once; no held task
+/// was started on Go before the recovery; every task the killed worker had
+/// started and not finished is among the held ones and finished on Go; and
+/// Go's counters count each task's completion once plus, for each held
+/// task, the recoverer's retry as processed and failed.
+///
+/// Only this direction: the other (the Go server killed, the Rust worker's
+/// recoverer taking its tasks back) would need the generated worker's
+/// recoverer interval shortened, and its environment has no setting for it
+/// (the consumer's 1 min default); a single task recovered both ways is
+/// [`a_killed_sides_leased_task_is_recovered_by_the_other_side`].
+#[test]
+fn sigkill_to_the_rust_worker_midway_loses_nothing_and_go_recovers_its_leased_tasks() {
+    if go_peer("asynqpeer").is_none() {
+        return;
+    }
+    project();
+    let run = Run {
+        tasks: 10_000,
+        rust_workers: 1,
+        stop: Some(Stop::KillRust),
+    };
+    let shared = share_the_queue(&run, valkey());
+    let killed = shared.killed.as_ref().expect("the Rust worker was killed");
+
+    shared.assert_nothing_lost();
+    shared.assert_both_sides_ran();
+    let on = |id: &str, side: Side| shared.done[&side].iter().filter(|d| *d == id).count();
+    let twice = shared.run_more_than_once();
+    eprintln!(
+        "the killed Rust worker held {} tasks: {:?}; {} of them started and not finished; \
+         ran twice: {twice:?}",
+        killed.held.len(),
+        killed.held,
+        shared.interrupted.len()
+    );
+    assert!(
+        killed.held.len() <= 10,
+        "more tasks recovered than the killed worker's 10 handler slots: {:?}",
+        killed.held
+    );
+    for id in &shared.interrupted {
+        assert!(
+            killed.held.contains(id),
+            "{id} was running on the killed Rust worker, and its lease was not recovered"
+        );
+    }
+    for id in &killed.held {
+        assert_eq!(
+            on(id, Side::Go),
+            1,
+            "{id}: held by the killed worker, runs on Go"
+        );
+    }
+    for (&id, &runs) in &twice {
+        assert_eq!(
+            (runs, on(id, Side::Rust), on(id, Side::Go)),
+            (2, 1, 1),
+            "{id}: (runs, on the killed Rust worker, on Go)"
+        );
+        assert!(
+            killed.held.contains(id),
+            "{id} ran twice but the killed Rust worker did not hold it"
+        );
+        assert!(
+            killed.started.contains(id) && killed.finished.contains(id),
+            "{id} ran twice but was not started and finished on the killed worker before the kill"
+        );
+    }
+    let held = killed.held.len();
+    assert_counters(&shared.counts, shared.since, run.tasks + held, held);
 }
 
 #[test]
