@@ -17,6 +17,11 @@
 //!   woken after each commit;
 //! - `insert-cost`: a business transaction with and without the outbox
 //!   insert;
+//! - `listener-latency`: commits `benchDone` events at a steady rate (with
+//!   `--committers` tasks when one connection cannot keep it) and reports
+//!   commit-to-listener latency, read from what a worker's recording
+//!   listener wrote;
+//! - `inbox-cost`: a listener's transaction with and without the inbox;
 //! - `verify`: every event is in the queue exactly once;
 //! - `verify-listeners`: after a worker ran, every event's task and the
 //!   task of each `--listener` completed once, and nothing else is left.
@@ -109,6 +114,10 @@ enum Command {
     /// the project started with `BENCH_RECORD_LISTENER_RUNS=1` (its first
     /// `benchDone` listener then records when it ran in `listener_runs`):
     /// commits `benchDone` events at `rate` for `seconds`, with `wake`.
+    /// Event n is due at n / `rate` s after the start (a late one is
+    /// committed at once); `committers` tasks commit them, each one event
+    /// per transaction, so that a rate above what one connection's
+    /// round trips allow is still kept.
     ListenerLatency {
         #[arg(long, default_value_t = 20)]
         rate: u32,
@@ -116,6 +125,8 @@ enum Command {
         seconds: u32,
         #[arg(long, value_enum, default_value = "valkey")]
         wake: WakeArg,
+        #[arg(long, default_value_t = 1)]
+        committers: u32,
     },
     /// What `ListenerContext::once` (the inbox) adds to a listener's
     /// transaction: the same business INSERT in a plain transaction and in
@@ -761,33 +772,57 @@ async fn cmd_listener_latency(
     rate: u32,
     seconds: u32,
     wake: WakeArg,
+    committers: u32,
 ) -> anyhow::Result<()> {
     let config = config()?;
     let pool = pool(&config).await?;
     sqlx::raw_sql("TRUNCATE listener_runs").execute(&pool).await?;
     let (transactor, method) = load_transactor(pool.clone(), &config, wake, None).await?;
-    let dispatcher = OutboxDispatcher::new();
     let total = u64::from(rate) * u64::from(seconds);
-    let mut committed: Vec<(uuid::Uuid, i64)> = Vec::with_capacity(total as usize);
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
-    for n in 0..total {
-        ticker.tick().await;
-        let event = BenchDone(OrderPlaced::sized(20_000_000 + n, cli.payload_bytes));
-        let envelope = transactor
-            .run(async |tx| dispatcher.dispatch(&mut *tx, &event).await.map_err(anyhow::Error::from))
-            .await?;
-        committed.push((envelope.id, now_ns()));
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let started = tokio::time::Instant::now();
+    let mut running = tokio::task::JoinSet::new();
+    for _ in 0..committers.max(1) {
+        let (transactor, next, payload_bytes) = (transactor.clone(), Arc::clone(&next), cli.payload_bytes);
+        running.spawn(async move {
+            let dispatcher = OutboxDispatcher::new();
+            let mut committed: Vec<(uuid::Uuid, i64)> = Vec::new();
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= total {
+                    return Ok::<_, anyhow::Error>(committed);
+                }
+                tokio::time::sleep_until(started + period.mul_f64(n as f64)).await;
+                let event = BenchDone(OrderPlaced::sized(20_000_000 + n, payload_bytes));
+                let envelope = transactor
+                    .run(async |tx| dispatcher.dispatch(&mut *tx, &event).await.map_err(anyhow::Error::from))
+                    .await?;
+                committed.push((envelope.id, now_ns()));
+            }
+        });
     }
+    let mut committed: Vec<(uuid::Uuid, i64)> = Vec::with_capacity(total as usize);
+    while let Some(done) = running.join_next().await {
+        committed.extend(done??);
+    }
+    let produced_s = started.elapsed().as_secs_f64();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut ran: BTreeMap<uuid::Uuid, i64> = BTreeMap::new();
-    while ran.len() < committed.len() && Instant::now() < deadline {
+    loop {
+        let (ran,): (i64,) = sqlx::query_as("SELECT count(*) FROM listener_runs")
+            .fetch_one(&pool)
+            .await?;
+        if ran >= committed.len() as i64 || Instant::now() > deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        ran = sqlx::query_as::<_, (uuid::Uuid, i64)>("SELECT event_id, ran_at_ns FROM listener_runs")
+    }
+    let ran: BTreeMap<uuid::Uuid, i64> =
+        sqlx::query_as::<_, (uuid::Uuid, i64)>("SELECT event_id, ran_at_ns FROM listener_runs")
             .fetch_all(&pool)
             .await?
             .into_iter()
             .collect();
-    }
     let latencies: Vec<f64> = committed
         .iter()
         .filter_map(|(id, at)| ran.get(id).map(|ran| (ran - at) as f64 / 1e6))
@@ -797,6 +832,9 @@ async fn cmd_listener_latency(
         json!({
             "wake": method,
             "events": total,
+            "rate": rate,
+            "committers": committers.max(1),
+            "achieved_rate": total as f64 / produced_s,
             "missing": committed.len() - latencies.len(),
             "latency": summary_ms(latencies),
         })
@@ -989,7 +1027,8 @@ async fn main() -> anyhow::Result<()> {
             rate,
             seconds,
             wake,
-        } => cmd_listener_latency(&cli, *rate, *seconds, *wake).await,
+            committers,
+        } => cmd_listener_latency(&cli, *rate, *seconds, *wake, *committers).await,
         Command::Verify { expect } => cmd_verify(&cli, *expect).await,
         Command::VerifyListeners { listeners } => cmd_verify_listeners(&cli, listeners).await,
     }
