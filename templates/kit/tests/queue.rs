@@ -1668,11 +1668,9 @@ fn recording_consumer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_sharing_a_queue_each_keep_taking_tasks_and_run_each_once() {
-    // Arrange: 3,000 tasks, two consumers on the queue (with clients of
-    // their own, as two worker processes), paused until both run.
+    // Arrange: 3,000 tasks, and two consumers (with clients of their own,
+    // as two worker processes have) ready to start together.
     let queue = TestQueue::new().await;
-    let mut redis = queue.redis.clone();
-    let _: () = redis.set(keys::paused(&queue.name), 1).await.unwrap();
     let tasks: Vec<NewTask> = (0..3_000)
         .map(|n| queue.task("job:shared", &format!("shared-{n}")))
         .collect();
@@ -1683,15 +1681,19 @@ async fn consumers_sharing_a_queue_each_keep_taking_tasks_and_run_each_once() {
     // The default idle pause, so that a miss taken for an empty queue costs
     // what it costs in production.
     options.poll_interval = Duration::from_secs(1);
-    let mut consumers = Vec::new();
+    let mut ready = Vec::new();
     for name in ["first", "second"] {
         let client = Client::connect(&server_addr(), None, 0).await.unwrap();
-        let consumer = recording_consumer(client, options.clone(), name, runs.clone());
-        consumers.push(Running::start(consumer));
+        ready.push(recording_consumer(
+            client,
+            options.clone(),
+            name,
+            runs.clone(),
+        ));
     }
 
     // Act
-    let _: () = redis.del(keys::paused(&queue.name)).await.unwrap();
+    let consumers: Vec<Running> = ready.into_iter().map(Running::start).collect();
     eventually(Duration::from_secs(60), "every task to run", || async {
         runs.lock().unwrap().len() >= 3_000 && queue.pending().await.is_empty()
     })

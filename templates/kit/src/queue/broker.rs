@@ -27,9 +27,10 @@ const CLEANUP_BATCH: isize = 100;
 /// How many due tasks one forward script moves (as Go asynq).
 const FORWARD_BATCH: isize = 100;
 /// How many ids of the oldest pending tasks a dequeue asks for, to expect
-/// them at the next one: more than a dequeue takes, so that ids another
-/// consumer took meanwhile can be skipped.
-const TAIL_IDS: usize = 64;
+/// them at the next one: more than most dequeues take, so that ids another
+/// consumer took meanwhile can be skipped, but few, since each call sends
+/// them all.
+const TAIL_IDS: usize = 16;
 /// How many times in a row a dequeue may find the tasks it expected taken
 /// by other consumers before it gives up for this round (it never sleeps
 /// on a miss: each try learns the ids of the oldest tasks now).

@@ -3,7 +3,8 @@
 //! A task that succeeded hands its message to [`Completions`] and waits for
 //! the answer. One writer sends every completion waiting at that moment in
 //! one [`scripts::COMPLETE`](super::scripts::COMPLETE) call per queue, and
-//! the completions that come meanwhile make the next batch. An idle
+//! the completions that come meanwhile make the next batch (two batches may
+//! be on their way at once). An idle
 //! worker's completion goes at once, alone; a busy worker's share a round
 //! trip and a script call, which is what Valkey spends its time on.
 
@@ -11,12 +12,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use super::message::TaskMessage;
 use super::{Client, QueueError};
 
 /// The most completions one batch takes.
 const MAX_BATCH: usize = 128;
+/// The most batches written at the same time.
+const MAX_IN_FLIGHT: usize = 2;
 
 /// What a waiting task is told: whether it was still active (and is now
 /// completed), or why the write failed.
@@ -56,29 +60,46 @@ impl Completions {
     }
 }
 
-/// The writer: takes every request waiting, writes them one queue at a
-/// time, answers each, until every handle is dropped.
+/// The writer: takes every request waiting and writes them, with up to
+/// [`MAX_IN_FLIGHT`] batches on their way at once (so that a completion
+/// does not wait a whole round trip for the batch before it), until every
+/// handle is dropped.
 async fn write(client: Client, mut received: mpsc::UnboundedReceiver<Request>) {
+    let mut in_flight = JoinSet::new();
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while received.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let mut by_queue: BTreeMap<String, Vec<Request>> = BTreeMap::new();
-        for request in batch.drain(..) {
-            let queue = request.message.queue.clone();
-            by_queue.entry(queue).or_default().push(request);
-        }
-        for (queue, requests) in by_queue {
-            let messages: Vec<&TaskMessage> = requests.iter().map(|r| &*r.message).collect();
-            match client.complete(&queue, &messages).await {
-                Ok(moved) => {
-                    for (request, moved) in requests.into_iter().zip(moved) {
-                        // A task that stopped waiting (shutdown) needs no answer.
-                        let _ = request.answer.send(Ok(moved));
-                    }
+    loop {
+        tokio::select! {
+            taken = received.recv_many(&mut batch, MAX_BATCH), if in_flight.len() < MAX_IN_FLIGHT => {
+                if taken == 0 {
+                    break;
                 }
-                Err(err) => {
-                    for request in requests {
-                        let _ = request.answer.send(Err(copy(&err)));
-                    }
+                in_flight.spawn(write_batch(client.clone(), std::mem::take(&mut batch)));
+            }
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+        }
+    }
+    while in_flight.join_next().await.is_some() {}
+}
+
+/// Writes one batch, one script call per queue, and answers each request.
+async fn write_batch(client: Client, batch: Vec<Request>) {
+    let mut by_queue: BTreeMap<String, Vec<Request>> = BTreeMap::new();
+    for request in batch {
+        let queue = request.message.queue.clone();
+        by_queue.entry(queue).or_default().push(request);
+    }
+    for (queue, requests) in by_queue {
+        let messages: Vec<&TaskMessage> = requests.iter().map(|r| &*r.message).collect();
+        match client.complete(&queue, &messages).await {
+            Ok(moved) => {
+                for (request, moved) in requests.into_iter().zip(moved) {
+                    // A task that stopped waiting (shutdown) needs no answer.
+                    let _ = request.answer.send(Ok(moved));
+                }
+            }
+            Err(err) => {
+                for request in requests {
+                    let _ = request.answer.send(Err(copy(&err)));
                 }
             }
         }

@@ -327,6 +327,8 @@ impl Consumer {
                 slot = slots.clone().acquire_owned() => slot.expect("never closed"),
             };
             // Every slot free now, up to a batch: one dequeue fills them.
+            // Tasks that are finishing at this moment free theirs first.
+            tokio::task::yield_now().await;
             let mut free = vec![slot];
             while free.len() < MAX_DEQUEUE_BATCH {
                 match slots.clone().try_acquire_owned() {

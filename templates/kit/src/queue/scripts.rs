@@ -46,7 +46,8 @@ return 1
 /// Moves the oldest pending tasks to active under a lease, unless the queue
 /// is paused: as many of the `expected` ids (the oldest pending ones, as
 /// the last dequeue saw them, oldest first; their hashes are `KEYS[5..]`)
-/// as are still the oldest when their turn comes. Each moves exactly as Go
+/// as are still the oldest when their turn comes (read once, with the
+/// oldest as many pending ids as there are expected ones). Each moves exactly as Go
 /// asynq's DEQUEUE moves one task (state, lease, `pending_since`). An
 /// expected id that is no longer the oldest (another consumer took it) is
 /// skipped. Returns `{ids, messages, oldest}`: the ids moved, their
@@ -64,18 +65,24 @@ if redis.call("EXISTS", KEYS[2]) == 1 then
     return {{}, {}, {}}
 end
 local ids, messages = {}, {}
+-- The oldest pending ids, newest first: the script pops from the end.
+local oldest = {}
+if #ARGV > 2 then
+    oldest = redis.call("LRANGE", KEYS[1], -(#ARGV - 2), -1)
+end
+local last = #oldest
 for i = 3, #ARGV do
-    local id = redis.call("LINDEX", KEYS[1], -1)
-    if not id then
+    if last == 0 then
         break
     end
-    if id == ARGV[i] then
+    if oldest[last] == ARGV[i] then
         redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
         redis.call("HSET", KEYS[i + 2], "state", "active")
         redis.call("HDEL", KEYS[i + 2], "pending_since")
-        redis.call("ZADD", KEYS[4], ARGV[1], id)
-        table.insert(ids, id)
+        redis.call("ZADD", KEYS[4], ARGV[1], ARGV[i])
+        table.insert(ids, ARGV[i])
         table.insert(messages, redis.call("HGET", KEYS[i + 2], "msg") or "")
+        last = last - 1
     end
 end
 return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
@@ -85,9 +92,11 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 
 /// Moves succeeded tasks on, each exactly as Go asynq's `done` or
 /// `markAsComplete` script moves one (deleted, or kept in `:completed`
-/// for its retention; counted processed; a Go uniqueness lock released),
-/// in one call for a batch of tasks of one queue. A task no longer active
-/// is left alone. Returns, per task, 1 when it moved and 0 when it was not
+/// for its retention; a Go uniqueness lock released), in one call for a
+/// batch of tasks of one queue, and counts them processed (the day's and
+/// the total counter, once for the batch; the total starts again from the
+/// batch's count where Go's would pass the largest int64). A task no longer
+/// active is left alone. Returns, per task, 1 when it moved and 0 when it was not
 /// active (Go's `NOT FOUND`).
 ///
 /// KEYS: active, lease, completed, `processed:<day>`, processed, then per
@@ -98,7 +107,7 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local moved = {}
+local moved, count = {}, 0
 for i = 0, (#ARGV - 2) / 4 - 1 do
     local id = ARGV[3 + 4 * i]
     local retention = tonumber(ARGV[4 + 4 * i])
@@ -113,22 +122,26 @@ for i = 0, (#ARGV - 2) / 4 - 1 do
         end
     end
     if ok then
-        local n = redis.call("INCR", KEYS[4])
-        if tonumber(n) == 1 then
-            redis.call("EXPIREAT", KEYS[4], ARGV[1])
-        end
-        local total = redis.call("GET", KEYS[5])
-        if tonumber(total) == tonumber(ARGV[2]) then
-            redis.call("SET", KEYS[5], 1)
-        else
-            redis.call("INCR", KEYS[5])
-        end
         if ARGV[6 + 4 * i] == "1" and redis.call("GET", KEYS[7 + 2 * i]) == id then
             redis.call("DEL", KEYS[7 + 2 * i])
         end
+        count = count + 1
         table.insert(moved, 1)
     else
         table.insert(moved, 0)
+    end
+end
+-- The counters once for the batch, as Go's scripts count one task each.
+if count > 0 then
+    local n = redis.call("INCRBY", KEYS[4], count)
+    if tonumber(n) == count then
+        redis.call("EXPIREAT", KEYS[4], ARGV[1])
+    end
+    local total = redis.call("GET", KEYS[5])
+    if total and tonumber(total) > tonumber(ARGV[2]) - count then
+        redis.call("SET", KEYS[5], count)
+    else
+        redis.call("INCRBY", KEYS[5], count)
     end
 end
 return moved
