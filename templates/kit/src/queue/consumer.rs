@@ -9,9 +9,7 @@
 //!   retention. Failure: retried with Go's default backoff, archived once
 //!   its retries are spent. A handler that exceeds the task's timeout, or
 //!   panics, has failed; a task already past its deadline when dequeued
-//!   fails without running. The timeout, a cancellation and shutdown stop
-//!   a handler at its next `.await`: blocking work belongs in
-//!   `tokio::task::spawn_blocking`.
+//!   fails without running.
 //! - Batches: one dequeue takes as many tasks as there are free slots (each
 //!   moved exactly as Go's DEQUEUE moves one), and successes are completed
 //!   in batches (see [`super::completions`]); a dequeue that finds its
@@ -50,14 +48,11 @@
 //!   that another worker took since its lease was read is left to it), and
 //!   completed tasks past their retention deleted.
 
-use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -536,21 +531,18 @@ impl Worker {
             task_type = %message.r#type,
             queue = %message.queue
         );
-        // Run in this task (no task of its own per handler); dropped, as
-        // any future, when the select below ends otherwise.
-        let run = catch_panic(tracing::Instrument::instrument(
+        let mut run = tokio::spawn(tracing::Instrument::instrument(
             handler(Task::from(message)),
             span,
         ));
-        tokio::pin!(run);
         let outcome = tokio::select! {
-            finished = &mut run => match finished {
+            joined = &mut run => match joined {
                 Ok(Ok(())) => return Outcome::Succeeded,
                 Ok(Err(err)) => Outcome::Failed {
                     error: err.to_string(),
                     skip_retry: err.skip_retry,
                 },
-                Err(panic) => Outcome::Failed { error: panic_message(&*panic), skip_retry: false },
+                Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
             },
             () = sleep_until(instant_at(deadline)) => Outcome::Failed {
                 error: DEADLINE_EXCEEDED.into(),
@@ -563,6 +555,7 @@ impl Worker {
             () = lease_lost(lease.clone()) => Outcome::LeaseLost,
             () = self.abort.cancelled() => Outcome::Interrupted,
         };
+        run.abort();
         outcome
     }
 
@@ -1040,27 +1033,18 @@ fn log_failure(queue: &str, job: &str, result: Result<(), QueueError>) {
     }
 }
 
-/// Runs `future`, turning a panic inside it into `Err` with the panic's
-/// payload (what `tokio::spawn` gives a `JoinHandle`, without a task).
-async fn catch_panic<F: Future>(future: F) -> Result<F::Output, Box<dyn Any + Send>> {
-    let mut future = pin!(future);
-    std::future::poll_fn(|cx| {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(poll) => poll.map(Ok),
-            Err(panic) => Poll::Ready(Err(panic)),
+fn panic_message(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string payload".into());
+            format!("panic: {text}")
         }
-    })
-    .await
-}
-
-/// The text of a panic's payload.
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string payload".into());
-    format!("panic: {text}")
+        Err(err) => format!("handler task failed: {err}"),
+    }
 }
 
 /// `interval` ± 50 %, so that idle workers do not poll in step.
