@@ -561,6 +561,37 @@ async fn a_failing_handler_is_retried_then_archived() {
 }
 
 #[tokio::test]
+async fn a_handler_that_panics_fails_with_the_panic_and_the_consumer_goes_on() {
+    // Arrange: a handler that panics on its first run only.
+    let queue = TestQueue::new().await;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let counter = attempts.clone();
+    consumer.handle("job:buggy", move |_task: Task| {
+        let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                panic!("index out of bounds");
+            }
+            Ok::<(), HandlerError>(())
+        }
+    });
+    queue.enqueue(&[queue.task("job:buggy", "buggy")]).await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the retried run to succeed", || async {
+        attempts.load(Ordering::SeqCst) == 2 && queue.state("buggy").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the panic was a failure, recorded as such, then retried.
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 1);
+    assert_eq!(queue.counter(keys::processed_total(&queue.name)).await, 2);
+}
+
+#[tokio::test]
 async fn shutdown_puts_an_unfinished_task_back_to_pending_and_returns() {
     // Arrange
     let queue = TestQueue::new().await;
