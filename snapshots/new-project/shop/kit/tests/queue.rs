@@ -561,6 +561,37 @@ async fn a_failing_handler_is_retried_then_archived() {
 }
 
 #[tokio::test]
+async fn a_handler_that_panics_fails_with_the_panic_and_the_consumer_goes_on() {
+    // Arrange: a handler that panics on its first run only.
+    let queue = TestQueue::new().await;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    let counter = attempts.clone();
+    consumer.handle("job:buggy", move |_task: Task| {
+        let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                panic!("index out of bounds");
+            }
+            Ok::<(), HandlerError>(())
+        }
+    });
+    queue.enqueue(&[queue.task("job:buggy", "buggy")]).await;
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(Duration::from_secs(10), "the retried run to succeed", || async {
+        attempts.load(Ordering::SeqCst) == 2 && queue.state("buggy").await.is_none()
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the panic was a failure, recorded as such, then retried.
+    assert_eq!(queue.counter(keys::failed_total(&queue.name)).await, 1);
+    assert_eq!(queue.counter(keys::processed_total(&queue.name)).await, 2);
+}
+
+#[tokio::test]
 async fn shutdown_puts_an_unfinished_task_back_to_pending_and_returns() {
     // Arrange
     let queue = TestQueue::new().await;
@@ -1644,4 +1675,234 @@ async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
             .unwrap(),
         RunOutcome::Missing
     );
+}
+
+/// Runs every task of the queue with a consumer of its own (a client of
+/// its own too, as another worker process has), recording which consumer
+/// ran each task id.
+fn recording_consumer(
+    client: Client,
+    options: ConsumerOptions,
+    name: &'static str,
+    runs: Arc<Mutex<Vec<(&'static str, String)>>>,
+) -> Consumer {
+    let mut consumer = Consumer::new(client, options);
+    consumer.handle("job:", move |task: Task| {
+        let runs = runs.clone();
+        async move {
+            runs.lock().unwrap().push((name, task.id));
+            Ok::<(), HandlerError>(())
+        }
+    });
+    consumer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_sharing_a_queue_each_keep_taking_tasks_and_run_each_once() {
+    // Arrange: 3,000 tasks, and two consumers (with clients of their own,
+    // as two worker processes have) ready to start together.
+    let queue = TestQueue::new().await;
+    let tasks: Vec<NewTask> = (0..3_000)
+        .map(|n| queue.task("job:shared", &format!("shared-{n}")))
+        .collect();
+    queue.enqueue(&tasks).await;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut options = queue.options();
+    options.concurrency = 10;
+    // The default idle pause, so that a miss taken for an empty queue costs
+    // what it costs in production.
+    options.poll_interval = Duration::from_secs(1);
+    let mut ready = Vec::new();
+    for name in ["first", "second"] {
+        let client = Client::connect(&server_addr(), None, 0).await.unwrap();
+        ready.push(recording_consumer(
+            client,
+            options.clone(),
+            name,
+            runs.clone(),
+        ));
+    }
+
+    // Act
+    let consumers: Vec<Running> = ready.into_iter().map(Running::start).collect();
+    eventually(Duration::from_secs(60), "every task to run", || async {
+        runs.lock().unwrap().len() >= 3_000 && queue.pending().await.is_empty()
+    })
+    .await;
+    for running in consumers {
+        running.stop().await;
+    }
+
+    // Assert: each id once, and each consumer did a fair part (a consumer
+    // that counted its misses as an empty queue slept beside a full one).
+    let runs = runs.lock().unwrap().clone();
+    let mut per_id: HashMap<&str, usize> = HashMap::new();
+    for (_, id) in &runs {
+        *per_id.entry(id.as_str()).or_default() += 1;
+    }
+    assert_eq!(per_id.len(), 3_000);
+    assert!(per_id.values().all(|&n| n == 1), "a task ran twice");
+    let first = runs.iter().filter(|(name, _)| *name == "first").count();
+    eprintln!("first ran {first} of 3,000, second {}", 3_000 - first);
+    assert!(
+        (900..=2_100).contains(&first),
+        "one consumer ran {first} of 3,000 tasks"
+    );
+}
+
+/// A stored message whose id (field 3) is not UTF-8, as the pending list
+/// and the task's key hold it.
+fn message_with_raw_id(queue: &str, id: &[u8]) -> Vec<u8> {
+    let mut encoded = TaskMessage {
+        r#type: "job:raw".into(),
+        payload: b"raw".to_vec(),
+        queue: queue.into(),
+        retry: 25,
+        timeout: 60,
+        ..TaskMessage::default()
+    }
+    .encode_to_vec();
+    encoded.push(3 << 3 | 2);
+    encoded.push(u8::try_from(id.len()).unwrap());
+    encoded.extend_from_slice(id);
+    encoded
+}
+
+#[tokio::test]
+async fn a_task_whose_id_is_not_utf8_is_archived_and_the_tasks_after_it_run() {
+    // Arrange: the oldest pending task has an id of bytes that are not
+    // UTF-8 (laid out as a Go producer writes a task: its hash and the id
+    // in the pending list; Go's protobuf refuses to encode such an id, so
+    // the test writes the bytes itself); two ordinary tasks come after it.
+    let queue = TestQueue::new().await;
+    let raw_id: &[u8] = b"raw-\xff\xfe-id";
+    let mut redis = queue.redis.clone();
+    let _: () = redis::pipe()
+        .hset(
+            keys::task_of(&queue.name, raw_id),
+            "msg",
+            message_with_raw_id(&queue.name, raw_id),
+        )
+        .hset(keys::task_of(&queue.name, raw_id), "state", "pending")
+        .lpush(keys::pending(&queue.name), raw_id)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    queue
+        .enqueue(&[
+            queue.task("job:after", "after-1"),
+            queue.task("job:after", "after-2"),
+        ])
+        .await;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let consumer = recording_consumer(queue.client.clone(), queue.options(), "one", runs.clone());
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the tasks after it to run",
+        || async { runs.lock().unwrap().len() == 2 },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: the two ran; the undecodable one is archived, its bytes kept.
+    let mut ran: Vec<String> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, id)| id.clone())
+        .collect();
+    ran.sort();
+    assert_eq!(ran, ["after-1", "after-2"]);
+    let archived: Vec<Vec<u8>> = redis
+        .zrange(keys::archived(&queue.name), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(archived, [raw_id.to_vec()]);
+    let state: String = redis
+        .hget(keys::task_of(&queue.name, raw_id), "state")
+        .await
+        .unwrap();
+    assert_eq!(state, "archived");
+    let active: Vec<Vec<u8>> = redis
+        .lrange(keys::active(&queue.name), 0, -1)
+        .await
+        .unwrap();
+    assert!(active.is_empty(), "left active: {active:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_final_write_keeps_failing_gives_up_at_its_lease_end_and_frees_its_slot() {
+    // Arrange: one slot, a 2 s lease extended every 200 ms, and a handler
+    // that breaks the queue's active list (a string where the list was),
+    // so that every try of its completion fails (WRONGTYPE) while the
+    // heartbeat's lease extension still works.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.concurrency = 1;
+    options.lease_duration = Duration::from_secs(2);
+    options.heartbeat_interval = Duration::from_millis(200);
+    options.recover_interval = Duration::from_secs(3600);
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let active = keys::active(&queue.name);
+    let breaker = queue.redis.clone();
+    let broken = active.clone();
+    consumer.handle("job:stuck", move |_task: Task| {
+        let (mut redis, broken) = (breaker.clone(), broken.clone());
+        async move {
+            let _: () = redis::pipe()
+                .del(&broken)
+                .set(&broken, "not a list")
+                .query_async(&mut redis)
+                .await?;
+            Ok(())
+        }
+    });
+    let next_ran = Arc::new(AtomicUsize::new(0));
+    let counter = next_ran.clone();
+    consumer.handle("job:next", move |_task: Task| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<(), HandlerError>(()) }
+    });
+    queue.enqueue(&[queue.task("job:stuck", "stuck")]).await;
+    let running = Running::start(consumer);
+
+    // Act: the lease runs out although the heartbeat goes on, ...
+    let mut redis = queue.redis.clone();
+    let lease = keys::lease(&queue.name);
+    eventually(
+        Duration::from_secs(10),
+        "the stuck task's lease to run out",
+        || {
+            let (mut redis, lease) = (redis.clone(), lease.clone());
+            async move {
+                let score: Option<i64> = redis.zscore(&lease, "stuck").await.unwrap();
+                score.is_some_and(|score| score < chrono::Utc::now().timestamp())
+            }
+        },
+    )
+    .await;
+    // ... then the list is mended, and another task comes.
+    let _: () = redis::pipe()
+        .del(&active)
+        .rpush(&active, "stuck")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    queue.enqueue(&[queue.task("job:next", "next")]).await;
+    eventually(
+        Duration::from_secs(10),
+        "the next task to run in the freed slot",
+        || async { next_ran.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: the stuck task is left active with its expired lease, for the
+    // recoverer, as a Go server leaves it.
+    assert_eq!(queue.state("stuck").await.as_deref(), Some("active"));
+    let score: Option<i64> = redis.zscore(&lease, "stuck").await.unwrap();
+    assert!(score.is_some_and(|score| score < chrono::Utc::now().timestamp()));
 }

@@ -42,6 +42,7 @@
 mod admin;
 mod broker;
 mod client;
+mod completions;
 mod connection;
 mod consumer;
 mod inspect;

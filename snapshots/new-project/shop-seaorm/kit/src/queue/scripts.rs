@@ -43,176 +43,128 @@ return 1
     )
 });
 
-/// Moves the oldest pending task to active under a lease, unless the queue
-/// is paused, provided it is the task `expected` (whose hash is `KEYS[5]`).
-/// Returns `{0}` when the queue is empty or paused, `{1, id}` when the
-/// oldest pending task is `id` instead, and `{2, message, next}` when the
-/// task moved, `next` being the id of the oldest pending task now (or
-/// false).
+/// Moves the oldest pending tasks to active under a lease, unless the queue
+/// is paused: as many of the `expected` ids (the oldest pending ones, as
+/// the last dequeue saw them, oldest first; their hashes are `KEYS[5..]`)
+/// as are still the oldest when their turn comes (read once, with the
+/// oldest as many pending ids as there are expected ones). Each moves exactly as Go
+/// asynq's DEQUEUE moves one task (state, lease, `pending_since`). An
+/// expected id that is no longer the oldest (another consumer took it) is
+/// skipped. Returns `{ids, messages, oldest}`: the ids moved, their
+/// messages, and the ids of up to `ARGV[2]` oldest pending tasks now,
+/// newest first (`LRANGE`'s order). All three are empty when the queue is
+/// paused; `oldest` is empty when nothing is pending.
 ///
-/// KEYS: pending, paused, active, lease, task hash of `expected`. ARGV:
-/// lease expiry (Unix s), `expected`.
+/// KEYS: pending, paused, active, lease, then the task hash of each
+/// expected id. ARGV: lease expiry (Unix s), how many pending ids to
+/// report, then the expected ids.
 pub(crate) static DEQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("EXISTS", KEYS[2]) == 1 then
-    return {0}
+    return {{}, {}, {}}
 end
-local id = redis.call("LINDEX", KEYS[1], -1)
-if not id then
-    return {0}
+local ids, messages = {}, {}
+-- The oldest pending ids, newest first: the script pops from the end.
+local oldest = {}
+if #ARGV > 2 then
+    oldest = redis.call("LRANGE", KEYS[1], -(#ARGV - 2), -1)
 end
-if id ~= ARGV[2] then
-    return {1, id}
+local last = #oldest
+for i = 3, #ARGV do
+    if last == 0 then
+        break
+    end
+    if oldest[last] == ARGV[i] then
+        redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
+        redis.call("HSET", KEYS[i + 2], "state", "active")
+        redis.call("HDEL", KEYS[i + 2], "pending_since")
+        redis.call("ZADD", KEYS[4], ARGV[1], ARGV[i])
+        table.insert(ids, ARGV[i])
+        table.insert(messages, redis.call("HGET", KEYS[i + 2], "msg") or "")
+        last = last - 1
+    end
 end
-redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
-redis.call("HSET", KEYS[5], "state", "active")
-redis.call("HDEL", KEYS[5], "pending_since")
-redis.call("ZADD", KEYS[4], ARGV[1], id)
-local msg = redis.call("HGET", KEYS[5], "msg")
-return {2, msg, redis.call("LINDEX", KEYS[1], -1)}
+return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 "#,
     )
 });
 
-/// Deletes a succeeded task that has no retention, counting it processed.
+/// Moves succeeded tasks on, each exactly as Go asynq's `done` or
+/// `markAsComplete` script moves one (deleted, or kept in `:completed`
+/// for its retention; a Go uniqueness lock released), in one call for a
+/// batch of tasks of one queue, and counts them processed (the day's and
+/// the total counter, once for the batch; the total starts again from the
+/// batch's count where Go's would pass the largest int64). A task no longer
+/// active is left alone. Returns, per task, 1 when it moved and 0 when it was not
+/// active (Go's `NOT FOUND`).
 ///
-/// KEYS: active, lease, task hash, `processed:<day>`, processed.
-/// ARGV: task id, stats expiry (Unix s), max int64.
-pub(crate) static DONE: LazyLock<Script> = LazyLock::new(|| {
+/// KEYS: active, lease, completed, `processed:<day>`, processed, then per
+/// task its hash and its unique key (its hash again when it has none).
+/// ARGV: stats expiry (Unix s), max int64, then per task: its id, the
+/// expiry of its retention (Unix s; 0 for none: deleted), the encoded
+/// message to keep ("" for none), and 1 when it has a unique key.
+pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
+local moved, count = {}, 0
+for i = 0, (#ARGV - 2) / 4 - 1 do
+    local id = ARGV[3 + 4 * i]
+    local retention = tonumber(ARGV[4 + 4 * i])
+    local ok = redis.call("LREM", KEYS[1], 0, id) ~= 0
+        and redis.call("ZREM", KEYS[2], id) ~= 0
+    if ok then
+        if retention == 0 then
+            ok = redis.call("DEL", KEYS[6 + 2 * i]) ~= 0
+        else
+            redis.call("ZADD", KEYS[3], retention, id)
+            redis.call("HSET", KEYS[6 + 2 * i], "msg", ARGV[5 + 4 * i], "state", "completed")
+        end
+    end
+    if ok then
+        if ARGV[6 + 4 * i] == "1" and redis.call("GET", KEYS[7 + 2 * i]) == id then
+            redis.call("DEL", KEYS[7 + 2 * i])
+        end
+        count = count + 1
+        table.insert(moved, 1)
+    else
+        table.insert(moved, 0)
+    end
 end
-if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
+-- The counters once for the batch, as Go's scripts count one task each.
+if count > 0 then
+    local n = redis.call("INCRBY", KEYS[4], count)
+    if tonumber(n) == count then
+        redis.call("EXPIREAT", KEYS[4], ARGV[1])
+    end
+    local total = redis.call("GET", KEYS[5])
+    if total and tonumber(total) > tonumber(ARGV[2]) - count then
+        redis.call("SET", KEYS[5], count)
+    else
+        redis.call("INCRBY", KEYS[5], count)
+    end
 end
-if redis.call("DEL", KEYS[3]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-local n = redis.call("INCR", KEYS[4])
-if tonumber(n) == 1 then
-    redis.call("EXPIREAT", KEYS[4], ARGV[2])
-end
-local total = redis.call("GET", KEYS[5])
-if tonumber(total) == tonumber(ARGV[3]) then
-    redis.call("SET", KEYS[5], 1)
-else
-    redis.call("INCR", KEYS[5])
-end
-return redis.status_reply("OK")
-"#,
-    )
-});
-
-/// [`DONE`] for a task enqueued by Go with `asynq.Unique`: also releases
-/// its uniqueness lock. KEYS: as [`DONE`], then the unique key.
-pub(crate) static DONE_UNIQUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-if redis.call("DEL", KEYS[3]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-local n = redis.call("INCR", KEYS[4])
-if tonumber(n) == 1 then
-    redis.call("EXPIREAT", KEYS[4], ARGV[2])
-end
-local total = redis.call("GET", KEYS[5])
-if tonumber(total) == tonumber(ARGV[3]) then
-    redis.call("SET", KEYS[5], 1)
-else
-    redis.call("INCR", KEYS[5])
-end
-if redis.call("GET", KEYS[6]) == ARGV[1] then
-  redis.call("DEL", KEYS[6])
-end
-return redis.status_reply("OK")
-"#,
-    )
-});
-
-/// Keeps a succeeded task in `:completed` until its retention expires.
-///
-/// KEYS: active, lease, completed, task hash, `processed:<day>`, processed.
-/// ARGV: task id, stats expiry, completed-at + retention, encoded message,
-/// max int64.
-pub(crate) static MARK_AS_COMPLETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZADD", KEYS[3], ARGV[3], ARGV[1]) ~= 1 then
-  return redis.error_reply("INTERNAL")
-end
-redis.call("HSET", KEYS[4], "msg", ARGV[4], "state", "completed")
-local n = redis.call("INCR", KEYS[5])
-if tonumber(n) == 1 then
-    redis.call("EXPIREAT", KEYS[5], ARGV[2])
-end
-local total = redis.call("GET", KEYS[6])
-if tonumber(total) == tonumber(ARGV[5]) then
-    redis.call("SET", KEYS[6], 1)
-else
-    redis.call("INCR", KEYS[6])
-end
-return redis.status_reply("OK")
-"#,
-    )
-});
-
-/// [`MARK_AS_COMPLETE`] that also releases a Go uniqueness lock.
-/// KEYS: as [`MARK_AS_COMPLETE`], then the unique key.
-pub(crate) static MARK_AS_COMPLETE_UNIQUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZREM", KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply("NOT FOUND")
-end
-if redis.call("ZADD", KEYS[3], ARGV[3], ARGV[1]) ~= 1 then
-  return redis.error_reply("INTERNAL")
-end
-redis.call("HSET", KEYS[4], "msg", ARGV[4], "state", "completed")
-local n = redis.call("INCR", KEYS[5])
-if tonumber(n) == 1 then
-    redis.call("EXPIREAT", KEYS[5], ARGV[2])
-end
-local total = redis.call("GET", KEYS[6])
-if tonumber(total) == tonumber(ARGV[5]) then
-    redis.call("SET", KEYS[6], 1)
-else
-    redis.call("INCR", KEYS[6])
-end
-if redis.call("GET", KEYS[7]) == ARGV[1] then
-  redis.call("DEL", KEYS[7])
-end
-return redis.status_reply("OK")
+return moved
 "#,
     )
 });
 
 /// Moves an active task to `:retry`, due at the given time; counts a
-/// failure when `ARGV[5]` is 1.
+/// failure when `ARGV[5]` is 1. A task whose lease runs past the lease
+/// cutoff is left alone (`LEASED`): the recoverer read its lease as expired,
+/// but another worker has taken the task since.
 ///
 /// KEYS: task hash, active, lease, retry, `processed:<day>`, `failed:<day>`,
 /// processed, failed. ARGV: task id, encoded message, retry at (Unix s),
-/// stats expiry, is failure (1/0), max int64.
+/// stats expiry, is failure (1/0), max int64, lease cutoff (Unix s; max
+/// int64 for none).
 pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
+local leased = redis.call("ZSCORE", KEYS[3], ARGV[1])
+if leased and tonumber(leased) > tonumber(ARGV[7]) then
+  return redis.error_reply("LEASED by another worker")
+end
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
   return redis.error_reply("NOT FOUND")
 end
@@ -246,14 +198,19 @@ return redis.status_reply("OK")
 
 /// Moves an active task to `:archived` (out of retries). Returns the
 /// number of archived tasks and the score of the oldest, so that the caller
-/// knows whether [`TRIM_ARCHIVED`] has work to do.
+/// knows whether [`TRIM_ARCHIVED`] has work to do. A task whose lease runs
+/// past the lease cutoff is left alone (`LEASED`), as in [`RETRY`].
 ///
 /// KEYS: task hash, active, lease, archived, `processed:<day>`, `failed:<day>`,
 /// processed, failed. ARGV: task id, encoded message, died at (Unix s),
-/// stats expiry, max int64.
+/// stats expiry, max int64, lease cutoff (Unix s; max int64 for none).
 pub(crate) static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
+local leased = redis.call("ZSCORE", KEYS[3], ARGV[1])
+if leased and tonumber(leased) > tonumber(ARGV[6]) then
+  return redis.error_reply("LEASED by another worker")
+end
 if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
   return redis.error_reply("NOT FOUND")
 end
@@ -286,17 +243,19 @@ return {redis.call("ZCARD", KEYS[4]), tonumber(oldest[2])}
 
 /// Deletes the given archived tasks that are older than the cutoff or
 /// beyond the maximum count (Go asynq trims the same way in its archive
-/// script). Returns how many were deleted.
+/// script: it keeps the newest max − 1). The excess is counted again
+/// before each task, so that tasks deleted meanwhile (asynqmon) or by this
+/// script do not make it delete more. Returns how many were deleted.
 ///
 /// KEYS: archived, then the task hash of each id. ARGV: cutoff (Unix s),
 /// max archive size, then the ids.
 pub(crate) static TRIM_ARCHIVED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local excess = redis.call("ZCARD", KEYS[1]) - tonumber(ARGV[2])
 local deleted = 0
 for i = 3, #ARGV do
     local id = ARGV[i]
+    local excess = redis.call("ZCARD", KEYS[1]) - tonumber(ARGV[2])
     local score = redis.call("ZSCORE", KEYS[1], id)
     local rank = redis.call("ZRANK", KEYS[1], id)
     if score and (tonumber(score) <= tonumber(ARGV[1]) or rank <= excess) then
@@ -465,10 +424,7 @@ mod tests {
         vec![
             ("ENQUEUE", &ENQUEUE),
             ("DEQUEUE", &DEQUEUE),
-            ("DONE", &DONE),
-            ("DONE_UNIQUE", &DONE_UNIQUE),
-            ("MARK_AS_COMPLETE", &MARK_AS_COMPLETE),
-            ("MARK_AS_COMPLETE_UNIQUE", &MARK_AS_COMPLETE_UNIQUE),
+            ("COMPLETE", &COMPLETE),
             ("RETRY", &RETRY),
             ("ARCHIVE", &ARCHIVE),
             ("TRIM_ARCHIVED", &TRIM_ARCHIVED),

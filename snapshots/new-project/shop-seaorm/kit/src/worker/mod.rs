@@ -290,6 +290,19 @@ pub fn handle_events(
     }
 }
 
+/// What the fan-out reads of an [`Envelope`]: its id and name, with the
+/// other fields checked for presence (and the time for its form) but not
+/// built, since each listener task decodes the envelope again.
+#[derive(serde::Deserialize)]
+struct EnvelopeHead {
+    id: Uuid,
+    name: String,
+    #[serde(rename = "payload")]
+    _payload: serde::de::IgnoredAny,
+    #[serde(rename = "occurred_at")]
+    _occurred_at: chrono::DateTime<chrono::Utc>,
+}
+
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event
 /// task's id, so a retried fan-out queues nothing twice (duplicates count as
@@ -303,7 +316,7 @@ pub(crate) async fn fan_out(
     task: Task,
     retention: std::time::Duration,
 ) -> Result<(), HandlerError> {
-    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+    let envelope: EnvelopeHead = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
             "task {} is not an event envelope: {err}",
             task.id

@@ -42,6 +42,14 @@ pub fn task(queue: &str, id: &str) -> String {
     format!("asynq:{{{queue}}}:t:{id}")
 }
 
+/// [`task`] for an id as Valkey holds it, bytes that need not be UTF-8
+/// (a Go producer's id is any string of bytes).
+pub fn task_of(queue: &str, id: &[u8]) -> Vec<u8> {
+    let mut key = format!("asynq:{{{queue}}}:t:").into_bytes();
+    key.extend_from_slice(id);
+    key
+}
+
 /// The list of pending task ids (pushed left, popped right).
 pub fn pending(queue: &str) -> String {
     format!("asynq:{{{queue}}}:pending")

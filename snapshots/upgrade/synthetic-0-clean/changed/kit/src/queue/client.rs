@@ -33,9 +33,10 @@ pub struct Client {
     conn: Connection,
     /// Wakes idle consumers after each enqueue (see [`wakeup`]).
     enqueued: Enqueued,
-    /// The id each queue's oldest pending task had at the last dequeue,
-    /// which the next dequeue expects (see [`scripts::DEQUEUE`]).
-    pub(super) oldest_pending: Arc<Mutex<HashMap<String, String>>>,
+    /// The ids of each queue's oldest pending tasks at the last dequeue,
+    /// oldest first, which the next dequeue expects (see
+    /// [`scripts::DEQUEUE`]).
+    pub(super) oldest_pending: Arc<Mutex<HashMap<String, Vec<Vec<u8>>>>>,
 }
 
 /// A task to enqueue. The id is the deduplication key: while a task with

@@ -10,10 +10,21 @@
 //!   its retries are spent. A handler that exceeds the task's timeout, or
 //!   panics, has failed; a task already past its deadline when dequeued
 //!   fails without running.
+//! - Batches: one dequeue takes as many tasks as there are free slots (each
+//!   moved exactly as Go's DEQUEUE moves one), and successes are completed
+//!   in batches (see [`super::completions`]); a dequeue that finds its
+//!   tasks taken by another consumer tries again at once, so only an empty
+//!   (or paused) queue makes the consumer wait.
 //! - Acknowledgements survive a Valkey blip: if the write that moves a
-//!   finished task on fails, it is tried again with backoff for as long as
-//!   the task's lease holds (the heartbeat keeps extending it), so a task
-//!   that succeeded is completed once Valkey answers, not run again.
+//!   finished task on fails, it is tried again with backoff until the
+//!   task's lease runs out; the heartbeat stops extending the lease at the
+//!   first failure (as Go's does once the handler returned), so a write
+//!   that can never succeed frees its slot at the lease's end and leaves
+//!   the task to the recoverer. A task that succeeded is completed once
+//!   Valkey answers, not run again.
+//! - A task whose stored message does not decode (or whose id is not
+//!   UTF-8, which no valid message has) is archived as it is, with an
+//!   error logged, and the tasks after it run.
 //! - Cancellation: like a Go worker, the consumer listens on the pub/sub
 //!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
 //!   `Inspector.CancelProcessing`); the handler of the task id received is
@@ -33,7 +44,8 @@
 //!   [`super::wakeup`]).
 //! - In the background, as Go asynq: due retries and scheduled tasks are
 //!   forwarded to pending, expired leases recovered (one task that cannot
-//!   be recovered is logged and skipped, not the rest of the round), and
+//!   be recovered is logged and skipped, not the rest of the round; one
+//!   that another worker took since its lease was read is left to it), and
 //!   completed tasks past their retention deleted.
 
 use std::collections::{BTreeMap, HashMap};
@@ -50,7 +62,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::broker::is_not_found;
+use super::broker::{Dequeued, is_leased, is_not_found};
+use super::completions::Completions;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
 use super::{Client, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
 
@@ -73,6 +86,9 @@ const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
 const STOP_GRACE: Duration = Duration::from_millis(500);
 /// How long to wait before subscribing to `asynq:cancel` again.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
+/// The most tasks one dequeue takes (as many as there are free slots, up
+/// to this).
+const MAX_DEQUEUE_BATCH: usize = 32;
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,6 +292,7 @@ impl Consumer {
         }
         let worker = Arc::new(Worker {
             server: server_info(&self.options),
+            completions: Completions::start(self.client.clone()),
             client: self.client,
             handlers: self.handlers,
             options: self.options,
@@ -309,6 +326,16 @@ impl Consumer {
                 () = &mut shutdown => break,
                 slot = slots.clone().acquire_owned() => slot.expect("never closed"),
             };
+            // Every slot free now, up to a batch: one dequeue fills them.
+            // Tasks that are finishing at this moment free theirs first.
+            tokio::task::yield_now().await;
+            let mut free = vec![slot];
+            while free.len() < MAX_DEQUEUE_BATCH {
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => free.push(slot),
+                    Err(_) => break,
+                }
+            }
             while running.try_join_next().is_some() {}
             // Listening before looking: an enqueue during the dequeue still wakes.
             let mut enqueued = pin!(worker.client.enqueued().next());
@@ -317,7 +344,7 @@ impl Consumer {
             // task it took meanwhile is recovered when its lease expires.
             let dequeued = tokio::select! {
                 biased;
-                dequeued = worker.dequeue(slot, &mut running) => dequeued,
+                dequeued = worker.dequeue(free, &mut running) => dequeued,
                 () = async {
                     (&mut shutdown).await;
                     sleep(STOP_GRACE).await;
@@ -370,6 +397,7 @@ impl Consumer {
 /// The state shared by the loop, the running tasks and the background jobs.
 struct Worker {
     client: Client,
+    completions: Completions,
     handlers: HashMap<String, BoxedHandler>,
     options: ConsumerOptions,
     active: ActiveTasks,
@@ -408,32 +436,71 @@ enum Settlement {
 }
 
 impl Worker {
-    /// Dequeues one task and starts it on `running`, holding `slot` until
-    /// it is done. Returns whether there was a task.
+    /// Dequeues up to one task per slot in `free` and starts each on
+    /// `running`, holding its slot until it is done (the slots left over
+    /// are freed). Returns whether there was a task.
     async fn dequeue(
         self: &Arc<Self>,
-        slot: OwnedSemaphorePermit,
+        mut free: Vec<OwnedSemaphorePermit>,
         running: &mut JoinSet<()>,
     ) -> Result<bool, QueueError> {
         let order = self.options.queues.dequeue_order();
         let lease_until = Instant::now() + self.options.lease_duration;
         let lease_until_utc = Utc::now() + self.options.lease_duration;
-        let Some(message) = self.client.dequeue(&order, lease_until_utc).await? else {
-            return Ok(false);
-        };
-        let message = Arc::new(message);
-        let deadline = deadline(&message, Utc::now());
-        let (lease, cancel) = self.active.start(&message, lease_until, deadline);
-        let worker = self.clone();
-        running.spawn(async move {
-            let outcome = worker
-                .execute(&message, deadline, lease.clone(), cancel)
-                .await;
-            worker.settle(&message, outcome, lease).await;
-            worker.active.finish(&message);
-            drop(slot);
-        });
-        Ok(true)
+        let dequeued = self
+            .client
+            .dequeue(&order, lease_until_utc, free.len())
+            .await?;
+        let any = !dequeued.is_empty();
+        for taken in dequeued {
+            let message = match taken {
+                Dequeued::Task(message) => Arc::new(message),
+                Dequeued::Undecodable {
+                    queue,
+                    id,
+                    encoded,
+                    error,
+                } => {
+                    self.archive_undecodable(&queue, &id, &encoded, &error)
+                        .await;
+                    continue;
+                }
+            };
+            let slot = free.pop().expect("no more tasks than slots");
+            let deadline = deadline(&message, Utc::now());
+            let (lease, cancel) = self.active.start(&message, lease_until, deadline);
+            let worker = self.clone();
+            running.spawn(async move {
+                let outcome = worker
+                    .execute(&message, deadline, lease.clone(), cancel)
+                    .await;
+                worker.settle(&message, outcome, lease).await;
+                worker.active.finish(&message);
+                drop(slot);
+            });
+        }
+        Ok(any)
+    }
+
+    /// Archives a dequeued task whose message does not decode: no handler
+    /// can run it, and left active it would only expire and fail again.
+    async fn archive_undecodable(
+        &self,
+        queue: &str,
+        id: &[u8],
+        encoded: &[u8],
+        error: &prost::DecodeError,
+    ) {
+        let id_text = String::from_utf8_lossy(id);
+        tracing::error!(
+            %queue,
+            id = %id_text,
+            error = %error,
+            "a task's message is not a valid asynq TaskMessage; archived as it is"
+        );
+        if let Err(err) = self.client.archive_undecodable(queue, id, encoded).await {
+            tracing::error!(%queue, id = %id_text, error = %err, "could not archive the undecodable task; its lease will expire");
+        }
     }
 
     /// Runs the handler, bounded by the task's deadline, its lease, a
@@ -493,12 +560,13 @@ impl Worker {
     }
 
     /// Moves the task on according to the outcome of its run. A write that
-    /// fails is tried again with backoff while the lease holds (the
-    /// heartbeat keeps extending it); once the lease is lost, the task is
-    /// left to the recoverer, as in Go.
+    /// fails is tried again with backoff while the lease holds; from the
+    /// first failure on the heartbeat no longer extends it, so a write that
+    /// keeps failing gives up at the lease's end and the task is left to
+    /// the recoverer, as in Go.
     async fn settle(
         &self,
-        message: &TaskMessage,
+        message: &Arc<TaskMessage>,
         outcome: Outcome,
         lease: watch::Receiver<Instant>,
     ) {
@@ -543,17 +611,20 @@ impl Worker {
                 return;
             }
             let err = match self.write(message, &settlement).await {
-                Ok(()) => return,
-                Err(err) => err,
-            };
-            if is_not_found(&err) {
-                if attempt > 1 {
+                Ok(true) => return,
+                Ok(false) if attempt > 1 => {
                     // An earlier try reached Valkey although its reply was lost.
                     tracing::info!(%id, %task_type, "task updated by an earlier try");
-                } else {
-                    tracing::error!(%id, %task_type, "task is no longer active; left as it is");
+                    return;
                 }
-                return;
+                Ok(false) => {
+                    tracing::error!(%id, %task_type, "task is no longer active; left as it is");
+                    return;
+                }
+                Err(err) => err,
+            };
+            if attempt == 1 {
+                self.active.stop_extending(message);
             }
             if self.abort.is_cancelled() {
                 tracing::error!(%id, %task_type, error = %err, "could not update the task in Valkey before shutdown; the recoverer will retry it");
@@ -570,19 +641,25 @@ impl Worker {
         }
     }
 
-    /// One try of the write of `settlement`.
+    /// One try of the write of `settlement`. `Ok(false)`: the task was no
+    /// longer active (Go's `NOT FOUND`), and was left as it is.
     async fn write(
         &self,
-        message: &TaskMessage,
+        message: &Arc<TaskMessage>,
         settlement: &Settlement,
-    ) -> Result<(), QueueError> {
-        match settlement {
-            Settlement::Complete => self.client.complete(message).await,
+    ) -> Result<bool, QueueError> {
+        let written = match settlement {
+            Settlement::Complete => return self.completions.complete(message).await,
             Settlement::Retry { retry_at, error } => {
-                self.client.retry(message, *retry_at, error).await
+                self.client.retry(message, *retry_at, error, None).await
             }
-            Settlement::Archive { error } => self.client.archive(message, error).await,
+            Settlement::Archive { error } => self.client.archive(message, error, None).await,
             Settlement::Requeue => self.client.requeue(message).await,
+        };
+        match written {
+            Ok(()) => Ok(true),
+            Err(err) if is_not_found(&err) => Ok(false),
+            Err(err) => Err(err),
         }
     }
 
@@ -741,18 +818,28 @@ impl Worker {
         for message in self.client.lease_expired(queue, cutoff).await? {
             let (id, task_type) = (&message.id, &message.r#type);
             tracing::warn!(%id, %task_type, "recovering a task whose lease expired");
+            // Only if the lease is still the expired one read above: a
+            // task another worker took since is its own.
             let result = if message.retried >= message.retry {
-                self.client.archive(&message, LEASE_EXPIRED).await
+                self.client
+                    .archive(&message, LEASE_EXPIRED, Some(cutoff))
+                    .await
             } else {
                 let retried = u32::try_from(message.retried).unwrap_or(0);
                 let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
                     .unwrap_or(TimeDelta::MAX);
                 self.client
-                    .retry(&message, Utc::now() + delay, LEASE_EXPIRED)
+                    .retry(&message, Utc::now() + delay, LEASE_EXPIRED, Some(cutoff))
                     .await
             };
-            if let Err(err) = result {
-                tracing::warn!(%id, %task_type, error = %err, "could not recover the task; skipped");
+            match result {
+                Ok(()) => {}
+                Err(err) if is_leased(&err) || is_not_found(&err) => {
+                    tracing::info!(%id, %task_type, "the task was taken by another worker meanwhile; left to it");
+                }
+                Err(err) => {
+                    tracing::warn!(%id, %task_type, error = %err, "could not recover the task; skipped")
+                }
             }
         }
         Ok(())
@@ -768,6 +855,9 @@ struct ActiveTask {
     /// The local instant the lease is valid until.
     lease: watch::Sender<Instant>,
     cancel: CancellationToken,
+    /// Set when its final write first failed: the lease is no longer
+    /// extended.
+    settling: bool,
 }
 
 /// The tasks this consumer runs, by (queue, id), from dequeue until their
@@ -790,6 +880,7 @@ impl ActiveTasks {
             deadline,
             lease,
             cancel: cancel.clone(),
+            settling: false,
         };
         let key = (message.queue.clone(), message.id.clone());
         self.0.lock().expect("active tasks").insert(key, task);
@@ -801,13 +892,23 @@ impl ActiveTasks {
         self.0.lock().expect("active tasks").remove(&key);
     }
 
-    /// The ids whose lease still holds, grouped by queue. An expired lease
-    /// is not extended (Go: the task belongs to the recoverer by then).
+    /// Stops extending the lease of `message`'s task (its final write
+    /// failed: it gets until the lease's end).
+    fn stop_extending(&self, message: &TaskMessage) {
+        let key = (message.queue.clone(), message.id.clone());
+        if let Some(task) = self.0.lock().expect("active tasks").get_mut(&key) {
+            task.settling = true;
+        }
+    }
+
+    /// The ids whose lease still holds, grouped by queue, but for tasks
+    /// whose final write failed. An expired lease is not extended (Go: the
+    /// task belongs to the recoverer by then).
     fn leased_by_queue(&self) -> Vec<(String, Vec<String>)> {
         let now = Instant::now();
         let mut grouped: HashMap<String, Vec<String>> = HashMap::new();
         for ((queue, id), task) in self.0.lock().expect("active tasks").iter() {
-            if *task.lease.borrow() > now {
+            if !task.settling && *task.lease.borrow() > now {
                 grouped.entry(queue.clone()).or_default().push(id.clone());
             }
         }
