@@ -580,9 +580,11 @@ async fn a_handler_that_panics_fails_with_the_panic_and_the_consumer_goes_on() {
 
     // Act
     let running = Running::start(consumer);
-    eventually(Duration::from_secs(10), "the retried run to succeed", || async {
-        attempts.load(Ordering::SeqCst) == 2 && queue.state("buggy").await.is_none()
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the retried run to succeed",
+        || async { attempts.load(Ordering::SeqCst) == 2 && queue.state("buggy").await.is_none() },
+    )
     .await;
     running.stop().await;
 
