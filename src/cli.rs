@@ -145,6 +145,11 @@ pub struct DevArgs {
     /// project, as NAME=value lines, and exit (1 when none runs)
     #[arg(long)]
     pub print_env: bool,
+
+    /// Install a missing Postgres or Valkey server with apt-get (Debian and
+    /// Ubuntu; through sudo when not root) before starting
+    #[arg(long, conflicts_with = "print_env")]
+    pub install: bool,
 }
 
 #[derive(Debug, Args)]

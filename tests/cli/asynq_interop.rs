@@ -850,6 +850,20 @@ fn hang_on_both_sides(
     redis: &RedisServer,
     db: &Database,
 ) -> (GoServer, Worker, String, String) {
+    let (go_server, worker, go_ids, rust_ids) = hang_tasks_on_both_sides(peer, redis, db, 1);
+    let only = |ids: BTreeSet<String>| ids.into_iter().next().expect("one task");
+    (go_server, worker, only(go_ids), only(rust_ids))
+}
+
+/// A Go server on `goside` and a Rust worker on `default`, 7 handlers
+/// each, each running `tasks` audit tasks that sleep for 10 minutes;
+/// returns both and the ids of each side's tasks, once all have started.
+fn hang_tasks_on_both_sides(
+    peer: &Path,
+    redis: &RedisServer,
+    db: &Database,
+    tasks: usize,
+) -> (GoServer, Worker, BTreeSet<String>, BTreeSet<String>) {
     let serve = [
         "-queues",
         "goside",
@@ -867,23 +881,33 @@ fn hang_on_both_sides(
         ("WORKER_SHUTDOWN_TIMEOUT", "1s"),
     ];
     let worker = start_worker(db, redis, &env);
-    let hang = [json!({"payload": {"order_id": 1, "note": "sleep:600000"}})];
-    let enqueue = |queue: &str| {
+    let hang: Vec<Value> = (0..tasks)
+        .map(|n| json!({"payload": {"order_id": n, "note": "sleep:600000"}}))
+        .collect();
+    let enqueue = |queue: &str| -> BTreeSet<String> {
         let options = ["-type", AUDIT_TASK, "-queue", queue];
-        str_of(&go_enqueue(peer, redis, &options, &hang)[0]["id"]).to_string()
+        go_enqueue(peer, redis, &options, &hang)
+            .iter()
+            .map(|enqueued| str_of(&enqueued["id"]).to_string())
+            .collect()
     };
-    let (go_id, rust_id) = (enqueue("goside"), enqueue("default"));
-    wait_until(Duration::from_secs(30), "both sides run their task", || {
-        go_server.ids("start") == [go_id.as_str()] && count_runs(db, "start") == 1
-    });
-    (go_server, worker, go_id, rust_id)
+    let (go_ids, rust_ids) = (enqueue("goside"), enqueue("default"));
+    wait_until(
+        Duration::from_secs(30),
+        "both sides run their tasks",
+        || {
+            let started: BTreeSet<String> = go_server.ids("start").into_iter().collect();
+            started == go_ids && count_runs(db, "start") == tasks
+        },
+    );
+    (go_server, worker, go_ids, rust_ids)
 }
 
 /// A Go asynq server announces itself in `asynq:servers`/`asynq:workers`
 /// (queue-wire.md §5) every 5 s, which Inspector.Servers() and asynqmon's
 /// Servers page read: the Go server of the control is listed with its
-/// queue, concurrency and running task, and so must the Rust worker be,
-/// with the task it runs.
+/// queue, concurrency and running tasks, one `WorkerInfo` per task, and so
+/// must the Rust worker be, with the three tasks it runs at once.
 #[test]
 fn a_running_rust_worker_is_listed_by_inspector_servers_as_a_go_server_is() {
     let Some(peer) = go_peer("asynqpeer") else {
@@ -892,18 +916,32 @@ fn a_running_rust_worker_is_listed_by_inspector_servers_as_a_go_server_is() {
     project();
     let redis = RedisServer::start();
     let db = database();
-    let (mut go_server, mut worker, go_id, rust_id) = hang_on_both_sides(&peer, &redis, &db);
+    let (mut go_server, mut worker, go_ids, rust_ids) =
+        hang_tasks_on_both_sides(&peer, &redis, &db, 3);
 
-    for (queue, id, side) in [("goside", &go_id, "Go"), ("default", &rust_id, "Rust")] {
+    for (queue, ids, side) in [("goside", &go_ids, "Go"), ("default", &rust_ids, "Rust")] {
         let listed = || {
             go(&peer, &redis, &["servers"], "").iter().any(|server| {
+                let workers = server["active_workers"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let running: BTreeSet<String> = workers
+                    .iter()
+                    .map(|worker| str_of(&worker["task_id"]).to_string())
+                    .collect();
                 server["queues"] == json!({queue: 1})
                     && server["concurrency"] == 7
                     && server["status"] == "active"
-                    && server["active_workers"][0]["task_id"] == id.as_str()
+                    && workers.len() == 3
+                    && running == *ids
+                    && workers
+                        .iter()
+                        .all(|worker| worker["task_type"] == AUDIT_TASK && worker["queue"] == queue)
             })
         };
-        let what = format!("Inspector.Servers lists the {side} side running its task");
+        let what =
+            format!("Inspector.Servers lists the {side} side with one worker per running task");
         wait_until(Duration::from_secs(15), &what, listed);
     }
     stop_worker(&mut worker, Duration::from_secs(10));

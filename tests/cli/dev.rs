@@ -316,6 +316,38 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
         "*\n"
     );
 
+    // `gpkit doctor` reports the run and checks its servers, not the
+    // defaults of `.env.example` (nothing listens there).
+    let doctor = crate::support::gpkit(&project)
+        .args(["doctor", "--format", "json"])
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:9/none")
+        .env("VALKEY_ADDR", "127.0.0.1:9")
+        .output()
+        .unwrap();
+    let report = json(&String::from_utf8_lossy(&doctor.stdout));
+    let finding = |check: &str| {
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|finding| finding["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} finding: {report}"))
+    };
+    let dev_finding = finding("dev");
+    assert_eq!(dev_finding["status"], "ok", "{report}");
+    assert!(
+        dev_finding["detail"].as_str().unwrap().contains(&format!(
+            "`gpkit dev` runs in this project (process {})",
+            dev.child.id()
+        )),
+        "{report}"
+    );
+    for check in ["postgres", "migrations", "valkey"] {
+        assert_eq!(finding(check)["status"], "ok", "{report}");
+    }
+    assert_eq!(doctor.status.code(), Some(0), "{report}");
+
     // An order reaches its listener through the outbox and the worker.
     let (status, body) = request(
         &addr,
@@ -466,36 +498,6 @@ fn a_second_dev_in_the_same_project_is_refused_naming_the_first() {
         )),
         "{stderr}"
     );
-    // `gpkit doctor` reports the run and checks its servers, not the
-    // defaults of `.env.example` (nothing listens there).
-    let doctor = crate::support::gpkit(&project)
-        .args(["doctor", "--format", "json"])
-        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:9/none")
-        .env("VALKEY_ADDR", "127.0.0.1:9")
-        .output()
-        .unwrap();
-    let report = json(&String::from_utf8_lossy(&doctor.stdout));
-    let finding = |check: &str| {
-        report["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|finding| finding["check"] == check)
-            .cloned()
-            .unwrap_or_else(|| panic!("no {check} finding: {report}"))
-    };
-    let dev_finding = finding("dev");
-    assert_eq!(dev_finding["status"], "ok", "{report}");
-    assert!(
-        dev_finding["detail"].as_str().unwrap().contains(&format!(
-            "`gpkit dev` runs in this project (process {})",
-            first.child.id()
-        )),
-        "{report}"
-    );
-    assert_eq!(finding("postgres")["status"], "ok", "{report}");
-    assert_eq!(finding("valkey")["status"], "ok", "{report}");
-
     // Interrupted during its build, the first stops its servers and exits.
     let ours = belonging(first.child.id(), &project);
     assert_eq!(
@@ -646,4 +648,160 @@ fn print_env_with(project: &Path, database_url: &str) -> String {
         .unwrap();
     assert!(output.status.success(), "{output:?}");
     String::from_utf8(output.stdout).unwrap()
+}
+
+/// The newest `/usr/lib/postgresql/*/bin` with the three binaries gpkit dev
+/// runs (Debian's layout, where `scripts/test` installs Postgres).
+fn debian_postgres_bin() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .filter(|bin| {
+            ["initdb", "pg_ctl", "postgres"]
+                .iter()
+                .all(|b| bin.join(b).is_file())
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop()
+}
+
+/// A directory with a stand-in `apt-get` (and a `sudo` that runs its
+/// arguments), which records each call in `apt-get.log` and runs `then`
+/// (a shell script) after it, and the path of that log.
+fn fake_apt_get(dir: &Path, then: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin = dir.join("fake-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = dir.join("apt-get.log");
+    for (name, script) in [
+        (
+            "apt-get",
+            format!("#!/bin/sh\necho \"$*\" >> '{}'\n{then}\n", log.display()),
+        ),
+        ("sudo", "#!/bin/sh\nexec \"$@\"\n".to_string()),
+    ] {
+        let path = bin.join(name);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    log
+}
+
+#[test]
+fn with_install_a_missing_postgres_is_installed_with_apt_get_then_started() {
+    if !Path::new("/etc/debian_version").is_file() {
+        eprintln!("skipped: --install knows Debian-like systems only");
+        return;
+    }
+    let real = debian_postgres_bin();
+    assert!(
+        real.is_some() || !crate::support::in_ci(),
+        "no /usr/lib/postgresql/*/bin: scripts/test installs Postgres there"
+    );
+    let Some(real) = real else {
+        eprintln!("skipped: no Debian Postgres to stand in for the installed one");
+        return;
+    };
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &["--no-worker"])
+        .canonicalize()
+        .unwrap();
+    // Where gpkit dev looks for Postgres (test-only): empty until the
+    // stand-in apt-get "installs" it there.
+    let pg_bin = parent.path().join("pg-bin");
+    std::fs::create_dir_all(&pg_bin).unwrap();
+    let install = format!(
+        "case \"$*\" in *postgresql*) for b in initdb pg_ctl postgres; do ln -sf '{real}'/$b '{pg}'/$b; done;; esac",
+        real = real.display(),
+        pg = pg_bin.display()
+    );
+    let log = fake_apt_get(parent.path(), &install);
+    let path = format!(
+        "{}:{}",
+        parent.path().join("fake-bin").display(),
+        std::env::var("PATH").unwrap()
+    );
+    let _one_cargo_at_a_time = cargo_lock();
+    let out = parent.path().join("install.out");
+    let err = parent.path().join("install.err");
+    let child = dev_command(&project, &["--install", "--port", &free_port().to_string()])
+        .env("PATH", &path)
+        .env("GPKIT_DEV_PG_BIN", &pg_bin)
+        .stdout(File::create(&out).unwrap())
+        .stderr(File::create(&err).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut dev = Dev { child, out, err };
+
+    // It says what it runs, runs it, finds Postgres and starts it.
+    wait_until(
+        Duration::from_secs(120),
+        "the installed Postgres runs",
+        || {
+            dev.assert_running();
+            std::fs::read_to_string(&dev.err)
+                .unwrap()
+                .contains("gpkit dev: cargo build --bins")
+        },
+    );
+    let stderr = dev.log();
+    assert!(
+        stderr.contains("installing Postgres: ")
+            && stderr.contains("apt-get install -y --no-install-recommends postgresql"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "install -y --no-install-recommends postgresql\n"
+    );
+    assert!(
+        project
+            .join(".gpkit/dev/postgres/data/PG_VERSION")
+            .is_file(),
+        "{stderr}"
+    );
+    assert_eq!(
+        dev.interrupt(Duration::from_secs(40)),
+        Some(0),
+        "{}",
+        dev.log()
+    );
+}
+
+#[test]
+fn with_install_a_failing_apt_get_is_named_and_nothing_is_started() {
+    if !Path::new("/etc/debian_version").is_file() {
+        eprintln!("skipped: --install knows Debian-like systems only");
+        return;
+    }
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &["--no-worker"]);
+    let log = fake_apt_get(parent.path(), "exit 100");
+    let path = format!(
+        "{}:{}",
+        parent.path().join("fake-bin").display(),
+        std::env::var("PATH").unwrap()
+    );
+    let output = dev_command(&project, &["--install"])
+        .env("PATH", &path)
+        .env("GPKIT_DEV_PG_BIN", "/nonexistent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("apt-get install -y --no-install-recommends postgresql` failed")
+            && stderr.contains("nothing was started"),
+        "{stderr}"
+    );
+    // Tried, then the package lists fetched (which fails as well): no
+    // second try.
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "install -y --no-install-recommends postgresql\nupdate\n"
+    );
+    assert!(!project.join(".gpkit/dev").exists(), "{stderr}");
 }

@@ -779,16 +779,27 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
         all.len()
     );
     assert_eq!(delivered, all.len(), "an event task is missing");
+    // Every run counts (the listeners record each one, no DISTINCT here):
+    // both listeners ran exactly once for every event.
+    let runs = count(&db, "SELECT count(*) FROM listener_runs");
+    assert_eq!(
+        runs,
+        2 * all.len() as u64,
+        "a listener ran twice or not at all"
+    );
+    // And no task of any kind is left anywhere else.
     for (command, key) in [
         ("LRANGE", "asynq:{default}:pending"),
         ("LRANGE", "asynq:{default}:active"),
+        ("ZRANGE", "asynq:{default}:scheduled"),
         ("ZRANGE", "asynq:{default}:retry"),
         ("ZRANGE", "asynq:{default}:archived"),
     ] {
-        let elsewhere = in_cluster(command, key);
+        let left = in_cluster(command, key);
         assert!(
-            elsewhere.iter().all(|id| !all.contains(id)),
-            "an event task is also in {key}"
+            left.is_empty(),
+            "{key} still holds {} task(s): {left:?}",
+            left.len()
         );
     }
 

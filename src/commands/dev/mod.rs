@@ -7,11 +7,13 @@
 //! them (a failed build keeps the running ones). Ctrl-C or SIGTERM stops
 //! the processes, then the servers.
 //!
-//! Layers: [`services`] (the servers), [`processes`] (the supervised
+//! Layers: [`services`] (the servers), [`install`] (`--install`: a
+//! missing server from the system's packages), [`processes`] (the supervised
 //! processes), [`watch`] (changed sources), [`state`] (the lock and the
 //! state file under `.gpkit/dev/`), [`output`] (prefixed lines),
 //! [`signals`].
 
+mod install;
 mod output;
 mod processes;
 mod services;
@@ -59,6 +61,23 @@ fn note(text: &str) {
     eprintln!("gpkit dev: {text}");
 }
 
+/// The server binary `find` finds; when there is none and `install` is
+/// set, `server` installed from the system's packages and found then.
+fn found_or_installed(
+    find: fn() -> Result<PathBuf>,
+    server: install::Server,
+    install: bool,
+) -> Result<PathBuf> {
+    match find() {
+        Ok(found) => Ok(found),
+        Err(_) if install => {
+            install::install(server)?;
+            find().context("installed, but still not found")
+        }
+        Err(err) => Err(err),
+    }
+}
+
 pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     if ctx.dry_run || ctx.diff {
         bail!(
@@ -92,7 +111,11 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     }
     let pg_bin = match given_db {
         Some(_) => None,
-        None => Some(services::find_postgres()?),
+        None => Some(found_or_installed(
+            services::find_postgres,
+            install::Server::Postgres,
+            args.install,
+        )?),
     };
     let other_valkey = [
         "VALKEY_URL",
@@ -111,7 +134,11 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
                 settings.where_set("VALKEY_ADDR")
             ));
         }
-        Some(services::find_valkey()?)
+        Some(found_or_installed(
+            services::find_valkey,
+            install::Server::Valkey,
+            args.install,
+        )?)
     } else {
         None
     };

@@ -84,8 +84,9 @@ pub fn find_postgres() -> Result<PathBuf> {
         anyhow::anyhow!(
             "no Postgres found (looked for initdb, pg_ctl and postgres in \
              /usr/lib/postgresql/*/bin, Homebrew's postgresql and PATH); nothing was started\n\
-             help: install it: on Debian or Ubuntu `apt-get install postgresql`, \
-             on macOS `brew install postgresql@17`; or set DATABASE_URL to a server of yours"
+             help: install it: on Debian or Ubuntu `apt-get install postgresql` (or run \
+             `gpkit dev --install`), on macOS `brew install postgresql@17`; or set DATABASE_URL \
+             to a server of yours"
         )
     })
 }
@@ -117,7 +118,8 @@ pub fn find_valkey() -> Result<PathBuf> {
         "no Valkey found (looked for VALKEY_SERVER, valkey-server and redis-server on PATH); \
          nothing was started\n\
          help: install it: on Debian or Ubuntu `apt-get install valkey-server` (or \
-         `redis-server`), on macOS `brew install valkey`; or set VALKEY_ADDR to a server of yours"
+         `redis-server`; or run `gpkit dev --install`), on macOS `brew install valkey`; or set \
+         VALKEY_ADDR to a server of yours"
     )
 }
 
