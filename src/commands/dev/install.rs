@@ -49,7 +49,8 @@ impl Server {
 /// update` when the first try fails (a machine whose package lists were
 /// never fetched). Fails, naming the command, when it cannot.
 pub fn install(server: Server) -> Result<()> {
-    if !Path::new("/etc/debian_version").is_file() || !on_path("apt-get") {
+    if !Path::new("/etc/debian_version").is_file() || super::services::on_path("apt-get").is_none()
+    {
         bail!(
             "`--install` installs with apt-get, on Debian-like systems only; nothing was started\n\
              help: install {} with the system's package manager (on macOS `brew install {}`), \
@@ -111,10 +112,4 @@ fn apt_get(args: &[&str]) -> Result<bool> {
         .status()
         .with_context(|| format!("failed to run {}apt-get", sudo_prefix()))?;
     Ok(status.success())
-}
-
-/// Whether `program` is a file in a directory of `PATH`.
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }

@@ -105,12 +105,8 @@ pub fn find_valkey() -> Result<PathBuf> {
             path.display()
         );
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
     for name in ["valkey-server", "redis-server"] {
-        if let Some(found) = std::env::split_paths(&path)
-            .map(|dir| dir.join(name))
-            .find(|candidate| candidate.is_file())
-        {
+        if let Some(found) = on_path(name) {
             return Ok(found);
         }
     }
@@ -121,6 +117,14 @@ pub fn find_valkey() -> Result<PathBuf> {
          `redis-server`; or run `gpkit dev --install`), on macOS `brew install valkey`; or set \
          VALKEY_ADDR to a server of yours"
     )
+}
+
+/// `program` in the first directory of `PATH` that has it as a file.
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
 }
 
 /// Whether a Postgres URL asks for TLS (`sslmode=require` and up).
