@@ -1,14 +1,17 @@
 //! `gpkit add schedule`: the files it writes (snapshotted), its refusals
 //! (each leaving the project as it was), and the generated scheduler as
 //! worker processes against real Postgres and a Redis server of the test's
-//! own: three replicas enqueue each tick once, a SIGKILLed leader is
-//! replaced within the lease TTL (with `--catch-up`, no tick lost), and a
-//! leader paused past its lease enqueues nothing when it resumes.
+//! own: three replicas enqueue each tick once, over the whole time they
+//! run and with no tick from before the first start; event ticks wake the
+//! relay; a SIGKILLed leader is replaced within the lease TTL (with
+//! `--catch-up`, no tick lost); and a leader paused past its lease is
+//! replaced no sooner than the lease ends and enqueues nothing when it
+//! resumes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use predicates::str::contains;
 
@@ -253,12 +256,29 @@ struct Enqueued {
 }
 
 /// The log lines of one worker: enqueues, job runs (schedule, tick id),
-/// and whether it took the lead.
+/// and when it took the lead (seconds since the epoch, from the log's
+/// timestamps).
 #[derive(Debug, Default)]
 struct Log {
     enqueued: Vec<Enqueued>,
     runs: Vec<(String, String)>,
-    led: usize,
+    led: Vec<f64>,
+}
+
+/// Seconds since the epoch of a JSON log line's `timestamp` (RFC 3339).
+fn logged_at(json: &serde_json::Value) -> f64 {
+    let text = json["timestamp"].as_str().unwrap_or_default();
+    let at = chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|err| panic!("not a log timestamp: {text:?}: {err}"));
+    at.timestamp_micros() as f64 / 1e6
+}
+
+/// Seconds since the epoch, now.
+fn now_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 fn parse_log(text: &str) -> Log {
@@ -278,7 +298,7 @@ fn parse_log(text: &str) -> Log {
                 new: fields["new"].as_bool().unwrap_or_default(),
             });
         } else if message == "scheduler: this replica leads" {
-            log.led += 1;
+            log.led.push(logged_at(&json));
         } else if let Some(span) = json["span"].as_object()
             && span.get("name").and_then(|n| n.as_str()) == Some("job")
             && ["beat", "catch_up_beat"].contains(&message.as_str())
@@ -332,6 +352,72 @@ fn job_task_ids(redis: &RedisServer, schedule: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// How many times each tick of `schedule` was enqueued as new, over all
+/// `logs`: a tick enqueued twice is a tick some listener or job gets twice.
+fn new_counts(logs: &[Log], schedule: &str) -> BTreeMap<i64, usize> {
+    let mut counts = BTreeMap::new();
+    for entry in logs.iter().flat_map(|l| &l.enqueued) {
+        if entry.schedule == schedule && entry.new {
+            *counts.entry(tick_seconds(&entry.tick)).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Every tick of `schedule` was enqueued as new exactly once.
+fn assert_each_tick_new_once(logs: &[Log], schedule: &str) {
+    let twice: Vec<(i64, usize)> = new_counts(logs, schedule)
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{schedule}: ticks enqueued as new twice: {twice:?}"
+    );
+}
+
+/// The ticks (every second) cover the window from `from` to `to` (seconds
+/// since the epoch): the first is due within one period after `from`, and
+/// none before it (no tick from before the window, such as a catch-up on a
+/// first start); the last is due within one period, and the time it takes
+/// to enqueue (0.5 s), before `to`.
+fn assert_covers(ticks: &[i64], from: f64, to: f64, what: &str) {
+    let (Some(&first), Some(&last)) = (ticks.first(), ticks.last()) else {
+        panic!("{what}: no tick");
+    };
+    let (first, last) = (first as f64, last as f64);
+    eprintln!(
+        "{what}: first tick {:+.2} s after the window opens, last {:+.2} s before it closes",
+        first - from,
+        to - last
+    );
+    assert!(
+        first > from - 1.0 && first <= from + 1.0,
+        "{what}: the first tick is {:.2} s after the window opens",
+        first - from
+    );
+    assert!(
+        to - last <= 1.5,
+        "{what}: the last tick is {:.2} s before the window closes",
+        to - last
+    );
+}
+
+/// Waits until each of `schedules` has at least `count` ticks enqueued as
+/// new in `workers`' logs, more than it had in `before`.
+fn wait_for_new_ticks(workers: &[Worker], schedules: &[&str], count: usize, before: &[Log]) {
+    wait_until(
+        Duration::from_secs(count as u64 * 3 + 10),
+        &format!("{count} more ticks of {schedules:?}"),
+        || {
+            let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+            schedules.iter().all(|schedule| {
+                ticks_of(&logs, schedule).0.len() >= ticks_of(before, schedule).0.len() + count
+            })
+        },
+    );
+}
+
 /// `ticks` has no hole: consecutive seconds.
 fn assert_consecutive(ticks: &[i64], what: &str) {
     for pair in ticks.windows(2) {
@@ -343,37 +429,41 @@ fn assert_consecutive(ticks: &[i64], what: &str) {
     }
 }
 
-fn start_workers(db: &Database, redis: &RedisServer, count: usize) -> Vec<Worker> {
+fn start_workers(
+    db: &Database,
+    redis: &RedisServer,
+    count: usize,
+    env: &[(&str, &str)],
+) -> Vec<Worker> {
     let bin = scheduled_project().join(".bin/worker");
     let ttl = format!("{}s", LEASE_TTL.as_secs());
+    let mut env = env.to_vec();
+    env.extend([
+        ("SCHEDULER_LEASE_TTL", ttl.as_str()),
+        ("OUTBOX_QUEUES", "events"),
+    ]);
     (0..count)
-        .map(|_| {
-            Worker::start_binary(
-                &bin,
-                db,
-                redis,
-                &[
-                    ("SCHEDULER_LEASE_TTL", ttl.as_str()),
-                    ("OUTBOX_QUEUES", "events"),
-                ],
-            )
-        })
+        .map(|_| Worker::start_binary(&bin, db, redis, &env))
         .collect()
 }
 
 /// Stops `workers` with SIGTERM, the leader `leader` last: a stopping
 /// leader hands its lease back, and a follower still running would take it
 /// over for the last moments (as it should in a rolling restart), which
-/// would blur what these tests measure.
-fn stop_leader_last(workers: &mut [Worker], leader: usize) {
+/// would blur what these tests measure. Returns when the leader was
+/// signalled (seconds since the epoch): the end of the window it led.
+fn stop_leader_last(workers: &mut [Worker], leader: usize) -> f64 {
     let order: Vec<usize> = (0..workers.len())
         .filter(|&i| i != leader)
         .chain([leader])
         .collect();
+    let mut stopped_at = 0.0;
     for i in order {
+        stopped_at = now_seconds();
         workers[i].signal("-TERM");
         assert_eq!(workers[i].wait(Duration::from_secs(10)), Some(0));
     }
+    stopped_at
 }
 
 fn migrated_database() -> Database {
@@ -386,37 +476,56 @@ fn migrated_database() -> Database {
 fn leader(workers: &[Worker]) -> usize {
     let mut found = None;
     wait_until(Duration::from_secs(20), "a replica leads", || {
-        found = workers.iter().position(|w| parse_log(&w.log()).led > 0);
+        found = workers
+            .iter()
+            .position(|w| !parse_log(&w.log()).led.is_empty());
         found.is_some()
     });
     found.unwrap()
 }
 
+/// The schedules of [`scheduled_project`].
+const SCHEDULES: [&str; 3] = ["beat", "catch_up_beat", "beat_event"];
+
+fn logs_of(workers: &[Worker]) -> Vec<Log> {
+    workers.iter().map(|w| parse_log(&w.log())).collect()
+}
+
+/// The lease key of the scheduled project: the kit names the service after
+/// its own package, `ticker-kit`.
+const LEASE_KEY: &str = "scheduler:{ticker-kit}:leader";
+
 #[test]
-fn three_replicas_enqueue_every_tick_exactly_once() {
+fn three_replicas_enqueue_every_tick_exactly_once_over_the_whole_window() {
     let db = migrated_database();
     let redis = RedisServer::start();
-    let mut workers = start_workers(&db, &redis, 3);
+    // The relays poll once a minute: only the event ticks' wake-ups can
+    // publish them within the second the test allows.
+    let mut workers = start_workers(&db, &redis, 3, &[("OUTBOX_POLL_INTERVAL", "60s")]);
     let first = leader(&workers);
-    std::thread::sleep(Duration::from_secs(10));
-    stop_leader_last(&mut workers, first);
-    let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+    wait_for_new_ticks(&workers, &SCHEDULES, 10, &[]);
+    let stopped_at = stop_leader_last(&mut workers, first);
+    let logs = logs_of(&workers);
     assert_eq!(
-        logs.iter().map(|l| l.led).sum::<usize>(),
+        logs.iter().map(|l| l.led.len()).sum::<usize>(),
         1,
         "one replica led throughout"
     );
+    let led_at = logs[first].led[0];
 
-    for schedule in ["beat", "catch_up_beat", "beat_event"] {
+    for schedule in SCHEDULES {
         let (ticks, tries) = ticks_of(&logs, schedule);
         let duplicates = tries.values().filter(|&&n| n > 1).count();
         eprintln!(
-            "{schedule}: {} ticks enqueued in 10 s by 3 replicas, {duplicates} enqueued twice",
+            "{schedule}: {} ticks enqueued by 3 replicas, {duplicates} enqueued twice",
             ticks.len()
         );
-        assert!(ticks.len() >= 9, "{schedule}: only {} ticks", ticks.len());
+        assert!(ticks.len() >= 10, "{schedule}: only {} ticks", ticks.len());
         assert_eq!(duplicates, 0, "{schedule}: {tries:?}");
+        assert_each_tick_new_once(&logs, schedule);
         assert_consecutive(&ticks, schedule);
+        // No catch-up on a first start: nothing before the leader began.
+        assert_covers(&ticks, led_at, stopped_at, schedule);
     }
     // The ids: one task per tick in the queue, one outbox row per tick,
     // each the id the log reported.
@@ -449,15 +558,38 @@ fn three_replicas_enqueue_every_tick_exactly_once() {
         .map(|e| e.tick_id.clone())
         .collect();
     assert_eq!(rows, logged, "one outbox row per event tick, with its id");
+
+    // Event ticks wake the relay: each was published within a second of
+    // its commit (but the last, which the stop may have left to the next
+    // worker), though the relay polled only once in the whole run.
+    let lags = psql(
+        &db.url(),
+        "SELECT coalesce(extract(epoch FROM published_at - created_at)::text, 'unpublished') \
+         FROM outbox_events WHERE event_name = 'beaten' ORDER BY created_at",
+    );
+    let lags: Vec<&str> = lags.lines().collect();
+    let (_, published) = lags.split_last().expect("event ticks in the outbox");
+    let slowest = published
+        .iter()
+        .map(|lag| {
+            lag.parse::<f64>()
+                .unwrap_or_else(|_| panic!("an event tick was left to the poll: {lags:?}"))
+        })
+        .fold(0.0, f64::max);
+    eprintln!(
+        "beat_event: {} ticks published, the slowest {slowest:.3} s after its commit",
+        published.len()
+    );
+    assert!(slowest < 1.0, "an event tick waited for the poll: {lags:?}");
 }
 
 #[test]
 fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick() {
     let db = migrated_database();
     let redis = RedisServer::start();
-    let mut workers = start_workers(&db, &redis, 3);
+    let mut workers = start_workers(&db, &redis, 3, &[]);
     let first = leader(&workers);
-    std::thread::sleep(Duration::from_secs(3));
+    wait_for_new_ticks(&workers, &SCHEDULES, 3, &[]);
 
     workers[first].signal("-KILL");
     let killed = Instant::now();
@@ -466,7 +598,7 @@ fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick()
         next = workers
             .iter()
             .enumerate()
-            .position(|(i, w)| i != first && parse_log(&w.log()).led > 0);
+            .position(|(i, w)| i != first && !parse_log(&w.log()).led.is_empty());
         next.is_some()
     });
     let takeover = killed.elapsed();
@@ -475,7 +607,8 @@ fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick()
         takeover <= LEASE_TTL + Duration::from_millis(300),
         "takeover took {takeover:?}, past the lease TTL {LEASE_TTL:?}"
     );
-    std::thread::sleep(Duration::from_secs(3));
+    let before = logs_of(&workers);
+    wait_for_new_ticks(&workers, &SCHEDULES, 3, &before);
     let next = next.unwrap();
     let mut survivors: Vec<Worker> = Vec::new();
     let mut killed_worker = None;
@@ -487,14 +620,20 @@ fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick()
         }
     }
     let next_index = if next > first { next - 1 } else { next };
-    stop_leader_last(&mut survivors, next_index);
+    let stopped_at = stop_leader_last(&mut survivors, next_index);
     workers = survivors;
     workers.extend(killed_worker);
-    let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+    let logs = logs_of(&workers);
+    let led_at = logs.last().unwrap().led[0];
 
-    // With --catch-up, the new leader enqueued the ticks no one did.
+    for schedule in SCHEDULES {
+        assert_each_tick_new_once(&logs, schedule);
+    }
+    // With --catch-up, the new leader enqueued the ticks no one did: no
+    // hole from the first leader's start to the second's stop.
     let (caught_up, _) = ticks_of(&logs, "catch_up_beat");
     assert_consecutive(&caught_up, "catch_up_beat");
+    assert_covers(&caught_up, led_at, stopped_at, "catch_up_beat");
     assert_eq!(
         job_task_ids(&redis, "catch_up_beat").len(),
         caught_up.len(),
@@ -508,44 +647,73 @@ fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick()
 }
 
 #[test]
-fn a_leader_paused_past_its_lease_enqueues_nothing_when_it_resumes() {
+fn a_leader_paused_past_its_lease_is_replaced_when_it_ends_and_enqueues_nothing_after() {
     let db = migrated_database();
     let redis = RedisServer::start();
-    let mut workers = start_workers(&db, &redis, 2);
+    let mut workers = start_workers(&db, &redis, 2, &[]);
     let first = leader(&workers);
-    std::thread::sleep(Duration::from_secs(2));
+    wait_for_new_ticks(&workers, &SCHEDULES, 2, &[]);
 
     workers[first].signal("-STOP");
+    // The lease ends no sooner than this: its time left, read after the
+    // pause, from a moment before the read.
+    let read_at = now_seconds();
+    let left_ms: f64 = redis
+        .cli(&["PTTL", LEASE_KEY])
+        .and_then(|left| left.trim().parse().ok())
+        .expect("the lease key has an expiry");
+    assert!(left_ms > 0.0, "the lease had run out already: {left_ms}");
+    let lease_ends = read_at + left_ms / 1000.0;
     let paused_log = parse_log(&workers[first].log()).enqueued.len();
     wait_until(LEASE_TTL * 2, "the other replica leads", || {
-        parse_log(&workers[1 - first].log()).led > 0
+        !parse_log(&workers[1 - first].log()).led.is_empty()
     });
-    std::thread::sleep(Duration::from_secs(2));
+    let took_over_at = parse_log(&workers[1 - first].log()).led[0];
+    eprintln!(
+        "takeover of a paused leader: {:+.3} s after its lease ended ({left_ms} ms left at the pause)",
+        took_over_at - lease_ends
+    );
+    // The log's timestamps are in microseconds, the lease's in milliseconds.
+    assert!(
+        took_over_at >= lease_ends - 0.002,
+        "the other replica took over {:.3} s before the lease ended",
+        lease_ends - took_over_at
+    );
+    let before = logs_of(&workers);
+    wait_for_new_ticks(&workers, &SCHEDULES, 2, &before);
+
     workers[first].signal("-CONT");
-    std::thread::sleep(Duration::from_secs(3));
-    stop_leader_last(&mut workers, 1 - first);
-    let logs: Vec<Log> = workers.iter().map(|w| parse_log(&w.log())).collect();
+    wait_until(
+        Duration::from_secs(10),
+        "the resumed leader notices it lost the lease",
+        || {
+            let log = workers[first].log();
+            log.contains("scheduler: lost the lease")
+                || log.contains("scheduler: the lease ran out")
+        },
+    );
+    let stopped_at = stop_leader_last(&mut workers, 1 - first);
+    let logs = logs_of(&workers);
     assert_eq!(
         logs[first].enqueued.len(),
         paused_log,
         "the paused leader enqueued after it resumed: {:?}",
         &logs[first].enqueued[paused_log..]
     );
-    assert!(
-        workers[first].log().contains("scheduler: lost the lease")
-            || workers[first]
-                .log()
-                .contains("scheduler: the lease ran out"),
-        "the resumed leader did not notice it lost the lease"
-    );
-    for schedule in ["beat", "catch_up_beat", "beat_event"] {
+    for schedule in SCHEDULES {
         let (ticks, tries) = ticks_of(&logs, schedule);
         let twice: Vec<_> = tries.iter().filter(|&(_, &n)| n > 1).collect();
-        if schedule == "beat" {
-            assert!(twice.is_empty(), "{schedule}: enqueued twice: {twice:?}");
-        }
+        eprintln!("{schedule}: {} ticks, tried twice: {twice:?}", ticks.len());
+        assert_each_tick_new_once(&logs, schedule);
         assert!(!ticks.is_empty());
     }
+    let (beat, tries) = ticks_of(&logs, "beat");
+    assert!(tries.values().all(|&n| n == 1), "beat: {tries:?}");
+    assert!(!beat.is_empty());
+    // With --catch-up, the pause left no hole.
+    let (caught_up, _) = ticks_of(&logs, "catch_up_beat");
+    assert_consecutive(&caught_up, "catch_up_beat");
+    assert_covers(&caught_up, logs[first].led[0], stopped_at, "catch_up_beat");
     for schedule in ["beat", "catch_up_beat"] {
         let runs: Vec<&String> = logs
             .iter()
@@ -580,9 +748,9 @@ fn go_asynq_lists_the_leaders_schedules_and_their_ticks() {
     };
     let db = migrated_database();
     let redis = RedisServer::start();
-    let mut workers = start_workers(&db, &redis, 1);
+    let mut workers = start_workers(&db, &redis, 1, &[]);
     leader(&workers);
-    std::thread::sleep(Duration::from_secs(3));
+    wait_for_new_ticks(&workers, &SCHEDULES, 3, &[]);
 
     let entries = inspect(&peer, &redis, &["schedulers"]);
     let entries = entries.as_array().unwrap();

@@ -50,6 +50,7 @@ use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
 use crate::outbox::{Envelope, cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 use crate::scheduler::lease::Lease;
+use crate::scheduler::progress::Progress;
 use crate::scheduler::{Scheduler, Schedules, TickOptions};
 use crate::trace_context::{self, TraceContext};
 
@@ -95,7 +96,10 @@ pub async fn run(
         WakeMode::Off => wake::Wake::local(relay.waker()),
         WakeMode::Valkey => wake::Wake::publishing(queue.clone()).and_local(relay.waker()),
     };
-    let transactor = database::Transactor::new(pool.clone()).after_commit(move || wake.signal());
+    let transactor = database::Transactor::new(pool.clone()).after_commit({
+        let wake = wake.clone();
+        move || wake.signal()
+    });
 
     let mut consumer = consumer(
         config,
@@ -122,11 +126,14 @@ pub async fn run(
                     .to_string(),
                 retention: config.outbox.task_retention,
             };
+            // Event ticks wake the relays as committed events do.
             Scheduler::new(
                 Arc::new(schedules),
                 lease,
+                Progress::new(queue.connection(), env!("CARGO_PKG_NAME")),
                 pool.clone(),
                 queue.clone(),
+                wake,
                 options,
             )
         })
