@@ -37,7 +37,9 @@ fn free_port() -> u16 {
 }
 
 /// A project with the event `orderPlaced` and two listeners that record
-/// each run in `listener_runs`; built once, its binaries directory.
+/// each run in `listener_runs`, and the job schedule `pulse` (every second;
+/// its scheduler runs only where a test enables it, see [`SCHEDULER_ON`]);
+/// built once, its binaries directory.
 fn project() -> &'static Path {
     static BINS: OnceLock<PathBuf> = OnceLock::new();
     BINS.get_or_init(|| {
@@ -73,9 +75,85 @@ fn project() -> &'static Path {
             )
             .unwrap();
         }
+        gpkit(&project)
+            .args(["add", "schedule", "pulse", "--cron", "@every 1s", "--job"])
+            .assert()
+            .success();
         build_binaries(&project);
         project
     })
+}
+
+/// The setting that runs the scheduler of `pulse` in a test's worker.
+const SCHEDULER_ON: (&str, &str) = ("SCHEDULER_ENABLED", "true");
+
+/// The scheduler's lease key: the kit names the service after its own
+/// package, `infra-kit`.
+const LEASE_KEY: &str = "scheduler:{infra-kit}:leader";
+
+/// What the scheduler of `pulse` left in the worker's log: it led, and how
+/// many ticks it enqueued as new and how many the job ran.
+fn pulse_ticks(log: &str) -> (bool, usize, usize) {
+    let (mut led, mut enqueued, mut ran) = (false, 0, 0);
+    for line in log.lines() {
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let fields = &json["fields"];
+        match fields["message"].as_str().unwrap_or_default() {
+            "scheduler: this replica leads" => led = true,
+            "scheduler: tick enqueued"
+                if fields["schedule"] == "pulse" && fields["new"] == true =>
+            {
+                enqueued += 1;
+            }
+            "pulse" if json["span"]["name"] == "job" => ran += 1,
+            _ => {}
+        }
+    }
+    (led, enqueued, ran)
+}
+
+/// While `worker` runs with the scheduler on: it leads, holds the lease on
+/// the server `read` reaches, and lists `pulse` on asynqmon's Schedulers
+/// page with the ticks it enqueued (Go asynq's keys, read as asynqmon
+/// does), and the job runs.
+fn assert_the_scheduler_leads(worker: &Worker, read: &dyn Fn(&[&str]) -> Option<String>) {
+    wait_until(
+        Duration::from_secs(30),
+        "the scheduler leads and `pulse` runs twice",
+        || {
+            let (led, enqueued, ran) = pulse_ticks(&worker.log());
+            led && enqueued >= 2 && ran >= 2
+        },
+    );
+    let holder = read(&["GET", LEASE_KEY]).unwrap_or_default();
+    assert!(!holder.is_empty(), "no lease on the server");
+    let schedulers = read(&["ZRANGE", "asynq:schedulers", "0", "-1"]).unwrap_or_default();
+    let schedulers: Vec<&str> = schedulers.lines().collect();
+    assert_eq!(schedulers.len(), 1, "one scheduler listed: {schedulers:?}");
+    let entries = read(&["LRANGE", schedulers[0], "0", "-1"]).unwrap_or_default();
+    assert!(
+        entries.contains("job:pulse") && entries.contains("@every 1s"),
+        "the Schedulers page does not list `pulse`: {entries:?}"
+    );
+    let history = read(&["KEYS", "asynq:scheduler_history:*"]).unwrap_or_default();
+    let history: Vec<&str> = history.lines().collect();
+    assert_eq!(history.len(), 1, "one schedule's history: {history:?}");
+    let ticks: u64 = read(&["ZCARD", history[0]])
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(ticks >= 2, "the history holds {ticks} ticks");
+}
+
+/// After a clean stop: the lease is handed back and the Schedulers page is
+/// empty.
+fn assert_the_scheduler_stepped_down(read: &dyn Fn(&[&str]) -> Option<String>) {
+    assert_eq!(read(&["EXISTS", LEASE_KEY]).as_deref(), Some("0"));
+    assert_eq!(
+        read(&["ZRANGE", "asynq:schedulers", "0", "-1"]).as_deref(),
+        Some("")
+    );
 }
 
 fn bin(name: &str) -> PathBuf {
@@ -151,6 +229,8 @@ impl Worker {
             .env("WORKER_QUEUES", "default=1")
             .env("WORKER_METRICS_ADDR", "127.0.0.1:0")
             .env("OUTBOX_POLL_INTERVAL", "100ms")
+            // The tests that count tasks count events only.
+            .env("SCHEDULER_ENABLED", "false")
             .env("LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
             .stdout(std::fs::File::create(&log).unwrap())
@@ -346,6 +426,7 @@ fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
         &format!(">{PASSWORD}"),
         "resetkeys",
         "~asynq:*",
+        "~scheduler:*",
         "resetchannels",
         "&outbox:*",
         "&asynq:cancel",
@@ -366,10 +447,14 @@ fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
                 &format!("redis://relay:{PASSWORD}@127.0.0.1:{port}"),
             ),
             ("OUTBOX_WAKE", "valkey"),
+            SCHEDULER_ON,
         ],
     );
     wait_for_listeners(&db, events.len(), Duration::from_secs(120));
+    // The scheduler too works with the keys the README's ACL names.
+    assert_the_scheduler_leads(&worker, &|args: &[&str]| acl(args));
     worker.stop();
+    assert_the_scheduler_stepped_down(&|args: &[&str]| acl(args));
     // The one refusal expected: the start-up persistence check's `CONFIG
     // GET` (`-@dangerous`), after which the worker says nothing about it.
     let denied = acl(&["ACL", "LOG"]).unwrap_or_default();
@@ -922,6 +1007,7 @@ fn with_valkey_tls_a_sentinel_group_speaking_only_tls_carries_events() {
     let db = database();
     let events = commit_events(&db, 300);
     let sentinels = format!("127.0.0.1:{sentinel_port}");
+    let master_port_text = master_port.to_string();
     let ca = file("ca.pem");
     let worker = Worker::start(
         &db,
@@ -932,10 +1018,18 @@ fn with_valkey_tls_a_sentinel_group_speaking_only_tls_carries_events() {
             ("VALKEY_TLS", "true"),
             ("VALKEY_CA_CERT", &ca),
             ("OUTBOX_WAKE", "valkey"),
+            SCHEDULER_ON,
         ],
     );
     wait_for_listeners(&db, events.len(), Duration::from_secs(120));
+    let on_master = |args: &[&str]| {
+        let mut all = vec!["-p", &*master_port_text];
+        all.extend_from_slice(args);
+        tls_cli(dir.path(), &all)
+    };
+    assert_the_scheduler_leads(&worker, &on_master);
     worker.stop();
+    assert_the_scheduler_stepped_down(&on_master);
 
     // Without VALKEY_TLS the worker speaks plaintext to a TLS-only sentinel
     // and cannot start.
@@ -1002,10 +1096,32 @@ fn with_valkey_tls_a_cluster_speaking_only_tls_carries_events() {
             ("VALKEY_TLS", "true"),
             ("VALKEY_CA_CERT", &ca),
             ("OUTBOX_WAKE", "valkey"),
+            SCHEDULER_ON,
         ],
     );
     wait_for_listeners(&db, events.len(), Duration::from_secs(180));
+    // Keys are read with redirects followed; KEYS asks every node.
+    let port_texts: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let in_cluster = |args: &[&str]| {
+        if args[0] == "KEYS" {
+            let mut found = String::new();
+            for port in &port_texts {
+                let mut all = vec!["-p", port.as_str()];
+                all.extend_from_slice(args);
+                let keys = tls_cli(dir.path(), &all)?;
+                if !keys.is_empty() {
+                    found = format!("{found}{keys}\n");
+                }
+            }
+            return Some(found.trim_end().to_string());
+        }
+        let mut all = vec!["-c", "-p", port_texts[0].as_str()];
+        all.extend_from_slice(args);
+        tls_cli(dir.path(), &all)
+    };
+    assert_the_scheduler_leads(&worker, &in_cluster);
     worker.stop();
+    assert_the_scheduler_stepped_down(&in_cluster);
 
     // Every event's task is completed on the cluster, once.
     let completed: Vec<String> = tls_cli(
