@@ -1,6 +1,7 @@
 //! The generated worker as an operator meets it when something is wrong:
 //! an unreachable or silent Postgres at start-up, SIGTERM while Postgres
-//! hangs, the readiness probe while Valkey is down and back, and the
+//! or Valkey hangs, the readiness probe while Postgres hangs and answers
+//! again and while Valkey is down and back, and the
 //! warning about a Valkey that persists nothing. Every server that is
 //! stopped or frozen is the test's own: a Redis server, a TCP listener that
 //! never answers, or a proxy to the shared Postgres that stops passing
@@ -52,6 +53,11 @@ impl FreezableProxy {
 
     fn freeze(&self) {
         self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Passes bytes on again, first the ones held meanwhile.
+    fn unfreeze(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
     }
 }
 
@@ -123,6 +129,67 @@ fn get(port: u16, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// Waits until `/readyz` on `port` answers 503; its body.
+fn wait_until_not_ready(port: u16) -> String {
+    let mut body = String::new();
+    wait_until(Duration::from_secs(10), "/readyz answers 503", || {
+        let (status, answer) = get(port, "/readyz");
+        body = answer;
+        status == 503
+    });
+    body
+}
+
+/// How long the relay's round count must stay the same for the relay to
+/// count as stuck: 20 of the tests' 50 ms poll intervals.
+const STUCK_FOR: Duration = Duration::from_secs(1);
+
+/// Waits until the relay of the worker whose metrics are on `port` is
+/// stuck in a round: its round count did not move for [`STUCK_FOR`]. The
+/// count it stopped at.
+fn wait_until_the_relay_is_stuck(port: u16) -> u64 {
+    let mut last = (relay_rounds(port), Instant::now());
+    wait_until(
+        Duration::from_secs(10),
+        &format!("the relay's round count stays the same for {STUCK_FOR:?}"),
+        || {
+            let rounds = relay_rounds(port);
+            if rounds != last.0 {
+                last = (rounds, Instant::now());
+            }
+            last.1.elapsed() >= STUCK_FOR
+        },
+    );
+    last.0
+}
+
+/// A worker whose Postgres is reached through `proxy` and whose metrics
+/// are on `metrics`, after the relay ran three rounds and `/readyz` said
+/// ready.
+fn worker_behind(
+    proxy: &FreezableProxy,
+    db: &Database,
+    redis: &RedisServer,
+    metrics: u16,
+) -> Worker {
+    let addr = format!("127.0.0.1:{metrics}");
+    let url = through_port(&db.url(), proxy.port);
+    let worker = Worker::start(
+        db,
+        redis,
+        &[
+            ("DATABASE_URL", &url),
+            ("OUTBOX_POLL_INTERVAL", "50ms"),
+            ("WORKER_METRICS_ADDR", &addr),
+        ],
+    );
+    wait_until(Duration::from_secs(30), "the relay runs rounds", || {
+        relay_rounds(metrics) >= 3
+    });
+    assert_eq!(get(metrics, "/readyz"), (200, "ready".to_string()));
+    worker
+}
+
 /// Waits for the worker to exit; how long it took and its exit code.
 fn exit_of(worker: &mut Worker, limit: Duration) -> (Duration, Option<i32>) {
     let start = Instant::now();
@@ -181,35 +248,52 @@ fn a_worker_whose_postgres_never_answers_stops_after_the_connect_timeout() {
 }
 
 #[test]
+fn readyz_fails_while_postgres_hangs_and_recovers_when_it_answers_again() {
+    let redis = RedisServer::start();
+    let (db, _) = database_with_events(0);
+    let proxy = FreezableProxy::start(upstream(&db.url()));
+    let metrics = free_port();
+    let mut worker = worker_behind(&proxy, &db, &redis, metrics);
+
+    proxy.freeze();
+    let stuck_at = wait_until_the_relay_is_stuck(metrics);
+    let body = wait_until_not_ready(metrics);
+    assert!(body.contains("postgres: no answer within 2s"), "{body}");
+    assert!(body.contains("valkey: ok"), "{body}");
+    assert_eq!(get(metrics, "/healthz").0, 200, "alive while not ready");
+
+    // Postgres answers again: ready again, and the relay runs rounds.
+    proxy.unfreeze();
+    let took = wait_until(Duration::from_secs(20), "ready again", || {
+        get(metrics, "/readyz").0 == 200
+    });
+    wait_until(
+        Duration::from_secs(20),
+        "the relay runs rounds again",
+        || relay_rounds(metrics) >= stuck_at + 3,
+    );
+    eprintln!("ready again {took:?} after Postgres answered");
+
+    worker.signal("-TERM");
+    assert_eq!(
+        worker.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log()
+    );
+}
+
+#[test]
 fn sigterm_while_postgres_hangs_stops_the_worker_within_two_seconds() {
     let redis = RedisServer::start();
     let (db, _) = database_with_events(0);
     let proxy = FreezableProxy::start(upstream(&db.url()));
     let metrics = free_port();
-    let addr = format!("127.0.0.1:{metrics}");
-    let url = through_port(&db.url(), proxy.port);
-    let mut worker = Worker::start(
-        &db,
-        &redis,
-        &[
-            ("DATABASE_URL", &url),
-            ("OUTBOX_POLL_INTERVAL", "50ms"),
-            ("WORKER_METRICS_ADDR", &addr),
-        ],
-    );
-    wait_until(Duration::from_secs(30), "the relay runs rounds", || {
-        relay_rounds(metrics) >= 3
-    });
-    assert_eq!(get(metrics, "/readyz"), (200, "ready".to_string()));
+    let mut worker = worker_behind(&proxy, &db, &redis, metrics);
 
     proxy.freeze();
-    // The relay is stuck in a round: its count stops moving.
-    std::thread::sleep(Duration::from_millis(500));
-    let stuck_at = relay_rounds(metrics);
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(relay_rounds(metrics), stuck_at, "the relay was not hung");
-    let (status, body) = get(metrics, "/readyz");
-    assert_eq!(status, 503, "{body}");
+    wait_until_the_relay_is_stuck(metrics);
+    let body = wait_until_not_ready(metrics);
     assert!(body.contains("postgres: no answer within 2s"), "{body}");
     assert!(body.contains("valkey: ok"), "{body}");
 
@@ -253,9 +337,7 @@ fn sigterm_while_valkey_hangs_stops_the_worker_within_two_seconds() {
             .unwrap()
             .success()
     );
-    std::thread::sleep(Duration::from_secs(1));
-    let (status, body) = get(metrics, "/readyz");
-    assert_eq!(status, 503, "{body}");
+    let body = wait_until_not_ready(metrics);
     assert!(body.contains("valkey: no answer within 2s"), "{body}");
     assert!(body.contains("postgres: ok"), "{body}");
 
