@@ -47,6 +47,9 @@ use crate::worker_e2e::{RedisServer, Worker, wait_until};
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACESTATE: &str = "gpkit=interop";
+/// The trace of a Go producer's tracing middleware, in a task's headers.
+const HEADER_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+const HEADER_TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 /// The task type of the `audit` listener's work, in the Go kit's naming.
 const AUDIT_TASK: &str = "listener:orderPlaced:audit";
 
@@ -63,8 +66,8 @@ use std::time::Duration;
 use crate::events::order_placed::OrderPlaced;
 use crate::worker::listeners::{{ListenerContext, ListenerError}};
 
-/// Records each run in `listener_runs`, with the id of the worker process
-/// that ran it. A note `sleep:<ms>` first records `start` and sleeps that
+/// Records each run in `listener_runs`, with the trace it ran in and the id
+/// of the worker process that ran it. A note `sleep:<ms>` first records `start` and sleeps that
 /// long; an order in `refused_orders` fails with "order <id> refused"
 /// (recorded as `failed`); else the run is `done`.
 pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
@@ -86,14 +89,15 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
 
 async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Result<(), ListenerError> {{
     sqlx::query(
-        "INSERT INTO listener_runs (listener, event_id, order_id, note, traceparent, outcome, pid) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO listener_runs (listener, event_id, order_id, note, traceparent, running_in, outcome, pid) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind("{listener}")
     .bind(ctx.event_id())
     .bind(event.order_id)
     .bind(&event.note)
     .bind(ctx.metadata().get("traceparent"))
+    .bind(crate::trace_context::current().map(|context| context.trace_id().to_string()))
     .bind(outcome)
     .bind(i64::from(std::process::id()))
     .execute(ctx.pool())
@@ -108,7 +112,7 @@ async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Re
 const LISTENER_TABLES: &str = "-- +goose Up
 CREATE TABLE listener_runs (
     listener text NOT NULL, event_id uuid NOT NULL, order_id bigint NOT NULL, note text NOT NULL,
-    traceparent text, outcome text NOT NULL, pid bigint NOT NULL,
+    traceparent text, running_in text, outcome text NOT NULL, pid bigint NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE refused_orders (order_id bigint PRIMARY KEY);
@@ -572,6 +576,12 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
             "{traceparent}"
         );
         assert_eq!(seen["metadata"]["tracestate"], TRACESTATE);
+        // The same context in the task's headers, where Go middleware reads it.
+        assert_eq!(
+            task["headers"],
+            json!({"traceparent": traceparent, "tracestate": TRACESTATE}),
+            "the task's headers"
+        );
     }
 
     // The Inspector's view of each task once Go has completed it.
@@ -687,12 +697,18 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
     );
     let since = time::OffsetDateTime::now_utc().date();
 
+    // The fifth task also carries a trace in its headers, as a Go tracing
+    // middleware writes it: its listeners run in that trace.
     let lines: Vec<Value> = (1..=5)
         .map(|n| {
-            json!({
+            let mut line = json!({
                 "payload": {"order_id": n, "note": format!("from go {n}")},
                 "metadata": {"traceparent": TRACEPARENT},
-            })
+            });
+            if n == 5 {
+                line["headers"] = json!({"traceparent": HEADER_TRACEPARENT});
+            }
+            line
         })
         .collect();
     let options = ["-type", "event:orderPlaced", "-retention", "1h"];
@@ -720,6 +736,23 @@ fn go_kit_events_from_a_go_client_run_each_rust_listener_once() {
          ORDER BY listener, order_id",
     );
     assert_eq!(runs, expected.join("\n"), "each listener once per event");
+    let traces = psql(
+        &db.url(),
+        "SELECT order_id, running_in FROM listener_runs ORDER BY listener, order_id",
+    );
+    let expected: Vec<String> = ["audit", "email"]
+        .iter()
+        .flat_map(|_| 1..=5)
+        .map(|n| {
+            let trace = if n == 5 { HEADER_TRACE_ID } else { TRACE_ID };
+            format!("{n}|{trace}")
+        })
+        .collect();
+    assert_eq!(
+        traces,
+        expected.join("\n"),
+        "the headers' trace first, else the envelope's"
+    );
 
     // Go lists one completed task per listener per event, carrying the envelope.
     let completed = go(&peer, &redis, &["list", "default", "completed"], "");

@@ -371,6 +371,7 @@ impl Relay {
             payload,
         )
         .queue(queue)
+        .headers(crate::trace_context::task_headers(&event.envelope.metadata))
         .max_retry(MAX_RETRY)
         .timeout(TASK_TIMEOUT)
         .retention(self.task_retention)

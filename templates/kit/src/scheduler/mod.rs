@@ -298,11 +298,14 @@ pub(crate) async fn enqueue_tick(
 ) -> anyhow::Result<bool> {
     match &entry.what {
         What::Event { name, build } => {
+            // Each tick starts a trace of its own.
+            let mut metadata = Metadata::new();
+            crate::trace_context::TraceContext::new_root().inject(&mut metadata);
             let envelope = Envelope {
                 id: tick.id,
                 name: (*name).to_string(),
                 payload: build(tick)?,
-                metadata: Metadata::new(),
+                metadata,
                 // The row's creation time, as for a dispatched event.
                 occurred_at: Utc::now(),
             };

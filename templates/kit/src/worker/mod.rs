@@ -355,8 +355,9 @@ pub(crate) async fn fan_out(
 }
 
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
-/// listener, inside the trace context of the dispatch (so events it
-/// dispatches in turn continue the same trace).
+/// listener, inside the trace context of the task's headers or, without
+/// one, of the dispatch (so events it dispatches in turn continue the same
+/// trace).
 ///
 /// A payload that is not an envelope at all is archived at once (retrying
 /// cannot fix it), and so is a run that fails with a
@@ -374,7 +375,9 @@ async fn run_listener(
             task.id
         ))
     })?;
-    let context = TraceContext::from_metadata(&envelope.metadata)
+    // The task's headers first: a Go producer's middleware may have
+    // continued the trace there.
+    let context = TraceContext::from_headers_or(&task.headers, &envelope.metadata)
         .map_or_else(TraceContext::new_root, |parent| parent.child());
     let span = tracing::info_span!(
         "listener",

@@ -116,7 +116,7 @@ func main() {
 // {"event":"failed"} when it ends, and {"event":"stopped"} at exit.
 //
 // The handler of each -handle pattern decodes the envelope strictly into
-// the Go kit's struct. A payload note "sleep:<ms>" makes it take that long
+// the Go kit's struct; its lines carry the task's headers. A payload note "sleep:<ms>" makes it take that long
 // (less if the task's context ends); -fail makes every run fail with that
 // message after decoding.
 //
@@ -203,7 +203,7 @@ func handleTask(ctx context.Context, t *asynq.Task, fail string) error {
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
 	record := map[string]any{
 		"id": id, "type": t.Type(), "queue": queueName,
-		"retried": retried, "max_retry": maxRetry,
+		"retried": retried, "max_retry": maxRetry, "headers": t.Headers(),
 	}
 	emit(map[string]any{"event": "start", "id": id, "type": t.Type()})
 
@@ -247,11 +247,15 @@ type enqueueLine struct {
 	Payload    json.RawMessage   `json:"payload"`
 	Metadata   map[string]string `json:"metadata"`
 	OccurredAt *time.Time        `json:"occurred_at"`
+	// Headers are the task's headers (asynq.NewTaskWithHeaders), such as
+	// the traceparent a tracing middleware writes.
+	Headers map[string]string `json:"headers"`
 }
 
 // enqueue reads envelopes as JSON lines on stdin and enqueues each as the
 // Go kit does: task type -type, task id = envelope id, and the options of
-// the flags. It prints {"id", "result", "envelope"} per line, the result
+// the flags, with the line's "headers" as the task's headers. It prints
+// {"id", "result", "envelope"} per line, the result
 // being "enqueued", "conflict" for a task id already in the queue
 // (asynq.ErrTaskIDConflict) or "duplicate" for a unique task whose lock is
 // held (asynq.ErrDuplicateTask); any other error stops it.
@@ -304,7 +308,7 @@ func enqueue(args []string) {
 			fatal(err)
 		}
 		taskOptions := append([]asynq.Option{asynq.TaskID(envelope.ID.String())}, options...)
-		_, err = client.Enqueue(asynq.NewTask(*taskType, body), taskOptions...)
+		_, err = client.Enqueue(asynq.NewTaskWithHeaders(*taskType, body, line.Headers), taskOptions...)
 		result := "enqueued"
 		switch {
 		case errors.Is(err, asynq.ErrTaskIDConflict):
