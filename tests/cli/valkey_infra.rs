@@ -38,7 +38,7 @@ fn free_port() -> u16 {
 
 /// A project with the event `orderPlaced` and two listeners that record
 /// each run in `listener_runs`; built once, its binaries directory.
-fn project() -> &'static Path {
+pub(crate) fn project() -> &'static Path {
     static BINS: OnceLock<PathBuf> = OnceLock::new();
     BINS.get_or_init(|| {
         let parent = repo().join("target/e2e-valkey");
@@ -78,7 +78,7 @@ fn project() -> &'static Path {
     })
 }
 
-fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     project().join(".bin").join(name)
 }
 
