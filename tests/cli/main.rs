@@ -25,6 +25,7 @@ mod postgres_tls;
 mod prompts;
 mod schedule;
 mod seaorm;
+mod secrets;
 mod server_state_interop;
 mod support;
 mod template_set;

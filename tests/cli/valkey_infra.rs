@@ -41,7 +41,7 @@ fn free_port() -> u16 {
 /// each run in `listener_runs`, and the job schedule `pulse` (every second;
 /// its scheduler runs only where a test enables it, see [`SCHEDULER_ON`]);
 /// built once, its binaries directory.
-fn project() -> &'static Path {
+pub(crate) fn project() -> &'static Path {
     static BINS: OnceLock<PathBuf> = OnceLock::new();
     BINS.get_or_init(|| {
         let parent = repo().join("target/e2e-valkey");
@@ -158,7 +158,7 @@ fn assert_the_scheduler_stepped_down(read: &dyn Fn(&[&str]) -> Option<String>) {
     );
 }
 
-fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     project().join(".bin").join(name)
 }
 

@@ -1,6 +1,9 @@
 //! The Valkey check: the queue server that the project's settings name
-//! (`VALKEY_URL`, or `VALKEY_ADDR`/`VALKEY_PASSWORD`/`VALKEY_DB`; the
-//! sentinels or cluster nodes when those are set) answers `PING`.
+//! (`VALKEY_URL`, or `VALKEY_ADDR`/`VALKEY_USERNAME`/`VALKEY_PASSWORD`/
+//! `VALKEY_DB`; the sentinels or cluster nodes when those are set) answers
+//! `PING`, with the credentials the worker would give it: the sentinels'
+//! own (`VALKEY_SENTINEL_USERNAME`/`VALKEY_SENTINEL_PASSWORD`), the
+//! server's for the cluster nodes.
 
 use std::time::Duration;
 
@@ -24,12 +27,26 @@ pub fn check(settings: &Settings) -> Finding {
             "doctor checks plaintext connections only; start the worker to check this one",
         );
     }
-    for (list, role) in [
-        ("VALKEY_SENTINEL_ADDRS", "sentinel"),
-        ("VALKEY_CLUSTER_ADDRS", "cluster node"),
+    for (list, role, user, password) in [
+        (
+            "VALKEY_SENTINEL_ADDRS",
+            "sentinel",
+            "VALKEY_SENTINEL_USERNAME",
+            "VALKEY_SENTINEL_PASSWORD",
+        ),
+        (
+            "VALKEY_CLUSTER_ADDRS",
+            "cluster node",
+            "VALKEY_USERNAME",
+            "VALKEY_PASSWORD",
+        ),
     ] {
         if let Some(addrs) = settings.get(list) {
-            return check_each(settings, list, role, addrs);
+            let credentials = Credentials {
+                userinfo: userinfo(settings, user, password),
+                variables: [user, password],
+            };
+            return check_each(settings, list, role, addrs, &credentials);
         }
     }
     if let Some(url) = settings.get("VALKEY_URL") {
@@ -51,23 +68,54 @@ pub fn check(settings: &Settings) -> Finding {
                 "doctor checks plaintext connections only; start the worker to check this one",
             );
         }
-        return ping(&url, &shown, "VALKEY_URL", settings);
+        return ping(&url, &shown, "VALKEY_URL", &URL_CREDENTIALS, settings);
     }
     let addr = settings.get("VALKEY_ADDR").unwrap_or("localhost:6379");
     let db = settings.get("VALKEY_DB").unwrap_or("0");
-    let password = settings
-        .get("VALKEY_PASSWORD")
-        .map(|p| format!(":{}@", encode(p)))
-        .unwrap_or_default();
-    let url = format!("redis://{password}{addr}/{db}");
-    ping(&url, addr, "VALKEY_ADDR", settings)
+    let credentials = Credentials {
+        userinfo: userinfo(settings, "VALKEY_USERNAME", "VALKEY_PASSWORD"),
+        variables: ["VALKEY_USERNAME", "VALKEY_PASSWORD"],
+    };
+    let url = format!("redis://{}{addr}/{db}", credentials.userinfo);
+    ping(&url, addr, "VALKEY_ADDR", &credentials, settings)
+}
+
+/// The user and password a connection gives, and the variables that set them.
+struct Credentials {
+    /// `user:password@`, `:password@` or nothing, encoded for a URL.
+    userinfo: String,
+    /// The variables of the user and of the password.
+    variables: [&'static str; 2],
+}
+
+/// `VALKEY_URL` holds its own credentials.
+const URL_CREDENTIALS: Credentials = Credentials {
+    userinfo: String::new(),
+    variables: ["VALKEY_URL", "VALKEY_URL"],
+};
+
+/// The user-info part of a URL for the user `user` and password
+/// `password` (variable names) of the settings; a user alone sends no AUTH.
+fn userinfo(settings: &Settings, user: &str, password: &str) -> String {
+    let user = settings.get(user).filter(|u| !u.trim().is_empty());
+    match settings.get(password) {
+        Some(password) => format!("{}:{}@", encode(user.unwrap_or("")), encode(password)),
+        None => String::new(),
+    }
 }
 
 /// Pings each address of the comma-separated list `addrs`.
-fn check_each(settings: &Settings, list: &str, role: &str, addrs: &str) -> Finding {
+fn check_each(
+    settings: &Settings,
+    list: &str,
+    role: &str,
+    addrs: &str,
+    credentials: &Credentials,
+) -> Finding {
     let mut answered = Vec::new();
     for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-        let finding = ping(&format!("redis://{addr}"), addr, list, settings);
+        let url = format!("redis://{}{addr}", credentials.userinfo);
+        let finding = ping(&url, addr, list, credentials, settings);
         if finding.status != super::report::Status::Ok {
             return finding;
         }
@@ -83,7 +131,13 @@ fn check_each(settings: &Settings, list: &str, role: &str, addrs: &str) -> Findi
 }
 
 /// PINGs the server at `url`; `shown` names it in messages.
-fn ping(url: &str, shown: &str, variable: &str, settings: &Settings) -> Finding {
+fn ping(
+    url: &str,
+    shown: &str,
+    variable: &str,
+    credentials: &Credentials,
+    settings: &Settings,
+) -> Finding {
     let where_set = settings.where_set(variable);
     let answer = redis::Client::open(url).and_then(|client| {
         let mut connection = client.get_connection_with_timeout(TIMEOUT)?;
@@ -94,14 +148,23 @@ fn ping(url: &str, shown: &str, variable: &str, settings: &Settings) -> Finding 
     });
     match answer {
         Ok(version) => Finding::ok(CHECK, format!("{shown} answered PING ({version})")),
-        Err(err) if is_auth(&err) => Finding::fail(
-            CHECK,
-            format!(
-                "{shown} refused the credentials: {}",
-                err.detail().unwrap_or("")
-            ),
-            format!("correct the user or password ({variable} or VALKEY_PASSWORD, in {where_set})"),
-        ),
+        Err(err) if is_auth(&err) => {
+            let [user, password] = credentials.variables;
+            let named = if user == password {
+                user.to_string()
+            } else {
+                format!("{user} or {password}")
+            };
+            let where_set = settings.where_set(password);
+            Finding::fail(
+                CHECK,
+                format!(
+                    "{shown} refused the credentials: {}",
+                    err.detail().unwrap_or("")
+                ),
+                format!("correct the user or password ({named}, in {where_set})"),
+            )
+        }
         Err(err) if err.is_connection_refusal() || err.is_timeout() || err.is_io_error() => {
             Finding::fail(
                 CHECK,
@@ -175,5 +238,34 @@ mod tests {
         );
         assert_eq!(without_password("redis://cache:6379"), "redis://cache:6379");
         assert_eq!(encode("p@ss:w/rd"), "p%40ss%3Aw%2Frd");
+    }
+
+    #[test]
+    fn the_server_and_the_sentinels_each_get_their_own_credentials() {
+        let mut settings = Settings::default();
+        settings.use_dev_run("VALKEY_USERNAME", "app");
+        settings.use_dev_run("VALKEY_PASSWORD", "p@ss");
+        settings.use_dev_run("VALKEY_SENTINEL_PASSWORD", "s:cret");
+        assert_eq!(
+            userinfo(&settings, "VALKEY_USERNAME", "VALKEY_PASSWORD"),
+            "app:p%40ss@"
+        );
+        assert_eq!(
+            userinfo(
+                &settings,
+                "VALKEY_SENTINEL_USERNAME",
+                "VALKEY_SENTINEL_PASSWORD"
+            ),
+            ":s%3Acret@"
+        );
+        let user_alone = {
+            let mut settings = Settings::default();
+            settings.use_dev_run("VALKEY_USERNAME", "app");
+            settings
+        };
+        assert_eq!(
+            userinfo(&user_alone, "VALKEY_USERNAME", "VALKEY_PASSWORD"),
+            ""
+        );
     }
 }
