@@ -146,12 +146,14 @@ fn both(output: &Output) -> String {
 }
 
 /// The project's binary `name`, started in `dir` with only `env` (and PATH).
+/// The project's schedule stays off, so that its tasks are the events'.
 fn command(name: &str, dir: &Path, env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(crate::valkey_infra::bin(name));
     command
         .current_dir(dir)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("SCHEDULER_ENABLED", "false")
         .envs(env.iter().copied())
         .stdin(Stdio::null());
     command
