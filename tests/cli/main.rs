@@ -17,6 +17,7 @@ mod help;
 mod inbox_e2e;
 mod interrupted;
 mod line_endings;
+mod metrics;
 mod new_migration;
 mod new_project;
 mod outbox_ops;

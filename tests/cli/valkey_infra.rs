@@ -163,14 +163,14 @@ pub(crate) fn bin(name: &str) -> PathBuf {
 }
 
 /// A migrated database of the project.
-fn database() -> Database {
+pub(crate) fn database() -> Database {
     let db = Database::create("gpkit_valkey");
     migrate(project(), &db, &["up"]);
     db
 }
 
 /// Commits `count` `orderPlaced` events; returns all event ids so far.
-fn commit_events(db: &Database, count: u32) -> BTreeSet<String> {
+pub(crate) fn commit_events(db: &Database, count: u32) -> BTreeSet<String> {
     psql(
         &db.url(),
         &format!(
@@ -220,7 +220,7 @@ fn unix_now() -> f64 {
 }
 
 /// Waits until both listeners ran for each of `events` events.
-fn wait_for_listeners(db: &Database, events: usize, limit: Duration) {
+pub(crate) fn wait_for_listeners(db: &Database, events: usize, limit: Duration) {
     wait_until(limit, "every listener ran for every event", || {
         listener_pairs(db) == 2 * events as u64
     });

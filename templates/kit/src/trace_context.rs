@@ -123,6 +123,7 @@ impl TraceContext {
 /// `tracestate`), for a task's headers: what an asynq middleware, in Go or
 /// Rust, reads to continue the trace. Empty when the metadata has no valid
 /// context.
+#[cfg(feature = "worker")]
 pub(crate) fn task_headers(metadata: &Metadata) -> BTreeMap<String, String> {
     let mut headers = BTreeMap::new();
     if let Some(context) = TraceContext::from_metadata(metadata) {
@@ -164,6 +165,7 @@ fn context_of(request: &Request) -> TraceContext {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "worker")]
     #[test]
     fn task_headers_carry_the_context_and_headers_come_first() {
         let mut metadata = Metadata::new();

@@ -40,6 +40,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -54,6 +58,22 @@ use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
 use crate::outbox::wake::Wake;
 use crate::outbox::{Envelope, Metadata, Store};
 use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task};
+
+/// `schedule="nightly_report"`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScheduleLabels {
+    /// The schedule's name.
+    pub schedule: String,
+}
+
+/// The scheduler's instruments. Cloning shares them.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerMetrics {
+    /// Ticks this replica enqueued as new, by schedule.
+    pub ticks: Family<ScheduleLabels, Counter>,
+    /// 1 while this replica leads, else 0.
+    pub leader: Gauge,
+}
 
 /// The prefix of a job's task type: `job:<name>`.
 pub(crate) const JOB_TASK_PREFIX: &str = "job:";
@@ -353,11 +373,13 @@ pub(crate) struct Scheduler {
     queue: Client,
     wake: Wake,
     options: TickOptions,
+    metrics: SchedulerMetrics,
 }
 
 impl Scheduler {
     /// Checks every schedule's spec (see [`Schedules::specs`]). `wake`
     /// wakes the relays when an event tick is in the outbox.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         schedules: Arc<Schedules>,
         lease: Lease,
@@ -366,8 +388,16 @@ impl Scheduler {
         queue: Client,
         wake: Wake,
         options: TickOptions,
+        metrics: SchedulerMetrics,
     ) -> anyhow::Result<Self> {
         let specs = schedules.specs()?;
+        // Each schedule's count is exported, at 0, from the start.
+        for entry in schedules.all() {
+            drop(metrics.ticks.get_or_create(&ScheduleLabels {
+                schedule: entry.name.to_string(),
+            }));
+        }
+        metrics.leader.set(0);
         Ok(Self {
             schedules,
             specs,
@@ -377,6 +407,7 @@ impl Scheduler {
             queue,
             wake,
             options,
+            metrics,
         })
     }
 
@@ -391,6 +422,7 @@ impl Scheduler {
                     Ok(Acquired::Leading) => {
                         let now = Instant::now();
                         tracing::info!(lease_ttl = ?ttl, "scheduler: this replica leads");
+                        self.metrics.leader.set(1);
                         leading = Some(Leading {
                             valid_until: now + ttl,
                             renew_at: now + ttl / 3,
@@ -412,6 +444,7 @@ impl Scheduler {
                     Some(wait) => wait,
                     None => {
                         leading = None;
+                        self.metrics.leader.set(0);
                         Duration::ZERO
                     }
                 },
@@ -422,6 +455,7 @@ impl Scheduler {
             }
         }
         if leading.is_some() {
+            self.metrics.leader.set(0);
             if let Err(err) = self.lease.release().await {
                 tracing::warn!(error = %err, "scheduler: failed to give the lease up");
             }
@@ -535,6 +569,14 @@ impl Scheduler {
     async fn enqueue(&self, entry: &Entry, tick: &Tick) -> bool {
         match enqueue_tick(entry, tick, &self.pool, &self.queue, &self.options).await {
             Ok(new) => {
+                if new {
+                    self.metrics
+                        .ticks
+                        .get_or_create(&ScheduleLabels {
+                            schedule: entry.name.to_string(),
+                        })
+                        .inc();
+                }
                 if new && entry.is_event() {
                     self.wake.signal();
                 }

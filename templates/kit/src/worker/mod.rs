@@ -30,6 +30,7 @@ pub mod metrics;
 #[cfg(feature = "seaorm")]
 mod orm_context;
 pub(crate) mod persistence;
+pub(crate) mod queue_metrics;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -135,6 +136,7 @@ pub async fn run(
                 queue.clone(),
                 wake,
                 options,
+                metrics.scheduler.clone(),
             )
         })
         .transpose()?;
@@ -169,7 +171,11 @@ pub async fn run(
         tasks.spawn(scheduler.run(stop.clone()));
     }
     if config.outbox.wake == WakeMode::Valkey {
-        tasks.spawn(wake::forward_published(queue, relay.waker(), stop.clone()));
+        tasks.spawn(wake::forward_published(
+            queue.clone(),
+            relay.waker(),
+            stop.clone(),
+        ));
     }
     tasks.spawn(relay.run(stop.clone()));
     tasks.spawn(cleanup::run(
@@ -184,9 +190,18 @@ pub async fn run(
         config.outbox.cleanup_interval,
         stop.clone(),
     ));
+    // The queues this worker serves or publishes to, for the asynq gauges.
+    let mut watched: Vec<String> = config.worker.queues.names().map(str::to_string).collect();
+    for queue in config.outbox.queues.names() {
+        if !watched.contains(queue) {
+            watched.push(queue.clone());
+        }
+    }
     tasks.spawn(metrics::watch_backlog(
         pool.clone(),
-        metrics.relay.clone(),
+        queue.clone(),
+        watched,
+        metrics.clone(),
         stop.clone(),
     ));
     let metrics_server = axum::serve(metrics_listener, metrics.router().merge(readiness.router()))
@@ -283,14 +298,21 @@ pub fn handle_events(
         }
     });
     for listener in listeners.all() {
+        metrics.register(listener.event(), listener.name());
         let (listener, transactor, metrics) =
             (listener.clone(), transactor.clone(), metrics.clone());
         consumer.handle(listener.task_type(), move |task| {
             let (listener, transactor, metrics) =
                 (listener.clone(), transactor.clone(), metrics.clone());
             async move {
+                let started = std::time::Instant::now();
                 let result = run_listener(&listener, transactor, task).await;
-                metrics.record(listener.event(), listener.name(), result.is_ok());
+                metrics.record(
+                    listener.event(),
+                    listener.name(),
+                    result.is_ok(),
+                    started.elapsed(),
+                );
                 result
             }
         });
