@@ -3,6 +3,8 @@
 //! unreachable is a snapshot; the rest runs against the test's Postgres and
 //! a Valkey the test starts with a password.
 
+mod tls;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -21,6 +23,10 @@ const SETTINGS: &[&str] = &[
     "VALKEY_DB",
     "VALKEY_SENTINEL_ADDRS",
     "VALKEY_CLUSTER_ADDRS",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
 ];
 
 /// `gpkit doctor <args>` in `project` with only `env` set of the settings:

@@ -4,8 +4,10 @@
 //! check makes the exit code 1. It reads and connects, and writes nothing.
 
 pub(super) mod environment;
+mod pg_tls;
 mod postgres;
 mod report;
+mod tls;
 mod toolchain;
 mod valkey;
 
@@ -30,6 +32,10 @@ const SETTINGS: &[&str] = &[
     "VALKEY_DB",
     "VALKEY_SENTINEL_ADDRS",
     "VALKEY_CLUSTER_ADDRS",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
 ];
 
 pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
@@ -42,7 +48,7 @@ pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
     if let Some(dev) = dev_run(root, &mut settings) {
         findings.push(dev);
     }
-    let (connected, client) = postgres::connect(&settings);
+    let (connected, client) = postgres::connect(root, &settings);
     findings.push(connected);
     findings.push(match client {
         Some(mut client) => postgres::check_migrations(root, &mut client, &settings),
