@@ -1,7 +1,7 @@
 //! `gpkit doctor`: every check's finding and fix, against servers that are
 //! missing, wrong or right. The report of a project whose servers are all
 //! unreachable is a snapshot; the rest runs against the test's Postgres and
-//! a Valkey the test starts with a password.
+//! a Valkey the test starts with a password. TLS to both: [`tls`].
 
 mod tls;
 
@@ -23,6 +23,8 @@ const SETTINGS: &[&str] = &[
     "VALKEY_DB",
     "VALKEY_SENTINEL_ADDRS",
     "VALKEY_CLUSTER_ADDRS",
+    "VALKEY_TLS",
+    "VALKEY_CA_CERT",
     "PGSSLMODE",
     "PGSSLROOTCERT",
     "PGSSLCERT",

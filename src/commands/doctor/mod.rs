@@ -32,6 +32,8 @@ const SETTINGS: &[&str] = &[
     "VALKEY_DB",
     "VALKEY_SENTINEL_ADDRS",
     "VALKEY_CLUSTER_ADDRS",
+    "VALKEY_TLS",
+    "VALKEY_CA_CERT",
     "PGSSLMODE",
     "PGSSLROOTCERT",
     "PGSSLCERT",
@@ -54,7 +56,7 @@ pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
         Some(mut client) => postgres::check_migrations(root, &mut client, &settings),
         None => Finding::skip("migrations", "needs a connection to Postgres"),
     });
-    findings.push(valkey::check(&settings));
+    findings.push(valkey::check(root, &settings));
     let report = Report {
         project: match display(root).as_str() {
             "." => manifest.answers.name.clone(),

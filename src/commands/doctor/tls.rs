@@ -81,6 +81,12 @@ pub fn read_certificates(
     read_pem_certificates(root, path, what).map(|(certs, _)| certs)
 }
 
+/// The PEM file `path` (relative to `root`) as it is, once it is known to
+/// hold certificates; `what` names the setting in the message.
+pub fn read_pem(root: &Path, path: &str, what: &str) -> Result<Vec<u8>, String> {
+    read_pem_certificates(root, path, what).map(|(_, data)| data)
+}
+
 fn read_pem_certificates(
     root: &Path,
     path: &str,
@@ -224,6 +230,12 @@ fn plain_name(name: &str) -> String {
         .to_string()
 }
 
+/// The host part of `host:port` (an IPv6 address without its brackets).
+pub fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 /// Accepts any certificate, as libpq's and sqlx's `sslmode=require` do;
 /// the handshake's signatures are still checked.
 #[derive(Debug)]
@@ -300,5 +312,7 @@ mod tests {
             name.detail("127.0.0.1"),
             "its TLS certificate is not issued for the host name `127.0.0.1` (it names localhost)"
         );
+        assert_eq!(host_of("[::1]:6379"), "::1");
+        assert_eq!(host_of("cache:6380"), "cache");
     }
 }
