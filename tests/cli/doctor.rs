@@ -1,7 +1,9 @@
 //! `gpkit doctor`: every check's finding and fix, against servers that are
 //! missing, wrong or right. The report of a project whose servers are all
 //! unreachable is a snapshot; the rest runs against the test's Postgres and
-//! a Valkey the test starts with a password.
+//! a Valkey the test starts with a password. TLS to both: [`tls`].
+
+mod tls;
 
 use std::path::Path;
 use std::process::Command;
@@ -24,6 +26,12 @@ const SETTINGS: &[&str] = &[
     "VALKEY_SENTINEL_USERNAME",
     "VALKEY_SENTINEL_PASSWORD",
     "VALKEY_CLUSTER_ADDRS",
+    "VALKEY_TLS",
+    "VALKEY_CA_CERT",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
 ];
 
 /// `gpkit doctor <args>` in `project` with only `env` set of the settings:

@@ -4,8 +4,10 @@
 //! check makes the exit code 1. It reads and connects, and writes nothing.
 
 pub(super) mod environment;
+mod pg_tls;
 mod postgres;
 mod report;
+mod tls;
 mod toolchain;
 mod valkey;
 
@@ -33,6 +35,12 @@ const SETTINGS: &[&str] = &[
     "VALKEY_SENTINEL_USERNAME",
     "VALKEY_SENTINEL_PASSWORD",
     "VALKEY_CLUSTER_ADDRS",
+    "VALKEY_TLS",
+    "VALKEY_CA_CERT",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
 ];
 
 pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
@@ -45,13 +53,13 @@ pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
     if let Some(dev) = dev_run(root, &mut settings) {
         findings.push(dev);
     }
-    let (connected, client) = postgres::connect(&settings);
+    let (connected, client) = postgres::connect(root, &settings);
     findings.push(connected);
     findings.push(match client {
         Some(mut client) => postgres::check_migrations(root, &mut client, &settings),
         None => Finding::skip("migrations", "needs a connection to Postgres"),
     });
-    findings.push(valkey::check(&settings));
+    findings.push(valkey::check(root, &settings));
     let report = Report {
         project: match display(root).as_str() {
             "." => manifest.answers.name.clone(),

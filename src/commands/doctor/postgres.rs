@@ -1,16 +1,18 @@
 //! The Postgres checks: `DATABASE_URL` reaches its server and database,
 //! and every migration in `migrations/` is applied there (goose's version
 //! table, as the project's `migrate` binary keeps it).
+//! TLS as the project's sqlx makes it: see [`super::pg_tls`].
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use postgres::Client;
 use postgres::error::SqlState;
-use postgres::{Client, NoTls};
 
 use super::environment::Settings;
+use super::pg_tls::{TlsSettings, take_sqlx_params};
 use super::report::Finding;
 use crate::domain::migration;
 
@@ -21,9 +23,10 @@ const MIGRATE_UP: &str = "cargo run --bin migrate -- up";
 /// How long a server may take to answer before it counts as unreachable.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connects as `DATABASE_URL` says; returns the finding and, when
-/// connected, the client for the migration check.
-pub fn connect(settings: &Settings) -> (Finding, Option<Client>) {
+/// Connects as `DATABASE_URL` says (file paths in it are relative to the
+/// project directory `root`); returns the finding and, when connected, the
+/// client for the migration check.
+pub fn connect(root: &Path, settings: &Settings) -> (Finding, Option<Client>) {
     let Some(url) = settings.get("DATABASE_URL") else {
         return (
             Finding::fail(
@@ -35,7 +38,8 @@ pub fn connect(settings: &Settings) -> (Finding, Option<Client>) {
         );
     };
     let where_set = settings.where_set("DATABASE_URL");
-    let mut config = match postgres::Config::from_str(url) {
+    let (rest, params) = take_sqlx_params(url);
+    let mut config = match postgres::Config::from_str(&rest) {
         Ok(config) => config,
         Err(err) => {
             return (
@@ -52,24 +56,30 @@ pub fn connect(settings: &Settings) -> (Finding, Option<Client>) {
         }
     };
     let target = describe(&config);
-    if needs_tls(url) {
-        return (
-            Finding::warn(
-                CONNECT,
-                format!("{target}: not checked, DATABASE_URL asks for TLS (sslmode)"),
-                "doctor checks plaintext connections only; run \
-                 `cargo run --bin migrate -- status` to check this one",
-            ),
-            None,
-        );
-    }
+    let tls = TlsSettings::read(&params, settings, &config);
+    let (tls, connector) = match tls.and_then(|tls| Ok((tls.connector(root)?, tls))) {
+        Ok((connector, tls)) => (tls, connector),
+        Err((detail, fix)) => {
+            return (
+                Finding::fail(CONNECT, format!("{target}: {detail}"), fix),
+                None,
+            );
+        }
+    };
     config.connect_timeout(TIMEOUT);
-    match config.connect(NoTls) {
-        Ok(client) => (
-            Finding::ok(CONNECT, format!("connected to {target}")),
-            Some(client),
+    config.ssl_mode(tls.wire_mode());
+    match config.connect(connector) {
+        Ok(mut client) => {
+            let how = tls.describe_connection(&mut client);
+            (
+                Finding::ok(CONNECT, format!("connected to {target}{how}")),
+                Some(client),
+            )
+        }
+        Err(err) => (
+            refused(&err, &target, &host(&config), where_set, &tls),
+            None,
         ),
-        Err(err) => (refused(&err, &target, where_set), None),
     }
 }
 
@@ -170,12 +180,31 @@ pub fn check_migrations(root: &Path, client: &mut Client, settings: &Settings) -
 }
 
 /// The finding for a connection that failed, with the fix for its cause.
-fn refused(err: &postgres::Error, target: &str, where_set: &str) -> Finding {
+fn refused(
+    err: &postgres::Error,
+    target: &str,
+    host: &str,
+    where_set: &str,
+    tls: &TlsSettings,
+) -> Finding {
     let code = err.code();
-    let (detail, fix) = if code == Some(&SqlState::INVALID_CATALOG_NAME) {
+    let (detail, fix) = if let Some((detail, fix)) = tls.refused(err, &reason(err), host, where_set)
+    {
+        (format!("{target}: {detail}"), fix)
+    } else if code == Some(&SqlState::INVALID_CATALOG_NAME) {
         (
             format!("{target}: the database does not exist"),
             format!("{MIGRATE_UP} --create-database"),
+        )
+    } else if code == Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
+        && reason(err).contains("client certificate")
+    {
+        (
+            format!("{target}: {}", reason(err)),
+            format!(
+                "give the client certificate and its key as sslcert and sslkey in DATABASE_URL \
+                 ({where_set})"
+            ),
         )
     } else if code == Some(&SqlState::INVALID_PASSWORD)
         || code == Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
@@ -209,23 +238,21 @@ fn reason(err: &postgres::Error) -> String {
 
 /// `database shop on localhost:5432 as postgres`, never the password.
 fn describe(config: &postgres::Config) -> String {
-    let host = match config.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(host)) => host.clone(),
-        #[cfg(unix)]
-        Some(postgres::config::Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_string(),
-    };
+    let host = host(config);
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config.get_user().unwrap_or("(default user)");
     let database = config.get_dbname().unwrap_or(user);
     format!("database `{database}` on {host}:{port} as {user}")
 }
 
-/// Whether the URL's `sslmode` asks for TLS, which this check cannot do.
-fn needs_tls(url: &str) -> bool {
-    url.split(['?', '&'])
-        .filter_map(|pair| pair.strip_prefix("sslmode="))
-        .any(|mode| matches!(mode, "require" | "verify-ca" | "verify-full"))
+/// The host `config` connects to first, for TLS messages.
+fn host(config: &postgres::Config) -> String {
+    match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(host)) => host.clone(),
+        #[cfg(unix)]
+        Some(postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_string(),
+    }
 }
 
 /// Up to three items, then how many more.
