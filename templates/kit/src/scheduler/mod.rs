@@ -21,7 +21,7 @@
 //! - Ticks missed while no replica led (downtime, a dead leader's lease
 //!   running out) are skipped, unless the schedule asks to catch up: a new
 //!   leader then enqueues up to that many of the latest ticks after the last
-//!   one enqueued ([`progress`]), each under its own id (those already
+//!   one enqueued (`progress`), each under its own id (those already
 //!   enqueued are no-ops). A schedule that never ticked catches up on
 //!   nothing.
 //! - An event tick wakes the relay of this worker (and, with

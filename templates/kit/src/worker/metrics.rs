@@ -7,7 +7,7 @@
 //!   failed runs and its run durations, and the scheduler's ticks and
 //!   leadership;
 //! - under `asynq_`: the queues' sizes, latency and totals under Go asynq's
-//!   names (its `x/metrics` collector, see [`super::queue_metrics`]), so
+//!   names (its `x/metrics` collector, `worker::queue_metrics`), so
 //!   that dashboards made for asynq read them unchanged.
 //!
 //! The generated README lists every metric.
