@@ -226,7 +226,7 @@ fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
         "v3-edited",
         "v4-edited",
         "v5-edited",
-        "v6-edited",
+        "v7-edited",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let project = dir.path().join("legacy-shop");

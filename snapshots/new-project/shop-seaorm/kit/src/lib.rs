@@ -28,6 +28,7 @@ pub mod database;
 pub mod dispatch;
 pub mod env_file;
 pub mod health;
+pub mod http_metrics;
 pub mod migrate;
 #[cfg(feature = "worker")]
 pub mod operations;

@@ -2,14 +2,16 @@
 //! [`router`].
 
 use axum::Router;
-use kit::{health, trace_context};
+use kit::{health, http_metrics, trace_context};
 
 use crate::startup::AppState;
 
-/// All routes of the service.
+/// All routes of the service, timed for `GET /metrics`.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(health::routes(state.pool.clone()))
+        .merge(http_metrics::routes())
+        .layer(axum::middleware::from_fn(http_metrics::track))
         .layer(axum::middleware::from_fn(trace_context::propagate))
         .with_state(state)
 }

@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -112,7 +113,7 @@ struct Batch {
 }
 
 /// The relay's instruments. Cloning shares them.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RelayMetrics {
     /// Events marked published (including duplicates).
     pub published: Counter,
@@ -129,6 +130,24 @@ pub struct RelayMetrics {
     /// When the last relay round (good or failed) finished, in Unix
     /// seconds; 0 before the first.
     pub(crate) last_round_unix: Gauge<f64, AtomicU64>,
+    /// How long each round took (claim, enqueue, commit), in seconds.
+    pub(crate) round_duration: Histogram,
+}
+
+impl Default for RelayMetrics {
+    fn default() -> Self {
+        Self {
+            published: Counter::default(),
+            duplicates: Counter::default(),
+            rounds: Counter::default(),
+            errors: Counter::default(),
+            backlog: Gauge::default(),
+            oldest_unpublished_age: Gauge::default(),
+            last_round_unix: Gauge::default(),
+            // 1 ms to about 16 s.
+            round_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        }
+    }
 }
 
 /// The relay for one worker process.
@@ -371,6 +390,7 @@ impl Relay {
             payload,
         )
         .queue(queue)
+        .headers(crate::trace_context::task_headers(&event.envelope.metadata))
         .max_retry(MAX_RETRY)
         .timeout(TASK_TIMEOUT)
         .retention(self.task_retention)
@@ -386,6 +406,7 @@ impl Relay {
         // The batch claimed while the previous one was enqueued, if any.
         let mut next = None;
         while !shutdown.is_cancelled() {
+            let started = std::time::Instant::now();
             let round = tokio::select! {
                 round = self.overlapped_round(&mut next) => round,
                 () = grace_after(&shutdown) => {
@@ -394,6 +415,9 @@ impl Relay {
                 }
             };
             self.metrics.rounds.inc();
+            self.metrics
+                .round_duration
+                .observe(started.elapsed().as_secs_f64());
             self.metrics.last_round_unix.set(unix_now());
             let wait = match round {
                 Ok(round) => {

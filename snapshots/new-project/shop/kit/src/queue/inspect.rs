@@ -1,6 +1,7 @@
-//! Reading the queue as asynqmon does, for the `outbox` command: one task's
-//! state, a queue's counts per state, the archived tasks; and asynq's "run",
-//! which puts a waiting task back to pending.
+//! Reading the queue as asynqmon does, for the `outbox` command and the
+//! worker's metrics: one task's state, a queue's counts per state and its
+//! totals (Go's `Inspector.GetQueueInfo`), the archived tasks; and asynq's
+//! "run", which puts a waiting task back to pending.
 
 use chrono::{DateTime, Utc};
 use prost::Message as _;
@@ -53,6 +54,33 @@ pub struct QueueCounts {
     pub archived: u64,
     /// Done, kept for their retention.
     pub completed: u64,
+}
+
+/// A queue's state as Go asynq's `QueueInfo` gives it (and its `x/metrics`
+/// collector exports it), without groups, which this kit does not use.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueStats {
+    /// The queue's name.
+    pub queue: String,
+    /// Its tasks in each state.
+    pub counts: QueueCounts,
+    /// Tasks processed (succeeded or failed) since the queue existed.
+    pub processed_total: u64,
+    /// Tasks that failed since the queue existed.
+    pub failed_total: u64,
+    /// Whether the queue is paused.
+    pub paused: bool,
+    /// How long the oldest pending task has waited, in seconds (0 with
+    /// none pending).
+    pub latency_seconds: f64,
+}
+
+impl QueueStats {
+    /// Tasks in the queue, in every state (Go's `QueueInfo.Size`).
+    pub fn size(&self) -> u64 {
+        let c = &self.counts;
+        c.pending + c.active + c.scheduled + c.retry + c.archived + c.completed
+    }
 }
 
 /// What asynq's "run" did to a task ([`Client::run_task`]).
@@ -133,6 +161,45 @@ impl Client {
             retry,
             archived,
             completed,
+        })
+    }
+
+    /// The state of `queue` (Go's `Inspector.GetQueueInfo`), in two round
+    /// trips: the counts and totals, then when the oldest pending task was
+    /// queued.
+    pub async fn queue_stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
+        let counts = self.queue_counts(queue).await?;
+        let (processed_total, failed_total, paused, oldest): (
+            Option<u64>,
+            Option<u64>,
+            bool,
+            Vec<Vec<u8>>,
+        ) = redis::pipe()
+            .get(keys::processed_total(queue))
+            .get(keys::failed_total(queue))
+            .exists(keys::paused(queue))
+            .lrange(keys::pending(queue), -1, -1)
+            .query_async(&mut self.conn())
+            .await?;
+        let mut latency_seconds = 0.0;
+        if let Some(id) = oldest.first() {
+            let since: Option<i64> = redis::cmd("HGET")
+                .arg(keys::task_of(queue, id))
+                .arg("pending_since")
+                .query_async(&mut self.conn())
+                .await?;
+            if let Some(since) = since.filter(|ns| *ns > 0) {
+                let now = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+                latency_seconds = (now - since).max(0) as f64 / 1e9;
+            }
+        }
+        Ok(QueueStats {
+            queue: queue.to_string(),
+            counts,
+            processed_total: processed_total.unwrap_or(0),
+            failed_total: failed_total.unwrap_or(0),
+            paused,
+            latency_seconds,
         })
     }
 

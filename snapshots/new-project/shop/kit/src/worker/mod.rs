@@ -30,6 +30,7 @@ pub mod metrics;
 #[cfg(feature = "seaorm")]
 mod orm_context;
 pub(crate) mod persistence;
+pub(crate) mod queue_metrics;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
 use crate::outbox::{Envelope, cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 use crate::scheduler::lease::Lease;
+use crate::scheduler::progress::Progress;
 use crate::scheduler::{Scheduler, Schedules, TickOptions};
 use crate::trace_context::{self, TraceContext};
 
@@ -95,7 +97,10 @@ pub async fn run(
         WakeMode::Off => wake::Wake::local(relay.waker()),
         WakeMode::Valkey => wake::Wake::publishing(queue.clone()).and_local(relay.waker()),
     };
-    let transactor = database::Transactor::new(pool.clone()).after_commit(move || wake.signal());
+    let transactor = database::Transactor::new(pool.clone()).after_commit({
+        let wake = wake.clone();
+        move || wake.signal()
+    });
 
     let mut consumer = consumer(
         config,
@@ -122,12 +127,16 @@ pub async fn run(
                     .to_string(),
                 retention: config.outbox.task_retention,
             };
+            // Event ticks wake the relays as committed events do.
             Scheduler::new(
                 Arc::new(schedules),
                 lease,
+                Progress::new(queue.connection(), env!("CARGO_PKG_NAME")),
                 pool.clone(),
                 queue.clone(),
+                wake,
                 options,
+                metrics.scheduler.clone(),
             )
         })
         .transpose()?;
@@ -162,7 +171,11 @@ pub async fn run(
         tasks.spawn(scheduler.run(stop.clone()));
     }
     if config.outbox.wake == WakeMode::Valkey {
-        tasks.spawn(wake::forward_published(queue, relay.waker(), stop.clone()));
+        tasks.spawn(wake::forward_published(
+            queue.clone(),
+            relay.waker(),
+            stop.clone(),
+        ));
     }
     tasks.spawn(relay.run(stop.clone()));
     tasks.spawn(cleanup::run(
@@ -177,9 +190,18 @@ pub async fn run(
         config.outbox.cleanup_interval,
         stop.clone(),
     ));
+    // The queues this worker serves or publishes to, for the asynq gauges.
+    let mut watched: Vec<String> = config.worker.queues.names().map(str::to_string).collect();
+    for queue in config.outbox.queues.names() {
+        if !watched.contains(queue) {
+            watched.push(queue.clone());
+        }
+    }
     tasks.spawn(metrics::watch_backlog(
         pool.clone(),
-        metrics.relay.clone(),
+        queue.clone(),
+        watched,
+        metrics.clone(),
         stop.clone(),
     ));
     let metrics_server = axum::serve(metrics_listener, metrics.router().merge(readiness.router()))
@@ -276,14 +298,21 @@ pub fn handle_events(
         }
     });
     for listener in listeners.all() {
+        metrics.register(listener.event(), listener.name());
         let (listener, transactor, metrics) =
             (listener.clone(), transactor.clone(), metrics.clone());
         consumer.handle(listener.task_type(), move |task| {
             let (listener, transactor, metrics) =
                 (listener.clone(), transactor.clone(), metrics.clone());
             async move {
+                let started = std::time::Instant::now();
                 let result = run_listener(&listener, transactor, task).await;
-                metrics.record(listener.event(), listener.name(), result.is_ok());
+                metrics.record(
+                    listener.event(),
+                    listener.name(),
+                    result.is_ok(),
+                    started.elapsed(),
+                );
                 result
             }
         });
@@ -348,8 +377,9 @@ pub(crate) async fn fan_out(
 }
 
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
-/// listener, inside the trace context of the dispatch (so events it
-/// dispatches in turn continue the same trace).
+/// listener, inside the trace context of the task's headers or, without
+/// one, of the dispatch (so events it dispatches in turn continue the same
+/// trace).
 ///
 /// A payload that is not an envelope at all is archived at once (retrying
 /// cannot fix it), and so is a run that fails with a
@@ -367,7 +397,9 @@ async fn run_listener(
             task.id
         ))
     })?;
-    let context = TraceContext::from_metadata(&envelope.metadata)
+    // The task's headers first: a Go producer's middleware may have
+    // continued the trace there.
+    let context = TraceContext::from_headers_or(&task.headers, &envelope.metadata)
         .map_or_else(TraceContext::new_root, |parent| parent.child());
     let span = tracing::info_span!(
         "listener",

@@ -5,8 +5,12 @@
 //! The context lives in a task-local: the HTTP middleware [`propagate`]
 //! takes it from the request's `traceparent` header (or starts a new trace)
 //! and runs the handler inside it; the outbox dispatcher writes a child of
-//! it into the envelope's metadata; the worker runs each listener inside the
-//! context it finds there. Logs carry the trace id, so they can be joined
+//! it into the envelope's metadata; the relay also writes it into the
+//! event task's headers (asynq's `TaskMessage.headers`, which the fan-out
+//! copies to every listener task), where a Go service's asynq middleware
+//! reads it; the worker runs each listener inside the context of its task's
+//! headers or, without one, of the envelope. A scheduler's event tick starts
+//! a trace of its own. Logs carry the trace id, so they can be joined
 //! across services. This is the W3C format only: it needs no tracing SDK,
 //! and an OpenTelemetry exporter can be added on top.
 
@@ -99,6 +103,13 @@ impl TraceContext {
         format!("00-{}-{}-{flags}", self.trace_id, self.span_id)
     }
 
+    /// The context in a task's headers (asynq's `TaskMessage.headers`, as
+    /// the relay writes them and Go middleware reads and writes them), else
+    /// the one in the event's metadata.
+    pub fn from_headers_or(headers: &Metadata, metadata: &Metadata) -> Option<Self> {
+        Self::from_metadata(headers).or_else(|| Self::from_metadata(metadata))
+    }
+
     /// Writes `traceparent` (and `tracestate`) into event metadata.
     pub(crate) fn inject(&self, metadata: &mut Metadata) {
         metadata.insert("traceparent".to_string(), self.traceparent());
@@ -106,6 +117,19 @@ impl TraceContext {
             metadata.insert("tracestate".to_string(), state.clone());
         }
     }
+}
+
+/// The W3C trace context headers of `metadata` (`traceparent` and
+/// `tracestate`), for a task's headers: what an asynq middleware, in Go or
+/// Rust, reads to continue the trace. Empty when the metadata has no valid
+/// context.
+#[cfg(feature = "worker")]
+pub(crate) fn task_headers(metadata: &Metadata) -> BTreeMap<String, String> {
+    let mut headers = BTreeMap::new();
+    if let Some(context) = TraceContext::from_metadata(metadata) {
+        context.inject(&mut headers);
+    }
+    headers
 }
 
 fn new_span_id() -> String {
@@ -140,6 +164,28 @@ fn context_of(request: &Request) -> TraceContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "worker")]
+    #[test]
+    fn task_headers_carry_the_context_and_headers_come_first() {
+        let mut metadata = Metadata::new();
+        assert!(task_headers(&metadata).is_empty());
+        metadata.insert("traceparent".into(), PARENT.into());
+        metadata.insert("tracestate".into(), "rojo=1".into());
+        metadata.insert("tenant".into(), "acme".into());
+        let headers = task_headers(&metadata);
+        assert_eq!(headers.len(), 2, "only the trace context: {headers:?}");
+        assert_eq!(headers["traceparent"], PARENT);
+        assert_eq!(headers["tracestate"], "rojo=1");
+
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let from_go = Metadata::from([("traceparent".to_string(), other.to_string())]);
+        let context = TraceContext::from_headers_or(&from_go, &metadata).unwrap();
+        assert_eq!(context.trace_id(), "0af7651916cd43dd8448eb211c80319c");
+        let bad = Metadata::from([("traceparent".to_string(), "junk".to_string())]);
+        let context = TraceContext::from_headers_or(&bad, &metadata).unwrap();
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    }
 
     const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

@@ -110,11 +110,8 @@ impl Client {
                 invocation.invoke_async(&mut conn).await?;
             // LRANGE lists them newest first; the oldest is expected first.
             oldest.reverse();
-            self.oldest_pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(queue.to_string(), oldest.clone());
             if !ids.is_empty() {
+                self.remember_oldest(queue, oldest);
                 return Ok(ids
                     .into_iter()
                     .zip(messages)
@@ -132,12 +129,29 @@ impl Client {
                     .collect());
             }
             if oldest.is_empty() {
+                self.remember_oldest(queue, oldest);
                 return Ok(Vec::new());
             }
+            self.remember_oldest(queue, oldest.clone());
             expected = oldest;
         }
         tracing::debug!(%queue, "every dequeue missed; other consumers are taking the tasks");
         Ok(Vec::new())
+    }
+
+    /// Keeps `oldest`, the ids of `queue`'s oldest pending tasks, for the
+    /// next dequeue to expect.
+    fn remember_oldest(&self, queue: &str, oldest: RawList) {
+        let mut cache = self
+            .oldest_pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match cache.get_mut(queue) {
+            Some(known) => *known = oldest,
+            None => {
+                cache.insert(queue.to_string(), oldest);
+            }
+        }
     }
 
     /// Pushes the leases of running tasks to `lease_until`, in one round

@@ -57,7 +57,7 @@ pub use client::{Client, EnqueueOutcome, NewTask};
 pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
 pub use connection::{Connection, Target};
 pub use consumer::{Consumer, ConsumerOptions, HandlerError, SkipRetry, Task};
-pub use inspect::{QueueCounts, RunOutcome, TaskInfo};
+pub use inspect::{QueueCounts, QueueStats, RunOutcome, TaskInfo};
 
 /// Why a queue operation failed. Never contains the Valkey password.
 #[derive(Debug, thiserror::Error)]

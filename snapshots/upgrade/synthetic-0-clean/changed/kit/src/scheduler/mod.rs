@@ -20,13 +20,18 @@
 //!   completed task (`OUTBOX_TASK_RETENTION`) is kept.
 //! - Ticks missed while no replica led (downtime, a dead leader's lease
 //!   running out) are skipped, unless the schedule asks to catch up: a new
-//!   leader then enqueues up to that many of the latest ticks, each under
-//!   its own id (those already enqueued are no-ops).
+//!   leader then enqueues up to that many of the latest ticks after the last
+//!   one enqueued (`progress`), each under its own id (those already
+//!   enqueued are no-ops). A schedule that never ticked catches up on
+//!   nothing.
+//! - An event tick wakes the relay of this worker (and, with
+//!   `OUTBOX_WAKE=valkey`, of the others), as a committed event does.
 //! - The leader writes the schedules and each tick it enqueued where
 //!   asynqmon's Schedulers page reads them (`history`).
 
 pub(crate) mod history;
 pub mod lease;
+pub(crate) mod progress;
 pub(crate) mod spec;
 
 use std::future::Future;
@@ -35,6 +40,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -42,11 +51,29 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::lease::{Acquired, Lease};
+use self::progress::Progress;
 use self::spec::Spec;
 use crate::dispatch::Event;
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
+use crate::outbox::wake::Wake;
 use crate::outbox::{Envelope, Metadata, Store};
 use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task};
+
+/// `schedule="nightly_report"`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScheduleLabels {
+    /// The schedule's name.
+    pub schedule: String,
+}
+
+/// The scheduler's instruments. Cloning shares them.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerMetrics {
+    /// Ticks this replica enqueued as new, by schedule.
+    pub ticks: Family<ScheduleLabels, Counter>,
+    /// 1 while this replica leads, else 0.
+    pub leader: Gauge,
+}
 
 /// The prefix of a job's task type: `job:<name>`.
 pub(crate) const JOB_TASK_PREFIX: &str = "job:";
@@ -149,6 +176,11 @@ enum What {
 }
 
 impl Entry {
+    /// Whether its ticks are events, which go through the outbox.
+    fn is_event(&self) -> bool {
+        matches!(self.what, What::Event { .. })
+    }
+
     /// The task type of the ticks: `event:<name>` or `job:<name>`.
     pub fn task_type(&self) -> String {
         match &self.what {
@@ -286,11 +318,14 @@ pub(crate) async fn enqueue_tick(
 ) -> anyhow::Result<bool> {
     match &entry.what {
         What::Event { name, build } => {
+            // Each tick starts a trace of its own.
+            let mut metadata = Metadata::new();
+            crate::trace_context::TraceContext::new_root().inject(&mut metadata);
             let envelope = Envelope {
                 id: tick.id,
                 name: (*name).to_string(),
                 payload: build(tick)?,
-                metadata: Metadata::new(),
+                metadata,
                 // The row's creation time, as for a dispatched event.
                 occurred_at: Utc::now(),
             };
@@ -333,28 +368,46 @@ pub(crate) struct Scheduler {
     schedules: Arc<Schedules>,
     specs: Vec<Spec>,
     lease: Lease,
+    progress: Progress,
     pool: PgPool,
     queue: Client,
+    wake: Wake,
     options: TickOptions,
+    metrics: SchedulerMetrics,
 }
 
 impl Scheduler {
-    /// Checks every schedule's spec (see [`Schedules::specs`]).
+    /// Checks every schedule's spec (see [`Schedules::specs`]). `wake`
+    /// wakes the relays when an event tick is in the outbox.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         schedules: Arc<Schedules>,
         lease: Lease,
+        progress: Progress,
         pool: PgPool,
         queue: Client,
+        wake: Wake,
         options: TickOptions,
+        metrics: SchedulerMetrics,
     ) -> anyhow::Result<Self> {
         let specs = schedules.specs()?;
+        // Each schedule's count is exported, at 0, from the start.
+        for entry in schedules.all() {
+            drop(metrics.ticks.get_or_create(&ScheduleLabels {
+                schedule: entry.name.to_string(),
+            }));
+        }
+        metrics.leader.set(0);
         Ok(Self {
             schedules,
             specs,
             lease,
+            progress,
             pool,
             queue,
+            wake,
             options,
+            metrics,
         })
     }
 
@@ -369,6 +422,7 @@ impl Scheduler {
                     Ok(Acquired::Leading) => {
                         let now = Instant::now();
                         tracing::info!(lease_ttl = ?ttl, "scheduler: this replica leads");
+                        self.metrics.leader.set(1);
                         leading = Some(Leading {
                             valid_until: now + ttl,
                             renew_at: now + ttl / 3,
@@ -390,6 +444,7 @@ impl Scheduler {
                     Some(wait) => wait,
                     None => {
                         leading = None;
+                        self.metrics.leader.set(0);
                         Duration::ZERO
                     }
                 },
@@ -400,6 +455,7 @@ impl Scheduler {
             }
         }
         if leading.is_some() {
+            self.metrics.leader.set(0);
             if let Err(err) = self.lease.release().await {
                 tracing::warn!(error = %err, "scheduler: failed to give the lease up");
             }
@@ -466,23 +522,64 @@ impl Scheduler {
     }
 
     /// A new leader's catch-up: up to `CATCH_UP` of each schedule's latest
-    /// ticks, no older than their ids deduplicate.
+    /// ticks, after the last one recorded and no older than their ids
+    /// deduplicate. When the record cannot be read, the latest ticks are
+    /// enqueued (those already enqueued are no-ops).
     async fn catch_up(&self) {
+        if self.schedules.all().iter().all(|entry| entry.catch_up == 0) {
+            return;
+        }
         let now = Utc::now();
         let oldest = now - chrono::Duration::from_std(self.options.retention).unwrap_or_default();
+        let recorded = match self.progress.read().await {
+            Ok(recorded) => Some(recorded),
+            Err(err) => {
+                tracing::warn!(
+                    error = %err,
+                    "scheduler: cannot read the last ticks enqueued; catching up on the latest ticks"
+                );
+                None
+            }
+        };
         for (entry, spec) in self.schedules.all().iter().zip(&self.specs) {
+            if entry.catch_up == 0 {
+                continue;
+            }
+            let after = match recorded.as_ref().map(|recorded| recorded.get(entry.name)) {
+                Some(Some(last)) => (*last).max(oldest),
+                Some(None) => {
+                    tracing::info!(
+                        schedule = entry.name,
+                        "scheduler: no tick enqueued before, nothing to catch up on"
+                    );
+                    continue;
+                }
+                None => oldest,
+            };
             for tick_at in spec.latest(now, entry.catch_up) {
-                if tick_at > oldest {
+                if tick_at > after {
                     self.enqueue(entry, &Tick::new(entry.name, tick_at)).await;
                 }
             }
         }
     }
 
-    /// Enqueues `tick` and records it for asynqmon; false on failure.
+    /// Enqueues `tick`, records it (for the next leader, and for asynqmon
+    /// when new) and wakes the relays for a new event; false on failure.
     async fn enqueue(&self, entry: &Entry, tick: &Tick) -> bool {
         match enqueue_tick(entry, tick, &self.pool, &self.queue, &self.options).await {
             Ok(new) => {
+                if new {
+                    self.metrics
+                        .ticks
+                        .get_or_create(&ScheduleLabels {
+                            schedule: entry.name.to_string(),
+                        })
+                        .inc();
+                }
+                if new && entry.is_event() {
+                    self.wake.signal();
+                }
                 tracing::info!(
                     schedule = entry.name,
                     tick = %tick.at,
@@ -490,6 +587,13 @@ impl Scheduler {
                     new,
                     "scheduler: tick enqueued"
                 );
+                if let Err(err) = self.progress.record(entry.name, tick.at).await {
+                    tracing::warn!(
+                        schedule = entry.name,
+                        error = %err,
+                        "scheduler: failed to record the tick; a new leader may enqueue it again (a no-op)"
+                    );
+                }
                 if new {
                     history::record(&self.queue, entry, tick).await;
                 }

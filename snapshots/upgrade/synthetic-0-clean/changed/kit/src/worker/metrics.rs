@@ -1,8 +1,16 @@
 //! The worker's metrics, in the Prometheus text format on
-//! `WORKER_METRICS_ADDR` (`GET /metrics`): the relay's counters of published
-//! events, duplicates and errors, gauges of the outbox backlog and of the
-//! relay's last round, and each listener's counts of successful and failed
-//! runs.
+//! `WORKER_METRICS_ADDR` (`GET /metrics`):
+//!
+//! - under `outbox_`: the relay's counters of published events, duplicates
+//!   and errors, its round durations, gauges of the outbox backlog and of
+//!   the relay's last round, each listener's counts of successful and
+//!   failed runs and its run durations, and the scheduler's ticks and
+//!   leadership;
+//! - under `asynq_`: the queues' sizes, latency and totals under Go asynq's
+//!   names (its `x/metrics` collector, `worker::queue_metrics`), so
+//!   that dashboards made for asynq read them unchanged.
+//!
+//! The generated README lists every metric.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,14 +23,18 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::queue_metrics::QueueMetrics;
 use crate::outbox::Store;
 pub use crate::outbox::relay::RelayMetrics;
+use crate::queue::Client;
+pub use crate::scheduler::SchedulerMetrics;
 
-/// How often the backlog gauges are refreshed.
+/// How often the backlog and queue gauges are refreshed.
 pub(crate) const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
@@ -34,18 +46,61 @@ pub struct ListenerLabels {
     pub listener: String,
 }
 
-/// Runs of each listener, by outcome. Cloning shares them.
-#[derive(Debug, Clone, Default)]
+/// The labels of a listener's run durations:
+/// `event="orderPlaced",listener="audit",outcome="succeeded"`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerRunLabels {
+    /// The event's wire name.
+    pub event: String,
+    /// The listener's name.
+    pub listener: String,
+    /// `succeeded` or `failed`.
+    pub outcome: String,
+}
+
+type Durations<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Buckets from 1 ms to about 33 s, for run and request durations.
+pub(crate) fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Runs of each listener, by outcome, and how long they took. Cloning
+/// shares them.
+#[derive(Debug, Clone)]
 pub struct ListenerMetrics {
     /// Runs that returned `Ok`.
     pub succeeded: Family<ListenerLabels, Counter>,
     /// Runs that failed (each retry counts once).
     pub failed: Family<ListenerLabels, Counter>,
+    /// How long each run took, in seconds, by outcome.
+    pub durations: Durations<ListenerRunLabels>,
+}
+
+impl Default for ListenerMetrics {
+    fn default() -> Self {
+        Self {
+            succeeded: Family::default(),
+            failed: Family::default(),
+            durations: Family::new_with_constructor(duration_histogram),
+        }
+    }
 }
 
 impl ListenerMetrics {
-    /// Counts one run of `listener` of `event`.
-    pub fn record(&self, event: &str, listener: &str, succeeded: bool) {
+    /// Exports both counts of `listener` of `event` at 0 until it runs, so
+    /// that a rate over them exists from the start.
+    pub fn register(&self, event: &str, listener: &str) {
+        let labels = ListenerLabels {
+            event: event.to_string(),
+            listener: listener.to_string(),
+        };
+        drop(self.succeeded.get_or_create(&labels));
+        drop(self.failed.get_or_create(&labels));
+    }
+
+    /// Counts one run of `listener` of `event` that took `took`.
+    pub fn record(&self, event: &str, listener: &str, succeeded: bool, took: Duration) {
         let labels = ListenerLabels {
             event: event.to_string(),
             listener: listener.to_string(),
@@ -56,6 +111,14 @@ impl ListenerMetrics {
             &self.failed
         };
         family.get_or_create(&labels).inc();
+        let outcome = if succeeded { "succeeded" } else { "failed" };
+        self.durations
+            .get_or_create(&ListenerRunLabels {
+                event: labels.event,
+                listener: labels.listener,
+                outcome: outcome.to_string(),
+            })
+            .observe(took.as_secs_f64());
     }
 }
 
@@ -66,15 +129,25 @@ pub struct Metrics {
     pub relay: RelayMetrics,
     /// The listeners' run counters.
     pub listeners: ListenerMetrics,
+    /// The scheduler's instruments.
+    pub scheduler: SchedulerMetrics,
+    /// The queues' state, as Go asynq exports it.
+    pub(crate) queues: QueueMetrics,
     registry: Arc<Registry>,
 }
 
 impl Metrics {
-    /// New instruments, registered for export under the `outbox` prefix.
+    /// New instruments, registered for export under the `outbox` and
+    /// `asynq` prefixes.
     pub fn new() -> Self {
         let relay = RelayMetrics::default();
         let listeners = ListenerMetrics::default();
-        let mut registry = Registry::with_prefix("outbox");
+        let scheduler = SchedulerMetrics::default();
+        let queues = QueueMetrics::default();
+        let mut root = Registry::default();
+        root.sub_registry_with_prefix("asynq")
+            .register_collector(Box::new(queues.clone()));
+        let registry = root.sub_registry_with_prefix("outbox");
         registry.register(
             "published",
             "Events published to the queue",
@@ -108,14 +181,36 @@ impl Metrics {
             listeners.failed.clone(),
         );
         registry.register(
+            "listener_duration_seconds",
+            "How long listener runs took, by event, listener and outcome",
+            listeners.durations.clone(),
+        );
+        registry.register(
             "relay_last_round_timestamp_seconds",
             "When the last relay round finished, in Unix seconds",
             relay.last_round_unix.clone(),
         );
+        registry.register(
+            "relay_round_duration_seconds",
+            "How long relay rounds took (claim, enqueue, commit)",
+            relay.round_duration.clone(),
+        );
+        registry.register(
+            "scheduler_ticks_enqueued",
+            "Schedule ticks this replica enqueued as new, by schedule",
+            scheduler.ticks.clone(),
+        );
+        registry.register(
+            "scheduler_leader",
+            "1 while this replica leads the scheduler, else 0",
+            scheduler.leader.clone(),
+        );
         Self {
             relay,
             listeners,
-            registry: Arc::new(registry),
+            scheduler,
+            queues,
+            registry: Arc::new(root),
         }
     }
 
@@ -150,21 +245,29 @@ impl Default for Metrics {
     }
 }
 
-/// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`] until `shutdown`.
+/// Refreshes the backlog gauges, and the state of `queues`, every
+/// [`BACKLOG_INTERVAL`] until `shutdown`.
 pub(crate) async fn watch_backlog(
     pool: PgPool,
-    metrics: RelayMetrics,
+    queue: Client,
+    queues: Vec<String>,
+    metrics: Metrics,
     shutdown: CancellationToken,
 ) {
+    let (relay, gauges) = (metrics.relay, metrics.queues);
     loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = gauges.refresh(&queue, &queues) => {}
+        }
         let backlog = tokio::select! {
             () = shutdown.cancelled() => break,
             backlog = Store.backlog(&pool) => backlog,
         };
         match backlog {
             Ok(backlog) => {
-                metrics.backlog.set(backlog.events);
-                metrics
+                relay.backlog.set(backlog.events);
+                relay
                     .oldest_unpublished_age
                     .set(backlog.oldest_age.map_or(0.0, |age| age.as_secs_f64()));
             }
