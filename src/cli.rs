@@ -150,6 +150,11 @@ pub struct DevArgs {
     /// Ubuntu; through sudo when not root) before starting
     #[arg(long, conflicts_with = "print_env")]
     pub install: bool,
+
+    /// Run the Postgres and Valkey of the project's compose.yaml (`gpkit
+    /// add deploy`) with docker compose, instead of servers of its own
+    #[arg(long, conflicts_with_all = ["print_env", "install"])]
+    pub compose: bool,
 }
 
 #[derive(Debug, Args)]

@@ -4,7 +4,8 @@
 //! restarts a process that dies, rebuilds and restarts on a change (keeping the running processes when
 //! the build fails), stops everything on SIGINT (no process, no port
 //! left), keeps the data for the next run, refuses a second run in the same project, and says
-//! what to install when there is no Postgres.
+//! what to install when there is no Postgres. With `--compose`, a stand-in
+//! `docker` plays the container engine over the tests' own servers.
 //!
 //! `scripts/test` gives the tests servers of its own through DATABASE_URL
 //! and VALKEY_ADDR: they are removed here, so that `gpkit dev` starts its
@@ -804,4 +805,178 @@ fn with_install_a_failing_apt_get_is_named_and_nothing_is_started() {
         "install -y --no-install-recommends postgresql\nupdate\n"
     );
     assert!(!project.join(".gpkit/dev").exists(), "{stderr}");
+}
+
+/// A directory with a stand-in `docker` that records each call in
+/// `docker.log` and plays a container engine whose compose services are
+/// the tests' own servers: `info` answers (or fails, with `engine_down`),
+/// `compose config` gives the generated compose file's `postgres`
+/// environment with `database`, `compose port` names the tests' Postgres
+/// and Valkey; `up` and `stop` do nothing else. Returns the `PATH` to use
+/// and the log.
+fn fake_docker(dir: &Path, database: &str, engine_down: bool) -> (String, PathBuf) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin = dir.join("docker-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = dir.join("docker.log");
+    let postgres = std::env::var("DATABASE_URL").expect("scripts/test gives DATABASE_URL");
+    let postgres = postgres
+        .split_once('@')
+        .map_or(postgres.as_str(), |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let valkey = std::env::var("VALKEY_ADDR").expect("scripts/test gives VALKEY_ADDR");
+    let config = serde_json::json!({"services": {"postgres": {"environment": {
+        "POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": "postgres", "POSTGRES_DB": database
+    }}}});
+    let info = if engine_down {
+        "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock.' >&2; exit 1"
+    } else {
+        "echo 28.2.2"
+    };
+    let script = format!(
+        "#!/bin/sh\necho \"$*\" >> '{log}'\ncase \"$*\" in\n\
+         'info --format {{{{.ServerVersion}}}}') {info} ;;\n\
+         *' config --format json') echo '{config}' ;;\n\
+         *' port postgres 5432') echo '0.0.0.0:{postgres_port}' ;;\n\
+         *' port valkey 6379') echo '0.0.0.0:{valkey_port}' ;;\n\
+         esac\n",
+        log = log.display(),
+        postgres_port = postgres.rsplit_once(':').unwrap().1,
+        valkey_port = valkey.rsplit_once(':').unwrap().1,
+    );
+    let path = bin.join("docker");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    (path, log)
+}
+
+/// `--compose` with a stand-in engine (no container engine runs on these
+/// machines): the services of `compose.yaml` are started with `up --wait`
+/// as the project `shop-dev`, their published ports found with `compose
+/// port`, the database's credentials read from `compose config`, and the
+/// service runs against them; Ctrl-C stops the services.
+#[test]
+fn with_compose_the_services_of_compose_yaml_run_the_service_and_are_stopped() {
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &["--deploy"])
+        .canonicalize()
+        .unwrap();
+    let database = format!("gpkit_dev_compose_{}", std::process::id());
+    let (path, log) = fake_docker(parent.path(), &database, false);
+    let _one_cargo_at_a_time = cargo_lock();
+    let port = free_port();
+    let out = parent.path().join("compose.out");
+    let err = parent.path().join("compose.err");
+    let child = dev_command(&project, &["--port", &port.to_string(), "--compose"])
+        .env("PATH", &path)
+        .stdout(File::create(&out).unwrap())
+        .stderr(File::create(&err).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut dev = Dev { child, out, err };
+    dev.wait_healthy(&format!("127.0.0.1:{port}"), Duration::from_secs(600));
+
+    let printed = print_env(&project);
+    let printed = String::from_utf8(printed.stdout).unwrap();
+    let database_url = env_value(&printed, "DATABASE_URL");
+    assert!(
+        database_url.starts_with("postgres://postgres:postgres@127.0.0.1:")
+            && database_url.ends_with(&format!("/{database}")),
+        "{printed}"
+    );
+    assert_eq!(
+        env_value(&printed, "VALKEY_ADDR"),
+        std::env::var("VALKEY_ADDR").unwrap()
+    );
+    let log_text = dev.log();
+    assert!(
+        log_text.contains("postgres and valkey of compose.yaml at 127.0.0.1:"),
+        "{log_text}"
+    );
+    assert!(!project.join(".gpkit/dev/postgres").exists());
+    let ports = std::fs::read_to_string(project.join(".gpkit/dev/compose.ports.yaml")).unwrap();
+    assert!(ports.contains("\"127.0.0.1::5432\"") && ports.contains("\"127.0.0.1::6379\""));
+
+    assert_eq!(
+        dev.interrupt(Duration::from_secs(40)),
+        Some(0),
+        "{}",
+        dev.log()
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        calls.lines().skip(1).all(|call| call.starts_with(&format!(
+            "compose --project-name shop-dev --project-directory {}",
+            project.display()
+        ))),
+        "{calls}"
+    );
+    let calls: Vec<&str> = calls
+        .lines()
+        .map(|call| {
+            call.split_once("compose.ports.yaml ")
+                .map_or(call, |(_, rest)| rest)
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "info --format {{.ServerVersion}}",
+            "config --format json",
+            "up --detach --wait postgres valkey",
+            "port postgres 5432",
+            "port valkey 6379",
+            "stop postgres valkey",
+        ],
+        "the engine's calls"
+    );
+}
+
+#[test]
+fn compose_without_a_compose_file_or_an_engine_is_refused_and_starts_nothing() {
+    let parent = parent_dir();
+    let project = new_project(parent.path(), &[]).canonicalize().unwrap();
+    let refused = |project: &Path, path: &str, message: &str| {
+        let output = dev_command(project, &["--compose"])
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(message), "{stderr}");
+        assert!(stderr.contains("help: "), "{stderr}");
+        assert!(!project.join(".gpkit/dev").exists(), "{stderr}");
+    };
+    let (up, up_log) = fake_docker(parent.path(), "unused", false);
+    refused(
+        &project,
+        &up,
+        "the project's `compose.yaml`, and it has none",
+    );
+    assert!(!up_log.exists(), "the engine was asked something");
+
+    let deployed = parent.path().join("deployed");
+    std::fs::create_dir_all(&deployed).unwrap();
+    let deployed = new_project(&deployed, &["--deploy"])
+        .canonicalize()
+        .unwrap();
+    refused(&deployed, "/nonexistent", "there is no `docker` on PATH");
+    let down_dir = parent.path().join("down");
+    std::fs::create_dir_all(&down_dir).unwrap();
+    let (down, down_log) = fake_docker(&down_dir, "unused", true);
+    refused(
+        &deployed,
+        &down,
+        "`docker info` failed: Cannot connect to the Docker daemon",
+    );
+    assert_eq!(
+        std::fs::read_to_string(down_log).unwrap(),
+        "info --format {{.ServerVersion}}\n",
+        "only the engine was asked"
+    );
 }

@@ -7,12 +7,14 @@
 //! them (a failed build keeps the running ones). Ctrl-C or SIGTERM stops
 //! the processes, then the servers.
 //!
-//! Layers: [`services`] (the servers), [`install`] (`--install`: a
+//! Layers: [`services`] (the servers), [`compose`] (`--compose`: the
+//! servers of the project's `compose.yaml`), [`install`] (`--install`: a
 //! missing server from the system's packages), [`processes`] (the supervised
 //! processes), [`watch`] (changed sources), [`state`] (the lock and the
 //! state file under `.gpkit/dev/`), [`output`] (prefixed lines),
 //! [`signals`].
 
+mod compose;
 mod install;
 mod output;
 mod processes;
@@ -98,7 +100,22 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     let database = project.manifest.answers.name.replace('-', "_");
 
     // What to run, decided before anything is written or started.
-    let (settings, _) = environment::load(&root, SETTINGS);
+    let docker = args.compose.then(|| compose::check(&root)).transpose()?;
+    let (mut settings, _) = environment::load(&root, SETTINGS);
+    if docker.is_some() {
+        for name in SETTINGS
+            .iter()
+            .filter(|name| name.contains("VALKEY") || **name == "DATABASE_URL")
+        {
+            if settings.get(name).is_some() {
+                note(&format!(
+                    "--compose: {name} (from {}) is not used",
+                    settings.where_set(name)
+                ));
+            }
+        }
+        settings = environment::Settings::default();
+    }
     let mut given_db = settings.get("DATABASE_URL");
     if let Some(url) = given_db
         && let Err(reason) = services::postgres_answers(url)
@@ -111,6 +128,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     }
     let pg_bin = match given_db {
         Some(_) => None,
+        None if docker.is_some() => None,
         None => Some(found_or_installed(
             services::find_postgres,
             install::Server::Postgres,
@@ -127,21 +145,22 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     let given_valkey = settings
         .get("VALKEY_ADDR")
         .filter(|addr| services::valkey_answers(addr));
-    let valkey_bin = if with_worker && given_valkey.is_none() && other_valkey.is_none() {
-        if settings.get("VALKEY_ADDR").is_some() {
-            note(&format!(
-                "VALKEY_ADDR (from {}) does not answer; starting the project's own Valkey",
-                settings.where_set("VALKEY_ADDR")
-            ));
-        }
-        Some(found_or_installed(
-            services::find_valkey,
-            install::Server::Valkey,
-            args.install,
-        )?)
-    } else {
-        None
-    };
+    let valkey_bin =
+        if with_worker && docker.is_none() && given_valkey.is_none() && other_valkey.is_none() {
+            if settings.get("VALKEY_ADDR").is_some() {
+                note(&format!(
+                    "VALKEY_ADDR (from {}) does not answer; starting the project's own Valkey",
+                    settings.where_set("VALKEY_ADDR")
+                ));
+            }
+            Some(found_or_installed(
+                services::find_valkey,
+                install::Server::Valkey,
+                args.install,
+            )?)
+        } else {
+            None
+        };
 
     let lock = DevLock::acquire(&root)?;
     let leftovers = lock.stop_leftovers();
@@ -154,6 +173,42 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
 
     // The servers.
     let mut env: Vec<(String, String)> = Vec::new();
+    let compose = match docker {
+        Some(docker) => {
+            let project_name = format!("{}-dev", project.manifest.answers.name);
+            let compose = compose::Compose::start(
+                docker,
+                &root,
+                lock.dir(),
+                &project_name,
+                with_worker,
+                args.fresh,
+            )?;
+            note(&format!(
+                "{} of {} at {} (docker compose project `{project_name}`)",
+                compose.services(),
+                compose::COMPOSE_FILE,
+                compose
+                    .env()
+                    .iter()
+                    .map(|(name, value)| match name.as_str() {
+                        "DATABASE_URL" => value
+                            .rsplit_once('@')
+                            .map_or(value.as_str(), |(_, host)| host)
+                            .split('/')
+                            .next()
+                            .unwrap_or_default()
+                            .to_string(),
+                        _ => value.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ));
+            env.extend(compose.env().iter().cloned());
+            Some(compose)
+        }
+        None => None,
+    };
     let postgres = match (&pg_bin, given_db) {
         (Some(bin), _) => {
             let postgres = services::Postgres::start(bin, lock.dir(), args.fresh)?;
@@ -184,6 +239,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             env.push(("DATABASE_URL".into(), url.to_string()));
             None
         }
+        (None, None) if compose.is_some() => None,
         (None, None) => unreachable!("a Postgres binary was found or a server answers"),
     };
     let valkey = match (&valkey_bin, given_valkey) {
@@ -242,6 +298,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     );
     drop(valkey);
     drop(postgres);
+    drop(compose);
     match result {
         Ok(()) => {
             note("stopped");
