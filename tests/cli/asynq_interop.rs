@@ -1370,8 +1370,10 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
             let runs = go_server.ids("done").len() + count_runs(&db, "done");
             runs >= 3_000 && !in_flight_slow(side, &go_server).is_empty()
         };
+        // A wait for the moment to stop, not a speed check: bounded
+        // generously, for a machine busy with other tests.
         wait_until(
-            Duration::from_secs(60),
+            Duration::from_secs(180),
             "3,000 runs and a slow task in flight",
             midway,
         );
@@ -1390,7 +1392,7 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
                 && !audit_in_flight(&db, rust).is_empty()
         };
         wait_until(
-            Duration::from_secs(90),
+            Duration::from_secs(180),
             "3,000 runs, tasks running on the Rust worker and the Go server up 30 s",
             midway,
         );

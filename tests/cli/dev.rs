@@ -472,6 +472,13 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
         TcpStream::connect(("127.0.0.1", port)).is_err(),
         "the server still listens on {port}"
     );
+
+    // The same project with a compose.yaml, its build warm: --compose.
+    crate::support::gpkit(&project)
+        .args(["add", "deploy"])
+        .assert()
+        .success();
+    runs_with_compose(&project, parent.path(), port);
 }
 
 #[test]
@@ -854,24 +861,18 @@ fn fake_docker(dir: &Path, database: &str, engine_down: bool) -> (String, PathBu
     (path, log)
 }
 
-/// `--compose` with a stand-in engine (no container engine runs on these
-/// machines): the services of `compose.yaml` are started with `up --wait`
-/// as the project `shop-dev`, their published ports found with `compose
-/// port`, the database's credentials read from `compose config`, and the
-/// service runs against them; Ctrl-C stops the services.
-#[test]
-fn with_compose_the_services_of_compose_yaml_run_the_service_and_are_stopped() {
-    let parent = parent_dir();
-    let project = new_project(parent.path(), &["--deploy"])
-        .canonicalize()
-        .unwrap();
+/// `--compose` in `project` (built, with a `compose.yaml`), with a
+/// stand-in engine (no container engine runs on these machines): the
+/// services of `compose.yaml` are started with `up --wait` as the project
+/// `shop-dev`, their published ports found with `compose port`, the
+/// database's credentials read from `compose config`, and the service runs
+/// against them (`/healthz`); Ctrl-C stops the services.
+fn runs_with_compose(project: &Path, logs: &Path, port: u16) {
     let database = format!("gpkit_dev_compose_{}", std::process::id());
-    let (path, log) = fake_docker(parent.path(), &database, false);
-    let _one_cargo_at_a_time = cargo_lock();
-    let port = free_port();
-    let out = parent.path().join("compose.out");
-    let err = parent.path().join("compose.err");
-    let child = dev_command(&project, &["--port", &port.to_string(), "--compose"])
+    let (path, log) = fake_docker(logs, &database, false);
+    let out = logs.join("compose.out");
+    let err = logs.join("compose.err");
+    let child = dev_command(project, &["--port", &port.to_string(), "--compose"])
         .env("PATH", &path)
         .stdout(File::create(&out).unwrap())
         .stderr(File::create(&err).unwrap())
@@ -881,7 +882,7 @@ fn with_compose_the_services_of_compose_yaml_run_the_service_and_are_stopped() {
     let mut dev = Dev { child, out, err };
     dev.wait_healthy(&format!("127.0.0.1:{port}"), Duration::from_secs(600));
 
-    let printed = print_env(&project);
+    let printed = print_env(project);
     let printed = String::from_utf8(printed.stdout).unwrap();
     let database_url = env_value(&printed, "DATABASE_URL");
     assert!(
@@ -898,7 +899,7 @@ fn with_compose_the_services_of_compose_yaml_run_the_service_and_are_stopped() {
         log_text.contains("postgres and valkey of compose.yaml at 127.0.0.1:"),
         "{log_text}"
     );
-    assert!(!project.join(".gpkit/dev/postgres").exists());
+    assert!(!log_text.contains("gpkit dev: Postgres "), "{log_text}");
     let ports = std::fs::read_to_string(project.join(".gpkit/dev/compose.ports.yaml")).unwrap();
     assert!(ports.contains("\"127.0.0.1::5432\"") && ports.contains("\"127.0.0.1::6379\""));
 
