@@ -211,13 +211,15 @@ fn a_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
     cargo(&project, &["test"]);
 }
 
-/// The release fixtures of template sets 1 to 5 (the kit in `src/` up to
-/// set 4, in `kit/` since set 5; with typical user edits, one inside a kit
-/// file) upgrade to the current set and then build with zero warnings, pass
-/// clippy and `fmt --check`, and keep every edit. The oldest and the newest
-/// before the kit crate also pass their own tests against Postgres (the
-/// service's, in `tests/`; the kit's tests that older sets wrote there are
-/// gone, and run in gpkit's workspace instead).
+/// The release fixtures of template sets 1 to 5 and 7 (the kit in `src/` up
+/// to set 4, in `kit/` since set 5; with typical user edits, one inside a
+/// kit file) upgrade to the current set and keep every edit. The oldest,
+/// the newest before the kit crate (4) and the newest then pass clippy
+/// `-D warnings` (zero warnings) and `fmt --check`, and the first two their
+/// own tests against Postgres (the service's, in `tests/`; the kit's tests
+/// that older sets wrote there are gone, and run in gpkit's workspace
+/// instead). Sets 2, 3 and 5 are only upgraded here, for CI's time: each
+/// check compiles the whole kit again.
 #[test]
 fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
     for release in [
@@ -256,6 +258,9 @@ fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
             "{release}: src/queue/ left behind"
         );
 
+        if !["v1-edited", "v4-edited", "v7-edited"].contains(&release) {
+            continue;
+        }
         cargo(
             &project,
             &["clippy", "--all-targets", "--", "-D", "warnings"],
