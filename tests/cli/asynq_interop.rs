@@ -44,8 +44,8 @@ use crate::support::{gpkit, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 /// The trace the tests' events are dispatched in.
-const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+pub(crate) const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+pub(crate) const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACESTATE: &str = "gpkit=interop";
 /// The trace of a Go producer's tracing middleware, in a task's headers.
 const HEADER_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
@@ -69,11 +69,25 @@ use crate::worker::listeners::{{ListenerContext, ListenerError}};
 /// Records each run in `listener_runs`, with the trace it ran in and the id
 /// of the worker process that ran it. A note `sleep:<ms>` first records `start` and sleeps that
 /// long; an order in `refused_orders` fails with "order <id> refused"
-/// (recorded as `failed`); else the run is `done`.
+/// (recorded as `failed`), and a note `fail-once:{listener}` makes this
+/// listener fail its first run; else the run is `done`.
 pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
     if let Some(ms) = event.note.strip_prefix("sleep:") {{
         record(&event, &ctx, "start").await?;
         tokio::time::sleep(Duration::from_millis(ms.parse()?)).await;
+    }}
+    if event.note == "fail-once:{listener}" {{
+        let failed: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM listener_runs WHERE listener = $1 AND event_id = $2)",
+        )
+        .bind("{listener}")
+        .bind(ctx.event_id())
+        .fetch_one(ctx.pool())
+        .await?;
+        if !failed {{
+            record(&event, &ctx, "failed").await?;
+            anyhow::bail!("failing once, as the note asks");
+        }}
     }}
     let refused: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM refused_orders WHERE order_id = $1)")
@@ -158,9 +172,62 @@ async fn main() -> anyhow::Result<()> {
 }
 "#;
 
+/// `POST /orders` in the test project's server: dispatches the posted
+/// `orderPlaced` in the request's transaction.
+const ORDERS_ROUTE: &str = r#"//! `POST /orders`: dispatches the posted `orderPlaced`, filled in by the tests.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+
+use crate::events::order_placed::OrderPlaced;
+use crate::startup::AppState;
+
+/// Stores the event in the outbox, in a transaction of its own: 202.
+pub async fn place(State(state): State<AppState>, Json(event): Json<OrderPlaced>) -> StatusCode {
+    let stored = state
+        .transactor
+        .run(async |tx| {
+            kit::dispatch(&mut *tx, &event).await?;
+            Ok(())
+        })
+        .await;
+    match stored {
+        Ok(()) => StatusCode::ACCEPTED,
+        Err(err) => {
+            tracing::error!(error = %err, "the event was not stored");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+"#;
+
+/// The test project's routes: the generated ones and `POST /orders`.
+const ROUTES: &str = r#"//! The HTTP routes.
+
+mod orders;
+
+use axum::Router;
+use axum::routing::post;
+use kit::{health, http_metrics, trace_context};
+
+use crate::startup::AppState;
+
+/// All routes of the service, timed for `GET /metrics`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(health::routes(state.pool.clone()))
+        .merge(http_metrics::routes())
+        .route("/orders", post(orders::place))
+        .layer(axum::middleware::from_fn(http_metrics::track))
+        .layer(axum::middleware::from_fn(trace_context::propagate))
+        .with_state(state)
+}
+"#;
+
 /// The test project, generated and built once per test run under
 /// `target/e2e-asynq/ordersvc`, its binaries copied to `.bin/`.
-fn project() -> &'static Path {
+pub(crate) fn project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
         let parent = repo().join("target/e2e-asynq");
@@ -189,20 +256,22 @@ fn project() -> &'static Path {
             );
         }
         write("src/bin/asynq_dispatch.rs", DISPATCH);
+        write("src/routes/orders.rs", ORDERS_ROUTE);
+        write("src/routes/mod.rs", ROUTES);
         build_binaries(&project);
         project
     })
 }
 
 /// A fresh database, migrated.
-fn database() -> Database {
+pub(crate) fn database() -> Database {
     let db = Database::create("gpkit_asynq");
     migrate(project(), &db, &["up"]);
     db
 }
 
 /// Starts the project's worker with `env` and waits until its consumer runs.
-fn start_worker(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Worker {
+pub(crate) fn start_worker(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Worker {
     let worker = Worker::start_binary(&project().join(".bin/worker"), db, redis, env);
     wait_until(Duration::from_secs(30), "the Rust worker consumes", || {
         worker.log().contains("consumer started")
@@ -211,7 +280,7 @@ fn start_worker(db: &Database, redis: &RedisServer, env: &[(&str, &str)]) -> Wor
 }
 
 /// Stops `worker` with SIGTERM and asserts a clean exit within `limit`.
-fn stop_worker(worker: &mut Worker, limit: Duration) {
+pub(crate) fn stop_worker(worker: &mut Worker, limit: Duration) {
     worker.signal("-TERM");
     let code = worker.wait(limit);
     assert_eq!(code, Some(0), "the Rust worker's exit:\n{}", worker.log());
@@ -236,7 +305,7 @@ fn dispatch(db: &Database, count: u32) -> Vec<Value> {
 
 /// The ids of the `listener_runs` rows of `listener` with `outcome`, one
 /// per row (so a listener that ran twice gives its id twice).
-fn listener_runs(db: &Database, listener: &str, outcome: &str) -> Vec<String> {
+pub(crate) fn listener_runs(db: &Database, listener: &str, outcome: &str) -> Vec<String> {
     let sql = format!(
         "SELECT event_id FROM listener_runs WHERE listener = '{listener}' AND outcome = '{outcome}'"
     );
@@ -280,7 +349,7 @@ fn audit_runs_by_pid(db: &Database) -> Vec<(u32, String)> {
 // --- the Go peer -------------------------------------------------------------
 
 /// The complete JSON lines of `text` (a line still being written is skipped).
-fn json_lines(text: &str) -> Vec<Value> {
+pub(crate) fn json_lines(text: &str) -> Vec<Value> {
     text.split_inclusive('\n')
         .filter(|line| line.ends_with('\n') && !line.trim().is_empty())
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
@@ -289,7 +358,7 @@ fn json_lines(text: &str) -> Vec<Value> {
 
 /// Runs `asynqpeer <args>` to completion against `redis`, with `stdin`;
 /// its JSON lines.
-fn go(peer: &Path, redis: &RedisServer, args: &[&str], stdin: &str) -> Vec<Value> {
+pub(crate) fn go(peer: &Path, redis: &RedisServer, args: &[&str], stdin: &str) -> Vec<Value> {
     let mut child = Command::new(peer)
         .args(args)
         .env("VALKEY_ADDR", redis.addr())
@@ -334,7 +403,13 @@ fn go_queue(peer: &Path, redis: &RedisServer, queue: &str) -> Value {
 }
 
 /// Waits until Inspector.GetTaskInfo shows the task in `state`; its info.
-fn wait_for_state(peer: &Path, redis: &RedisServer, queue: &str, id: &str, state: &str) -> Value {
+pub(crate) fn wait_for_state(
+    peer: &Path,
+    redis: &RedisServer,
+    queue: &str,
+    id: &str,
+    state: &str,
+) -> Value {
     let mut info = Value::Null;
     wait_until(Duration::from_secs(60), &format!("{id} is {state}"), || {
         info = go_info(peer, redis, queue, id);

@@ -31,6 +31,7 @@ mod server_state_interop;
 mod support;
 mod template_set;
 mod test_ca;
+mod tracing_export;
 mod untrusted;
 mod upgrade;
 mod valkey_infra;

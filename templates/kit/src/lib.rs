@@ -34,6 +34,7 @@ pub mod migrate;
 pub mod operations;
 #[cfg(feature = "seaorm")]
 pub mod orm;
+mod otlp;
 pub mod outbox;
 pub mod prelude;
 #[cfg(feature = "worker")]
@@ -41,6 +42,7 @@ pub mod queue;
 #[cfg(feature = "worker")]
 pub mod scheduler;
 pub mod signals;
+mod spans;
 pub mod telemetry;
 pub mod testing;
 pub mod trace_context;

@@ -397,10 +397,6 @@ async fn run_listener(
             task.id
         ))
     })?;
-    // The task's headers first: a Go producer's middleware may have
-    // continued the trace there.
-    let context = TraceContext::from_headers_or(&task.headers, &envelope.metadata)
-        .map_or_else(TraceContext::new_root, |parent| parent.child());
     let span = tracing::info_span!(
         "listener",
         event = listener.event(),
@@ -408,10 +404,19 @@ async fn run_listener(
         event_id = %envelope.id,
         retried = task.retried,
     );
+    // The consumer runs the task in the trace of its headers (the relay
+    // writes them; a Go producer's middleware may have continued the trace
+    // there). A task without (enqueued by a relay before template set 8)
+    // continues the trace of the dispatch, from the envelope.
+    let fallback = TraceContext::from_metadata(&task.headers)
+        .is_none()
+        .then(|| TraceContext::from_metadata(&envelope.metadata))
+        .flatten();
     let run =
         tracing::Instrument::instrument(listener.call(envelope, task.headers, transactor), span);
-    match trace_context::scope(context, run).await {
-        Ok(()) => Ok(()),
-        Err(err) => Err(err.into()),
-    }
+    let result = match fallback {
+        Some(parent) => trace_context::scope(parent.child(), run).await,
+        None => run.await,
+    };
+    result.map_err(HandlerError::from)
 }
