@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
 use crate::support::gpkit;
-use crate::worker_e2e::{RedisServer, Worker, wait_until};
+use crate::worker_e2e::{RedisServer, Worker, metric, wait_until};
 
 /// A port nothing listens on right now.
 fn free_port() -> u16 {
@@ -50,13 +50,14 @@ pub fn request(addr: &str, method: &str, path: &str, json: Option<&str>) -> Opti
 }
 
 /// Starts the example's server (on a free port) and worker on `db` and
-/// `redis`, and waits for the server to answer: its address and both.
+/// `redis`, and waits for the server to answer: its address, both, and the
+/// port of the worker's metrics.
 fn start_slice(
     bins: &std::path::Path,
     dir: &std::path::Path,
     db: &Database,
     redis: &RedisServer,
-) -> (String, Server, Worker) {
+) -> (String, Server, Worker, u16) {
     let addr = format!("127.0.0.1:{}", free_port());
     let server = Server(
         Command::new(bins.join("server"))
@@ -69,16 +70,20 @@ fn start_slice(
             .spawn()
             .unwrap(),
     );
+    let metrics_port = free_port();
     let worker = Worker::start_binary(
         &bins.join("worker"),
         db,
         redis,
-        &[("WORKER_QUEUES", "default=1")],
+        &[
+            ("WORKER_QUEUES", "default=1"),
+            ("WORKER_METRICS_ADDR", &format!("127.0.0.1:{metrics_port}")),
+        ],
     );
     wait_until(Duration::from_secs(30), "the server answers", || {
         request(&addr, "GET", "/healthz", None).is_some()
     });
-    (addr, server, worker)
+    (addr, server, worker, metrics_port)
 }
 
 /// Stops the worker and the server with SIGTERM; both exit cleanly.
@@ -143,7 +148,7 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
     let db = Database::create("gpkit_example");
     migrate(&project, &db, &["up"]);
     let redis = RedisServer::start();
-    let (addr, server, worker) = start_slice(&bins, parent.path(), &db, &redis);
+    let (addr, server, worker, _) = start_slice(&bins, parent.path(), &db, &redis);
 
     // Bad input: 400, with what is wrong in a JSON body; nothing stored.
     for bad in [
@@ -238,7 +243,11 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
     let db = Database::create("gpkit_example_orm");
     migrate(&project, &db, &["up"]);
     let redis = RedisServer::start();
-    let (addr, server, worker) = start_slice(&bins, parent.path(), &db, &redis);
+    let (addr, server, worker, metrics_port) = start_slice(&bins, parent.path(), &db, &redis);
+    let duplicates = r#"outbox_inbox_duplicates_total{event="orderPlaced",listener="confirm"}"#;
+    wait_until(Duration::from_secs(30), "no duplicate counted yet", || {
+        metric(metrics_port, duplicates) == Some(0)
+    });
     let (status, body) = request(
         &addr,
         "POST",
@@ -304,6 +313,8 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
         ),
         "1"
     );
+    // The skipped delivery is counted.
+    assert_eq!(metric(metrics_port, duplicates), Some(1));
 
     stop_slice(server, worker);
 }

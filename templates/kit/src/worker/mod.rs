@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -306,7 +307,8 @@ pub fn handle_events(
                 (listener.clone(), transactor.clone(), metrics.clone());
             async move {
                 let started = std::time::Instant::now();
-                let result = run_listener(&listener, transactor, task).await;
+                let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
+                let result = run_listener(&listener, transactor, task, duplicates).await;
                 metrics.record(
                     listener.event(),
                     listener.name(),
@@ -390,6 +392,7 @@ async fn run_listener(
     listener: &Listener,
     transactor: database::Transactor,
     task: Task,
+    duplicates: Counter,
 ) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -412,8 +415,8 @@ async fn run_listener(
         .is_none()
         .then(|| TraceContext::from_metadata(&envelope.metadata))
         .flatten();
-    let run =
-        tracing::Instrument::instrument(listener.call(envelope, task.headers, transactor), span);
+    let run = listener.call_counted(envelope, task.headers, transactor, duplicates);
+    let run = tracing::Instrument::instrument(run, span);
     let result = match fallback {
         Some(parent) => trace_context::scope(parent.child(), run).await,
         None => run.await,
