@@ -230,8 +230,10 @@ Examples:
     /// the worker) `worker`: a cached dependency layer, `cargo build
     /// --locked`, and a small runtime image running as a non-root user.
     /// `compose.yaml` runs Postgres and Valkey with health checks, `migrate
-    /// up` once, then the server and the worker. Kit files: `gpkit upgrade
-    /// templates` keeps them up to date. Running it again changes nothing.
+    /// up` once, then the server and the worker, and for local runs
+    /// Prometheus, Jaeger and Grafana with the outbox dashboard (configured
+    /// under `deploy/`). Kit files: `gpkit upgrade templates` keeps them up
+    /// to date. Running it again changes nothing.
     #[command(after_help = "\
 Examples:
   gpkit add deploy

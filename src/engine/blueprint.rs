@@ -284,7 +284,16 @@ fn purpose(path: &str, contents: &[u8]) -> String {
         ".env.example" => "every environment variable the service reads, with defaults",
         "Dockerfile" => "the container image: server, worker and migrate, as a non-root user",
         ".dockerignore" => "keeps build output and secrets out of the image's build context",
-        "compose.yaml" => "Postgres, Valkey, migrate, server and worker for docker compose",
+        "compose.yaml" => {
+            "Postgres, Valkey, migrate, server and worker, with Prometheus, Jaeger and Grafana, for docker compose"
+        }
+        "deploy/prometheus.yml" => {
+            "Prometheus's scrape of the server's and worker's /metrics, for compose"
+        }
+        "deploy/grafana/outbox.json" => "a Grafana dashboard on the outbox, queue and HTTP metrics",
+        p if p.starts_with("deploy/grafana/provisioning/") => {
+            "Grafana's data source and dashboards, for compose"
+        }
         p if p.starts_with("migrations/") => "goose migration",
         _ => "project file",
     };

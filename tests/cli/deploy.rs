@@ -16,7 +16,19 @@ use serde_yaml_ng::Value;
 use crate::e2e::{built_from, built_project, cargo_lock, shared_target};
 use crate::support::{copy_tree, disk_state, gpkit, new_project, read_tree};
 
-const FILES: [&str; 3] = ["Dockerfile", ".dockerignore", "compose.yaml"];
+const FILES: [&str; 7] = [
+    "Dockerfile",
+    ".dockerignore",
+    "compose.yaml",
+    "deploy/prometheus.yml",
+    "deploy/grafana/outbox.json",
+    "deploy/grafana/provisioning/datasources/prometheus.yaml",
+    "deploy/grafana/provisioning/dashboards/outbox.yaml",
+];
+
+/// The services of `compose.yaml` for local observability: no service
+/// waits for them, and they are not built here.
+const OBSERVABILITY: [&str; 3] = ["prometheus", "jaeger", "grafana"];
 
 #[test]
 fn adding_deploy_gives_exactly_what_new_project_deploy_gives() {
@@ -150,7 +162,10 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
         let project = new_project(dir.path(), &[flag, "--deploy"]);
         let binaries = cargo_binaries(&project);
         let text = std::fs::read_to_string(project.join("compose.yaml")).unwrap();
-        let compose: Value = serde_yaml_ng::from_str(&text).unwrap();
+        let mut compose: Value = serde_yaml_ng::from_str(&text).unwrap();
+        // `<<: *environment`, as compose reads it: the anchor's keys under
+        // the service's own.
+        compose.apply_merge().unwrap();
         let services = compose["services"].as_mapping().unwrap();
         let names: BTreeSet<String> = services
             .keys()
@@ -159,6 +174,7 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
         let expected: BTreeSet<String> = servers
             .iter()
             .chain(app_services)
+            .chain(&OBSERVABILITY)
             .map(|s| s.to_string())
             .collect();
         assert_eq!(names, expected, "{flag}");
@@ -173,6 +189,14 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
         for (name, service) in services {
             let name = name.as_str().unwrap();
             let image = service["image"].as_str().unwrap();
+            if !app_services.contains(&name) {
+                // A third-party image, on a tag of its own: not `latest`.
+                let tag = image.rsplit('/').next().unwrap().split_once(':');
+                assert!(
+                    tag.is_some_and(|(_, tag)| !tag.is_empty() && tag != "latest"),
+                    "{name}: `{image}` is not pinned"
+                );
+            }
             if app_services.contains(&name) {
                 assert!(service.get("build").is_some(), "{name} is not built here");
                 assert_eq!(image, "shop:latest", "{name}");
@@ -191,8 +215,21 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
                     environment.get("VALKEY_ADDR").and_then(Value::as_str),
                     valkey
                 );
-            } else {
+                // Spans to the jaeger service, each under a name of its own.
+                assert_eq!(
+                    environment["OTEL_EXPORTER_OTLP_ENDPOINT"].as_str(),
+                    Some("http://jaeger:4318"),
+                    "{name}"
+                );
+                assert_eq!(
+                    environment["OTEL_SERVICE_NAME"].as_str(),
+                    Some(format!("shop-{name}").as_str())
+                );
+            } else if servers.contains(&name) {
                 assert!(service["healthcheck"]["test"].is_sequence(), "{name}");
+                // `gpkit dev --compose` starts only these: nothing else
+                // may come up with them.
+                assert!(service.get("depends_on").is_none(), "{name} waits");
             }
             if let Some(depends_on) = service.get("depends_on") {
                 for (other, condition) in depends_on.as_mapping().unwrap() {
@@ -200,6 +237,10 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
                     assert!(
                         names.contains(other),
                         "{name} waits for `{other}`: no such service"
+                    );
+                    assert!(
+                        !OBSERVABILITY.contains(&other),
+                        "{name} waits for `{other}`, which the service runs without"
                     );
                     let condition = condition["condition"].as_str().unwrap();
                     let wanted = if other == "migrate" {
@@ -222,22 +263,47 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
                 "{name} does not wait for the migrations"
             );
         }
-        // Every named volume a service mounts is declared, and no other.
+        // No two services publish the same port of the host.
+        let mut published = BTreeSet::new();
+        for (name, service) in services {
+            let name = name.as_str().unwrap();
+            for port in service.get("ports").map(string_list).unwrap_or_default() {
+                let host = port.split(':').next().unwrap().to_string();
+                assert!(published.insert(host), "{name} publishes {port} again");
+            }
+        }
+        // Every named volume a service mounts is declared, and no other
+        // (one per server); every file mounted from the project is one
+        // that gpkit writes.
         let volumes = compose["volumes"].as_mapping().unwrap();
         assert_eq!(
             volumes.len(),
             servers.len(),
             "{flag}: one volume per server"
         );
-        for service in services.values() {
+        let mut mounted = BTreeSet::new();
+        for (name, service) in services {
+            let name = name.as_str().unwrap();
             for mount in service.get("volumes").map(string_list).unwrap_or_default() {
-                let volume = mount.split(':').next().unwrap();
-                assert!(
-                    volumes.contains_key(volume),
-                    "volume `{volume}` is not declared"
-                );
+                let source = mount.split(':').next().unwrap();
+                match source.strip_prefix("./") {
+                    Some(path) => {
+                        assert!(path.starts_with("deploy/"), "{name} mounts `{source}`");
+                        assert!(
+                            project.join(path).exists(),
+                            "{name} mounts `{source}`, which is not in the project"
+                        );
+                        assert!(mount.ends_with(":ro"), "{name} may write `{source}`");
+                        mounted.insert((name.to_string(), mount.clone()));
+                    }
+                    None => assert!(
+                        volumes.contains_key(source),
+                        "volume `{source}` is not declared"
+                    ),
+                }
             }
         }
+        observability(&project, services, app_services, &mounted, flag);
 
         // The Dockerfile: a build stage, and a runtime stage that copies
         // exactly the project's binaries and runs as a non-root user.
@@ -280,6 +346,156 @@ fn compose_refers_only_to_its_own_services_and_images_and_the_projects_binaries(
             .filter(|(_, run)| run.contains("cargo build"))
         {
             assert!(run.contains("--locked"), "{run}");
+        }
+    }
+}
+
+/// The container port of each port `service` publishes (`host:container`).
+fn container_ports(service: &Value) -> Vec<String> {
+    service
+        .get("ports")
+        .map(string_list)
+        .unwrap_or_default()
+        .iter()
+        .map(|port| port.rsplit(':').next().unwrap().to_string())
+        .collect()
+}
+
+fn yaml_file(project: &Path, path: &str) -> Value {
+    serde_yaml_ng::from_str(&std::fs::read_to_string(project.join(path)).unwrap()).unwrap()
+}
+
+/// Prometheus, Jaeger and Grafana of `compose.yaml` (`mounted`: each
+/// service's mounts from the project): Prometheus scrapes exactly the app
+/// services that publish a port (their `/metrics`), Grafana's data source
+/// is that Prometheus, and the dashboard's panels use that data source.
+fn observability(
+    project: &Path,
+    services: &serde_yaml_ng::Mapping,
+    app_services: &[&str],
+    mounted: &BTreeSet<(String, String)>,
+    flag: &str,
+) {
+    let mounts = |name: &str, mount: &str| {
+        assert!(
+            mounted.contains(&(name.to_string(), mount.to_string())),
+            "{name} does not mount `{mount}`: {mounted:?}"
+        );
+    };
+
+    // Prometheus: every 5 s, `/metrics` of the server (and the worker), on
+    // the ports they listen on.
+    mounts(
+        "prometheus",
+        "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro",
+    );
+    let prometheus = yaml_file(project, "deploy/prometheus.yml");
+    assert_eq!(prometheus["global"]["scrape_interval"].as_str(), Some("5s"));
+    let mut targets = BTreeSet::new();
+    for job in prometheus["scrape_configs"].as_sequence().unwrap() {
+        assert_eq!(job["metrics_path"].as_str(), Some("/metrics"), "{job:?}");
+        for config in job["static_configs"].as_sequence().unwrap() {
+            targets.extend(string_list(&config["targets"]));
+        }
+    }
+    let exporters: BTreeSet<String> = app_services
+        .iter()
+        .flat_map(|name| {
+            container_ports(&services[*name])
+                .into_iter()
+                .map(move |port| format!("{name}:{port}"))
+        })
+        .collect();
+    assert_eq!(targets, exporters, "{flag}");
+    let expected: &[&str] = if flag == "--worker" {
+        &["server:8080", "worker:9090"]
+    } else {
+        &["server:8080"]
+    };
+    assert_eq!(
+        targets,
+        expected.iter().map(|t| t.to_string()).collect(),
+        "{flag}"
+    );
+    // On the host, beside the worker's 9090.
+    assert_eq!(string_list(&services["prometheus"]["ports"]), ["9092:9090"]);
+
+    // Jaeger: the app services' OTLP endpoint, and its UI.
+    assert_eq!(string_list(&services["jaeger"]["ports"]), ["16686:16686"]);
+
+    // Grafana: the data source is the Prometheus above, and the dashboard
+    // the provider loads is deploy/grafana/outbox.json.
+    for folder in ["datasources", "dashboards"] {
+        mounts(
+            "grafana",
+            &format!(
+                "./deploy/grafana/provisioning/{folder}:/etc/grafana/provisioning/{folder}:ro"
+            ),
+        );
+    }
+    let dashboards = "/var/lib/grafana/dashboards";
+    mounts(
+        "grafana",
+        &format!("./deploy/grafana/outbox.json:{dashboards}/outbox.json:ro"),
+    );
+    let sources = yaml_file(
+        project,
+        "deploy/grafana/provisioning/datasources/prometheus.yaml",
+    );
+    let sources = sources["datasources"].as_sequence().unwrap();
+    assert_eq!(sources.len(), 1);
+    let source = &sources[0];
+    assert_eq!(source["type"].as_str(), Some("prometheus"));
+    let port = container_ports(&services["prometheus"]);
+    assert_eq!(
+        source["url"].as_str(),
+        Some(format!("http://prometheus:{}", port[0]).as_str())
+    );
+    let uid = source["uid"].as_str().unwrap();
+    let providers = yaml_file(
+        project,
+        "deploy/grafana/provisioning/dashboards/outbox.yaml",
+    );
+    let providers = providers["providers"].as_sequence().unwrap();
+    assert_eq!(providers.len(), 1);
+    assert_eq!(providers[0]["type"].as_str(), Some("file"));
+    assert_eq!(providers[0]["options"]["path"].as_str(), Some(dashboards));
+    assert!(container_ports(&services["grafana"]).contains(&"3000".to_string()));
+
+    // Each panel's and query's data source is that uid, or the dashboard's
+    // data source variable when it is set to that uid.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(project.join("deploy/grafana/outbox.json")).unwrap(),
+    )
+    .unwrap();
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let resolve = |reference: &str| -> String {
+        match reference
+            .strip_prefix("${")
+            .and_then(|rest| rest.strip_suffix('}'))
+        {
+            Some(variable) => {
+                let variable = variables
+                    .iter()
+                    .find(|v| v["name"] == variable)
+                    .unwrap_or_else(|| panic!("no variable `{variable}`"));
+                assert_eq!(variable["type"], "datasource");
+                assert_eq!(variable["query"], "prometheus");
+                variable["current"]["value"].as_str().unwrap().to_string()
+            }
+            None => reference.to_string(),
+        }
+    };
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(!panels.is_empty());
+    for panel in panels {
+        let targets = panel["targets"].as_array().unwrap();
+        for datasource in std::iter::once(&panel["datasource"])
+            .chain(targets.iter().map(|target| &target["datasource"]))
+        {
+            assert_eq!(datasource["type"], "prometheus", "{}", panel["title"]);
+            let reference = datasource["uid"].as_str().unwrap();
+            assert_eq!(resolve(reference), uid, "{}", panel["title"]);
         }
     }
 }
