@@ -10,7 +10,8 @@
 //! - [`health`]: the `/healthz` and `/readyz` probes.
 //! - [`binary`]: the start of each binary (`.env`, settings, logs, runtime).
 //! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
-//!   plumbing shared by the binaries.
+//!   plumbing shared by the binaries: logs, W3C trace context, and (with
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT`) spans exported over OTLP.
 //! - [`testing`]: a configuration for tests.
 //!
 //! [`prelude`] holds the names a service uses most, and [`dispatch()`](fn@dispatch)

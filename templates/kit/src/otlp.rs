@@ -63,18 +63,18 @@ pub(crate) enum ExportError {
     Build(#[from] opentelemetry_otlp::ExporterBuildError),
 }
 
-/// The running exporter of this process's spans.
-#[derive(Debug)]
-pub(crate) struct SpanExport {
-    provider: SdkTracerProvider,
+/// What the environment asks of the exporter, checked.
+#[derive(Debug, PartialEq, Eq)]
+struct Settings {
+    /// Whether the environment names the service.
+    named: bool,
 }
 
-impl SpanExport {
-    /// Starts an exporter if the environment asks for one; `service` names
-    /// the service unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES`
-    /// does.
-    pub(crate) fn from_env(service: &str) -> Result<Option<Self>, ExportError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+impl Settings {
+    /// `None` when nothing is to be exported; an error for a setting this
+    /// exporter cannot serve. `var` reads one variable.
+    fn read(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ExportError> {
+        let var = |name: &str| var(name).filter(|value| !value.is_empty());
         if var("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"))
             || var("OTEL_TRACES_EXPORTER").is_some_and(|value| value == "none")
         {
@@ -102,17 +102,37 @@ impl SpanExport {
                 return Err(ExportError::Protocol { variable, value });
             }
         }
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()?;
         let named = var("OTEL_SERVICE_NAME").is_some()
             || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attributes| {
                 attributes
                     .split(',')
                     .any(|pair| pair.trim_start().starts_with("service.name="))
             });
-        let resource = if named {
+        Ok(Some(Self { named }))
+    }
+}
+
+/// The running exporter of this process's spans.
+#[derive(Debug)]
+pub(crate) struct SpanExport {
+    provider: SdkTracerProvider,
+}
+
+impl SpanExport {
+    /// Starts an exporter if the environment asks for one; `service` names
+    /// the service unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES`
+    /// does.
+    pub(crate) fn from_env(service: &str) -> Result<Option<Self>, ExportError> {
+        let Some(settings) = Settings::read(|name| std::env::var(name).ok())? else {
+            return Ok(None);
+        };
+        // The exporter reads the endpoint (and any headers, timeout and
+        // compression) from the same variables itself.
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()?;
+        let resource = if settings.named {
             Resource::builder().build()
         } else {
             Resource::builder()
@@ -138,5 +158,90 @@ impl SpanExport {
         if let Err(err) = self.provider.shutdown() {
             eprintln!("warning: the last spans may not have been exported: {err}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(vars: &[(&str, &str)]) -> Result<Option<Settings>, ExportError> {
+        Settings::read(|name| {
+            vars.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.to_string())
+        })
+    }
+
+    #[test]
+    fn nothing_is_exported_without_an_endpoint_or_when_turned_off() {
+        assert_eq!(read(&[]).unwrap(), None);
+        assert_eq!(read(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]).unwrap(), None);
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318");
+        assert_eq!(
+            read(&[endpoint, ("OTEL_SDK_DISABLED", "TRUE")]).unwrap(),
+            None
+        );
+        assert_eq!(
+            read(&[endpoint, ("OTEL_TRACES_EXPORTER", "none")]).unwrap(),
+            None
+        );
+        assert_eq!(read(&[endpoint]).unwrap(), Some(Settings { named: false }));
+        let traces = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://collector:4318/v1/traces",
+        );
+        assert_eq!(read(&[traces]).unwrap(), Some(Settings { named: false }));
+    }
+
+    #[test]
+    fn the_service_is_named_by_either_variable() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318");
+        for named in [
+            ("OTEL_SERVICE_NAME", "shop-server"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "team=a, service.name=shop"),
+        ] {
+            assert_eq!(
+                read(&[endpoint, named]).unwrap(),
+                Some(Settings { named: true })
+            );
+        }
+        let unnamed = ("OTEL_RESOURCE_ATTRIBUTES", "team=a");
+        assert_eq!(
+            read(&[endpoint, unnamed]).unwrap(),
+            Some(Settings { named: false })
+        );
+    }
+
+    #[test]
+    fn what_is_not_built_in_is_refused_with_the_fix() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318");
+        let err = read(&[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=grpc:"),
+            "{message}"
+        );
+        assert!(
+            message.contains("http/protobuf") && message.contains("4318"),
+            "{message}"
+        );
+        let json = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json");
+        assert!(matches!(
+            read(&[endpoint, json]),
+            Err(ExportError::Protocol {
+                variable: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                ..
+            })
+        ));
+        let protobuf = ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+        assert!(read(&[endpoint, protobuf]).unwrap().is_some());
+        let tls = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://api.example.com");
+        let message = read(&[tls]).unwrap_err().to_string();
+        assert!(
+            message.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT=https://api.example.com:"),
+            "{message}"
+        );
+        assert!(message.contains("collector"), "{message}");
     }
 }
