@@ -3,15 +3,18 @@
 
 use std::process::ExitCode;
 
+use crate::otlp::SpanExport;
 use crate::telemetry::{self, LogFormat};
 use crate::{config, env_file};
 
 /// Runs the binary `name`: loads `.env` (first, while the process has one
 /// thread, since it sets variables), then in a multi-threaded tokio runtime
 /// loads the settings `S` with [`config::load`], starts the logs (`RUST_LOG`,
-/// default `info`; `LOG_FORMAT=json`) and runs `main` on the settings. A
-/// settings error is printed, and an error of `main` logged as `<name>
-/// stopped`; both exit with 1.
+/// default `info`; `LOG_FORMAT=json`) and, with `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// set, the export of its spans over OTLP (service name `OTEL_SERVICE_NAME`,
+/// default `name`), and runs `main` on the settings. The spans still
+/// buffered are sent when `main` returns. A settings error is printed, and
+/// an error of `main` logged as `<name> stopped`; both exit with 1.
 ///
 /// ```no_run
 /// use std::process::ExitCode;
@@ -42,7 +45,8 @@ where
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
+    let mut export = None;
+    let code = runtime.block_on(async {
         let settings: S = match config::load() {
             Ok(settings) => settings,
             Err(err) => {
@@ -50,10 +54,18 @@ where
                 return ExitCode::FAILURE;
             }
         };
-        telemetry::init_subscriber(telemetry::get_subscriber(
+        export = match SpanExport::from_env(name) {
+            Ok(export) => export,
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        telemetry::init_subscriber(telemetry::subscriber(
             "info",
             LogFormat::from_env(),
             std::io::stdout,
+            export.as_ref().map(SpanExport::tracer),
         ));
         match main(settings).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -62,5 +74,9 @@ where
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    if let Some(export) = export {
+        export.shutdown();
+    }
+    code
 }

@@ -10,7 +10,8 @@
 //! - [`health`]: the `/healthz` and `/readyz` probes.
 //! - [`binary`]: the start of each binary (`.env`, settings, logs, runtime).
 //! - [`env_file`], [`signals`], [`telemetry`], [`trace_context`]: process
-//!   plumbing shared by the binaries.
+//!   plumbing shared by the binaries: logs, W3C trace context, and (with
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT`) spans exported over OTLP.
 //! - [`testing`]: a configuration for tests.
 //!
 //! [`prelude`] holds the names a service uses most, and [`dispatch()`](fn@dispatch)
@@ -34,6 +35,7 @@ pub mod migrate;
 pub mod operations;
 #[cfg(feature = "seaorm")]
 pub mod orm;
+mod otlp;
 pub mod outbox;
 pub mod prelude;
 #[cfg(feature = "worker")]
@@ -41,6 +43,7 @@ pub mod queue;
 #[cfg(feature = "worker")]
 pub mod scheduler;
 pub mod signals;
+mod spans;
 pub mod telemetry;
 pub mod testing;
 pub mod trace_context;

@@ -42,10 +42,12 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{ClaimedEvent, Store};
 use crate::config::OutboxConfig;
 use crate::queue::{self, Client, EnqueueOutcome, NewTask};
+use crate::trace_context::TraceContext;
 
 /// How often a task may be retried before it is archived (Go asynq's default).
 pub const MAX_RETRY: u32 = 25;
@@ -285,7 +287,14 @@ impl Relay {
                     .map(move |queue| self.task_for(event, queue))
             })
             .collect();
-        let span = tracing::debug_span!("outbox.enqueue", rows = tasks.len());
+        let span = crate::spans::send(&self.queue_names.join(","), tasks.len());
+        if crate::otlp::exporting() {
+            for event in &claimed {
+                if let Some(context) = TraceContext::from_metadata(&event.envelope.metadata) {
+                    span.add_link(context.span_context());
+                }
+            }
+        }
         let results = match self.queue.enqueue(&tasks).instrument(span).await {
             Ok(results) => results,
             Err(source) => {

@@ -66,6 +66,8 @@ use super::broker::{Dequeued, is_leased, is_not_found};
 use super::completions::Completions;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
 use super::{Client, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
+use crate::spans;
+use crate::trace_context::{self, TraceContext};
 
 /// Recovery waits this long past a lease's expiry, to allow for clock skew
 /// between workers (Go asynq's value).
@@ -525,19 +527,28 @@ impl Worker {
                 skip_retry: false,
             };
         };
-        let span = tracing::info_span!(
-            "task",
-            id = %message.id,
-            task_type = %message.r#type,
-            queue = %message.queue
+        // The run continues the trace of the task's headers (as a Go
+        // producer's middleware writes them), or starts one.
+        let span = spans::process(
+            &message.id,
+            &message.r#type,
+            &message.queue,
+            message.retried,
         );
-        let mut run = tokio::spawn(tracing::Instrument::instrument(
-            handler(Task::from(message)),
-            span,
+        let context = trace_context::start(
+            &span,
+            TraceContext::from_metadata(&message.headers).as_ref(),
+        );
+        let mut run = tokio::spawn(trace_context::within(
+            context,
+            tracing::Instrument::instrument(handler(Task::from(message)), span.clone()),
         ));
         let outcome = tokio::select! {
             joined = &mut run => match joined {
-                Ok(Ok(())) => return Outcome::Succeeded,
+                Ok(Ok(())) => {
+                    spans::record_outcome(&span, "succeeded", None);
+                    return Outcome::Succeeded;
+                }
                 Ok(Err(err)) => Outcome::Failed {
                     error: err.to_string(),
                     skip_retry: err.skip_retry,
@@ -556,6 +567,14 @@ impl Worker {
             () = self.abort.cancelled() => Outcome::Interrupted,
         };
         run.abort();
+        match &outcome {
+            Outcome::Succeeded => spans::record_outcome(&span, "succeeded", None),
+            Outcome::Failed { error, .. } => spans::record_outcome(&span, "failed", Some(error)),
+            Outcome::LeaseLost => spans::record_outcome(&span, "lease_lost", Some("lease lost")),
+            Outcome::Interrupted => {
+                spans::record_outcome(&span, "interrupted", Some("interrupted by shutdown"));
+            }
+        }
         outcome
     }
 

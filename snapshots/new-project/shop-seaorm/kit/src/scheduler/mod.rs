@@ -319,8 +319,9 @@ pub(crate) async fn enqueue_tick(
     match &entry.what {
         What::Event { name, build } => {
             // Each tick starts a trace of its own.
+            let span = crate::spans::create(name, &tick.id);
             let mut metadata = Metadata::new();
-            crate::trace_context::TraceContext::new_root().inject(&mut metadata);
+            crate::trace_context::start(&span, None).inject(&mut metadata);
             let envelope = Envelope {
                 id: tick.id,
                 name: (*name).to_string(),
@@ -329,7 +330,8 @@ pub(crate) async fn enqueue_tick(
                 // The row's creation time, as for a dispatched event.
                 occurred_at: Utc::now(),
             };
-            Ok(Store.insert_unless_present(pool, &envelope).await?)
+            let insert = Store.insert_unless_present(pool, &envelope);
+            Ok(tracing::Instrument::instrument(insert, span).await?)
         }
         What::Job(_) => {
             let payload = serde_json::to_vec(&JobPayload {

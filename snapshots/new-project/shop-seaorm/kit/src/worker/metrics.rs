@@ -75,6 +75,9 @@ pub struct ListenerMetrics {
     pub failed: Family<ListenerLabels, Counter>,
     /// How long each run took, in seconds, by outcome.
     pub durations: Durations<ListenerRunLabels>,
+    /// Deliveries whose `ctx.once` work was skipped: the inbox had the
+    /// event already.
+    pub inbox_duplicates: Family<ListenerLabels, Counter>,
 }
 
 impl Default for ListenerMetrics {
@@ -83,6 +86,7 @@ impl Default for ListenerMetrics {
             succeeded: Family::default(),
             failed: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
+            inbox_duplicates: Family::default(),
         }
     }
 }
@@ -97,6 +101,17 @@ impl ListenerMetrics {
         };
         drop(self.succeeded.get_or_create(&labels));
         drop(self.failed.get_or_create(&labels));
+        drop(self.inbox_duplicates.get_or_create(&labels));
+    }
+
+    /// The counter of `listener`'s deliveries that its inbox skipped.
+    pub(crate) fn inbox_duplicates_of(&self, event: &str, listener: &str) -> Counter {
+        self.inbox_duplicates
+            .get_or_create(&ListenerLabels {
+                event: event.to_string(),
+                listener: listener.to_string(),
+            })
+            .clone()
     }
 
     /// Counts one run of `listener` of `event` that took `took`.
@@ -179,6 +194,11 @@ impl Metrics {
             "listener_failed",
             "Listener runs that failed, by event and listener",
             listeners.failed.clone(),
+        );
+        registry.register(
+            "inbox_duplicates",
+            "Deliveries whose once-per-event work the inbox skipped, by event and listener",
+            listeners.inbox_duplicates.clone(),
         );
         registry.register(
             "listener_duration_seconds",

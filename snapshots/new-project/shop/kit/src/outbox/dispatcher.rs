@@ -1,15 +1,17 @@
 //! The outbox implementation of the project's `Dispatcher`: dispatching an
 //! event inserts it into `outbox_events` on the executor it is given, with
-//! the current W3C trace context in its metadata.
+//! the current W3C trace context in its metadata (with span export, the
+//! context of the dispatch's `create` span, which covers the insert).
 
 #[cfg(not(feature = "seaorm"))]
 use sqlx::PgExecutor;
+use tracing::{Instrument as _, Span};
 
 #[cfg(feature = "seaorm")]
 use super::Executor;
 use super::{DispatchError, Dispatcher, Event};
 use super::{Envelope, Store};
-use crate::trace_context;
+use crate::{spans, trace_context};
 
 /// Dispatches events by storing them in the outbox.
 #[derive(Debug, Clone, Default)]
@@ -24,17 +26,21 @@ impl OutboxDispatcher {
         Self::default()
     }
 
-    /// The envelope of `event`, with the current trace context.
-    fn envelope<E: Event>(event: &E) -> Result<Envelope, DispatchError> {
+    /// The envelope of `event`, with the trace context of the span of its
+    /// dispatch (a child of the current one), and that span.
+    fn envelope<E: Event>(event: &E) -> Result<(Envelope, Span), DispatchError> {
         let payload = serde_json::to_value(event).map_err(|source| DispatchError::Serialize {
             name: E::NAME,
             source,
         })?;
         let mut envelope = Envelope::new(E::NAME, payload);
-        if let Some(context) = trace_context::current() {
-            context.child().inject(&mut envelope.metadata);
+        let span = spans::create(E::NAME, &envelope.id);
+        let parent = trace_context::current();
+        // Without a current trace, only an exported span starts one.
+        if parent.is_some() || !span.is_none() {
+            trace_context::start(&span, parent.as_ref()).inject(&mut envelope.metadata);
         }
-        Ok(envelope)
+        Ok((envelope, span))
     }
 }
 
@@ -45,9 +51,10 @@ impl Dispatcher for OutboxDispatcher {
         E: Event,
         X: Executor,
     {
-        let envelope = Self::envelope(event)?;
+        let (envelope, span) = Self::envelope(event)?;
         executor
             .insert_event(&envelope)
+            .instrument(span)
             .await
             .map_err(|source| DispatchError::Store {
                 name: E::NAME,
@@ -65,9 +72,10 @@ impl Dispatcher for OutboxDispatcher {
         E: Event,
         X: PgExecutor<'e>,
     {
-        let envelope = Self::envelope(event)?;
+        let (envelope, span) = Self::envelope(event)?;
         self.store
             .insert(executor, &envelope)
+            .instrument(span)
             .await
             .map_err(|source| DispatchError::Store {
                 name: E::NAME,

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -306,7 +307,8 @@ pub fn handle_events(
                 (listener.clone(), transactor.clone(), metrics.clone());
             async move {
                 let started = std::time::Instant::now();
-                let result = run_listener(&listener, transactor, task).await;
+                let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
+                let result = run_listener(&listener, transactor, task, duplicates).await;
                 metrics.record(
                     listener.event(),
                     listener.name(),
@@ -390,6 +392,7 @@ async fn run_listener(
     listener: &Listener,
     transactor: database::Transactor,
     task: Task,
+    duplicates: Counter,
 ) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -397,10 +400,6 @@ async fn run_listener(
             task.id
         ))
     })?;
-    // The task's headers first: a Go producer's middleware may have
-    // continued the trace there.
-    let context = TraceContext::from_headers_or(&task.headers, &envelope.metadata)
-        .map_or_else(TraceContext::new_root, |parent| parent.child());
     let span = tracing::info_span!(
         "listener",
         event = listener.event(),
@@ -408,10 +407,19 @@ async fn run_listener(
         event_id = %envelope.id,
         retried = task.retried,
     );
-    let run =
-        tracing::Instrument::instrument(listener.call(envelope, task.headers, transactor), span);
-    match trace_context::scope(context, run).await {
-        Ok(()) => Ok(()),
-        Err(err) => Err(err.into()),
-    }
+    // The consumer runs the task in the trace of its headers (the relay
+    // writes them; a Go producer's middleware may have continued the trace
+    // there). A task without (enqueued by a relay before template set 8)
+    // continues the trace of the dispatch, from the envelope.
+    let fallback = TraceContext::from_metadata(&task.headers)
+        .is_none()
+        .then(|| TraceContext::from_metadata(&envelope.metadata))
+        .flatten();
+    let run = listener.call_counted(envelope, task.headers, transactor, duplicates);
+    let run = tracing::Instrument::instrument(run, span);
+    let result = match fallback {
+        Some(parent) => trace_context::scope(parent.child(), run).await,
+        None => run.await,
+    };
+    result.map_err(HandlerError::from)
 }

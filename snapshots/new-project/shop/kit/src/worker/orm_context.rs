@@ -99,12 +99,16 @@ impl OrmListenerContext {
     where
         F: AsyncFnOnce(&DatabaseTransaction) -> Result<T, ListenerError>,
     {
-        super::inbox::once_orm(
+        let done = super::inbox::once_orm(
             self.inner.transactor(),
             self.inner.listener(),
             self.inner.event_id(),
             work,
         )
-        .await
+        .await?;
+        if done.is_none() {
+            self.inner.count_duplicate();
+        }
+        Ok(done)
     }
 }

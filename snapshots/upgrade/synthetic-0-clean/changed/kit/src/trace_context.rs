@@ -11,16 +11,25 @@
 //! reads it; the worker runs each listener inside the context of its task's
 //! headers or, without one, of the envelope. A scheduler's event tick starts
 //! a trace of its own. Logs carry the trace id, so they can be joined
-//! across services. This is the W3C format only: it needs no tracing SDK,
-//! and an OpenTelemetry exporter can be added on top.
+//! across services.
+//!
+//! When spans are exported over OTLP, each of these steps is a span of its
+//! own (see `spans`), started as a child of the context it continues, and
+//! the context passed on is that span's: the trace a backend shows is the
+//! one the envelope and the headers carry. Without export, the same
+//! contexts are made here with new span ids, and no span data at all.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use tracing::Instrument;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId};
+use tracing::{Instrument, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::{otlp, spans};
 
 /// W3C trace context and other string metadata (`traceparent`, `tracestate`)
 /// that travels with an event, in its envelope.
@@ -117,6 +126,66 @@ impl TraceContext {
             metadata.insert("tracestate".to_string(), state.clone());
         }
     }
+
+    /// This context as OpenTelemetry's, received from elsewhere: the
+    /// parent of a span started here, or a span linked to.
+    pub(crate) fn span_context(&self) -> SpanContext {
+        let flags = if self.sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        SpanContext::new(
+            TraceId::from_hex(&self.trace_id).unwrap_or(TraceId::INVALID),
+            SpanId::from_hex(&self.span_id).unwrap_or(SpanId::INVALID),
+            flags,
+            true,
+            self.tracestate
+                .as_deref()
+                .and_then(|state| state.parse().ok())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// The context of a span started here, if it is a valid one.
+    fn of_span(context: &SpanContext) -> Option<Self> {
+        context.is_valid().then(|| Self {
+            trace_id: context.trace_id().to_string(),
+            span_id: context.span_id().to_string(),
+            sampled: context.is_sampled(),
+            tracestate: Some(context.trace_state().header()).filter(|state| !state.is_empty()),
+        })
+    }
+}
+
+/// Starts `span` as a child of `parent` (a new trace without one) and
+/// returns the context that continues from it: the span's own when spans
+/// are exported, else a new span id under `parent` (or a new root). The
+/// span's `trace_id` field, if it has one, gets the trace id.
+pub(crate) fn start(span: &Span, parent: Option<&TraceContext>) -> TraceContext {
+    let mut started = None;
+    if otlp::exporting() {
+        if let Some(parent) = parent {
+            let remote =
+                opentelemetry::Context::new().with_remote_span_context(parent.span_context());
+            // Refused only for a span no layer records (filtered out).
+            let _ = span.set_parent(remote);
+        }
+        started = TraceContext::of_span(span.context().span().span_context());
+    }
+    let context =
+        started.unwrap_or_else(|| parent.map_or_else(TraceContext::new_root, TraceContext::child));
+    span.record("trace_id", context.trace_id());
+    context
+}
+
+/// Runs `future` with `context` as the current one (see [`current`]).
+#[cfg(feature = "worker")]
+pub(crate) fn within<F: Future>(
+    context: TraceContext,
+    future: F,
+) -> tokio::task::futures::TaskLocalFuture<TraceContext, F> {
+    CURRENT.scope(context, future)
 }
 
 /// The W3C trace context headers of `metadata` (`traceparent` and
@@ -148,17 +217,30 @@ pub async fn scope<F: Future>(context: TraceContext, future: F) -> F::Output {
 }
 
 /// Axum middleware: runs each request inside the trace context of its
-/// `traceparent` header (a child span of it), or of a new trace.
+/// `traceparent` header (a child span of it), or of a new trace; with
+/// export, in a `server` span named after its method and matched route.
 pub async fn propagate(request: Request, next: Next) -> Response {
-    let context = context_of(&request);
-    scope(context, next.run(request)).await
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|route| route.as_str().to_string());
+    let span = spans::http_request(
+        request.method().as_str(),
+        request.uri().path(),
+        route.as_deref(),
+    );
+    let context = start(&span, incoming(&request).as_ref());
+    let response = CURRENT
+        .scope(context, next.run(request).instrument(span.clone()))
+        .await;
+    spans::record_response(&span, response.status().as_u16());
+    response
 }
 
-fn context_of(request: &Request) -> TraceContext {
+/// The context of a request's `traceparent` (and `tracestate`) header.
+fn incoming(request: &Request) -> Option<TraceContext> {
     let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
-    header("traceparent")
-        .and_then(|parent| TraceContext::parse(parent, header("tracestate")))
-        .map_or_else(TraceContext::new_root, |parent| parent.child())
+    TraceContext::parse(header("traceparent")?, header("tracestate"))
 }
 
 #[cfg(test)]

@@ -164,9 +164,9 @@ impl Client {
         })
     }
 
-    /// The state of `queue` (Go's `Inspector.GetQueueInfo`), in two round
-    /// trips: the counts and totals, then when the oldest pending task was
-    /// queued.
+    /// The state of `queue` (Go's `Inspector.GetQueueInfo`), in up to three
+    /// round trips: the counts, the totals with the oldest pending task,
+    /// then (when there is one) when it was queued.
     pub async fn queue_stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let counts = self.queue_counts(queue).await?;
         let (processed_total, failed_total, paused, oldest): (

@@ -29,6 +29,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -52,6 +53,8 @@ pub struct ListenerContext {
     listener: String,
     /// The worker's transactor on `pool`: its commits wake the relays.
     transactor: Transactor,
+    /// Counts the deliveries [`Self::once`] skipped as duplicates.
+    duplicates: Counter,
 }
 
 impl ListenerContext {
@@ -100,7 +103,17 @@ impl ListenerContext {
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
     {
-        super::inbox::once(&self.transactor, &self.listener, self.event_id, work).await
+        let done =
+            super::inbox::once(&self.transactor, &self.listener, self.event_id, work).await?;
+        if done.is_none() {
+            self.count_duplicate();
+        }
+        Ok(done)
+    }
+
+    /// Counts one delivery skipped by the inbox.
+    pub(crate) fn count_duplicate(&self) {
+        self.duplicates.inc();
     }
 
     /// The worker's transactor, whose commits wake the relays.
@@ -147,6 +160,19 @@ impl Listener {
         headers: BTreeMap<String, String>,
         transactor: Transactor,
     ) -> Result<(), ListenerError> {
+        self.call_counted(envelope, headers, transactor, Counter::default())
+            .await
+    }
+
+    /// [`Self::call`], counting the deliveries its inbox skips in
+    /// `duplicates`.
+    pub(crate) async fn call_counted(
+        &self,
+        envelope: Envelope,
+        headers: BTreeMap<String, String>,
+        transactor: Transactor,
+        duplicates: Counter,
+    ) -> Result<(), ListenerError> {
         let context = ListenerContext {
             event_id: envelope.id,
             occurred_at: envelope.occurred_at,
@@ -155,6 +181,7 @@ impl Listener {
             pool: transactor.pool().clone(),
             listener: self.name.clone(),
             transactor,
+            duplicates,
         };
         (self.run)(envelope, context).await
     }
