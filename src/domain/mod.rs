@@ -3,10 +3,11 @@
 //! and listeners ([`events`]), goose migration file names and versions
 //! ([`migration`]), schedules with their timing specs ([`schedule`]), and
 //! the kit's API changes that an upgrade carries user code across
-//! ([`api_changes`]).
+//! ([`api_changes`]), and values written into URLs ([`url_part`]).
 
 pub mod api_changes;
 pub mod events;
 pub mod migration;
 pub mod names;
 pub mod schedule;
+pub mod url_part;

@@ -6,13 +6,11 @@
 //! Go asynq's names).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::support::repo;
+use crate::support::{http_get, repo};
 use crate::valkey_infra::{bin, commit_events, database, project, wait_for_listeners};
 use crate::worker_e2e::{RedisServer, free_port, wait_until};
 
@@ -79,35 +77,14 @@ fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<f64> 
 
 /// `GET /metrics` on 127.0.0.1:`port`, parsed.
 fn scrape(port: u16) -> Samples {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    parse(body)
+    let (status, body) = http_get(port, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    parse(&body)
 }
 
 /// `GET path` on 127.0.0.1:`port`; the status code, 0 when nothing answers.
 fn status(port: u16, path: &str) -> u16 {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return 0;
-    };
-    let _ = write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    );
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0)
+    http_get(port, path).0
 }
 
 /// A binary of the project, stopped (SIGTERM, then killed) when dropped.

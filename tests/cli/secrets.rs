@@ -18,8 +18,6 @@
 //! directory, so that the `.env` written here is seen by no other test.
 
 use std::hash::{BuildHasher, RandomState};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -28,7 +26,7 @@ use serde_json::Value;
 
 use crate::e2e::psql;
 use crate::own_postgres::OwnPostgres;
-use crate::support::{gpkit, read_tree};
+use crate::support::{gpkit, http_get, read_tree};
 use crate::worker_e2e::{RedisServer, free_port, wait_until};
 
 /// A password: a random token in a text that URL encoding changes, so that
@@ -247,25 +245,6 @@ impl Drop for Sentinel {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// `GET path` on 127.0.0.1:`port`: the status code, or 0 before it listens.
-fn get(port: u16, path: &str) -> u16 {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return 0;
-    };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    let mut response = String::new();
-    if stream.write_all(request.as_bytes()).is_err()
-        || stream.read_to_string(&mut response).is_err()
-    {
-        return 0;
-    }
-    response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0)
 }
 
 /// `gpkit doctor --format json` in `dir` with only `env` of the project's
@@ -512,7 +491,7 @@ fn every_binary_authenticates_with_every_password_form_and_prints_no_password() 
         ]),
     );
     wait_until(Duration::from_secs(20), "the server is ready", || {
-        get(http, "/readyz") == 200
+        http_get(http, "/readyz").0 == 200
     });
     let log = server.stop();
     assert!(log.contains("DEBUG"), "no debug logs: {log}");
@@ -685,7 +664,7 @@ fn every_binary_authenticates_with_every_password_form_and_prints_no_password() 
     assert!(!status.contains("Pending"), "{status}");
     let server = Service::start("server", &dir, &[]);
     wait_until(Duration::from_secs(20), "the server is ready", || {
-        get(http, "/readyz") == 200
+        http_get(http, "/readyz").0 == 200
     });
     let log = server.stop();
     assert!(log.contains("DEBUG"), "no debug logs: {log}");

@@ -1,6 +1,6 @@
 //! Shared test helpers: a clean `gpkit` command in a temp directory,
-//! directory-tree snapshots under `snapshots/`, and the one rule for a tool
-//! a test needs ([`require_tool`]).
+//! directory-tree snapshots under `snapshots/`, the one rule for a tool
+//! a test needs ([`require_tool`]), and a plain HTTP GET ([`http_get`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -267,4 +267,30 @@ pub fn assert_text_snapshot(name: &str, actual: &str) {
             .unified_diff()
             .header("snapshot", "actual")
     );
+}
+
+/// `GET path` on 127.0.0.1:`port` (HTTP/1.1, the connection closed after
+/// it): the status and the body; status 0 and no body when nothing answers.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let mut response = String::new();
+    if stream.write_all(request.as_bytes()).is_err()
+        || stream.read_to_string(&mut response).is_err()
+    {
+        return (0, String::new());
+    }
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -4,13 +4,14 @@
 //! during a busy batch.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, binary, built_project, migrate, psql};
+use crate::support::http_get;
 
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
@@ -401,7 +402,7 @@ fn a_worker_killed_between_enqueue_and_commit_causes_no_second_task() {
 
     // Assert: each event once in the queue; the second worker saw duplicates.
     assert_queued_exactly_once(&redis, &ids);
-    let metrics = http_get(metrics_port, "/metrics");
+    let (_, metrics) = http_get(metrics_port, "/metrics");
     assert!(metrics.contains("outbox_duplicates_total 100"), "{metrics}");
     assert!(metrics.contains("outbox_published_total 100"), "{metrics}");
     second.signal("-TERM");
@@ -511,22 +512,6 @@ fn sigterm_during_a_busy_batch_exits_cleanly_and_holds_nothing() {
     );
 }
 
-/// `GET path` on 127.0.0.1:`port`; the response body.
-fn http_get(port: u16, path: &str) -> String {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
-}
-
 /// Seconds in a humantime/Debug duration such as `1.9s`, `750ms` or `16.2s`.
 fn humantime_secs(text: &str) -> Option<f64> {
     if let Some(ms) = text.strip_suffix("ms") {
@@ -574,7 +559,7 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
 /// `port`; `None` while the endpoint is not up or has no such counter.
 pub fn metric(port: u16, name: &str) -> Option<u64> {
     TcpStream::connect(("127.0.0.1", port)).ok()?;
-    http_get(port, "/metrics").lines().find_map(|line| {
+    http_get(port, "/metrics").1.lines().find_map(|line| {
         line.strip_prefix(name)?
             .strip_prefix(' ')?
             .trim()

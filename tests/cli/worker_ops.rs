@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::e2e::Database;
+use crate::support::http_get;
 use crate::worker_e2e::{
     RedisServer, Worker, database_with_events, free_port, relay_rounds, wait_until,
 };
@@ -107,33 +108,11 @@ fn upstream(url: &str) -> String {
     split_url(url).1
 }
 
-/// `GET path` on 127.0.0.1:`port`: the status code and the body.
-fn get(port: u16, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
 /// Waits until `/readyz` on `port` answers 503; its body.
 fn wait_until_not_ready(port: u16) -> String {
     let mut body = String::new();
     wait_until(Duration::from_secs(10), "/readyz answers 503", || {
-        let (status, answer) = get(port, "/readyz");
+        let (status, answer) = http_get(port, "/readyz");
         body = answer;
         status == 503
     });
@@ -186,7 +165,7 @@ fn worker_behind(
     wait_until(Duration::from_secs(30), "the relay runs rounds", || {
         relay_rounds(metrics) >= 3
     });
-    assert_eq!(get(metrics, "/readyz"), (200, "ready".to_string()));
+    assert_eq!(http_get(metrics, "/readyz"), (200, "ready".to_string()));
     worker
 }
 
@@ -260,12 +239,16 @@ fn readyz_fails_while_postgres_hangs_and_recovers_when_it_answers_again() {
     let body = wait_until_not_ready(metrics);
     assert!(body.contains("postgres: no answer within 2s"), "{body}");
     assert!(body.contains("valkey: ok"), "{body}");
-    assert_eq!(get(metrics, "/healthz").0, 200, "alive while not ready");
+    assert_eq!(
+        http_get(metrics, "/healthz").0,
+        200,
+        "alive while not ready"
+    );
 
     // Postgres answers again: ready again, and the relay runs rounds.
     proxy.unfreeze();
     let took = wait_until(Duration::from_secs(20), "ready again", || {
-        get(metrics, "/readyz").0 == 200
+        http_get(metrics, "/readyz").0 == 200
     });
     wait_until(
         Duration::from_secs(20),
@@ -325,7 +308,7 @@ fn sigterm_while_valkey_hangs_stops_the_worker_within_two_seconds() {
         &[("WORKER_METRICS_ADDR", &addr), ("OUTBOX_WAKE", "valkey")],
     );
     wait_until(Duration::from_secs(30), "the worker is ready", || {
-        TcpStream::connect(("127.0.0.1", metrics)).is_ok() && get(metrics, "/readyz").0 == 200
+        TcpStream::connect(("127.0.0.1", metrics)).is_ok() && http_get(metrics, "/readyz").0 == 200
     });
 
     // The server stops answering; connections stay open.
@@ -361,12 +344,12 @@ fn readyz_fails_while_valkey_is_down_and_recovers_when_it_is_back() {
     let addr = format!("127.0.0.1:{metrics}");
     let mut worker = Worker::start(&db, &redis, &[("WORKER_METRICS_ADDR", &addr)]);
     wait_until(Duration::from_secs(30), "the worker is ready", || {
-        TcpStream::connect(("127.0.0.1", metrics)).is_ok() && get(metrics, "/readyz").0 == 200
+        TcpStream::connect(("127.0.0.1", metrics)).is_ok() && http_get(metrics, "/readyz").0 == 200
     });
-    assert_eq!(get(metrics, "/healthz"), (200, "ok".to_string()));
+    assert_eq!(http_get(metrics, "/healthz"), (200, "ok".to_string()));
 
     redis.stop();
-    let (status, body) = get(metrics, "/readyz");
+    let (status, body) = http_get(metrics, "/readyz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("postgres: ok"), "{body}");
     assert!(
@@ -375,11 +358,15 @@ fn readyz_fails_while_valkey_is_down_and_recovers_when_it_is_back() {
         "{body}"
     );
     assert!(body.contains("relay: ok"), "{body}");
-    assert_eq!(get(metrics, "/healthz").0, 200, "alive while not ready");
+    assert_eq!(
+        http_get(metrics, "/healthz").0,
+        200,
+        "alive while not ready"
+    );
 
     redis.restart();
     wait_until(Duration::from_secs(30), "ready again", || {
-        get(metrics, "/readyz").0 == 200
+        http_get(metrics, "/readyz").0 == 200
     });
     worker.signal("-TERM");
     assert_eq!(worker.wait(Duration::from_secs(30)), Some(0));

@@ -19,6 +19,8 @@ use std::process::{Command, Output};
 
 use anyhow::{Context, Result, bail};
 
+use crate::domain::url_part::encode;
+
 /// The compose file, at the project's root.
 pub const COMPOSE_FILE: &str = "compose.yaml";
 
@@ -32,7 +34,9 @@ pub struct Compose {
     services: Vec<&'static str>,
     /// `DATABASE_URL` and, with the worker, `VALKEY_ADDR`.
     env: Vec<(String, String)>,
-    stopped: bool,
+    /// Whether `up` was asked for (it may have started some services even
+    /// when it failed) and `stop` has not run since: what `Drop` stops.
+    started: bool,
 }
 
 /// The reasons `--compose` cannot run, checked before anything starts:
@@ -106,7 +110,7 @@ impl Compose {
             args,
             services,
             env: Vec::new(),
-            stopped: true,
+            started: false,
         };
         let config = compose.config()?;
         if fresh {
@@ -117,7 +121,7 @@ impl Compose {
         }
         let mut up = vec!["up", "--detach", "--wait"];
         up.extend(compose.services.iter().copied());
-        compose.stopped = false;
+        compose.started = true;
         compose.compose(&up, "start the services")?;
 
         let postgres = compose.port("postgres", 5432)?;
@@ -197,10 +201,10 @@ impl Compose {
 
     /// Stops the services, keeping their containers and volumes.
     pub fn stop(&mut self) {
-        if self.stopped {
+        if !self.started {
             return;
         }
-        self.stopped = true;
+        self.started = false;
         let mut stop = vec!["stop"];
         stop.extend(self.services.iter().copied());
         if let Err(err) = self.compose(&stop, "stop the services") {
@@ -257,18 +261,6 @@ fn first_line(bytes: &[u8]) -> String {
         .to_string()
 }
 
-/// Percent-encodes a URL's user-info or path part.
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +288,5 @@ mod tests {
                 .to_string()
                 .contains("POSTGRES_PASSWORD")
         );
-        assert_eq!(encode("s3:cret"), "s3%3Acret");
     }
 }

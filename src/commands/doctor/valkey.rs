@@ -21,6 +21,7 @@ use redis::TlsCertificates;
 use super::environment::Settings;
 use super::report::Finding;
 use super::tls::{self, Problem};
+use crate::domain::url_part::encode;
 
 const CHECK: &str = "valkey";
 
@@ -446,18 +447,6 @@ fn without_password(url: &str) -> String {
     }
 }
 
-/// Percent-encodes a password for the user-info part of a URL.
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,7 +458,6 @@ mod tests {
             "redis://app:***@cache:6379/2"
         );
         assert_eq!(without_password("redis://cache:6379"), "redis://cache:6379");
-        assert_eq!(encode("p@ss:w/rd"), "p%40ss%3Aw%2Frd");
     }
 
     #[test]
