@@ -640,7 +640,7 @@ fn the_dockerfiles_build_stage_succeeds_as_a_script() {
                     .args(["-c", &script])
                     .current_dir(&workdir)
                     .env("CARGO_TARGET_DIR", shared_target())
-                    .env("CARGO_INCREMENTAL", "0")
+                    .envs(crate::e2e::BUILD_ENV)
                     .env_remove("RUSTFLAGS")
                     .env_remove("CARGO_BUILD_RUSTFLAGS")
                     .output()

@@ -58,7 +58,7 @@ fn dev_command(project: &Path, args: &[&str]) -> Command {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .env("CARGO_TARGET_DIR", shared_target())
-        .env("CARGO_INCREMENTAL", "0")
+        .envs(crate::e2e::BUILD_ENV)
         .stdin(Stdio::null());
     command
 }

@@ -220,6 +220,7 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
         env: vec![
             ("CARGO_TARGET_DIR", shared_target().display().to_string()),
             ("CARGO_INCREMENTAL", "0".to_string()),
+            ("CARGO_PROFILE_DEV_DEBUG", "line-tables-only".to_string()),
             ("DATABASE_URL", db.url()),
             (
                 "VALKEY_ADDR",
@@ -319,7 +320,7 @@ fn the_server_reads_dotenv_from_its_working_directory(project: &Path, db: &Datab
             .args(["--bin", "server"])
             .current_dir(dir.path())
             .env("CARGO_TARGET_DIR", shared_target())
-            .env("CARGO_INCREMENTAL", "0")
+            .envs(crate::e2e::BUILD_ENV)
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_BUILD_RUSTFLAGS")
             .env_remove("HTTP_ADDR")
