@@ -25,19 +25,32 @@ fn free_port() -> u16 {
 /// `method path` on `addr` with an optional JSON body: the status and the
 /// body, or `None` while nothing answers.
 pub fn request(addr: &str, method: &str, path: &str, json: Option<&str>) -> Option<(u16, String)> {
+    request_with_headers(addr, method, path, json, &[])
+}
+
+/// [`request`], with more request headers.
+pub fn request_with_headers(
+    addr: &str,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .ok()?;
     let body = json.unwrap_or("");
-    let content_type = if json.is_some() {
-        "Content-Type: application/json\r\n"
-    } else {
-        ""
-    };
+    let mut extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    if json.is_some() {
+        extra.insert_str(0, "Content-Type: application/json\r\n");
+    }
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{content_type}\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     )

@@ -23,7 +23,7 @@ use crate::asynq_interop::{
     TRACE_ID, TRACEPARENT, database, go, json_lines, listener_runs, project, start_worker,
     stop_worker, wait_for_state,
 };
-use crate::example::request;
+use crate::example::{request, request_with_headers};
 use crate::go_peers::go_peer;
 use crate::worker_e2e::{RedisServer, free_port, wait_until};
 
@@ -137,21 +137,10 @@ fn one_request_is_one_trace_through_the_outbox_to_every_listener_attempt() {
 
     // One request, in the caller's trace; its event makes `email` fail once.
     let body = r#"{"order_id": 41, "note": "fail-once:email"}"#;
-    let response = std::net::TcpStream::connect(&addr).and_then(|mut stream| {
-        use std::io::{Read, Write};
-        write!(
-            stream,
-            "POST /orders HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-             Content-Type: application/json\r\ntraceparent: {TRACEPARENT}\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
-    });
-    let response = response.unwrap();
-    assert!(response.starts_with("HTTP/1.1 202"), "{response}");
+    let traceparent = [("traceparent", TRACEPARENT)];
+    let (status, response) =
+        request_with_headers(&addr, "POST", "/orders", Some(body), &traceparent).unwrap();
+    assert_eq!(status, 202, "{response}");
 
     // `audit` runs; `email` fails, waits in `retry`, and is run again at
     // once with Inspector.RunTask (instead of waiting out the retry delay).

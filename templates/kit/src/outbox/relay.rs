@@ -287,7 +287,7 @@ impl Relay {
                     .map(move |queue| self.task_for(event, queue))
             })
             .collect();
-        let span = crate::spans::send(&self.queue_names.join(","), tasks.len());
+        let span = crate::spans::send(&self.queue_names, tasks.len());
         if crate::otlp::exporting() {
             for event in &claimed {
                 if let Some(context) = TraceContext::from_metadata(&event.envelope.metadata) {

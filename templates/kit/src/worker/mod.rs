@@ -300,14 +300,18 @@ pub fn handle_events(
     });
     for listener in listeners.all() {
         metrics.register(listener.event(), listener.name());
+        let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
         let (listener, transactor, metrics) =
             (listener.clone(), transactor.clone(), metrics.clone());
         consumer.handle(listener.task_type(), move |task| {
-            let (listener, transactor, metrics) =
-                (listener.clone(), transactor.clone(), metrics.clone());
+            let (listener, transactor, metrics, duplicates) = (
+                listener.clone(),
+                transactor.clone(),
+                metrics.clone(),
+                duplicates.clone(),
+            );
             async move {
                 let started = std::time::Instant::now();
-                let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
                 let result = run_listener(&listener, transactor, task, duplicates).await;
                 metrics.record(
                     listener.event(),

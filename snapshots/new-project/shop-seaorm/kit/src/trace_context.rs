@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId};
@@ -220,15 +220,7 @@ pub async fn scope<F: Future>(context: TraceContext, future: F) -> F::Output {
 /// `traceparent` header (a child span of it), or of a new trace; with
 /// export, in a `server` span named after its method and matched route.
 pub async fn propagate(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|route| route.as_str().to_string());
-    let span = spans::http_request(
-        request.method().as_str(),
-        request.uri().path(),
-        route.as_deref(),
-    );
+    let span = spans::http_request(&request);
     let context = start(&span, incoming(&request).as_ref());
     let response = CURRENT
         .scope(context, next.run(request).instrument(span.clone()))

@@ -545,10 +545,7 @@ impl Worker {
         ));
         let outcome = tokio::select! {
             joined = &mut run => match joined {
-                Ok(Ok(())) => {
-                    spans::record_outcome(&span, "succeeded", None);
-                    return Outcome::Succeeded;
-                }
+                Ok(Ok(())) => Outcome::Succeeded,
                 Ok(Err(err)) => Outcome::Failed {
                     error: err.to_string(),
                     skip_retry: err.skip_retry,
@@ -566,6 +563,7 @@ impl Worker {
             () = lease_lost(lease.clone()) => Outcome::LeaseLost,
             () = self.abort.cancelled() => Outcome::Interrupted,
         };
+        // A no-op for a run that has ended.
         run.abort();
         match &outcome {
             Outcome::Succeeded => spans::record_outcome(&span, "succeeded", None),

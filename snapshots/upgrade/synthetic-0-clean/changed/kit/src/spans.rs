@@ -8,17 +8,24 @@
 //! data. When nothing is exported, each is the lean span the logs need, or
 //! none at all, so that tracing costs nothing it does not show.
 
+use axum::extract::{MatchedPath, Request};
 use tracing::Span;
 use tracing::field::Empty;
 
 use crate::otlp::exporting;
 
-/// The span of an HTTP request, `<method> <route>`; without export, a span
-/// that only gives the logs the trace id.
-pub(crate) fn http_request(method: &str, path: &str, route: Option<&str>) -> Span {
+/// The span of an HTTP request, `<method> <route>` (its matched route);
+/// without export, a span that only gives the logs the trace id.
+pub(crate) fn http_request(request: &Request) -> Span {
     if !exporting() {
         return tracing::info_span!("trace", trace_id = Empty);
     }
+    let method = request.method().as_str();
+    let path = request.uri().path();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
     let name = match route {
         Some(route) => format!("{method} {route}"),
         None => method.to_string(),
@@ -66,10 +73,11 @@ pub(crate) fn create(event: &str, id: &uuid::Uuid) -> Span {
 /// The `send` span of one relay round that enqueues `count` tasks on
 /// `queues`; without export, a debug span for the logs.
 #[cfg(feature = "worker")]
-pub(crate) fn send(queues: &str, count: usize) -> Span {
+pub(crate) fn send(queues: &[String], count: usize) -> Span {
     if !exporting() {
         return tracing::debug_span!("outbox.enqueue", rows = count);
     }
+    let queues = queues.join(",");
     tracing::info_span!(
         "send",
         otel.name = format!("send {queues}"),
@@ -77,7 +85,7 @@ pub(crate) fn send(queues: &str, count: usize) -> Span {
         messaging.system = "asynq",
         "messaging.operation.type" = "send",
         messaging.operation.name = "send",
-        messaging.destination.name = queues,
+        messaging.destination.name = queues.as_str(),
         messaging.batch.message_count = count as i64,
     )
 }
