@@ -1342,6 +1342,81 @@ async fn server_state(queue: &TestQueue) -> Option<(String, ServerInfo, f64)> {
 }
 
 #[tokio::test]
+async fn a_consumer_runs_at_most_its_concurrency_and_takes_nothing_ahead_of_running_handlers() {
+    // Arrange: six tasks whose handlers wait for a gate, on a consumer of
+    // concurrency 2.
+    let queue = TestQueue::new().await;
+    let mut options = queue.options();
+    options.concurrency = 2;
+    let mut consumer = Consumer::new(queue.client.clone(), options);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    {
+        let (gate, running, most, done) =
+            (gate.clone(), running.clone(), most.clone(), done.clone());
+        consumer.handle("job:gated", move |_task: Task| {
+            let (gate, running, most, done) =
+                (gate.clone(), running.clone(), most.clone(), done.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                running.fetch_sub(1, Ordering::SeqCst);
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+    }
+    let tasks: Vec<NewTask> = (0..6)
+        .map(|n| queue.task("job:gated", &format!("gated-{n}")))
+        .collect();
+    queue.enqueue(&tasks).await;
+
+    // Act: two handlers start and block; give the consumer time to take more.
+    let consumer = Running::start(consumer);
+    eventually(Duration::from_secs(10), "two handlers to run", || async {
+        running.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut redis = queue.redis.clone();
+    let active: usize = redis.llen(keys::active(&queue.name)).await.unwrap();
+    let pending: usize = redis.llen(keys::pending(&queue.name)).await.unwrap();
+
+    // Assert: no task is taken ahead while both handlers still run (a task
+    // is taken ahead only for a slot whose completion is on its way).
+    assert_eq!((active, pending), (2, 4), "(active, pending)");
+
+    // And released one at a time, all six run, never more than two at once.
+    for _ in 0..6 {
+        gate.add_permits(1);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually(Duration::from_secs(10), "all six to finish", || async {
+        done.load(Ordering::SeqCst) == 6
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "every task to be completed",
+        || async {
+            let mut redis = queue.redis.clone();
+            let active: usize = redis.llen(keys::active(&queue.name)).await.unwrap();
+            active == 0
+        },
+    )
+    .await;
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "the most handlers running at once"
+    );
+    consumer.stop().await;
+}
+
+#[tokio::test]
 async fn a_running_consumer_publishes_its_server_state_for_asynqmon() {
     // Arrange: a consumer of the test's queue, weight 3, running one task.
     let queue = TestQueue::new().await;

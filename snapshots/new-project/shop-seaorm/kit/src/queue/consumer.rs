@@ -10,11 +10,21 @@
 //!   its retries are spent. A handler that exceeds the task's timeout, or
 //!   panics, has failed; a task already past its deadline when dequeued
 //!   fails without running.
-//! - Batches: one dequeue takes as many tasks as there are free slots (each
-//!   moved exactly as Go's DEQUEUE moves one), and successes are completed
-//!   in batches (see [`super::completions`]); a dequeue that finds its
-//!   tasks taken by another consumer tries again at once, so only an empty
-//!   (or paused) queue makes the consumer wait.
+//! - Batches: one dequeue takes up to as many tasks as there are free
+//!   slots (each moved exactly as Go's DEQUEUE moves one), and successes
+//!   are completed in batches (see [`super::completions`]); a dequeue that
+//!   finds its tasks taken by another consumer tries again at once, so only
+//!   an empty (or paused) queue makes the consumer wait.
+//! - Taking ahead: a task whose handler has returned keeps its slot until
+//!   Valkey has its completion, but the consumer already dequeues a task
+//!   for that slot, which starts the moment the slot is free. So a
+//!   consumer holds at most twice `concurrency` tasks (leased, and shown
+//!   in asynqmon only once they run), runs at most `concurrency` at a
+//!   time, and a task taken ahead waits only for completions on their way,
+//!   never for a handler still running. A killed worker has run at most
+//!   `concurrency` tasks whose completion was not written (those run
+//!   twice); the tasks it took ahead had not started, and run once after
+//!   recovery. At shutdown they go back to pending unrun.
 //! - Acknowledgements survive a Valkey blip: if the write that moves a
 //!   finished task on fails, it is tried again with backoff until the
 //!   task's lease runs out; the heartbeat stops extending the lease at the
@@ -320,22 +330,23 @@ impl Consumer {
         }
 
         let mut running = JoinSet::new();
-        let slots = Arc::new(Semaphore::new(options.concurrency));
+        let capacity = Capacity::new(options.concurrency);
         let mut shutdown = pin!(shutdown);
         loop {
-            let slot = tokio::select! {
+            let take = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                take = capacity.take() => take,
             };
-            // Every slot free now, up to a batch: one dequeue fills them.
-            // Tasks that are finishing at this moment free theirs first.
+            // Every take free now, up to a batch: one dequeue uses them.
+            // Tasks whose handlers are returning at this moment free theirs
+            // first.
             tokio::task::yield_now().await;
-            let mut free = vec![slot];
-            while free.len() < MAX_DEQUEUE_BATCH {
-                match slots.clone().try_acquire_owned() {
-                    Ok(slot) => free.push(slot),
-                    Err(_) => break,
+            let mut takes = vec![take];
+            while takes.len() < MAX_DEQUEUE_BATCH {
+                match capacity.try_take() {
+                    Some(take) => takes.push(take),
+                    None => break,
                 }
             }
             while running.try_join_next().is_some() {}
@@ -346,7 +357,7 @@ impl Consumer {
             // task it took meanwhile is recovered when its lease expires.
             let dequeued = tokio::select! {
                 biased;
-                dequeued = worker.dequeue(free, &mut running) => dequeued,
+                dequeued = worker.dequeue(takes, &capacity, &mut running) => dequeued,
                 () = async {
                     (&mut shutdown).await;
                     sleep(STOP_GRACE).await;
@@ -369,6 +380,7 @@ impl Consumer {
         }
 
         tracing::info!(running = running.len(), "consumer stopping");
+        capacity.stop();
         maintenance.cancel();
         let drain = async { while running.join_next().await.is_some() {} };
         if tokio::time::timeout(options.shutdown_timeout, drain)
@@ -393,6 +405,59 @@ impl Consumer {
         }
         tracing::info!("consumer stopped");
         Ok(())
+    }
+}
+
+/// How many tasks a consumer holds and runs: a task holds a *take* from
+/// its dequeue until its handler returns, and a *slot* from its start until
+/// its final write, `concurrency` of each. So the consumer runs at most
+/// `concurrency` tasks, and takes a task ahead only for a slot whose
+/// handler has returned and whose completion is on its way.
+#[derive(Clone)]
+struct Capacity {
+    takes: Arc<Semaphore>,
+    slots: Arc<Semaphore>,
+    /// Cancelled at shutdown: tasks taken ahead stop waiting for a slot.
+    stopping: CancellationToken,
+}
+
+impl Capacity {
+    fn new(concurrency: usize) -> Self {
+        Self {
+            takes: Arc::new(Semaphore::new(concurrency)),
+            slots: Arc::new(Semaphore::new(concurrency)),
+            stopping: CancellationToken::new(),
+        }
+    }
+
+    /// Waits for a free take.
+    async fn take(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.takes)
+            .acquire_owned()
+            .await
+            .expect("never closed")
+    }
+
+    /// A free take, if there is one now.
+    fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.takes).try_acquire_owned().ok()
+    }
+
+    /// Waits for a free slot; `None` once the consumer is stopping.
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(slot);
+        }
+        tokio::select! {
+            biased;
+            () = self.stopping.cancelled() => None,
+            slot = Arc::clone(&self.slots).acquire_owned() => Some(slot.expect("never closed")),
+        }
+    }
+
+    /// Tasks waiting for a slot give up: they go back to pending.
+    fn stop(&self) {
+        self.stopping.cancel();
     }
 }
 
@@ -438,12 +503,14 @@ enum Settlement {
 }
 
 impl Worker {
-    /// Dequeues up to one task per slot in `free` and starts each on
-    /// `running`, holding its slot until it is done (the slots left over
-    /// are freed). Returns whether there was a task.
+    /// Dequeues up to one task per take in `takes` and puts each on
+    /// `running`, where it waits for a slot of `capacity`, runs, and is
+    /// settled (the takes left over are freed). Returns whether there was
+    /// a task.
     async fn dequeue(
         self: &Arc<Self>,
-        mut free: Vec<OwnedSemaphorePermit>,
+        mut takes: Vec<OwnedSemaphorePermit>,
+        capacity: &Capacity,
         running: &mut JoinSet<()>,
     ) -> Result<bool, QueueError> {
         let order = self.options.queues.dequeue_order();
@@ -451,7 +518,7 @@ impl Worker {
         let lease_until_utc = Utc::now() + self.options.lease_duration;
         let dequeued = self
             .client
-            .dequeue(&order, lease_until_utc, free.len())
+            .dequeue(&order, lease_until_utc, takes.len())
             .await?;
         let any = !dequeued.is_empty();
         for taken in dequeued {
@@ -468,14 +535,27 @@ impl Worker {
                     continue;
                 }
             };
-            let slot = free.pop().expect("no more tasks than slots");
-            let deadline = deadline(&message, Utc::now());
-            let (lease, cancel) = self.active.start(&message, lease_until, deadline);
+            let take = takes.pop().expect("no more tasks than takes");
+            let (lease, cancel) = self.active.hold(&message, lease_until);
             let worker = self.clone();
+            let capacity = capacity.clone();
             running.spawn(async move {
-                let outcome = worker
-                    .execute(&message, deadline, lease.clone(), cancel)
-                    .await;
+                // Taken ahead: waits for the slot of a completion on its
+                // way, or goes back to pending unrun at shutdown.
+                let slot = capacity.slot().await;
+                let outcome = match slot {
+                    Some(_) => {
+                        let deadline = deadline(&message, Utc::now());
+                        worker.active.run(&message, deadline);
+                        worker
+                            .execute(&message, deadline, lease.clone(), cancel)
+                            .await
+                    }
+                    None => Outcome::Interrupted,
+                };
+                // The handler has returned: the next task may be taken
+                // while this one's completion is written.
+                drop(take);
                 worker.settle(&message, outcome, lease).await;
                 worker.active.finish(&message);
                 drop(slot);
@@ -863,12 +943,12 @@ impl Worker {
     }
 }
 
-/// One task this consumer runs: its lease, what asynqmon shows of it, and
-/// how to cancel it.
+/// One task this consumer holds: its lease, what asynqmon shows of it once
+/// it runs, and how to cancel it.
 struct ActiveTask {
     message: Arc<TaskMessage>,
-    started: DateTime<Utc>,
-    deadline: DateTime<Utc>,
+    /// When it started and its deadline; `None` while it waits for a slot.
+    running: Option<(DateTime<Utc>, DateTime<Utc>)>,
     /// The local instant the lease is valid until.
     lease: watch::Sender<Instant>,
     cancel: CancellationToken,
@@ -877,24 +957,23 @@ struct ActiveTask {
     settling: bool,
 }
 
-/// The tasks this consumer runs, by (queue, id), from dequeue until their
+/// The tasks this consumer holds, by (queue, id), from dequeue until their
 /// final write.
 #[derive(Default)]
 struct ActiveTasks(Mutex<HashMap<(String, String), ActiveTask>>);
 
 impl ActiveTasks {
-    fn start(
+    /// A task just dequeued, leased until `lease_until`.
+    fn hold(
         &self,
         message: &Arc<TaskMessage>,
         lease_until: Instant,
-        deadline: DateTime<Utc>,
     ) -> (watch::Receiver<Instant>, CancellationToken) {
         let (lease, receiver) = watch::channel(lease_until);
         let cancel = CancellationToken::new();
         let task = ActiveTask {
             message: Arc::clone(message),
-            started: Utc::now(),
-            deadline,
+            running: None,
             lease,
             cancel: cancel.clone(),
             settling: false,
@@ -902,6 +981,14 @@ impl ActiveTasks {
         let key = (message.queue.clone(), message.id.clone());
         self.0.lock().expect("active tasks").insert(key, task);
         (receiver, cancel)
+    }
+
+    /// The task has a slot and starts now, with `deadline`.
+    fn run(&self, message: &TaskMessage, deadline: DateTime<Utc>) {
+        let key = (message.queue.clone(), message.id.clone());
+        if let Some(task) = self.0.lock().expect("active tasks").get_mut(&key) {
+            task.running = Some((Utc::now(), deadline));
+        }
     }
 
     fn finish(&self, message: &TaskMessage) {
@@ -943,13 +1030,15 @@ impl ActiveTasks {
         }
     }
 
-    /// One `WorkerInfo` per running task, for the server state.
+    /// One `WorkerInfo` per task that has started (not those waiting for
+    /// a slot), for the server state.
     fn worker_infos(&self, server: &ServerInfo) -> Vec<WorkerInfo> {
         self.0
             .lock()
             .expect("active tasks")
             .values()
-            .map(|task| WorkerInfo {
+            .filter_map(|task| Some((task, task.running?)))
+            .map(|(task, (started, deadline))| WorkerInfo {
                 host: server.host.clone(),
                 pid: server.pid,
                 server_id: server.server_id.clone(),
@@ -957,13 +1046,14 @@ impl ActiveTasks {
                 task_type: task.message.r#type.clone(),
                 task_payload: task.message.payload.clone(),
                 queue: task.message.queue.clone(),
-                start_time: Some(task.started.into()),
-                deadline: Some(task.deadline.into()),
+                start_time: Some(started.into()),
+                deadline: Some(deadline.into()),
             })
             .collect()
     }
 
-    /// Cancels the running task `id` (in whichever queue), if any.
+    /// Cancels the task `id` (in whichever queue), running or waiting for
+    /// a slot, if this consumer holds it.
     fn cancel(&self, id: &str) {
         for ((_, task_id), task) in self.0.lock().expect("active tasks").iter() {
             if task_id == id {
