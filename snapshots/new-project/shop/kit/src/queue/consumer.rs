@@ -8,8 +8,8 @@
 //! - Success: the task is deleted, or kept in `:completed` for its
 //!   retention. Failure: retried with Go's default backoff, archived once
 //!   its retries are spent. A handler that exceeds the task's timeout, or
-//!   panics, has failed; a task already past its deadline when dequeued
-//!   fails without running.
+//!   panics, has failed; a task already past its deadline when its turn
+//!   to run comes fails without running. Its timeout counts from then.
 //! - Batches: one dequeue takes up to as many tasks as there are free
 //!   slots (each moved exactly as Go's DEQUEUE moves one), and successes
 //!   are completed in batches (see [`super::completions`]); a dequeue that
@@ -85,7 +85,7 @@ const LEASE_GRACE: TimeDelta = TimeDelta::seconds(30);
 /// The error recorded on a task whose worker stopped extending its lease.
 const LEASE_EXPIRED: &str = "asynq: task lease expired";
 /// The error recorded on a task that ran past its deadline, or was past it
-/// when dequeued (Go's `context.DeadlineExceeded`).
+/// when its turn to run came (Go's `context.DeadlineExceeded`).
 const DEADLINE_EXCEEDED: &str = "context deadline exceeded";
 /// The error recorded on a task cancelled through `asynq:cancel` (Go's
 /// `context.Canceled`).
