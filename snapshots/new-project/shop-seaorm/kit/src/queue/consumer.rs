@@ -11,7 +11,8 @@
 //!   panics, has failed; a task already past its deadline when its turn
 //!   to run comes fails without running. Its timeout counts from then.
 //! - Batches: one dequeue takes up to as many tasks as there are free
-//!   slots (each moved exactly as Go's DEQUEUE moves one), and successes
+//!   takes (see "Taking ahead"; each moved exactly as Go's DEQUEUE moves
+//!   one), and successes
 //!   are completed in batches (see [`super::completions`]); a dequeue that
 //!   finds its tasks taken by another consumer tries again at once, so only
 //!   an empty (or paused) queue makes the consumer wait.
@@ -98,7 +99,7 @@ const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(5);
 const STOP_GRACE: Duration = Duration::from_millis(500);
 /// How long to wait before subscribing to `asynq:cancel` again.
 const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
-/// The most tasks one dequeue takes (as many as there are free slots, up
+/// The most tasks one dequeue takes (as many as there are free takes, up
 /// to this).
 const MAX_DEQUEUE_BATCH: usize = 32;
 
