@@ -1417,6 +1417,109 @@ async fn a_consumer_runs_at_most_its_concurrency_and_takes_nothing_ahead_of_runn
 }
 
 #[tokio::test]
+async fn a_batch_dequeue_leaves_the_queue_as_one_go_dequeue_per_task_leaves_it() {
+    // Arrange: the same six tasks on two queues.
+    let ours = TestQueue::new().await;
+    let go = TestQueue::new().await;
+    for queue in [&ours, &go] {
+        let tasks: Vec<NewTask> = (0..6)
+            .map(|n| queue.task("job:held", &format!("held-{n}")))
+            .collect();
+        queue.enqueue(&tasks).await;
+    }
+    let mut options = ours.options();
+    options.concurrency = 3;
+    let mut consumer = Consumer::new(ours.client.clone(), options);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let running = Arc::new(AtomicUsize::new(0));
+    {
+        let (gate, running) = (gate.clone(), running.clone());
+        consumer.handle("job:held", move |_task: Task| {
+            let (gate, running) = (gate.clone(), running.clone());
+            async move {
+                running.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                Ok(())
+            }
+        });
+    }
+
+    // Act: a consumer of concurrency 3 takes three tasks in one script call
+    // (its handlers hold them) ...
+    let consumer = Running::start(consumer);
+    eventually(Duration::from_secs(10), "three handlers to run", || async {
+        running.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    // ... and on the other queue, the commands of Go asynq's DEQUEUE
+    // script, one task per call.
+    let mut redis = go.redis.clone();
+    for _ in 0..3 {
+        let id: String = redis
+            .rpoplpush(keys::pending(&go.name), keys::active(&go.name))
+            .await
+            .unwrap();
+        let task = keys::task(&go.name, &id);
+        let _: () = redis::pipe()
+            .hset(&task, "state", "active")
+            .hdel(&task, "pending_since")
+            .zadd(
+                keys::lease(&go.name),
+                &id,
+                chrono::Utc::now().timestamp() + 30,
+            )
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    // Assert: the same lists, in the same order, the same leased ids and the
+    // same fields in each task's hash.
+    let list = |queue: &TestQueue, key: String| {
+        let mut redis = queue.redis.clone();
+        async move {
+            let ids: Vec<String> = redis.lrange(key, 0, -1).await.unwrap();
+            ids
+        }
+    };
+    assert_eq!(ours.pending().await, go.pending().await, "pending");
+    assert_eq!(
+        ours.pending().await,
+        vec!["held-5", "held-4", "held-3"],
+        "the three newest are left"
+    );
+    assert_eq!(
+        list(&ours, keys::active(&ours.name)).await,
+        list(&go, keys::active(&go.name)).await,
+        "active, newest taken first"
+    );
+    let leased = |entries: Vec<(String, f64)>| -> Vec<String> {
+        entries.into_iter().map(|(id, _)| id).collect()
+    };
+    assert_eq!(
+        leased(ours.zset(keys::lease(&ours.name)).await),
+        leased(go.zset(keys::lease(&go.name)).await),
+        "leased ids"
+    );
+    for n in 0..6 {
+        let id = format!("held-{n}");
+        let fields = |queue: &TestQueue| {
+            let mut redis = queue.redis.clone();
+            let task = keys::task(&queue.name, &id);
+            async move {
+                let mut names: Vec<String> = redis.hkeys(&task).await.unwrap();
+                names.sort();
+                let state: String = redis.hget(&task, "state").await.unwrap();
+                (names, state)
+            }
+        };
+        assert_eq!(fields(&ours).await, fields(&go).await, "the hash of {id}");
+    }
+    gate.add_permits(6);
+    consumer.stop().await;
+}
+
+#[tokio::test]
 async fn a_running_consumer_publishes_its_server_state_for_asynqmon() {
     // Arrange: a consumer of the test's queue, weight 3, running one task.
     let queue = TestQueue::new().await;

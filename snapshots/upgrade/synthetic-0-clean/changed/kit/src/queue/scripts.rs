@@ -47,13 +47,16 @@ return 1
 /// is paused: as many of the `expected` ids (the oldest pending ones, as
 /// the last dequeue saw them, oldest first; their hashes are `KEYS[5..]`)
 /// as are still the oldest when their turn comes (read once, with the
-/// oldest as many pending ids as there are expected ones). Each moves exactly as Go
-/// asynq's DEQUEUE moves one task (state, lease, `pending_since`). An
-/// expected id that is no longer the oldest (another consumer took it) is
-/// skipped. Returns `{ids, messages, oldest}`: the ids moved, their
-/// messages, and the ids of up to `ARGV[2]` oldest pending tasks now,
-/// newest first (`LRANGE`'s order). All three are empty when the queue is
-/// paused; `oldest` is empty when nothing is pending.
+/// oldest as many pending ids as there are expected ones). Each ends
+/// exactly as Go asynq's DEQUEUE leaves one task (moved from the tail of
+/// pending to the head of active, leased, `state` active, no
+/// `pending_since`); the list moves and the lease are one call each for the
+/// batch, which leaves the lists in the order one `RPOPLPUSH` per task
+/// leaves them. An expected id that is no longer the oldest (another
+/// consumer took it) is skipped. Returns `{ids, messages, oldest}`: the ids
+/// moved, their messages, and the ids of up to `ARGV[2]` oldest pending
+/// tasks now, newest first (`LRANGE`'s order). All three are empty when the
+/// queue is paused; `oldest` is empty when nothing is pending.
 ///
 /// KEYS: pending, paused, active, lease, then the task hash of each
 /// expected id. ARGV: lease expiry (Unix s), how many pending ids to
@@ -64,8 +67,8 @@ pub(crate) static DEQUEUE: LazyLock<Script> = LazyLock::new(|| {
 if redis.call("EXISTS", KEYS[2]) == 1 then
     return {{}, {}, {}}
 end
-local ids, messages = {}, {}
--- The oldest pending ids, newest first: the script pops from the end.
+local ids, messages, leases = {}, {}, {}
+-- The oldest pending ids, newest first: the script takes from the end.
 local oldest = {}
 if #ARGV > 2 then
     oldest = redis.call("LRANGE", KEYS[1], -(#ARGV - 2), -1)
@@ -76,14 +79,21 @@ for i = 3, #ARGV do
         break
     end
     if oldest[last] == ARGV[i] then
-        redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
         redis.call("HSET", KEYS[i + 2], "state", "active")
         redis.call("HDEL", KEYS[i + 2], "pending_since")
-        redis.call("ZADD", KEYS[4], ARGV[1], ARGV[i])
         table.insert(ids, ARGV[i])
         table.insert(messages, redis.call("HGET", KEYS[i + 2], "msg") or "")
+        table.insert(leases, ARGV[1])
+        table.insert(leases, ARGV[i])
         last = last - 1
     end
+end
+if #ids > 0 then
+    -- The moved ids are the last #ids of pending, oldest last: what one
+    -- RPOPLPUSH per id, oldest first, leaves.
+    redis.call("LTRIM", KEYS[1], 0, -(#ids + 1))
+    redis.call("LPUSH", KEYS[3], unpack(ids))
+    redis.call("ZADD", KEYS[4], unpack(leases))
 end
 return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 "#,
@@ -93,7 +103,8 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 /// Moves succeeded tasks on, each exactly as Go asynq's `done` or
 /// `markAsComplete` script moves one (deleted, or kept in `:completed`
 /// for its retention; a Go uniqueness lock released), in one call for a
-/// batch of tasks of one queue, and counts them processed (the day's and
+/// batch of tasks of one queue (the kept ones' retention in one `ZADD` for
+/// the batch), and counts them processed (the day's and
 /// the total counter, once for the batch; the total starts again from the
 /// batch's count where Go's would pass the largest int64). A task no longer
 /// active is left alone. Returns, per task, 1 when it moved and 0 when it was not
@@ -107,17 +118,20 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local moved, count = {}, 0
+local moved, count, kept = {}, 0, {}
 for i = 0, (#ARGV - 2) / 4 - 1 do
     local id = ARGV[3 + 4 * i]
-    local retention = tonumber(ARGV[4 + 4 * i])
+    -- Kept as the string it came as: a Lua number passed to a command is
+    -- formatted again (and parsed back by the command).
+    local retention = ARGV[4 + 4 * i]
     local ok = redis.call("LREM", KEYS[1], 0, id) ~= 0
         and redis.call("ZREM", KEYS[2], id) ~= 0
     if ok then
-        if retention == 0 then
+        if retention == "0" then
             ok = redis.call("DEL", KEYS[6 + 2 * i]) ~= 0
         else
-            redis.call("ZADD", KEYS[3], retention, id)
+            table.insert(kept, retention)
+            table.insert(kept, id)
             redis.call("HSET", KEYS[6 + 2 * i], "msg", ARGV[5 + 4 * i], "state", "completed")
         end
     end
@@ -130,6 +144,10 @@ for i = 0, (#ARGV - 2) / 4 - 1 do
     else
         table.insert(moved, 0)
     end
+end
+-- The kept tasks' retention in one call for the batch.
+if #kept > 0 then
+    redis.call("ZADD", KEYS[3], unpack(kept))
 end
 -- The counters once for the batch, as Go's scripts count one task each.
 if count > 0 then
