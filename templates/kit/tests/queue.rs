@@ -1949,6 +1949,66 @@ fn message_with_raw_id(queue: &str, id: &[u8]) -> Vec<u8> {
 }
 
 #[tokio::test]
+async fn a_task_whose_hash_is_not_a_hash_is_left_in_active_as_go_leaves_it_and_the_tasks_after_it_run()
+ {
+    // Arrange: three tasks, the second one's hash replaced by a string (a
+    // key of another type: every write to it fails).
+    let queue = TestQueue::new().await;
+    queue
+        .enqueue(&[
+            queue.task("job:around", "before"),
+            queue.task("job:around", "broken"),
+            queue.task("job:around", "after"),
+        ])
+        .await;
+    let mut redis = queue.redis.clone();
+    let broken = keys::task(&queue.name, "broken");
+    let _: () = redis::pipe()
+        .del(&broken)
+        .set(&broken, "not a hash")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let consumer = recording_consumer(queue.client.clone(), queue.options(), "one", runs.clone());
+
+    // Act: the dequeue that meets the broken task fails; the next one takes
+    // the task after it.
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task after it to run",
+        || async { runs.lock().unwrap().len() == 1 },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: the task after it ran; the broken one is in active without a
+    // lease (where Go's script leaves it); the one before it, taken by the
+    // failed dequeue, is in active under its lease, for recovery to run.
+    let ran: Vec<String> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, id)| id.clone())
+        .collect();
+    assert_eq!(ran, vec!["after".to_string()]);
+    let active: Vec<String> = redis
+        .lrange(keys::active(&queue.name), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(active, vec!["broken".to_string(), "before".to_string()]);
+    let leased: Vec<String> = queue
+        .zset(keys::lease(&queue.name))
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(leased, vec!["before".to_string()]);
+    assert!(queue.pending().await.is_empty());
+}
+
+#[tokio::test]
 async fn a_task_whose_id_is_not_utf8_is_archived_and_the_tasks_after_it_run() {
     // Arrange: the oldest pending task has an id of bytes that are not
     // UTF-8 (laid out as a Go producer writes a task: its hash and the id

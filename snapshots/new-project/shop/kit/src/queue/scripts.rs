@@ -56,7 +56,10 @@ return 1
 /// consumer took it) is skipped. Returns `{ids, messages, oldest}`: the ids
 /// moved, their messages, and the ids of up to `ARGV[2]` oldest pending
 /// tasks now, newest first (`LRANGE`'s order). All three are empty when the
-/// queue is paused; `oldest` is empty when nothing is pending.
+/// queue is paused; `oldest` is empty when nothing is pending. A task
+/// whose hash cannot be written (a key of another type) ends the call with
+/// the error, left in active without a lease as Go's script leaves it; the
+/// tasks before it stay taken and leased, for recovery to run.
 ///
 /// KEYS: pending, paused, active, lease, then the task hash of each
 /// expected id. ARGV: lease expiry (Unix s), how many pending ids to
@@ -67,33 +70,45 @@ pub(crate) static DEQUEUE: LazyLock<Script> = LazyLock::new(|| {
 if redis.call("EXISTS", KEYS[2]) == 1 then
     return {{}, {}, {}}
 end
-local ids, messages, leases = {}, {}, {}
+local ids, messages, taken, leases = {}, {}, {}, {}
 -- The oldest pending ids, newest first: the script takes from the end.
 local oldest = {}
 if #ARGV > 2 then
     oldest = redis.call("LRANGE", KEYS[1], -(#ARGV - 2), -1)
 end
-local last = #oldest
+local last, failure = #oldest, nil
 for i = 3, #ARGV do
     if last == 0 then
         break
     end
     if oldest[last] == ARGV[i] then
-        redis.call("HSET", KEYS[i + 2], "state", "active")
+        -- Off pending below whatever its hash holds: Go's script has moved
+        -- a task to active before it writes the hash.
+        table.insert(taken, ARGV[i])
+        last = last - 1
+        local written = redis.pcall("HSET", KEYS[i + 2], "state", "active")
+        if type(written) == "table" and written.err then
+            failure = written
+            break
+        end
         redis.call("HDEL", KEYS[i + 2], "pending_since")
         table.insert(ids, ARGV[i])
         table.insert(messages, redis.call("HGET", KEYS[i + 2], "msg") or "")
         table.insert(leases, ARGV[1])
         table.insert(leases, ARGV[i])
-        last = last - 1
     end
 end
-if #ids > 0 then
-    -- The moved ids are the last #ids of pending, oldest last: what one
+if #taken > 0 then
+    -- The taken ids are the last #taken of pending, oldest last: what one
     -- RPOPLPUSH per id, oldest first, leaves.
-    redis.call("LTRIM", KEYS[1], 0, -(#ids + 1))
-    redis.call("LPUSH", KEYS[3], unpack(ids))
+    redis.call("LTRIM", KEYS[1], 0, -(#taken + 1))
+    redis.call("LPUSH", KEYS[3], unpack(taken))
+end
+if #leases > 0 then
     redis.call("ZADD", KEYS[4], unpack(leases))
+end
+if failure then
+    return failure
 end
 return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 "#,
@@ -103,8 +118,9 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 /// Moves succeeded tasks on, each exactly as Go asynq's `done` or
 /// `markAsComplete` script moves one (deleted, or kept in `:completed`
 /// for its retention; a Go uniqueness lock released), in one call for a
-/// batch of tasks of one queue (the kept ones' retention in one `ZADD` for
-/// the batch), and counts them processed (the day's and
+/// batch of tasks of one queue (first every task off active and its
+/// lease, and the kept ones into `:completed` in one `ZADD`, then each
+/// task's hash), and counts them processed (the day's and
 /// the total counter, once for the batch; the total starts again from the
 /// batch's count where Go's would pass the largest int64). A task no longer
 /// active is left alone. Returns, per task, 1 when it moved and 0 when it was not
@@ -118,20 +134,31 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local moved, count, kept = {}, 0, {}
-for i = 0, (#ARGV - 2) / 4 - 1 do
+local moved, count, active, kept = {}, 0, {}, {}
+local tasks = (#ARGV - 2) / 4
+-- First off active and the lease, and the kept ones into `:completed` in
+-- one call, as Go's script moves a task before it writes its hash.
+-- Retentions stay the strings they came as: a Lua number passed to a
+-- command is formatted again (and parsed back by the command).
+for i = 0, tasks - 1 do
     local id = ARGV[3 + 4 * i]
-    -- Kept as the string it came as: a Lua number passed to a command is
-    -- formatted again (and parsed back by the command).
-    local retention = ARGV[4 + 4 * i]
-    local ok = redis.call("LREM", KEYS[1], 0, id) ~= 0
+    active[i] = redis.call("LREM", KEYS[1], 0, id) ~= 0
         and redis.call("ZREM", KEYS[2], id) ~= 0
+    if active[i] and ARGV[4 + 4 * i] ~= "0" then
+        table.insert(kept, ARGV[4 + 4 * i])
+        table.insert(kept, id)
+    end
+end
+if #kept > 0 then
+    redis.call("ZADD", KEYS[3], unpack(kept))
+end
+for i = 0, tasks - 1 do
+    local id = ARGV[3 + 4 * i]
+    local ok = active[i]
     if ok then
-        if retention == "0" then
+        if ARGV[4 + 4 * i] == "0" then
             ok = redis.call("DEL", KEYS[6 + 2 * i]) ~= 0
         else
-            table.insert(kept, retention)
-            table.insert(kept, id)
             redis.call("HSET", KEYS[6 + 2 * i], "msg", ARGV[5 + 4 * i], "state", "completed")
         end
     end
@@ -144,10 +171,6 @@ for i = 0, (#ARGV - 2) / 4 - 1 do
     else
         table.insert(moved, 0)
     end
-end
--- The kept tasks' retention in one call for the batch.
-if #kept > 0 then
-    redis.call("ZADD", KEYS[3], unpack(kept))
 end
 -- The counters once for the batch, as Go's scripts count one task each.
 if count > 0 then
@@ -468,10 +491,12 @@ mod tests {
             .replace("\\\\", "\\")
     }
 
-    /// The arguments of each `redis.call(...)` in `code`, split on commas
+    /// The arguments of each `redis.call(...)` and `redis.pcall(...)` in
+    /// `code`, split on commas
     /// (no script passes a call's result straight into another call).
     fn calls(code: &str) -> Vec<Vec<String>> {
-        code.split("redis.call(")
+        code.replace("redis.pcall(", "redis.call(")
+            .split("redis.call(")
             .skip(1)
             .map(|rest| {
                 let args = &rest[..rest.find(')').expect("a closed call")];
