@@ -13,7 +13,7 @@
 //! directory, under the lock that lets one cargo run at a time.
 
 use std::fs::File;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -21,17 +21,9 @@ use std::time::{Duration, Instant};
 
 use crate::e2e::{cargo_lock, shared_target};
 use crate::example::request;
+use crate::support::free_port;
 use crate::support::new_project;
 use crate::worker_e2e::wait_until;
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A project directory the `postgres` user can enter: as root, `gpkit dev`
 /// runs Postgres as that user, and a temp dir is private to its owner.

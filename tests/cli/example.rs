@@ -5,22 +5,14 @@
 //! commands make, so an upgrade finds nothing to do.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::support::free_port;
 use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, metric, wait_until};
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `method path` on `addr` with an optional JSON body: the status and the
 /// body, or `None` while nothing answers.

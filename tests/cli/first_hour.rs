@@ -9,13 +9,14 @@
 #![cfg(target_os = "linux")]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, cargo, cargo_lock, psql, shared_target};
+use crate::support::free_port;
 use crate::support::gpkit;
 use crate::worker_e2e::wait_until;
 
@@ -28,15 +29,6 @@ fn next_steps(stderr: &str) -> Vec<String> {
         .take_while(|line| line.starts_with("  "))
         .map(|line| line.trim().to_string())
         .collect()
-}
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The status code of `GET path` on `addr`, or `None` while nothing answers.

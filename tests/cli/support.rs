@@ -1,6 +1,7 @@
 //! Shared test helpers: a clean `gpkit` command in a temp directory,
 //! directory-tree snapshots under `snapshots/`, the one rule for a tool
-//! a test needs ([`require_tool`]), and a plain HTTP GET ([`http_get`]).
+//! a test needs ([`require_tool`]), a plain HTTP GET ([`http_get`]), and
+//! a free loopback port for a server a test starts ([`free_port`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -293,4 +294,30 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .map(|(_, body)| body.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The first port the kernel hands out for `bind(0)` and outgoing
+/// connections (`net.ipv4.ip_local_port_range`'s default low end).
+const EPHEMERAL_PORTS_START: u16 = 32_768;
+/// Where [`free_port`] starts counting.
+const OWN_PORTS_START: u16 = 20_000;
+
+/// A loopback port that is free now and that nothing else will take before
+/// the test's server binds it: below the ephemeral range, so that no
+/// `bind(0)` (another test's server, Postgres, Valkey) and no outgoing
+/// connection is given it, and never the same twice in this run. A port
+/// from `bind(0)`, released and bound again later, can meanwhile be handed
+/// to another test's server, whose answers the test then reads as its own.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    // Runs of this suite at the same time on one machine start apart.
+    let offset = (std::process::id() % 4_000) as u16 * 2;
+    loop {
+        let port = OWN_PORTS_START + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % 12_000;
+        assert!(port < EPHEMERAL_PORTS_START);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }

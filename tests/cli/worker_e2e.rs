@@ -5,22 +5,14 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, binary, built_project, migrate, psql};
+pub use crate::support::free_port;
 use crate::support::http_get;
-
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Polls `done` every 50 ms until it holds or `limit` passes.
 pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
