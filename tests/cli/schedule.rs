@@ -187,8 +187,11 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     assert_eq!(read_tree(&project, &[]), before);
 }
 
-/// The lease TTL the process tests run with.
-const LEASE_TTL: Duration = Duration::from_secs(3);
+/// The lease TTL the process tests run with. The leader renews every third
+/// of it, so a replica stalled for two thirds of it loses the lease: 3 s
+/// was too little on a busy 2-core CI machine, where a second replica once
+/// took over in the middle of the three-replica window.
+const LEASE_TTL: Duration = Duration::from_secs(6);
 
 /// A project with three schedules ticking every second: `beat` (a job,
 /// missed ticks skipped), `catch_up_beat` (a job, `--catch-up 30`) and
