@@ -614,7 +614,8 @@ fn the_dockerfiles_build_stage_succeeds_as_a_script() {
     let instructions = instructions(&dockerfile);
     let root = dir.path().join("image");
     let mut workdir: PathBuf = root.clone();
-    let _one_at_a_time = cargo_lock();
+    // The image's tree is copied in under the lock, newer than any build.
+    let _one_at_a_time = cargo_lock(&root);
     let mut builds = 0;
     for (keyword, args) in stage(&instructions, "build") {
         match keyword.as_str() {

@@ -9,7 +9,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::SystemTime;
 
 use crate::support::{gpkit, repo};
 
@@ -57,18 +58,57 @@ pub const BUILD_ENV: [(&str, &str); 2] = [
 
 /// Cargo runs one at a time: generated packages share the target directory,
 /// where binaries of the same name (`server`, `worker`) overwrite each other.
-static CARGO: Mutex<()> = Mutex::new(());
+/// It holds the project cargo ran in last.
+static CARGO: Mutex<Option<PathBuf>> = Mutex::new(None);
 
-/// Holds the lock that lets one cargo run at a time.
-pub fn cargo_lock() -> std::sync::MutexGuard<'static, ()> {
-    CARGO
+/// Holds the lock that lets one cargo run at a time, for a cargo run in
+/// `project`; when cargo last ran in another project, `project`'s files are
+/// first made newer than anything in the shared target.
+///
+/// Cargo names a package's outputs by its name and version, not its path,
+/// and takes them as up to date when none of the sources they were built
+/// from is newer. The tests' projects share names (`shop`): a project made
+/// before another one of the same name was built would be taken as built,
+/// and its build, tests or clippy would run on the other project's outputs.
+pub fn cargo_lock(project: &Path) -> MutexGuard<'static, Option<PathBuf>> {
+    let mut last = CARGO
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if last.as_deref() != Some(project) {
+        touch_tree(project, SystemTime::now());
+        *last = Some(project.to_path_buf());
+    }
+    last
+}
+
+/// Sets the modification time of every file under `dir` (none when it does
+/// not exist) to `now`, leaving out what cargo writes and gpkit keeps.
+fn touch_tree(dir: &Path, now: SystemTime) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let entry = entry.unwrap();
+        let path = entry.path();
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() {
+            if !matches!(
+                entry.file_name().to_str(),
+                Some("target" | ".bin" | ".git" | ".gpkit")
+            ) {
+                touch_tree(&path, now);
+            }
+        } else if kind.is_file() {
+            std::fs::File::open(&path)
+                .and_then(|file| file.set_modified(now))
+                .unwrap_or_else(|err| panic!("cannot touch {}: {err}", path.display()));
+        }
+    }
 }
 
 /// `cargo <args>` in `project`, with the shared target directory.
 pub fn cargo(project: &Path, args: &[&str]) -> Output {
-    let _one_at_a_time = cargo_lock();
+    let _one_at_a_time = cargo_lock(project);
     cargo_unlocked(project, args)
 }
 
@@ -80,7 +120,7 @@ pub fn cargo(project: &Path, args: &[&str]) -> Output {
 /// `debug/<name>` is then its binary: a copy that was not built from
 /// `project` (see [`built_from`]) is made again after re-running cargo.
 pub fn build_binaries(project: &Path) -> PathBuf {
-    let _one_at_a_time = cargo_lock();
+    let _one_at_a_time = cargo_lock(project);
     let bins = project.join(".bin");
     std::fs::create_dir_all(&bins).unwrap();
     // Every binary of the project: the kit's and any a test added.
@@ -201,6 +241,43 @@ pub fn migrate(project: &Path, db: &Database, args: &[&str]) -> Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// Two packages of one name, the second written first: after the first is
+/// built, cargo runs in the second build from its own sources, not take
+/// the first one's outputs as its own (see [`cargo_lock`]).
+#[test]
+fn a_project_written_before_another_of_its_name_was_built_is_built_from_its_own_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str| {
+        let root = dir.path().join(name);
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(
+            root.join("Cargo.toml"),
+            "[package]\nname = \"gpkit-same-name\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+             [[bin]]\nname = \"gpkit-which-project\"\npath = \"src/main.rs\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("src/main.rs"),
+            format!("fn main() {{\n    print!(\"{name}\");\n}}\n"),
+        )
+        .unwrap();
+        root
+    };
+    let second = write("second");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let first = write("first");
+    let which = || {
+        let output = Command::new(shared_target().join("debug/gpkit-which-project"))
+            .output()
+            .unwrap();
+        String::from_utf8(output.stdout).unwrap()
+    };
+    cargo(&first, &["build"]);
+    assert_eq!(which(), "first");
+    cargo(&second, &["build"]);
+    assert_eq!(which(), "second");
 }
 
 #[test]

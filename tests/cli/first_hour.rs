@@ -226,7 +226,7 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
         logs: tempfile::tempdir().unwrap(),
     };
 
-    let one_cargo_at_a_time = cargo_lock();
+    let one_cargo_at_a_time = cargo_lock(&parent.path().join("shop").canonicalize().unwrap());
     let mut running = Vec::new();
     for step in &steps {
         if let Some(rest) = step.strip_prefix("cargo run --bin ") {
@@ -322,7 +322,7 @@ fn the_server_reads_dotenv_from_its_working_directory(project: &Path, db: &Datab
         command
     };
 
-    let _one_at_a_time = cargo_lock();
+    let _one_at_a_time = cargo_lock(project);
     let mut child = server().spawn().unwrap();
     wait_until(
         Duration::from_secs(300),
