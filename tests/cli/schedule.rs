@@ -494,6 +494,26 @@ fn logs_of(workers: &[Worker]) -> Vec<Log> {
     workers.iter().map(|w| parse_log(&w.log())).collect()
 }
 
+/// Each worker's scheduler log lines but its enqueues (the lease's story:
+/// when it led, lost the lead, failed to renew), for a failure message.
+fn lease_story(workers: &[Worker]) -> String {
+    let mut story = String::new();
+    for (index, worker) in workers.iter().enumerate() {
+        story.push_str(&format!("--- replica {index}\n"));
+        for line in worker.log().lines() {
+            let Ok(json) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let message = json["fields"]["message"].as_str().unwrap_or_default();
+            if message.starts_with("scheduler:") && message != "scheduler: tick enqueued" {
+                story.push_str(line);
+                story.push('\n');
+            }
+        }
+    }
+    story
+}
+
 /// The lease key of the scheduled project: the kit names the service after
 /// its own package, `ticker-kit`.
 const LEASE_KEY: &str = "scheduler:{ticker-kit}:leader";
@@ -512,7 +532,8 @@ fn three_replicas_enqueue_every_tick_exactly_once_over_the_whole_window() {
     assert_eq!(
         logs.iter().map(|l| l.led.len()).sum::<usize>(),
         1,
-        "one replica led throughout"
+        "one replica led throughout:\n{}",
+        lease_story(&workers)
     );
     let led_at = logs[first].led[0];
 
