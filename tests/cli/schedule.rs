@@ -607,6 +607,82 @@ fn three_replicas_enqueue_every_tick_exactly_once_over_the_whole_window() {
     assert!(slowest < 1.0, "an event tick waited for the poll: {lags:?}");
 }
 
+/// A tick whose enqueue waits past the lease TTL (its outbox insert stuck
+/// behind a table lock held for twice the TTL) does not cost the leader its
+/// lease, which is renewed on its own: no other replica takes over. The job
+/// schedules, which need only Valkey, tick on meanwhile, and the event ticks
+/// due meanwhile are enqueued once the insert goes through, each once.
+#[test]
+fn a_leader_whose_enqueue_waits_past_the_lease_ttl_keeps_the_lead() {
+    let db = migrated_database();
+    let redis = RedisServer::start();
+    let mut workers = start_workers(&db, &redis, 2, &[("OUTBOX_POLL_INTERVAL", "60s")]);
+    let first = leader(&workers);
+    wait_for_new_ticks(&workers, &SCHEDULES, 2, &[]);
+
+    // No insert into the outbox for twice the TTL: the event tick's waits.
+    let hold = LEASE_TTL * 2;
+    let mut lock = std::process::Command::new("psql")
+        .args([&db.url(), "-v", "ON_ERROR_STOP=1", "-qc"])
+        .arg(format!(
+            "BEGIN; LOCK TABLE outbox_events IN EXCLUSIVE MODE; SELECT pg_sleep({}); COMMIT;",
+            hold.as_secs()
+        ))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the outbox is locked", || {
+        psql(
+            &db.url(),
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+             WHERE c.relname = 'outbox_events' AND l.mode = 'ExclusiveLock' AND l.granted",
+        ) == "1"
+    });
+    let locked = logs_of(&workers);
+    assert!(
+        lock.wait().unwrap().success(),
+        "the lock's transaction failed"
+    );
+    let unlocked = logs_of(&workers);
+    let new_ticks =
+        |schedule| ticks_of(&unlocked, schedule).0.len() - ticks_of(&locked, schedule).0.len();
+    eprintln!(
+        "while the outbox was locked for {hold:?}: {} beat, {} catch_up_beat, {} beat_event ticks enqueued",
+        new_ticks("beat"),
+        new_ticks("catch_up_beat"),
+        new_ticks("beat_event")
+    );
+    // One insert may have been on its way when the lock was taken.
+    assert!(
+        new_ticks("beat_event") <= 1,
+        "event ticks went in while the outbox was locked: {}",
+        new_ticks("beat_event")
+    );
+    for schedule in ["beat", "catch_up_beat"] {
+        assert!(
+            new_ticks(schedule) as u64 >= hold.as_secs() - 2,
+            "{schedule}: {} ticks in the {hold:?} the outbox was locked",
+            new_ticks(schedule)
+        );
+    }
+    // The ticks due while it held go through, then new ones.
+    wait_for_new_ticks(&workers, &SCHEDULES, 3, &locked);
+    stop_leader_last(&mut workers, first);
+
+    let logs = logs_of(&workers);
+    assert_eq!(
+        logs.iter().map(|l| l.led.len()).sum::<usize>(),
+        1,
+        "one replica led throughout:\n{}",
+        lease_story(&workers)
+    );
+    for schedule in SCHEDULES {
+        let (ticks, _) = ticks_of(&logs, schedule);
+        assert_each_tick_new_once(&logs, schedule);
+        assert_consecutive(&ticks, schedule);
+    }
+}
+
 #[test]
 fn a_killed_leader_is_replaced_within_the_lease_ttl_and_catch_up_loses_no_tick() {
     let db = migrated_database();

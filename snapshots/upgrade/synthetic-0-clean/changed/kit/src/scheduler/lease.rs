@@ -4,10 +4,11 @@
 //! - Taking it is `SET key token NX PX ttl`: it succeeds only when no
 //!   replica holds it. A replica that fails learns how long the lease has
 //!   left, and tries again when it ends.
-//! - The leader renews it well before it expires (every third of the TTL)
-//!   with a compare-and-renew script: the expiry is pushed back only while
-//!   the key still holds this replica's token. A failed renewal (another
-//!   replica took over, or Valkey did not answer) ends the leadership.
+//! - The leader renews it well before it expires (every third of the TTL),
+//!   beside its enqueues, never behind them, with a compare-and-renew
+//!   script: the expiry is pushed back only while the key still holds this
+//!   replica's token. A renewal that fails is tried again; when another
+//!   replica holds the key, the leadership ends.
 //! - The leader also counts the lease as lost, without asking Valkey, once
 //!   its own clock says the TTL has run out since the last renewal was
 //!   sent: a process paused past its lease stops enqueuing at once when it

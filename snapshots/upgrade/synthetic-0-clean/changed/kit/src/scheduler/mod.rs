@@ -40,12 +40,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::join_all;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -355,14 +357,14 @@ pub(crate) async fn enqueue_tick(
 /// (Postgres or Valkey unreachable) again.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-/// What the leader keeps while it leads.
-struct Leading {
-    /// When the lease runs out unless renewed, by this process's clock.
-    valid_until: Instant,
-    /// When to renew next.
-    renew_at: Instant,
-    /// Per schedule, the latest tick handled.
-    handled: Vec<DateTime<Utc>>,
+/// While this replica leads: when its lease runs out unless renewed, by
+/// this process's clock. The renewal moves it on; the ticks are enqueued
+/// only before it.
+type Held = watch::Receiver<Instant>;
+
+/// Whether the lease `held` is still this replica's by its own clock.
+fn holds(held: &Held) -> bool {
+    Instant::now() < *held.borrow()
 }
 
 /// The scheduler of one worker replica.
@@ -416,48 +418,46 @@ impl Scheduler {
     /// Takes part in the election and, while leading, enqueues every due
     /// tick, until `stop` is cancelled; the leader then gives the lease up.
     pub async fn run(self, stop: CancellationToken) {
-        let mut leading: Option<Leading> = None;
         let ttl = self.lease.ttl();
         loop {
-            let wait = match leading.as_mut() {
-                None => match self.lease.acquire().await {
-                    Ok(Acquired::Leading) => {
-                        let now = Instant::now();
-                        tracing::info!(lease_ttl = ?ttl, "scheduler: this replica leads");
-                        self.metrics.leader.set(1);
-                        leading = Some(Leading {
-                            valid_until: now + ttl,
-                            renew_at: now + ttl / 3,
-                            handled: vec![Utc::now(); self.specs.len()],
-                        });
-                        self.catch_up().await;
-                        history::write_entries(&self.queue, &self.schedules, &self.specs, ttl)
-                            .await;
-                        Duration::ZERO
+            let sent = Instant::now();
+            let wait = match self.lease.acquire().await {
+                Ok(Acquired::Leading) => {
+                    self.lead(sent + ttl, &stop).await;
+                    if stop.is_cancelled() {
+                        return;
                     }
-                    // Try again the moment the lease runs out.
-                    Ok(Acquired::HeldFor(left)) => (left + Duration::from_millis(5)).min(ttl / 3),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "scheduler: cannot reach Valkey for the lease");
-                        (ttl / 3).min(Duration::from_secs(1))
-                    }
-                },
-                Some(state) => match self.lead(state).await {
-                    Some(wait) => wait,
-                    None => {
-                        leading = None;
-                        self.metrics.leader.set(0);
-                        Duration::ZERO
-                    }
-                },
+                    Duration::ZERO
+                }
+                // Try again the moment the lease runs out.
+                Ok(Acquired::HeldFor(left)) => (left + Duration::from_millis(5)).min(ttl / 3),
+                Err(err) => {
+                    tracing::warn!(error = %err, "scheduler: cannot reach Valkey for the lease");
+                    (ttl / 3).min(Duration::from_secs(1))
+                }
             };
             tokio::select! {
-                () = stop.cancelled() => break,
+                () = stop.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
             }
         }
-        if leading.is_some() {
-            self.metrics.leader.set(0);
+    }
+
+    /// Leads on the lease taken, which runs out at `until` unless renewed:
+    /// renews it on its own, so that no enqueue, however long it waits
+    /// (Postgres behind a lock), delays a renewal, and meanwhile enqueues
+    /// the ticks. Returns when the lease is lost, or when `stop` is
+    /// cancelled, after giving the lease up.
+    async fn lead(&self, until: Instant, stop: &CancellationToken) {
+        tracing::info!(lease_ttl = ?self.lease.ttl(), "scheduler: this replica leads");
+        self.metrics.leader.set(1);
+        let (moved_on, held) = watch::channel(until);
+        tokio::select! {
+            () = self.keep_lease(moved_on) => {}
+            () = self.tick(&held, stop) => {}
+        }
+        self.metrics.leader.set(0);
+        if stop.is_cancelled() && holds(&held) {
             if let Err(err) = self.lease.release().await {
                 tracing::warn!(error = %err, "scheduler: failed to give the lease up");
             }
@@ -465,69 +465,100 @@ impl Scheduler {
         }
     }
 
-    /// One round as leader: renew when due, enqueue due ticks. Returns how
-    /// long to wait, or `None` when the lease is lost.
-    async fn lead(&self, state: &mut Leading) -> Option<Duration> {
+    /// Renews the lease every third of its TTL (sooner after a renewal
+    /// failed), moving `until` on and writing the schedules for asynqmon
+    /// after each renewal. Returns when the lease is lost: another replica
+    /// holds it, or it ran out before a renewal got through.
+    async fn keep_lease(&self, until: watch::Sender<Instant>) {
         let ttl = self.lease.ttl();
-        if Instant::now() >= state.renew_at {
+        history::write_entries(&self.queue, &self.schedules, &self.specs, ttl).await;
+        let mut renew_at = *until.borrow() - ttl + ttl / 3;
+        loop {
+            let valid_until = *until.borrow();
+            tokio::time::sleep_until(renew_at.min(valid_until)).await;
+            if Instant::now() >= valid_until {
+                tracing::warn!("scheduler: the lease ran out before it was renewed");
+                return;
+            }
             let sent = Instant::now();
-            match self.lease.renew().await {
-                Ok(true) => {
-                    state.valid_until = sent + ttl;
-                    state.renew_at = sent + ttl / 3;
+            // A renewal that answers after the lease ran out keeps nothing.
+            match tokio::time::timeout_at(valid_until, self.lease.renew()).await {
+                Ok(Ok(true)) => {
+                    until.send_replace(sent + ttl);
+                    renew_at = sent + ttl / 3;
                     history::write_entries(&self.queue, &self.schedules, &self.specs, ttl).await;
                 }
-                Ok(false) => {
+                Ok(Ok(false)) => {
                     tracing::warn!("scheduler: lost the lease to another replica");
-                    return None;
+                    return;
                 }
-                Err(err) => {
+                Ok(Err(err)) => {
                     tracing::warn!(error = %err, "scheduler: failed to renew the lease");
-                    state.renew_at = Instant::now() + (ttl / 10).min(Duration::from_secs(1));
+                    renew_at = Instant::now() + (ttl / 10).min(Duration::from_secs(1));
                 }
+                Err(_ran_out) => {}
             }
         }
-        if Instant::now() >= state.valid_until {
-            tracing::warn!("scheduler: the lease ran out before it was renewed");
-            return None;
-        }
-        let mut next_due: Option<DateTime<Utc>> = None;
-        let mut failed = false;
-        for (index, (entry, spec)) in self.schedules.all().iter().zip(&self.specs).enumerate() {
-            while let Some(tick_at) = spec.next_after(state.handled[index]) {
-                if tick_at > Utc::now() {
-                    next_due = Some(next_due.map_or(tick_at, |due| due.min(tick_at)));
-                    break;
+    }
+
+    /// While the lease is `held`: the catch-up, then each schedule's ticks
+    /// as they fall due, until `stop` is cancelled.
+    async fn tick(&self, held: &Held, stop: &CancellationToken) {
+        let started = Utc::now();
+        self.catch_up(held).await;
+        // Each schedule on its own: one whose enqueue waits (an event tick,
+        // Postgres behind a lock) holds none of the others back.
+        join_all(
+            self.schedules
+                .all()
+                .iter()
+                .zip(&self.specs)
+                .map(|(entry, spec)| self.tick_schedule(entry, spec, started, held, stop)),
+        )
+        .await;
+    }
+
+    /// `entry`'s ticks as they fall due after `handled`, until `stop` is
+    /// cancelled. Once the lease is no longer `held` by this process's
+    /// clock it enqueues nothing more and waits for [`Self::keep_lease`] to
+    /// end the lead.
+    async fn tick_schedule(
+        &self,
+        entry: &Entry,
+        spec: &Spec,
+        mut handled: DateTime<Utc>,
+        held: &Held,
+        stop: &CancellationToken,
+    ) {
+        loop {
+            let wait = match spec.next_after(handled) {
+                Some(tick_at) if tick_at <= Utc::now() => {
+                    // Never enqueue on a lease this process cannot vouch for.
+                    if !holds(held) {
+                        return std::future::pending().await;
+                    }
+                    if self.enqueue(entry, &Tick::new(entry.name, tick_at)).await {
+                        handled = tick_at;
+                        continue;
+                    }
+                    // Tried again after a pause.
+                    RETRY_PAUSE
                 }
-                // Never enqueue on a lease this process cannot vouch for.
-                if Instant::now() >= state.valid_until {
-                    return None;
-                }
-                let tick = Tick::new(entry.name, tick_at);
-                if !self.enqueue(entry, &tick).await {
-                    // Retried at the next round, after a pause.
-                    failed = true;
-                    break;
-                }
-                state.handled[index] = tick_at;
+                Some(tick_at) => (tick_at - Utc::now()).to_std().unwrap_or(Duration::ZERO),
+                None => self.lease.ttl(),
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
             }
         }
-        let until_tick = if failed {
-            RETRY_PAUSE
-        } else {
-            next_due.map_or(ttl, |due| {
-                (due - Utc::now()).to_std().unwrap_or(Duration::ZERO)
-            })
-        };
-        let until_renew = state.renew_at.saturating_duration_since(Instant::now());
-        Some(until_tick.min(until_renew).max(Duration::from_millis(1)))
     }
 
     /// A new leader's catch-up: up to `CATCH_UP` of each schedule's latest
     /// ticks, after the last one recorded and no older than their ids
     /// deduplicate. When the record cannot be read, the latest ticks are
     /// enqueued (those already enqueued are no-ops).
-    async fn catch_up(&self) {
+    async fn catch_up(&self, held: &Held) {
         if self.schedules.all().iter().all(|entry| entry.catch_up == 0) {
             return;
         }
@@ -559,6 +590,9 @@ impl Scheduler {
                 None => oldest,
             };
             for tick_at in spec.latest(now, entry.catch_up) {
+                if !holds(held) {
+                    return;
+                }
                 if tick_at > after {
                     self.enqueue(entry, &Tick::new(entry.name, tick_at)).await;
                 }
