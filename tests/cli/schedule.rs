@@ -514,6 +514,16 @@ fn lease_story(workers: &[Worker]) -> String {
     story
 }
 
+/// Of `workers` (their `logs`), one took the lead once, and kept it.
+fn assert_one_leader(logs: &[Log], workers: &[Worker]) {
+    assert_eq!(
+        logs.iter().map(|l| l.led.len()).sum::<usize>(),
+        1,
+        "one replica led throughout:\n{}",
+        lease_story(workers)
+    );
+}
+
 /// The lease key of the scheduled project: the kit names the service after
 /// its own package, `ticker-kit`.
 const LEASE_KEY: &str = "scheduler:{ticker-kit}:leader";
@@ -529,12 +539,7 @@ fn three_replicas_enqueue_every_tick_exactly_once_over_the_whole_window() {
     wait_for_new_ticks(&workers, &SCHEDULES, 10, &[]);
     let stopped_at = stop_leader_last(&mut workers, first);
     let logs = logs_of(&workers);
-    assert_eq!(
-        logs.iter().map(|l| l.led.len()).sum::<usize>(),
-        1,
-        "one replica led throughout:\n{}",
-        lease_story(&workers)
-    );
+    assert_one_leader(&logs, &workers);
     let led_at = logs[first].led[0];
 
     for schedule in SCHEDULES {
@@ -670,12 +675,7 @@ fn a_leader_whose_enqueue_waits_past_the_lease_ttl_keeps_the_lead() {
     stop_leader_last(&mut workers, first);
 
     let logs = logs_of(&workers);
-    assert_eq!(
-        logs.iter().map(|l| l.led.len()).sum::<usize>(),
-        1,
-        "one replica led throughout:\n{}",
-        lease_story(&workers)
-    );
+    assert_one_leader(&logs, &workers);
     for schedule in SCHEDULES {
         let (ticks, _) = ticks_of(&logs, schedule);
         assert_each_tick_new_once(&logs, schedule);
