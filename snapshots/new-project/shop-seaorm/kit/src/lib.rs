@@ -19,7 +19,8 @@
 //!
 //! Feature `worker`: `queue` (the asynq wire format), `worker` (listeners,
 //! inbox, metrics), `scheduler`, `operations` (the `outbox` command).
-//! Feature `seaorm`: `orm`, SeaORM transactions.
+//! Feature `seaorm`: `orm`, SeaORM transactions. Feature `mimalloc` (on by
+//! default): mimalloc as the allocator of every binary (see [`binary`]).
 
 #![deny(missing_docs)]
 
