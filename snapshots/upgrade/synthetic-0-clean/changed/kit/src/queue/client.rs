@@ -123,7 +123,7 @@ impl NewTask {
     }
 
     /// The message as Go asynq's `Client.Enqueue` would store it.
-    fn to_message(&self) -> Result<TaskMessage, QueueError> {
+    pub(super) fn to_message(&self) -> Result<TaskMessage, QueueError> {
         for (what, value) in [
             ("type", &self.task_type),
             ("id", &self.id),

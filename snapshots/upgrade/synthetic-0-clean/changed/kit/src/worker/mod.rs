@@ -268,7 +268,6 @@ fn consumer(
     let mut consumer = Consumer::new(queue.clone(), options);
     handle_events(
         &mut consumer,
-        queue,
         transactor,
         listeners,
         config.outbox.task_retention,
@@ -283,7 +282,6 @@ fn consumer(
 /// `transactor`'s transactions.
 pub fn handle_events(
     consumer: &mut Consumer,
-    queue: Client,
     transactor: database::Transactor,
     listeners: Arc<Listeners>,
     task_retention: std::time::Duration,
@@ -291,11 +289,11 @@ pub fn handle_events(
 ) {
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
-    consumer.handle(EVENT_TASK_PREFIX, {
-        let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+    consumer.handle_with_follow_ups(EVENT_TASK_PREFIX, {
+        let listeners = Arc::clone(&listeners);
         move |task| {
-            let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
-            async move { fan_out(&queue, &listeners, task, task_retention).await }
+            let listeners = Arc::clone(&listeners);
+            async move { fan_out(&listeners, task, task_retention) }
         }
     });
     for listener in listeners.all() {
@@ -341,16 +339,18 @@ struct EnvelopeHead {
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event
 /// task's id, so a retried fan-out queues nothing twice (duplicates count as
-/// done). The relay's event task has the event id as its id; a replay
+/// done). The consumer enqueues them in the script call that completes the
+/// event task, so the event task is done only once its listener tasks are
+/// queued, and the fan-out costs Valkey one script call, not three. The
+/// relay's event task has the event id as its id; a replay
 /// (`outbox replay`) queues the same envelope under a new task id, and so
 /// gets new listener tasks. Each listener task carries the event task's
 /// headers.
-pub(crate) async fn fan_out(
-    queue: &Client,
+fn fan_out(
     listeners: &Listeners,
     task: Task,
     retention: std::time::Duration,
-) -> Result<(), HandlerError> {
+) -> Result<Vec<NewTask>, HandlerError> {
     let envelope: EnvelopeHead = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
             "task {} is not an event envelope: {err}",
@@ -360,7 +360,7 @@ pub(crate) async fn fan_out(
     // A task id that is not a UUID (a foreign producer's) falls back to the
     // event id.
     let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
-    let tasks: Vec<NewTask> = listeners
+    Ok(listeners
         .of(&envelope.name)
         .iter()
         .map(|listener| {
@@ -375,11 +375,7 @@ pub(crate) async fn fan_out(
             .timeout(TASK_TIMEOUT)
             .retention(retention)
         })
-        .collect();
-    for result in queue.enqueue(&tasks).await? {
-        result?;
-    }
-    Ok(())
+        .collect())
 }
 
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
