@@ -1636,6 +1636,7 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
     let mut consumer = Consumer::new(queue.client.clone(), options);
     handle_events(
         &mut consumer,
+        queue.client.clone(),
         Transactor::new(pool),
         Arc::new(listeners),
         Duration::ZERO,
@@ -1793,6 +1794,7 @@ async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
     let metrics = ListenerMetrics::default();
     handle_events(
         &mut consumer,
+        queue.client.clone(),
         Transactor::new(pool),
         Arc::new(listeners),
         Duration::from_secs(60),

@@ -53,35 +53,6 @@ pub(super) enum Dequeued {
     },
 }
 
-/// How one task's completion went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Written {
-    /// Its follow-ups are enqueued and the task is completed.
-    Moved,
-    /// It was no longer active, and was left as it is (its follow-ups are
-    /// enqueued all the same).
-    NotActive,
-    /// Valkey refused one of its follow-ups, with this error: none of them
-    /// is enqueued, and the task is still active.
-    Refused(String),
-}
-
-impl Written {
-    /// The complete script's answer for one task.
-    fn from_reply(reply: redis::Value) -> Result<Self, QueueError> {
-        match reply {
-            redis::Value::Int(1) => Ok(Self::Moved),
-            redis::Value::Int(0) => Ok(Self::NotActive),
-            redis::Value::BulkString(error) => {
-                Ok(Self::Refused(String::from_utf8_lossy(&error).into_owned()))
-            }
-            other => Err(QueueError::UnexpectedReply(format!(
-                "the complete script answered {other:?} for a task"
-            ))),
-        }
-    }
-}
-
 impl Client {
     /// Takes up to `max` pending tasks of the first queue in `queues` that
     /// has any, moving them to active under a lease that expires at
@@ -213,15 +184,15 @@ impl Client {
         Ok(())
     }
 
-    /// Success: enqueues each task's follow-ups (tasks of the same queue),
-    /// then deletes the task, or keeps it in `:completed` for its retention
-    /// so that its id keeps deduplicating, in one script call for tasks of
-    /// one queue. Returns, per task, how the write went (see [`Written`]).
+    /// Success: deletes each task, or keeps it in `:completed` for its
+    /// retention so that its id keeps deduplicating, in one script call
+    /// for tasks of one queue. Returns, per task, whether it was still
+    /// active (one that was not is left as it is).
     pub(super) async fn complete(
         &self,
         queue: &str,
-        tasks: &[(&TaskMessage, &[TaskMessage])],
-    ) -> Result<Vec<Written>, QueueError> {
+        messages: &[&TaskMessage],
+    ) -> Result<Vec<bool>, QueueError> {
         let now = Utc::now();
         let mut invocation = scripts::COMPLETE.prepare_invoke();
         invocation
@@ -230,11 +201,9 @@ impl Client {
             .key(keys::completed(queue))
             .key(keys::processed_on(queue, now))
             .key(keys::processed_total(queue))
-            .key(keys::pending(queue))
             .arg((now + STATS_TTL).timestamp())
-            .arg(i64::MAX)
-            .arg(now.timestamp_nanos_opt().unwrap_or_default());
-        for (message, follow_ups) in tasks {
+            .arg(i64::MAX);
+        for message in messages {
             let task = keys::task(queue, &message.id);
             let unique = if message.unique_key.is_empty() {
                 task.clone()
@@ -253,25 +222,17 @@ impl Client {
                     .arg(now.timestamp() + message.retention)
                     .arg(completed.encode_to_vec());
             }
-            invocation
-                .arg(u8::from(!message.unique_key.is_empty()))
-                .arg(follow_ups.len());
-            for follow_up in *follow_ups {
-                invocation
-                    .key(keys::task(queue, &follow_up.id))
-                    .arg(&follow_up.id)
-                    .arg(follow_up.encode_to_vec());
-            }
+            invocation.arg(u8::from(!message.unique_key.is_empty()));
         }
-        let replies: Vec<redis::Value> = invocation.invoke_async(&mut self.conn()).await?;
-        if replies.len() != tasks.len() {
+        let moved: Vec<i64> = invocation.invoke_async(&mut self.conn()).await?;
+        if moved.len() != messages.len() {
             return Err(QueueError::UnexpectedReply(format!(
                 "the complete script answered for {} tasks of {}",
-                replies.len(),
-                tasks.len()
+                moved.len(),
+                messages.len()
             )));
         }
-        replies.into_iter().map(Written::from_reply).collect()
+        Ok(moved.into_iter().map(|moved| moved == 1).collect())
     }
 
     /// Failure with retries left: the task waits in `:retry` until
@@ -650,7 +611,6 @@ pub(crate) fn default_retry_delay(retried: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redis::AsyncCommands as _;
 
     /// A client of Valkey at `VALKEY_ADDR` (as the kit's integration tests),
     /// a plain connection, and a queue of the test's own, whose keys are
@@ -785,139 +745,6 @@ mod tests {
         delete_queue(&mut redis, &queue).await;
         assert!(moved.as_ref().is_err_and(is_leased), "{moved:?}");
         assert_eq!((state.as_str(), lease), ("active", Some(new_lease)));
-    }
-
-    /// A task of `queue` made active by hand, as a dequeue leaves it.
-    async fn active_task(
-        redis: &mut redis::aio::MultiplexedConnection,
-        queue: &str,
-        id: &str,
-    ) -> TaskMessage {
-        let message = TaskMessage {
-            r#type: "event:testPlaced".into(),
-            id: id.into(),
-            queue: queue.into(),
-            retry: 25,
-            timeout: 60,
-            ..TaskMessage::default()
-        };
-        redis::pipe()
-            .hset(keys::task(queue, id), "msg", message.encode_to_vec())
-            .hset(keys::task(queue, id), "state", "active")
-            .lpush(keys::active(queue), id)
-            .zadd(keys::lease(queue), id, Utc::now().timestamp() + 30)
-            .query_async::<()>(redis)
-            .await
-            .unwrap();
-        message
-    }
-
-    /// A listener task of `queue`, as the fan-out makes one.
-    fn follow_up(queue: &str, id: &str) -> TaskMessage {
-        super::super::NewTask::new("listener:testPlaced:audit", id, b"{}".to_vec())
-            .queue(queue)
-            .to_message()
-            .unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_completion_enqueues_its_follow_ups_as_go_enqueue_leaves_them() {
-        // Arrange: an active event task; beside it, a task enqueued by the
-        // client's (Go's) enqueue script, to compare with.
-        let (client, mut redis, queue) = test_queue().await;
-        let event = active_task(&mut redis, &queue, "evt").await;
-        let reference =
-            super::super::NewTask::new("listener:testPlaced:ref", "ref", b"{}".to_vec())
-                .queue(&queue);
-        client
-            .enqueue(&[reference])
-            .await
-            .unwrap()
-            .remove(0)
-            .unwrap();
-        let follow_ups = [follow_up(&queue, "f1"), follow_up(&queue, "f2")];
-
-        // Act: the completion, and the same write again (a retry after a
-        // lost reply).
-        let first = client
-            .complete(&queue, &[(&event, &follow_ups)])
-            .await
-            .unwrap();
-        let again = client
-            .complete(&queue, &[(&event, &follow_ups)])
-            .await
-            .unwrap();
-
-        // Assert
-        let pending: Vec<String> = redis.lrange(keys::pending(&queue), 0, -1).await.unwrap();
-        let fields = |id: &str| {
-            let mut redis = redis.clone();
-            let key = keys::task(&queue, id);
-            async move {
-                let mut fields: Vec<String> = redis.hkeys(&key).await.unwrap();
-                fields.sort();
-                let state: String = redis.hget(&key, "state").await.unwrap();
-                let msg: Vec<u8> = redis.hget(&key, "msg").await.unwrap();
-                (fields, state, msg)
-            }
-        };
-        let (f1, reference) = (fields("f1").await, fields("ref").await);
-        let event_left: bool = redis.exists(keys::task(&queue, "evt")).await.unwrap();
-        let active: Vec<String> = redis.lrange(keys::active(&queue), 0, -1).await.unwrap();
-        let processed: i64 = redis.get(keys::processed_total(&queue)).await.unwrap();
-        delete_queue(&mut redis, &queue).await;
-        assert_eq!(first, vec![Written::Moved]);
-        assert_eq!(again, vec![Written::NotActive]);
-        // LPUSHed in order, as two enqueues after the reference leave them.
-        assert_eq!(pending, vec!["f2", "f1", "ref"]);
-        assert_eq!((&f1.0, &f1.1), (&reference.0, &reference.1));
-        assert_eq!(f1.2, follow_ups[0].encode_to_vec());
-        assert!(!event_left);
-        assert!(active.is_empty());
-        assert_eq!(processed, 1);
-    }
-
-    #[tokio::test]
-    async fn a_follow_up_valkey_refuses_fails_only_its_own_task() {
-        // Arrange: two active tasks, and a pending list that is not a list.
-        let (client, mut redis, queue) = test_queue().await;
-        let fanned = active_task(&mut redis, &queue, "fanned").await;
-        let plain = active_task(&mut redis, &queue, "plain").await;
-        redis::cmd("SET")
-            .arg(keys::pending(&queue))
-            .arg("not a list")
-            .query_async::<()>(&mut redis)
-            .await
-            .unwrap();
-        let follow_ups = [follow_up(&queue, "f1")];
-
-        // Act
-        let written = client
-            .complete(&queue, &[(&fanned, &follow_ups), (&plain, &[])])
-            .await
-            .unwrap();
-
-        // Assert: the fanned task is still active under its lease, its
-        // follow-up undone; the other one completed.
-        let follow_up_left: bool = redis.exists(keys::task(&queue, "f1")).await.unwrap();
-        let active: Vec<String> = redis.lrange(keys::active(&queue), 0, -1).await.unwrap();
-        let leased: Option<f64> = redis.zscore(keys::lease(&queue), "fanned").await.unwrap();
-        let state: Option<String> = redis
-            .hget(keys::task(&queue, "fanned"), "state")
-            .await
-            .unwrap();
-        let plain_left: bool = redis.exists(keys::task(&queue, "plain")).await.unwrap();
-        delete_queue(&mut redis, &queue).await;
-        assert!(
-            matches!(&written[0], Written::Refused(error) if error.contains("WRONGTYPE")),
-            "{written:?}"
-        );
-        assert_eq!(written[1], Written::Moved);
-        assert!(!follow_up_left);
-        assert_eq!(active, vec!["fanned"]);
-        assert!(leased.is_some());
-        assert_eq!(state.as_deref(), Some("active"));
-        assert!(!plain_left);
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl NewTask {
     }
 
     /// The message as Go asynq's `Client.Enqueue` would store it.
-    pub(super) fn to_message(&self) -> Result<TaskMessage, QueueError> {
+    fn to_message(&self) -> Result<TaskMessage, QueueError> {
         for (what, value) in [
             ("type", &self.task_type),
             ("id", &self.id),

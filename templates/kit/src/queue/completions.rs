@@ -7,10 +7,6 @@
 //! be on their way at once). An idle
 //! worker's completion goes at once, alone; a busy worker's share a round
 //! trip and a script call, which is what Valkey spends its time on.
-//!
-//! A completion may carry follow-up tasks (the fan-out's listener tasks),
-//! which the same script call enqueues before it completes their task; a
-//! batch that enqueued any wakes the idle consumers, as an enqueue does.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,24 +14,21 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use super::broker::Written;
 use super::message::TaskMessage;
-use super::{Client, QueueError, keys, wakeup};
+use super::{Client, QueueError};
 
 /// The most completions one batch takes.
 const MAX_BATCH: usize = 128;
 /// The most batches written at the same time.
 const MAX_IN_FLIGHT: usize = 2;
 
-/// What a waiting task is told: how its completion went, or why the
-/// write failed.
-type Answer = Result<Written, QueueError>;
+/// What a waiting task is told: whether it was still active (and is now
+/// completed), or why the write failed.
+type Answer = Result<bool, QueueError>;
 
 /// One completion waiting for the writer.
 struct Request {
     message: Arc<TaskMessage>,
-    /// Tasks of the same queue to enqueue before the task completes.
-    follow_ups: Arc<[TaskMessage]>,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -53,17 +46,12 @@ impl Completions {
         Self { requests }
     }
 
-    /// Enqueues `follow_ups` (tasks of the message's queue) and completes
-    /// the task of `message`, with the next batch.
-    pub(super) async fn complete(
-        &self,
-        message: &Arc<TaskMessage>,
-        follow_ups: &Arc<[TaskMessage]>,
-    ) -> Answer {
+    /// Completes the task of `message` with the next batch. `Ok(false)`:
+    /// the task was no longer active, and was left as it is.
+    pub(super) async fn complete(&self, message: &Arc<TaskMessage>) -> Answer {
         let (answer, answered) = oneshot::channel();
         let request = Request {
             message: Arc::clone(message),
-            follow_ups: Arc::clone(follow_ups),
             answer,
         };
         let stopped = || QueueError::UnexpectedReply("the completion writer stopped".into());
@@ -101,26 +89,12 @@ async fn write_batch(client: Client, batch: Vec<Request>) {
         by_queue.entry(queue).or_default().push(request);
     }
     for (queue, requests) in by_queue {
-        let tasks: Vec<(&TaskMessage, &[TaskMessage])> = requests
-            .iter()
-            .map(|r| (&*r.message, &*r.follow_ups))
-            .collect();
-        let enqueues = tasks.iter().any(|(_, follow_ups)| !follow_ups.is_empty());
-        let written = if enqueues {
-            let (written, ()) = tokio::join!(
-                client.complete(&queue, &tasks),
-                announce_queue(&client, &queue)
-            );
-            client.enqueued().signal();
-            written
-        } else {
-            client.complete(&queue, &tasks).await
-        };
-        match written {
-            Ok(written) => {
-                for (request, written) in requests.into_iter().zip(written) {
+        let messages: Vec<&TaskMessage> = requests.iter().map(|r| &*r.message).collect();
+        match client.complete(&queue, &messages).await {
+            Ok(moved) => {
+                for (request, moved) in requests.into_iter().zip(moved) {
                     // A task that stopped waiting (shutdown) needs no answer.
-                    let _ = request.answer.send(Ok(written));
+                    let _ = request.answer.send(Ok(moved));
                 }
             }
             Err(err) => {
@@ -129,37 +103,6 @@ async fn write_batch(client: Client, batch: Vec<Request>) {
                 }
             }
         }
-    }
-}
-
-/// What an enqueue does besides its scripts, for the follow-ups of a batch:
-/// registers `queue` in `asynq:queues` (as Go's `Client.Enqueue` does,
-/// though the task being completed came through it already) and, with
-/// wake-ups published, tells the consumers of other processes. Best
-/// effort: consumers poll anyway, and the queue is listed already.
-async fn announce_queue(client: &Client, queue: &str) {
-    let register = async {
-        let mut conn = client.connection();
-        redis::cmd("SADD")
-            .arg(keys::ALL_QUEUES)
-            .arg(queue)
-            .query_async::<i64>(&mut conn)
-            .await
-    };
-    let publish = async {
-        if !client.enqueued().publish() {
-            return Ok(0);
-        }
-        let mut conn = client.connection();
-        redis::cmd("PUBLISH")
-            .arg(wakeup::CHANNEL)
-            .arg(queue)
-            .query_async::<i64>(&mut conn)
-            .await
-    };
-    let (registered, published) = tokio::join!(register, publish);
-    if let Err(err) = registered.and(published) {
-        tracing::debug!(error = %err, "could not announce the follow-up tasks' queue");
     }
 }
 

@@ -13,9 +13,7 @@
 //! - Batches: one dequeue takes up to as many tasks as there are free
 //!   takes (see "Taking ahead"; each moved exactly as Go's DEQUEUE moves
 //!   one), and successes
-//!   are completed in batches (see [`super::completions`]), with the
-//!   follow-up tasks of a handler (the fan-out's listener tasks) enqueued
-//!   in the same script call, before their task completes; a dequeue that
+//!   are completed in batches (see [`super::completions`]); a dequeue that
 //!   finds its tasks taken by another consumer tries again at once, so only
 //!   an empty (or paused) queue makes the consumer wait.
 //! - Taking ahead: a task whose handler has returned keeps its slot until
@@ -75,10 +73,10 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::broker::{Dequeued, Written, is_leased, is_not_found};
+use super::broker::{Dequeued, is_leased, is_not_found};
 use super::completions::Completions;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
-use super::{Client, NewTask, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
+use super::{Client, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
 use crate::spans;
 use crate::trace_context::{self, TraceContext};
 
@@ -242,9 +240,7 @@ impl Default for ConsumerOptions {
     }
 }
 
-/// What a handler's run gives: the follow-up tasks to enqueue with its
-/// completion (none for the handlers of [`Consumer::handle`]).
-type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<NewTask>, HandlerError>> + Send>>;
+type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
 type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
 
 /// Runs handlers for the tasks of its queues until shut down.
@@ -288,30 +284,6 @@ impl Consumer {
     where
         F: Fn(Task) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    {
-        let handler = Arc::new(handler);
-        let boxed: BoxedHandler = Arc::new(move |task| {
-            let run = handler(task);
-            Box::pin(async move { run.await.map(|()| Vec::new()) })
-        });
-        self.handlers.insert(task_type.into(), boxed);
-        self
-    }
-
-    /// Registers a handler that answers with follow-up tasks, as
-    /// [`Self::handle`] does one that answers with nothing. The follow-ups
-    /// (of the task's own queue) are enqueued in the same script call that
-    /// completes the task, before it completes, so that the task is done
-    /// only once they are queued: the fan-out's listener tasks. A follow-up
-    /// Valkey refuses fails the task, which is retried as any failure.
-    pub(crate) fn handle_with_follow_ups<F, Fut>(
-        &mut self,
-        task_type: impl Into<String>,
-        handler: F,
-    ) -> &mut Self
-    where
-        F: Fn(Task) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<NewTask>, HandlerError>> + Send + 'static,
     {
         let boxed: BoxedHandler = Arc::new(move |task| Box::pin(handler(task)));
         self.handlers.insert(task_type.into(), boxed);
@@ -506,8 +478,7 @@ struct Worker {
 
 /// How one run of a task ended.
 enum Outcome {
-    /// With the follow-up tasks to enqueue as it completes.
-    Succeeded(Arc<[TaskMessage]>),
+    Succeeded,
     Failed {
         error: String,
         skip_retry: bool,
@@ -521,7 +492,7 @@ enum Outcome {
 /// The write that moves a finished task on, decided once so that a retried
 /// write is the same write.
 enum Settlement {
-    Complete(Arc<[TaskMessage]>),
+    Complete,
     Retry {
         retry_at: DateTime<Utc>,
         error: String,
@@ -655,10 +626,7 @@ impl Worker {
         ));
         let outcome = tokio::select! {
             joined = &mut run => match joined {
-                Ok(Ok(follow_ups)) => match follow_up_messages(&follow_ups, &message.queue) {
-                    Ok(follow_ups) => Outcome::Succeeded(follow_ups),
-                    Err(error) => Outcome::Failed { error, skip_retry: false },
-                },
+                Ok(Ok(())) => Outcome::Succeeded,
                 Ok(Err(err)) => Outcome::Failed {
                     error: err.to_string(),
                     skip_retry: err.skip_retry,
@@ -679,7 +647,7 @@ impl Worker {
         // A no-op for a run that has ended.
         run.abort();
         match &outcome {
-            Outcome::Succeeded(_) => spans::record_outcome(&span, "succeeded", None),
+            Outcome::Succeeded => spans::record_outcome(&span, "succeeded", None),
             Outcome::Failed { error, .. } => spans::record_outcome(&span, "failed", Some(error)),
             Outcome::LeaseLost => spans::record_outcome(&span, "lease_lost", Some("lease lost")),
             Outcome::Interrupted => {
@@ -701,12 +669,24 @@ impl Worker {
         lease: watch::Receiver<Instant>,
     ) {
         let (id, task_type) = (&message.id, &message.r#type);
-        let mut settlement = match outcome {
-            Outcome::Succeeded(follow_ups) => {
+        let settlement = match outcome {
+            Outcome::Succeeded => {
                 tracing::debug!(%id, %task_type, "task succeeded");
-                Settlement::Complete(follow_ups)
+                Settlement::Complete
             }
-            Outcome::Failed { error, skip_retry } => self.failed(message, error, skip_retry),
+            Outcome::Failed { error, skip_retry } => {
+                if skip_retry || message.retried >= message.retry {
+                    tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
+                    Settlement::Archive { error }
+                } else {
+                    let retried = u32::try_from(message.retried).unwrap_or(0);
+                    let delay = (self.options.retry_delay)(retried);
+                    tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
+                    let retry_at =
+                        Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    Settlement::Retry { retry_at, error }
+                }
+            }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
                 return;
@@ -729,19 +709,13 @@ impl Worker {
                 return;
             }
             let err = match self.write(message, &settlement).await {
-                Ok(Written::Moved) => return,
-                Ok(Written::Refused(error)) => {
-                    // Its follow-ups cannot be queued: the run failed after all.
-                    let error = format!("the follow-up tasks could not be enqueued: {error}");
-                    settlement = self.failed(message, error, false);
-                    continue;
-                }
-                Ok(Written::NotActive) if attempt > 1 => {
+                Ok(true) => return,
+                Ok(false) if attempt > 1 => {
                     // An earlier try reached Valkey although its reply was lost.
                     tracing::info!(%id, %task_type, "task updated by an earlier try");
                     return;
                 }
-                Ok(Written::NotActive) => {
+                Ok(false) => {
                     tracing::error!(%id, %task_type, "task is no longer active; left as it is");
                     return;
                 }
@@ -765,33 +739,15 @@ impl Worker {
         }
     }
 
-    /// The write after a failed run: a retry, or the archive once retries
-    /// are spent (or skipped).
-    fn failed(&self, message: &TaskMessage, error: String, skip_retry: bool) -> Settlement {
-        let (id, task_type) = (&message.id, &message.r#type);
-        if skip_retry || message.retried >= message.retry {
-            tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
-            Settlement::Archive { error }
-        } else {
-            let retried = u32::try_from(message.retried).unwrap_or(0);
-            let delay = (self.options.retry_delay)(retried);
-            tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
-            let retry_at = Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
-            Settlement::Retry { retry_at, error }
-        }
-    }
-
-    /// One try of the write of `settlement`. [`Written::NotActive`]: the
-    /// task was no longer active (Go's `NOT FOUND`), and was left as it is.
+    /// One try of the write of `settlement`. `Ok(false)`: the task was no
+    /// longer active (Go's `NOT FOUND`), and was left as it is.
     async fn write(
         &self,
         message: &Arc<TaskMessage>,
         settlement: &Settlement,
-    ) -> Result<Written, QueueError> {
+    ) -> Result<bool, QueueError> {
         let written = match settlement {
-            Settlement::Complete(follow_ups) => {
-                return self.completions.complete(message, follow_ups).await;
-            }
+            Settlement::Complete => return self.completions.complete(message).await,
             Settlement::Retry { retry_at, error } => {
                 self.client.retry(message, *retry_at, error, None).await
             }
@@ -799,8 +755,8 @@ impl Worker {
             Settlement::Requeue => self.client.requeue(message).await,
         };
         match written {
-            Ok(()) => Ok(Written::Moved),
-            Err(err) if is_not_found(&err) => Ok(Written::NotActive),
+            Ok(()) => Ok(true),
+            Err(err) if is_not_found(&err) => Ok(false),
             Err(err) => Err(err),
         }
     }
@@ -1204,24 +1160,6 @@ fn jittered(interval: Duration) -> Duration {
     interval / 2 + interval.mul_f64(fastrand::f64())
 }
 
-/// The messages of a handler's follow-up tasks, which go with its task's
-/// completion and so must be of its queue; the error names the first
-/// that cannot.
-fn follow_up_messages(follow_ups: &[NewTask], queue: &str) -> Result<Arc<[TaskMessage]>, String> {
-    follow_ups
-        .iter()
-        .map(|task| {
-            if task.queue != queue {
-                return Err(format!(
-                    "the follow-up task {} is for queue `{}`, not the task's own `{queue}`",
-                    task.id, task.queue
-                ));
-            }
-            task.to_message().map_err(|err| err.to_string())
-        })
-        .collect()
-}
-
 /// The entry whose pattern is the longest prefix of `task_type` (the
 /// handler of a task, as Go asynq's `ServeMux` picks it).
 fn handler_for<'a, H>(handlers: &'a HashMap<String, H>, task_type: &str) -> Option<&'a H> {
@@ -1235,8 +1173,6 @@ fn handler_for<'a, H>(handlers: &'a HashMap<String, H>, task_type: &str) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message as _;
-    use redis::AsyncCommands as _;
 
     #[test]
     fn the_longest_matching_pattern_handles_a_task() {
@@ -1254,80 +1190,5 @@ mod tests {
             Some(&"fan-out")
         );
         assert_eq!(handler_for(&handlers, "listener:orderPlaced:audit"), None);
-    }
-
-    #[tokio::test]
-    async fn a_run_whose_follow_ups_valkey_refuses_is_retried() {
-        // Arrange: an event task whose handler answers with a follow-up,
-        // and breaks the queue's pending list (a key of another type) while
-        // it runs, so that Valkey refuses the follow-up at completion.
-        let addr = std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into());
-        let client = Client::connect(&addr, None, 0)
-            .await
-            .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
-        let mut redis = redis::Client::open(format!("redis://{addr}/"))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let queue = format!("test_{}", uuid::Uuid::now_v7().simple());
-        let event = NewTask::new("event:testPlaced", "evt", b"{}".to_vec()).queue(&queue);
-        client.enqueue(&[event]).await.unwrap().remove(0).unwrap();
-        let options = ConsumerOptions {
-            queues: queue.parse().unwrap(),
-            concurrency: 2,
-            poll_interval: Duration::from_millis(50),
-            retry_delay: |_| Duration::from_secs(3600),
-            ..ConsumerOptions::default()
-        };
-        let mut consumer = Consumer::new(client.clone(), options);
-        let (breaker, follow_up_queue) = (redis.clone(), queue.clone());
-        consumer.handle_with_follow_ups("event:", move |task: Task| {
-            let (mut redis, queue) = (breaker.clone(), follow_up_queue.clone());
-            async move {
-                redis
-                    .set::<_, _, ()>(keys::pending(&queue), "not a list")
-                    .await?;
-                let listener = format!("{}:audit", task.id);
-                Ok(vec![
-                    NewTask::new("listener:testPlaced:audit", listener, task.payload).queue(&queue),
-                ])
-            }
-        });
-
-        // Act
-        let stop = CancellationToken::new();
-        let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
-        let task_key = keys::task(&queue, "evt");
-        let started = Instant::now();
-        let mut state: Option<String> = None;
-        while state.as_deref() != Some("retry") && started.elapsed() < Duration::from_secs(10) {
-            sleep(Duration::from_millis(50)).await;
-            state = redis.hget(&task_key, "state").await.unwrap();
-        }
-        stop.cancel();
-        running.await.unwrap().unwrap();
-
-        // Assert: retried with the reason; no listener task left behind.
-        let msg: Vec<u8> = redis.hget(&task_key, "msg").await.unwrap();
-        let retrying: Option<f64> = redis.zscore(keys::retry(&queue), "evt").await.unwrap();
-        let follow_up_left: bool = redis.exists(keys::task(&queue, "evt:audit")).await.unwrap();
-        let keys: Vec<String> = redis
-            .keys(format!("{}*", keys::queue_prefix(&queue)))
-            .await
-            .unwrap();
-        redis.del::<_, ()>(keys).await.unwrap();
-        assert_eq!(state.as_deref(), Some("retry"));
-        let message = TaskMessage::decode(msg.as_slice()).unwrap();
-        assert!(
-            message
-                .error_msg
-                .contains("follow-up tasks could not be enqueued")
-                && message.error_msg.contains("WRONGTYPE"),
-            "{}",
-            message.error_msg
-        );
-        assert!(retrying.is_some());
-        assert!(!follow_up_left);
     }
 }

@@ -118,108 +118,53 @@ return {ids, messages, redis.call("LRANGE", KEYS[1], -tonumber(ARGV[2]), -1)}
 /// Moves succeeded tasks on, each exactly as Go asynq's `done` or
 /// `markAsComplete` script moves one (deleted, or kept in `:completed`
 /// for its retention; a Go uniqueness lock released), in one call for a
-/// batch of tasks of one queue, and counts them processed (the day's and
+/// batch of tasks of one queue (first every task off active and its
+/// lease, and the kept ones into `:completed` in one `ZADD`, then each
+/// task's hash), and counts them processed (the day's and
 /// the total counter, once for the batch; the total starts again from the
-/// batch's count where Go's would pass the largest int64).
+/// batch's count where Go's would pass the largest int64). A task no longer
+/// active is left alone. Returns, per task, 1 when it moved and 0 when it was not
+/// active (Go's `NOT FOUND`).
 ///
-/// A task may carry follow-up tasks of the same queue (the fan-out's
-/// listener tasks), which are enqueued first, each exactly as Go asynq's
-/// `ENQUEUE` leaves one (an id that exists already counts as enqueued), and
-/// the task is completed only once all of them are. A follow-up that
-/// cannot be written (a pending list of another type) is undone, and the
-/// task is left active with the error: the other tasks of the batch go on.
-///
-/// Then every task off active and its lease, and the kept ones into
-/// `:completed` in one `ZADD`, then each task's hash. A task no longer
-/// active is left alone (its follow-ups are enqueued all the same, as a
-/// handler's own enqueue would have been). Returns, per task, 1 when it
-/// moved, 0 when it was not active (Go's `NOT FOUND`), or the error that
-/// refused one of its follow-ups.
-///
-/// KEYS: active, lease, completed, `processed:<day>`, processed, pending,
-/// then per task its hash, its unique key (its hash again when it has
-/// none) and the hash of each of its follow-ups. ARGV: stats expiry (Unix
-/// s), max int64, now (ns), then per task: its id, the expiry of its
-/// retention (Unix s; 0 for none: deleted), the encoded message to keep
-/// ("" for none), 1 when it has a unique key, the number of its
-/// follow-ups, then each follow-up's id and encoded message.
+/// KEYS: active, lease, completed, `processed:<day>`, processed, then per
+/// task its hash and its unique key (its hash again when it has none).
+/// ARGV: stats expiry (Unix s), max int64, then per task: its id, the
+/// expiry of its retention (Unix s; 0 for none: deleted), the encoded
+/// message to keep ("" for none), and 1 when it has a unique key.
 pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local tasks, a, k = {}, 4, 7
-while a <= #ARGV do
-    local n = tonumber(ARGV[a + 4])
-    table.insert(tasks, {arg = a, key = k, follow_ups = n})
-    a = a + 5 + 2 * n
-    k = k + 2 + n
-end
--- The follow-ups first, as Go's ENQUEUE writes each: the task completes
--- only once they are all in pending.
-local refused = {}
-for i, task in ipairs(tasks) do
-    local written, ids = {}, {}
-    for j = 0, task.follow_ups - 1 do
-        local key = task.key + 2 + j
-        if redis.call("EXISTS", KEYS[key]) == 0 then
-            local reply = redis.pcall("HSET", KEYS[key],
-                                      "msg", ARGV[task.arg + 6 + 2 * j],
-                                      "state", "pending",
-                                      "pending_since", ARGV[3])
-            if type(reply) == "table" and reply.err then
-                refused[i] = reply.err
-                break
-            end
-            table.insert(written, key)
-            table.insert(ids, ARGV[task.arg + 5 + 2 * j])
-        end
-    end
-    if not refused[i] and #ids > 0 then
-        local reply = redis.pcall("LPUSH", KEYS[6], unpack(ids))
-        if type(reply) == "table" and reply.err then
-            refused[i] = reply.err
-        end
-    end
-    -- A refused task's follow-ups are undone, so that its retry writes
-    -- them again rather than taking them for duplicates.
-    if refused[i] then
-        for _, key in ipairs(written) do
-            redis.call("DEL", KEYS[key])
-        end
-    end
-end
 local moved, count, active, kept = {}, 0, {}, {}
--- Off active and the lease, and the kept ones into `:completed` in one
--- call, as Go's script moves a task before it writes its hash.
+local tasks = (#ARGV - 2) / 4
+-- First off active and the lease, and the kept ones into `:completed` in
+-- one call, as Go's script moves a task before it writes its hash.
 -- Retentions stay the strings they came as: a Lua number passed to a
 -- command is formatted again (and parsed back by the command).
-for i, task in ipairs(tasks) do
-    local id = ARGV[task.arg]
-    active[i] = not refused[i]
-        and redis.call("LREM", KEYS[1], 0, id) ~= 0
+for i = 0, tasks - 1 do
+    local id = ARGV[3 + 4 * i]
+    active[i] = redis.call("LREM", KEYS[1], 0, id) ~= 0
         and redis.call("ZREM", KEYS[2], id) ~= 0
-    if active[i] and ARGV[task.arg + 1] ~= "0" then
-        table.insert(kept, ARGV[task.arg + 1])
+    if active[i] and ARGV[4 + 4 * i] ~= "0" then
+        table.insert(kept, ARGV[4 + 4 * i])
         table.insert(kept, id)
     end
 end
 if #kept > 0 then
     redis.call("ZADD", KEYS[3], unpack(kept))
 end
-for i, task in ipairs(tasks) do
-    local id = ARGV[task.arg]
+for i = 0, tasks - 1 do
+    local id = ARGV[3 + 4 * i]
     local ok = active[i]
     if ok then
-        if ARGV[task.arg + 1] == "0" then
-            ok = redis.call("DEL", KEYS[task.key]) ~= 0
+        if ARGV[4 + 4 * i] == "0" then
+            ok = redis.call("DEL", KEYS[6 + 2 * i]) ~= 0
         else
-            redis.call("HSET", KEYS[task.key], "msg", ARGV[task.arg + 2], "state", "completed")
+            redis.call("HSET", KEYS[6 + 2 * i], "msg", ARGV[5 + 4 * i], "state", "completed")
         end
     end
-    if refused[i] then
-        table.insert(moved, refused[i])
-    elseif ok then
-        if ARGV[task.arg + 3] == "1" and redis.call("GET", KEYS[task.key + 1]) == id then
-            redis.call("DEL", KEYS[task.key + 1])
+    if ok then
+        if ARGV[6 + 4 * i] == "1" and redis.call("GET", KEYS[7 + 2 * i]) == id then
+            redis.call("DEL", KEYS[7 + 2 * i])
         end
         count = count + 1
         table.insert(moved, 1)

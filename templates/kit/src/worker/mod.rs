@@ -268,6 +268,7 @@ fn consumer(
     let mut consumer = Consumer::new(queue.clone(), options);
     handle_events(
         &mut consumer,
+        queue,
         transactor,
         listeners,
         config.outbox.task_retention,
@@ -282,6 +283,7 @@ fn consumer(
 /// `transactor`'s transactions.
 pub fn handle_events(
     consumer: &mut Consumer,
+    queue: Client,
     transactor: database::Transactor,
     listeners: Arc<Listeners>,
     task_retention: std::time::Duration,
@@ -289,11 +291,11 @@ pub fn handle_events(
 ) {
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
-    consumer.handle_with_follow_ups(EVENT_TASK_PREFIX, {
-        let listeners = Arc::clone(&listeners);
+    consumer.handle(EVENT_TASK_PREFIX, {
+        let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
         move |task| {
-            let listeners = Arc::clone(&listeners);
-            async move { fan_out(&listeners, task, task_retention) }
+            let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+            async move { fan_out(&queue, &listeners, task, task_retention).await }
         }
     });
     for listener in listeners.all() {
@@ -339,18 +341,16 @@ struct EnvelopeHead {
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event
 /// task's id, so a retried fan-out queues nothing twice (duplicates count as
-/// done). The consumer enqueues them in the script call that completes the
-/// event task, so the event task is done only once its listener tasks are
-/// queued, and the fan-out costs Valkey one script call, not three. The
-/// relay's event task has the event id as its id; a replay
+/// done). The relay's event task has the event id as its id; a replay
 /// (`outbox replay`) queues the same envelope under a new task id, and so
 /// gets new listener tasks. Each listener task carries the event task's
 /// headers.
-fn fan_out(
+pub(crate) async fn fan_out(
+    queue: &Client,
     listeners: &Listeners,
     task: Task,
     retention: std::time::Duration,
-) -> Result<Vec<NewTask>, HandlerError> {
+) -> Result<(), HandlerError> {
     let envelope: EnvelopeHead = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
             "task {} is not an event envelope: {err}",
@@ -360,7 +360,7 @@ fn fan_out(
     // A task id that is not a UUID (a foreign producer's) falls back to the
     // event id.
     let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
-    Ok(listeners
+    let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
         .map(|listener| {
@@ -375,7 +375,11 @@ fn fan_out(
             .timeout(TASK_TIMEOUT)
             .retention(retention)
         })
-        .collect())
+        .collect();
+    for result in queue.enqueue(&tasks).await? {
+        result?;
+    }
+    Ok(())
 }
 
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the
