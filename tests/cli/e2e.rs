@@ -56,34 +56,110 @@ pub const BUILD_ENV: [(&str, &str); 2] = [
     ("CARGO_PROFILE_DEV_DEBUG", "line-tables-only"),
 ];
 
+/// Global arguments of every cargo run in [`cargo`]: the dependencies built
+/// without debug info, as the projects of template set 5 and later declare
+/// (`[profile.dev.package."*"]`), in every project. A project of an older
+/// set (the upgrade fixtures) lacks that table; without this, its build,
+/// clippy and tests would compile every dependency again in a profile of
+/// their own, about 80 s a project on CI's machine.
+const DEPENDENCY_PROFILE: [&str; 2] = ["--config", "profile.dev.package.\"*\".debug=false"];
+
 /// Cargo runs one at a time: generated packages share the target directory,
 /// where binaries of the same name (`server`, `worker`) overwrite each other.
-/// It holds the project cargo ran in last.
-static CARGO: Mutex<Option<PathBuf>> = Mutex::new(None);
+static CARGO: Mutex<LastCargoRun> = Mutex::new(LastCargoRun {
+    project: None,
+    kit: None,
+});
+
+/// What the shared target was last built from: the project cargo ran in
+/// last, and the kit every kit build since `stamp` was made from.
+pub struct LastCargoRun {
+    project: Option<PathBuf>,
+    kit: Option<(KitTree, SystemTime)>,
+}
+
+/// The files of a project's `kit/`, by path, with their bytes.
+type KitTree = std::collections::BTreeMap<String, Vec<u8>>;
+
+/// Holds the lock that lets one cargo run at a time in the shared target;
+/// dropping it ends the hold.
+pub struct CargoLock {
+    last: MutexGuard<'static, LastCargoRun>,
+    project: PathBuf,
+}
 
 /// Holds the lock that lets one cargo run at a time, for a cargo run in
 /// `project`; when cargo last ran in another project, `project`'s files are
-/// first made newer than anything in the shared target.
+/// first made newer than anything in the shared target, except its kit's
+/// when they are byte for byte the kit the target was last built from.
 ///
 /// Cargo names a package's outputs by its name and version, not its path,
 /// and takes them as up to date when none of the sources they were built
 /// from is newer. The tests' projects share names (`shop`): a project made
 /// before another one of the same name was built would be taken as built,
 /// and its build, tests or clippy would run on the other project's outputs.
-pub fn cargo_lock(project: &Path) -> MutexGuard<'static, Option<PathBuf>> {
+///
+/// Most projects' kits are the same files (the kit does not depend on the
+/// project's options), and compiling the kit is most of a project's build.
+/// So a kit equal to the one every kit build since the time `stamp` used is
+/// given that time instead of now: a kit output made since then was made
+/// from these very files and is reused, an older one is not. A kit that is
+/// not that one is made newer than everything, and becomes it. A kit that
+/// changes while the lock is held (made or edited by the holder) leaves no
+/// kit to reuse.
+pub fn cargo_lock(project: &Path) -> CargoLock {
     let mut last = CARGO
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if last.as_deref() != Some(project) {
-        touch_tree(project, SystemTime::now());
-        *last = Some(project.to_path_buf());
+    let now = SystemTime::now();
+    let kit = read_kit(project);
+    let same_kit = matches!((&kit, &last.kit), (Some(kit), Some((built, _))) if kit == built);
+    if last.project.as_deref() != Some(project) {
+        touch_tree(project, &["kit"], now);
+        last.project = Some(project.to_path_buf());
     }
-    last
+    match (kit, same_kit) {
+        (Some(_), true) => {
+            let stamp = last.kit.as_ref().unwrap().1;
+            touch_tree(&project.join("kit"), &[], stamp);
+        }
+        (Some(kit), false) => {
+            touch_tree(&project.join("kit"), &[], now);
+            last.kit = Some((kit, now));
+        }
+        (None, _) => {}
+    }
+    CargoLock {
+        last,
+        project: project.to_path_buf(),
+    }
+}
+
+impl Drop for CargoLock {
+    fn drop(&mut self) {
+        let kit = read_kit(&self.project);
+        let unchanged = match (&kit, &self.last.kit) {
+            (Some(kit), Some((built, _))) => kit == built,
+            (None, _) => true,
+            (Some(_), None) => false,
+        };
+        if !unchanged {
+            self.last.kit = None;
+        }
+    }
+}
+
+/// The files of `project`'s `kit/`; `None` when it has none.
+fn read_kit(project: &Path) -> Option<KitTree> {
+    let kit = project.join("kit");
+    kit.is_dir()
+        .then(|| crate::support::read_tree(&kit, &["target"]))
 }
 
 /// Sets the modification time of every file under `dir` (none when it does
-/// not exist) to `now`, leaving out what cargo writes and gpkit keeps.
-fn touch_tree(dir: &Path, now: SystemTime) {
+/// not exist) to `now`, leaving out the top-level entries `skip` names and
+/// what cargo writes and gpkit keeps.
+fn touch_tree(dir: &Path, skip: &[&str], now: SystemTime) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -91,12 +167,13 @@ fn touch_tree(dir: &Path, now: SystemTime) {
         let entry = entry.unwrap();
         let path = entry.path();
         let kind = entry.file_type().unwrap();
+        let name = entry.file_name();
+        if skip.iter().any(|skipped| name == *skipped) {
+            continue;
+        }
         if kind.is_dir() {
-            if !matches!(
-                entry.file_name().to_str(),
-                Some("target" | ".bin" | ".git" | ".gpkit")
-            ) {
-                touch_tree(&path, now);
+            if !matches!(name.to_str(), Some("target" | ".bin" | ".git" | ".gpkit")) {
+                touch_tree(&path, &[], now);
             }
         } else if kind.is_file() {
             std::fs::File::open(&path)
@@ -169,7 +246,9 @@ pub fn built_from(binary: &Path, project: &Path) -> bool {
 }
 
 fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
+    let started = std::time::Instant::now();
     let output = Command::new(env!("CARGO"))
+        .args(DEPENDENCY_PROFILE)
         .args(args)
         .current_dir(project)
         .env("CARGO_TARGET_DIR", shared_target())
@@ -179,6 +258,7 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .output()
         .unwrap();
+    log_cargo_run(args, started.elapsed());
     assert!(
         output.status.success(),
         "`cargo {}` failed in {}:\n{}\n{}",
@@ -188,6 +268,25 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// Appends one line (seconds, the test's name, the arguments) to
+/// the file `GPKIT_TEST_CARGO_LOG` names, when it names one: where the
+/// suite's serialized cargo time goes.
+fn log_cargo_run(args: &[&str], took: std::time::Duration) {
+    use std::io::Write;
+    let Some(log) = std::env::var_os("GPKIT_TEST_CARGO_LOG") else {
+        return;
+    };
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or("?");
+    let line = format!("{:.1}\t{name}\t{}\n", took.as_secs_f64(), args.join(" "));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut file| file.write_all(line.as_bytes()))
+        .unwrap();
 }
 
 /// A database that is dropped when the value goes out of scope.
@@ -278,6 +377,80 @@ fn a_project_written_before_another_of_its_name_was_built_is_built_from_its_own_
     assert_eq!(which(), "first");
     cargo(&second, &["build"]);
     assert_eq!(which(), "second");
+}
+
+/// Projects of one name whose kits (a workspace member of one name too)
+/// differ are each built from their own kit, whatever the order; a
+/// project whose kit is byte for byte the one built last reuses its
+/// outputs, not compiling it again (see [`cargo_lock`]).
+#[test]
+fn a_kit_is_rebuilt_when_its_files_differ_and_reused_when_they_are_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |folder: &str, kit: &str| {
+        let root = dir.path().join(folder);
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::create_dir_all(root.join("kit/src")).unwrap();
+        std::fs::write(
+            root.join("Cargo.toml"),
+            "[package]\nname = \"gpkit-same-kit\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+             [workspace]\nmembers = [\"kit\"]\n\n\
+             [dependencies]\nkit = { package = \"gpkit-same-kit-kit\", path = \"kit\" }\n\n\
+             [[bin]]\nname = \"gpkit-which-kit\"\npath = \"src/main.rs\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("src/main.rs"),
+            "fn main() {\n    print!(\"{}\", kit::NAME);\n}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("kit/Cargo.toml"),
+            "[package]\nname = \"gpkit-same-kit-kit\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+             [lib]\nname = \"kit\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("kit/src/lib.rs"),
+            format!("pub const NAME: &str = \"{kit}\";\n"),
+        )
+        .unwrap();
+        root
+    };
+    let which = || {
+        let output = Command::new(shared_target().join("debug/gpkit-which-kit"))
+            .output()
+            .unwrap();
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let kit_compiled = |build: &Output| {
+        String::from_utf8_lossy(&build.stderr).contains("Compiling gpkit-same-kit-kit")
+    };
+    // Written before the first build, each with its kit's files older than
+    // every output the builds below make.
+    let (first, second, first_again, second_again) = (
+        write("first", "first"),
+        write("second", "second"),
+        write("first-again", "first"),
+        write("second-again", "second"),
+    );
+
+    cargo(&first, &["build"]);
+    assert_eq!(which(), "first");
+    let build = cargo(&second, &["build"]);
+    assert_eq!(which(), "second");
+    assert!(kit_compiled(&build), "a different kit was taken as built");
+    let build = cargo(&first_again, &["build"]);
+    assert_eq!(which(), "first");
+    assert!(
+        kit_compiled(&build),
+        "the kit built before the last was reused"
+    );
+    let build = cargo(&first, &["build"]);
+    assert_eq!(which(), "first");
+    assert!(!kit_compiled(&build), "the same kit was compiled again");
+    let build = cargo(&second_again, &["build"]);
+    assert_eq!(which(), "second");
+    assert!(kit_compiled(&build));
 }
 
 #[test]
