@@ -7,6 +7,7 @@
 //! (`target/generated`), so dependencies compile once per machine. Postgres
 //! comes from `DATABASE_URL`, by default the local server.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -66,32 +67,34 @@ const DEPENDENCY_PROFILE: [&str; 2] = ["--config", "profile.dev.package.\"*\".de
 
 /// Cargo runs one at a time: generated packages share the target directory,
 /// where binaries of the same name (`server`, `worker`) overwrite each other.
-static CARGO: Mutex<LastCargoRun> = Mutex::new(LastCargoRun {
+static CARGO: Mutex<SharedTarget> = Mutex::new(SharedTarget {
     project: None,
-    kit: None,
+    kits: BTreeMap::new(),
 });
 
 /// What the shared target was last built from: the project cargo ran in
-/// last, and the kit every kit build since `stamp` was made from.
-pub struct LastCargoRun {
+/// last and, by kit package name, the files every build of a kit of that
+/// name since the time beside them was made from.
+pub struct SharedTarget {
     project: Option<PathBuf>,
-    kit: Option<(KitTree, SystemTime)>,
+    kits: BTreeMap<String, (KitFiles, SystemTime)>,
 }
 
 /// The files of a project's `kit/`, by path, with their bytes.
-type KitTree = std::collections::BTreeMap<String, Vec<u8>>;
+type KitFiles = BTreeMap<String, Vec<u8>>;
 
 /// Holds the lock that lets one cargo run at a time in the shared target;
 /// dropping it ends the hold.
 pub struct CargoLock {
-    last: MutexGuard<'static, LastCargoRun>,
+    target: MutexGuard<'static, SharedTarget>,
     project: PathBuf,
 }
 
 /// Holds the lock that lets one cargo run at a time, for a cargo run in
 /// `project`; when cargo last ran in another project, `project`'s files are
 /// first made newer than anything in the shared target, except its kit's
-/// when they are byte for byte the kit the target was last built from.
+/// when they are byte for byte the kit of that name the target was last
+/// built from.
 ///
 /// Cargo names a package's outputs by its name and version, not its path,
 /// and takes them as up to date when none of the sources they were built
@@ -101,59 +104,81 @@ pub struct CargoLock {
 ///
 /// Most projects' kits are the same files (the kit does not depend on the
 /// project's options), and compiling the kit is most of a project's build.
-/// So a kit equal to the one every kit build since the time `stamp` used is
-/// given that time instead of now: a kit output made since then was made
-/// from these very files and is reused, an older one is not. A kit that is
-/// not that one is made newer than everything, and becomes it. A kit that
-/// changes while the lock is held (made or edited by the holder) leaves no
-/// kit to reuse.
+/// So a kit equal to the one every build of a kit of its name since a time
+/// was made from is given that time instead of now: a kit output made
+/// since then was made from these very files and is reused, an older one
+/// is not. A kit that is not that one is made newer than everything, and
+/// becomes it. A kit that changes while the lock is held (made or edited
+/// by the holder) leaves none of its name to reuse.
 pub fn cargo_lock(project: &Path) -> CargoLock {
-    let mut last = CARGO
+    let mut target = CARGO
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let now = SystemTime::now();
-    let kit = read_kit(project);
-    let same_kit = matches!((&kit, &last.kit), (Some(kit), Some((built, _))) if kit == built);
-    if last.project.as_deref() != Some(project) {
+    if target.project.as_deref() != Some(project) {
         touch_tree(project, &["kit"], now);
-        last.project = Some(project.to_path_buf());
+        target.project = Some(project.to_path_buf());
     }
-    match (kit, same_kit) {
-        (Some(_), true) => {
-            let stamp = last.kit.as_ref().unwrap().1;
-            touch_tree(&project.join("kit"), &[], stamp);
+    let kit_dir = project.join("kit");
+    match read_kit(project) {
+        Some((Some(name), files)) => match target.kits.get(&name) {
+            Some((built, stamp)) if *built == files => touch_tree(&kit_dir, &[], *stamp),
+            _ => {
+                touch_tree(&kit_dir, &[], now);
+                target.kits.insert(name, (files, now));
+            }
+        },
+        // A kit of no name we can read could be of any name.
+        Some((None, _)) => {
+            touch_tree(&kit_dir, &[], now);
+            target.kits.clear();
         }
-        (Some(kit), false) => {
-            touch_tree(&project.join("kit"), &[], now);
-            last.kit = Some((kit, now));
-        }
-        (None, _) => {}
+        None => {}
     }
     CargoLock {
-        last,
+        target,
         project: project.to_path_buf(),
     }
 }
 
 impl Drop for CargoLock {
     fn drop(&mut self) {
-        let kit = read_kit(&self.project);
-        let unchanged = match (&kit, &self.last.kit) {
-            (Some(kit), Some((built, _))) => kit == built,
-            (None, _) => true,
-            (Some(_), None) => false,
+        let Some((name, files)) = read_kit(&self.project) else {
+            return;
         };
-        if !unchanged {
-            self.last.kit = None;
+        let Some(name) = name else {
+            self.target.kits.clear();
+            return;
+        };
+        let target = &mut *self.target;
+        if target
+            .kits
+            .get(&name)
+            .is_some_and(|(built, _)| *built != files)
+        {
+            target.kits.remove(&name);
         }
     }
 }
 
-/// The files of `project`'s `kit/`; `None` when it has none.
-fn read_kit(project: &Path) -> Option<KitTree> {
+/// The package name (when it can be read) and the files of `project`'s
+/// `kit/`; `None` when it has none.
+fn read_kit(project: &Path) -> Option<(Option<String>, KitFiles)> {
     let kit = project.join("kit");
-    kit.is_dir()
-        .then(|| crate::support::read_tree(&kit, &["target"]))
+    if !kit.is_dir() {
+        return None;
+    }
+    let files = crate::support::read_tree(&kit, &["target"]);
+    let name = files
+        .get("Cargo.toml")
+        .and_then(|manifest| package_name(&String::from_utf8_lossy(manifest)));
+    Some((name, files))
+}
+
+/// The `name` of a manifest's `[package]` table.
+fn package_name(manifest: &str) -> Option<String> {
+    let table: toml_edit::DocumentMut = manifest.parse().ok()?;
+    Some(table.get("package")?.get("name")?.as_str()?.to_string())
 }
 
 /// Sets the modification time of every file under `dir` (none when it does
@@ -258,7 +283,7 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .output()
         .unwrap();
-    log_cargo_run(args, started.elapsed());
+    log_cargo_run(args, started.elapsed(), &output.stderr);
     assert!(
         output.status.success(),
         "`cargo {}` failed in {}:\n{}\n{}",
@@ -270,17 +295,34 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
     output
 }
 
-/// Appends one line (seconds, the test's name, the arguments) to
+/// Appends one line (seconds, the test's name, the arguments, the packages
+/// compiled or checked) to
 /// the file `GPKIT_TEST_CARGO_LOG` names, when it names one: where the
 /// suite's serialized cargo time goes.
-fn log_cargo_run(args: &[&str], took: std::time::Duration) {
+fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
     use std::io::Write;
     let Some(log) = std::env::var_os("GPKIT_TEST_CARGO_LOG") else {
         return;
     };
     let thread = std::thread::current();
     let name = thread.name().unwrap_or("?");
-    let line = format!("{:.1}\t{name}\t{}\n", took.as_secs_f64(), args.join(" "));
+    let compiled: Vec<&str> = std::str::from_utf8(stderr)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let rest = line
+                .strip_prefix("Compiling ")
+                .or_else(|| line.strip_prefix("Checking "))?;
+            rest.split(' ').next()
+        })
+        .collect();
+    let line = format!(
+        "{:.1}\t{name}\t{}\t{}\n",
+        took.as_secs_f64(),
+        args.join(" "),
+        compiled.join(" ")
+    );
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -381,21 +423,24 @@ fn a_project_written_before_another_of_its_name_was_built_is_built_from_its_own_
 
 /// Projects of one name whose kits (a workspace member of one name too)
 /// differ are each built from their own kit, whatever the order; a
-/// project whose kit is byte for byte the one built last reuses its
-/// outputs, not compiling it again (see [`cargo_lock`]).
+/// project whose kit is byte for byte the one of its name built last
+/// reuses its outputs, not compiling it again, even after a build of a
+/// kit of another name (see [`cargo_lock`]).
 #[test]
 fn a_kit_is_rebuilt_when_its_files_differ_and_reused_when_they_are_the_same() {
     let dir = tempfile::tempdir().unwrap();
-    let write = |folder: &str, kit: &str| {
+    let write = |folder: &str, kit: &str, kit_package: &str| {
         let root = dir.path().join(folder);
         std::fs::create_dir_all(root.join("src")).unwrap();
         std::fs::create_dir_all(root.join("kit/src")).unwrap();
         std::fs::write(
             root.join("Cargo.toml"),
-            "[package]\nname = \"gpkit-same-kit\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
-             [workspace]\nmembers = [\"kit\"]\n\n\
-             [dependencies]\nkit = { package = \"gpkit-same-kit-kit\", path = \"kit\" }\n\n\
-             [[bin]]\nname = \"gpkit-which-kit\"\npath = \"src/main.rs\"\n",
+            format!(
+                "[package]\nname = \"gpkit-same-kit\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+                 [workspace]\nmembers = [\"kit\"]\n\n\
+                 [[bin]]\nname = \"gpkit-which-kit\"\npath = \"src/main.rs\"\n\n\
+                 [dependencies]\nkit = {{ package = \"{kit_package}\", path = \"kit\" }}\n"
+            ),
         )
         .unwrap();
         std::fs::write(
@@ -405,8 +450,10 @@ fn a_kit_is_rebuilt_when_its_files_differ_and_reused_when_they_are_the_same() {
         .unwrap();
         std::fs::write(
             root.join("kit/Cargo.toml"),
-            "[package]\nname = \"gpkit-same-kit-kit\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
-             [lib]\nname = \"kit\"\n",
+            format!(
+                "[package]\nname = \"{kit_package}\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n\
+                 [lib]\nname = \"kit\"\n"
+            ),
         )
         .unwrap();
         std::fs::write(
@@ -423,15 +470,17 @@ fn a_kit_is_rebuilt_when_its_files_differ_and_reused_when_they_are_the_same() {
         String::from_utf8(output.stdout).unwrap()
     };
     let kit_compiled = |build: &Output| {
-        String::from_utf8_lossy(&build.stderr).contains("Compiling gpkit-same-kit-kit")
+        String::from_utf8_lossy(&build.stderr).contains("Compiling gpkit-same-kit-kit ")
     };
     // Written before the first build, each with its kit's files older than
     // every output the builds below make.
-    let (first, second, first_again, second_again) = (
-        write("first", "first"),
-        write("second", "second"),
-        write("first-again", "first"),
-        write("second-again", "second"),
+    let kit = "gpkit-same-kit-kit";
+    let (first, second, first_again, second_again, other) = (
+        write("first", "first", kit),
+        write("second", "second", kit),
+        write("first-again", "first", kit),
+        write("second-again", "second", kit),
+        write("other", "other", "gpkit-same-kit-other-kit"),
     );
 
     cargo(&first, &["build"]);
@@ -448,6 +497,14 @@ fn a_kit_is_rebuilt_when_its_files_differ_and_reused_when_they_are_the_same() {
     let build = cargo(&first, &["build"]);
     assert_eq!(which(), "first");
     assert!(!kit_compiled(&build), "the same kit was compiled again");
+    cargo(&other, &["build"]);
+    assert_eq!(which(), "other");
+    let build = cargo(&first_again, &["build"]);
+    assert_eq!(which(), "first");
+    assert!(
+        !kit_compiled(&build),
+        "a kit of another name in between made the same kit compile again"
+    );
     let build = cargo(&second_again, &["build"]);
     assert_eq!(which(), "second");
     assert!(kit_compiled(&build));
