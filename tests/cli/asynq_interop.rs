@@ -2,7 +2,7 @@
 //!
 //! This module owns the proof of the worker's headline promise, that it
 //! shares the `default` queue with Go services: each test runs the
-//! generated `worker` binary of one project (`ordersvc`, with the event
+//! generated `worker` binary of one project (`shop`, with the event
 //! `orderPlaced` and the listeners `audit` and `email`) next to the Go peer
 //! `asynqpeer` (tests/interop/go/cmd/asynqpeer: an asynq.Server, Client and
 //! Inspector as gp-system's Go kit uses them), against real Postgres and a
@@ -141,11 +141,11 @@ DROP TABLE listener_runs;
 const DISPATCH: &str = r#"//! Dispatches `<count>` `orderPlaced` events in one committed transaction,
 //! in the trace of `TRACEPARENT`/`TRACESTATE`; prints each envelope as JSON.
 
-use ordersvc::database::Transactor;
-use ordersvc::dispatch::Dispatcher;
-use ordersvc::events::order_placed::OrderPlaced;
-use ordersvc::outbox::OutboxDispatcher;
-use ordersvc::trace_context::{self, TraceContext};
+use shop::database::Transactor;
+use shop::dispatch::Dispatcher;
+use shop::events::order_placed::OrderPlaced;
+use shop::outbox::OutboxDispatcher;
+use shop::trace_context::{self, TraceContext};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -226,7 +226,7 @@ pub fn router(state: AppState) -> Router {
 "#;
 
 /// The test project, generated and built once per test run under
-/// `target/e2e-asynq/ordersvc`, its binaries copied to `.bin/`.
+/// `target/e2e-asynq/shop`, its binaries copied to `.bin/`.
 pub(crate) fn project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
@@ -234,10 +234,10 @@ pub(crate) fn project() -> &'static Path {
         let _ = std::fs::remove_dir_all(&parent);
         std::fs::create_dir_all(&parent).unwrap();
         gpkit(&parent)
-            .args(["--no-input", "new", "project", "ordersvc"])
+            .args(["--no-input", "new", "project", "shop"])
             .assert()
             .success();
-        let project = parent.join("ordersvc");
+        let project = parent.join("shop");
         gpkit(&project)
             .args(["add", "event", "orderPlaced"])
             .args(["--field", "order_id:i64", "--field", "note:string"])

@@ -41,10 +41,10 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
 /// in a rolled-back one, as a request handler would.
 const DISPATCH_DEMO: &str = r#"//! Dispatches `orderPlaced` twice: once committed, once rolled back.
 
-use evflow::database::Transactor;
-use evflow::dispatch::Dispatcher;
-use evflow::events::order_placed::OrderPlaced;
-use evflow::outbox::OutboxDispatcher;
+use shop::database::Transactor;
+use shop::dispatch::Dispatcher;
+use shop::events::order_placed::OrderPlaced;
+use shop::outbox::OutboxDispatcher;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -81,10 +81,10 @@ fn an_event_reaches_each_listener_exactly_once() {
     let _ = std::fs::remove_dir_all(&parent);
     std::fs::create_dir_all(&parent).unwrap();
     gpkit(&parent)
-        .args(["new", "project", "evflow", "--no-worker"])
+        .args(["new", "project", "shop", "--no-worker"])
         .assert()
         .success();
-    let project = parent.join("evflow");
+    let project = parent.join("shop");
     gpkit(&project).args(["add", "worker"]).assert().success();
     gpkit(&project)
         .args([

@@ -230,10 +230,10 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
 fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
     let parent = tempfile::tempdir().unwrap();
     gpkit(parent.path())
-        .args(["new", "project", "ledger", "--example", "--db", "sea-orm"])
+        .args(["new", "project", "shop", "--example", "--db", "sea-orm"])
         .assert()
         .success();
-    let project = parent.path().join("ledger");
+    let project = parent.path().join("shop");
     gpkit(&project)
         .args(["upgrade", "templates", "--check"])
         .assert()

@@ -78,10 +78,10 @@ fn a_listener_killed_at_random_points_records_and_dispatches_each_event_once() {
     let _ = std::fs::remove_dir_all(&parent);
     std::fs::create_dir_all(&parent).unwrap();
     gpkit(&parent)
-        .args(["--no-input", "new", "project", "payments"])
+        .args(["--no-input", "new", "project", "shop"])
         .assert()
         .success();
-    let project = parent.join("payments");
+    let project = parent.join("shop");
     for (event, listener) in [("paymentTaken", Some("ledger")), ("receiptSent", None)] {
         let mut add = gpkit(&project);
         add.args(["add", "event", event, "--field", "payment_id:i64"]);

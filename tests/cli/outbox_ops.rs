@@ -73,10 +73,10 @@ fn project() -> (PathBuf, PathBuf) {
     let _ = std::fs::remove_dir_all(&parent);
     std::fs::create_dir_all(&parent).unwrap();
     gpkit(&parent)
-        .args(["new", "project", "opsflow", "--worker"])
+        .args(["new", "project", "shop", "--worker"])
         .assert()
         .success();
-    let project = parent.join("opsflow");
+    let project = parent.join("shop");
     gpkit(&project)
         .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
         .args(["--listener", "audit", "--listener", "email"])

@@ -33,10 +33,10 @@ fn project_with_an_endless_listener() -> PathBuf {
     let _ = std::fs::remove_dir_all(&parent);
     std::fs::create_dir_all(&parent).unwrap();
     gpkit(&parent)
-        .args(["--no-input", "new", "project", "srvstate"])
+        .args(["--no-input", "new", "project", "shop"])
         .assert()
         .success();
-    let project = parent.join("srvstate");
+    let project = parent.join("shop");
     gpkit(&project)
         .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
         .args(["--listener", "endless"])
