@@ -75,7 +75,7 @@ static CARGO: Mutex<SharedTarget> = Mutex::new(SharedTarget {
 /// What the shared target was last built from: the project cargo ran in
 /// last and, by kit package name, the files every build of a kit of that
 /// name since the time beside them was made from.
-pub struct SharedTarget {
+struct SharedTarget {
     project: Option<PathBuf>,
     kits: BTreeMap<String, (KitFiles, SystemTime)>,
 }
@@ -120,7 +120,7 @@ pub fn cargo_lock(project: &Path) -> CargoLock {
         target.project = Some(project.to_path_buf());
     }
     let kit_dir = project.join("kit");
-    match read_kit(project) {
+    match read_kit(&kit_dir) {
         Some((Some(name), files)) => match target.kits.get(&name) {
             Some((built, stamp)) if *built == files => touch_tree(&kit_dir, &[], *stamp),
             _ => {
@@ -143,7 +143,7 @@ pub fn cargo_lock(project: &Path) -> CargoLock {
 
 impl Drop for CargoLock {
     fn drop(&mut self) {
-        let Some((name, files)) = read_kit(&self.project) else {
+        let Some((name, files)) = read_kit(&self.project.join("kit")) else {
             return;
         };
         let Some(name) = name else {
@@ -161,14 +161,13 @@ impl Drop for CargoLock {
     }
 }
 
-/// The package name (when it can be read) and the files of `project`'s
-/// `kit/`; `None` when it has none.
-fn read_kit(project: &Path) -> Option<(Option<String>, KitFiles)> {
-    let kit = project.join("kit");
+/// The package name (when it can be read) and the files of the kit at
+/// `kit`; `None` when there is none.
+fn read_kit(kit: &Path) -> Option<(Option<String>, KitFiles)> {
     if !kit.is_dir() {
         return None;
     }
-    let files = crate::support::read_tree(&kit, &["target"]);
+    let files = crate::support::read_tree(kit, &["target"]);
     let name = files
         .get("Cargo.toml")
         .and_then(|manifest| package_name(&String::from_utf8_lossy(manifest)));
@@ -296,9 +295,8 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
 }
 
 /// Appends one line (seconds, the test's name, the arguments, the packages
-/// compiled or checked) to
-/// the file `GPKIT_TEST_CARGO_LOG` names, when it names one: where the
-/// suite's serialized cargo time goes.
+/// compiled or checked) to the file `GPKIT_TEST_CARGO_LOG` names, when it
+/// names one: where the suite's serialized cargo time goes.
 fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
     use std::io::Write;
     let Some(log) = std::env::var_os("GPKIT_TEST_CARGO_LOG") else {
