@@ -643,25 +643,32 @@ fn a_leader_whose_enqueue_waits_past_the_lease_ttl_keeps_the_lead() {
              WHERE c.relname = 'outbox_events' AND l.mode = 'ExclusiveLock' AND l.granted",
         ) == "1"
     });
+    let granted = std::time::Instant::now();
     let locked = logs_of(&workers);
-    // An insert that committed just before the lock may log its tick a
-    // moment later (seen on a loaded CI machine), so the event ticks are
-    // counted from a second on; no insert can commit while the lock holds.
+    // The event ticks are counted from a second after the lock (an insert
+    // that committed just before it may log its tick a moment later) to a
+    // second and a half before its end: the waiting inserts commit as soon
+    // as it ends, before `lock.wait()` returns on a loaded machine (seen
+    // twice in CI, 2 ticks each time). No insert can commit in between.
     std::thread::sleep(Duration::from_secs(1));
     let settled = logs_of(&workers);
+    std::thread::sleep(
+        (granted + hold - Duration::from_millis(1500))
+            .saturating_duration_since(std::time::Instant::now()),
+    );
+    let still_locked = logs_of(&workers);
     assert!(
         lock.wait().unwrap().success(),
         "the lock's transaction failed"
     );
     let unlocked = logs_of(&workers);
-    let new_since = |since: &[Log], schedule| {
-        ticks_of(&unlocked, schedule).0.len() - ticks_of(since, schedule).0.len()
-    };
-    let new_ticks = |schedule| new_since(&locked, schedule);
-    let event_ticks = new_since(&settled, "beat_event");
+    let new_ticks =
+        |schedule| ticks_of(&unlocked, schedule).0.len() - ticks_of(&locked, schedule).0.len();
+    let event_ticks =
+        ticks_of(&still_locked, "beat_event").0.len() - ticks_of(&settled, "beat_event").0.len();
     eprintln!(
         "while the outbox was locked for {hold:?}: {} beat, {} catch_up_beat ticks enqueued, \
-         {event_ticks} beat_event ticks from a second after the lock",
+         {event_ticks} beat_event ticks from a second after the lock to 1.5 s before its end",
         new_ticks("beat"),
         new_ticks("catch_up_beat"),
     );
