@@ -329,10 +329,12 @@ where
 
 impl PhaseTimer {
     fn install(&self) {
-        use tracing_subscriber::filter::{LevelFilter, Targets};
-        let timer = self.clone().with_filter(
-            Targets::new().with_target("outbox_bench::outbox::relay", LevelFilter::DEBUG),
-        );
+        use tracing_subscriber::filter::{LevelFilter, filter_fn};
+        // By span name, not module path: the spans are the kit crate's
+        // (`kit::outbox::relay`, `kit::spans`), whatever the project's name.
+        let timer = self
+            .clone()
+            .with_filter(filter_fn(|meta| meta.is_span() && meta.name().starts_with("outbox.")));
         let warnings = tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_filter(LevelFilter::WARN);
