@@ -29,6 +29,9 @@ use crate::worker::listeners::{Listener, ListenerContext, ListenerError, Listene
 /// How many generations of events a drain follows before it calls the
 /// chain a cycle.
 const MAX_GENERATIONS: usize = 20;
+/// How many deliveries one drain makes at most (listeners that dispatch
+/// several events each, redelivered, grow a chain faster than its length).
+const MAX_DELIVERIES: usize = 10_000;
 /// How long one delivery may run.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Rows claimed per statement.
@@ -154,6 +157,13 @@ impl<'a> Drain<'a> {
                 if lineage.generations() > self.max_generations {
                     anyhow::bail!(lineage.cycle_error(self.max_generations));
                 }
+                anyhow::ensure!(
+                    report.deliveries.len() < MAX_DELIVERIES,
+                    "the drain stopped after {MAX_DELIVERIES} deliveries, with events still \
+                     coming: the listeners dispatch more than they drain\n\
+                     last: {}",
+                    lineage.describe(0)
+                );
                 for listener in self.listeners.of(&envelope.name) {
                     for attempt in 1..=self.deliveries {
                         let delivery =
