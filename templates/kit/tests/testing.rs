@@ -527,6 +527,7 @@ fn migrations(dir: &std::path::Path, rows: u32) {
 fn processes_at_once_share_one_template_and_a_changed_migration_makes_a_new_one() {
     let dir = std::env::temp_dir().join(format!("kit-testing-{}", Uuid::now_v7().simple()));
     migrations(&dir, 3);
+    let initial = templates();
     let children: Vec<_> = (0..4)
         .map(|_| {
             child(&dir, &[])
@@ -545,7 +546,12 @@ fn processes_at_once_share_one_template_and_a_changed_migration_makes_a_new_one(
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let templates = template_count();
+    let before = templates();
+    assert_eq!(
+        before.len(),
+        initial.len() + 1,
+        "four processes, one template: {initial:?} then {before:?}"
+    );
 
     migrations(&dir, 7);
     let output = child(&dir, &[]).output().unwrap();
@@ -554,30 +560,49 @@ fn processes_at_once_share_one_template_and_a_changed_migration_makes_a_new_one(
         "a changed migration is never a stale schema: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(template_count(), templates + 1);
+    let after = templates();
+    assert_eq!(after.len(), before.len() + 1, "{before:?} then {after:?}");
     std::fs::remove_dir_all(&dir).unwrap();
+    // This run's templates are of no use to the next.
+    on_server(async |pool| {
+        for name in after.iter().filter(|name| !initial.contains(name)) {
+            let _ = sqlx::query(&format!(r#"ALTER DATABASE "{name}" IS_TEMPLATE false"#))
+                .execute(pool)
+                .await;
+            let _ = sqlx::query(&format!(r#"DROP DATABASE "{name}""#))
+                .execute(pool)
+                .await;
+        }
+    });
 }
 
-/// Template databases on the server.
-fn template_count() -> usize {
+/// The names of the template databases on the server.
+fn templates() -> Vec<String> {
+    on_server(async |pool| {
+        // The default migrations' template, which the tests running
+        // meanwhile may build, is there from the start.
+        drop(TestDatabase::new().await);
+        sqlx::query_scalar(
+            "SELECT datname FROM pg_database WHERE datistemplate AND datname LIKE '%\\_tpl\\_%'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    })
+}
+
+/// Runs `work` on a pool of `DATABASE_URL`, in a runtime of its own.
+fn on_server<T>(work: impl AsyncFnOnce(&sqlx::PgPool) -> T) -> T {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        // The default migrations' template, which the tests running
-        // meanwhile may build, is counted from the start.
-        drop(TestDatabase::new().await);
         let url = std::env::var("DATABASE_URL").unwrap();
         let pool = sqlx::PgPool::connect(&url).await.unwrap();
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_database WHERE datistemplate AND datname LIKE '%\\_tpl\\_%'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+        let value = work(&pool).await;
         pool.close().await;
-        usize::try_from(n).unwrap()
+        value
     })
 }
 
