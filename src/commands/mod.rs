@@ -149,7 +149,11 @@ fn add_components(
     options: &Options,
     command: &str,
 ) -> Result<bool> {
-    let desired = blueprint::render(&project.manifest.answers, &components)?;
+    let desired = blueprint::render(
+        &project.manifest.answers,
+        &components,
+        blueprint::Tests::Since(&project.manifest),
+    )?;
     let changes = reconcile::reconcile(project, &desired, options)?;
     refuse_conflicts(&changes, command)?;
     let plan = update::plan(project, &changes, components)?;

@@ -42,7 +42,11 @@ struct FileReport {
 
 pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit upgrade templates", args.check)?;
-    let desired = blueprint::render(&project.manifest.answers, &project.manifest.components)?;
+    let desired = blueprint::render(
+        &project.manifest.answers,
+        &project.manifest.components,
+        blueprint::Tests::Since(&project.manifest),
+    )?;
     let options = Options {
         restore_deleted: args.restore_deleted,
         ..Options::default()

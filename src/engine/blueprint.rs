@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use minijinja::context;
 
-use crate::domain::events::EventView;
+use crate::domain::events::{EventNames, EventView};
 use crate::domain::names::PackageName;
 use crate::domain::schedule::ScheduleView;
-use crate::engine::manifest::{Answers, Components, DataLayer, Owner};
+use crate::engine::manifest::{Answers, Components, DataLayer, Manifest, Owner};
 use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
@@ -62,6 +62,47 @@ pub fn owner_of(path: &str) -> Owner {
     }
 }
 
+/// Which of the tests that gpkit writes with a listener or a schedule
+/// (`tests/listeners/`, `tests/schedules/`) the blueprint has. A test is
+/// written with what it tests, never later: an upgrade adds none for the
+/// listeners and schedules a project had before (a listener filled in may
+/// fail on the default event such a test dispatches), and a test the user
+/// deleted stays deleted.
+#[derive(Debug, Clone, Copy)]
+pub enum Tests<'a> {
+    /// A new project: every listener and schedule is new.
+    All,
+    /// An existing project with this manifest: the tests it records, and
+    /// those of the listeners and schedules it does not have yet.
+    Since(&'a Manifest),
+}
+
+impl Tests<'_> {
+    /// Whether the blueprint has the test at `path` of the listener
+    /// `listener` of the event `module` (`None`: the schedule `schedule`).
+    fn has(&self, path: &str, test_of: TestOf<'_>) -> bool {
+        let Tests::Since(manifest) = self else {
+            return true;
+        };
+        let components = &manifest.components;
+        let existed = match test_of {
+            TestOf::Listener { module, listener } => components.events.iter().any(|e| {
+                EventNames::recorded(&e.name).is_ok_and(|names| names.module == module)
+                    && e.listeners.iter().any(|l| l == listener)
+            }),
+            TestOf::Schedule(name) => components.schedules.iter().any(|s| s.name == name),
+        };
+        !existed || manifest.files.contains_key(path)
+    }
+}
+
+/// What a test written once tests.
+#[derive(Debug, Clone, Copy)]
+enum TestOf<'a> {
+    Listener { module: &'a str, listener: &'a str },
+    Schedule(&'a str),
+}
+
 /// One file of the desired project tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlueprintFile {
@@ -81,8 +122,9 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// is on. Files shared by several (`lib.rs`, `Cargo.toml`, the container
 /// files) switch on the `worker`, `deploy` and `seaorm` variables; the
 /// SeaORM data layer is the kit's `seaorm` feature, and its tests are the
-/// kit's (`kit/tests/`).
-pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
+/// kit's (`kit/tests/`). `tests` says which listeners' and schedules' tests
+/// it has.
+pub fn render(answers: &Answers, components: &Components, tests: Tests<'_>) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let seaorm = answers.db == DataLayer::SeaOrm;
     let events = components
@@ -143,6 +185,7 @@ pub fn render(answers: &Answers, components: &Components) -> Result<Tree> {
         for schedule in &schedules {
             render_schedule(&renderer, &ctx, schedule, &mut tree)?;
         }
+        render_tests(&renderer, &ctx, &events, &schedules, tests, &mut tree)?;
     }
     Ok(tree)
 }
@@ -263,6 +306,91 @@ fn render_event(
                 context! { listener => listener, ..event_ctx.clone() },
             )?;
         }
+    }
+    Ok(())
+}
+
+/// The tests of listeners and schedules that `tests` selects, the user's:
+/// `tests/listeners/<event>_<listener>.rs` and `tests/schedules/<name>.rs`,
+/// each set one test binary (`main.rs`, which declares them in a managed
+/// region), written only when it has a test.
+fn render_tests(
+    renderer: &Renderer,
+    ctx: &minijinja::Value,
+    events: &[EventView],
+    schedules: &[ScheduleView],
+    tests: Tests<'_>,
+    tree: &mut Tree,
+) -> Result<()> {
+    let templates = template_set("tests")?;
+    let template = |name: &str| {
+        templates
+            .iter()
+            .find(|t| t.output == name)
+            .copied()
+            .ok_or_else(|| {
+                anyhow::anyhow!("gpkit has no test template `{name}` (this is a bug in gpkit)")
+            })
+    };
+    let mut add = |path: String, file: TemplateFile, ctx: minijinja::Value| -> Result<()> {
+        let contents = renderer.render(&file, &ctx)?;
+        let purpose = purpose(&path, &contents);
+        tree.insert(
+            path,
+            BlueprintFile {
+                owner: Owner::User,
+                contents,
+                purpose,
+            },
+        );
+        Ok(())
+    };
+
+    let mut modules = Vec::new();
+    for event in events {
+        for listener in &event.listeners {
+            let module = format!("{}_{listener}", event.names.module);
+            let path = format!("tests/listeners/{module}.rs");
+            let of = TestOf::Listener {
+                module: &event.names.module,
+                listener,
+            };
+            if tests.has(&path, of) {
+                add(
+                    path,
+                    template("listener.rs")?,
+                    context! { event => event, listener => listener, ..ctx.clone() },
+                )?;
+                modules.push(module);
+            }
+        }
+    }
+    if !modules.is_empty() {
+        add(
+            "tests/listeners/main.rs".to_string(),
+            template("listeners_main.rs")?,
+            context! { modules => modules, ..ctx.clone() },
+        )?;
+    }
+
+    let mut modules = Vec::new();
+    for schedule in schedules {
+        let path = format!("tests/schedules/{}.rs", schedule.name);
+        if tests.has(&path, TestOf::Schedule(&schedule.name)) {
+            add(
+                path,
+                template("schedule.rs")?,
+                context! { schedule => schedule, ..ctx.clone() },
+            )?;
+            modules.push(schedule.name.clone());
+        }
+    }
+    if !modules.is_empty() {
+        add(
+            "tests/schedules/main.rs".to_string(),
+            template("schedules_main.rs")?,
+            context! { modules => modules, ..ctx.clone() },
+        )?;
     }
     Ok(())
 }

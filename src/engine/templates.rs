@@ -167,7 +167,7 @@ mod tests {
             strip_variables("format!(\"{{{x}}}\")"),
             "format!(\"{{{x}}}\")"
         );
-        for set in ["project", "worker", "event"] {
+        for set in ["project", "worker", "event", "schedule", "tests"] {
             for file in template_set(set)
                 .unwrap()
                 .iter()

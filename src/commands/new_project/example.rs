@@ -38,8 +38,9 @@ pub fn event() -> Result<EventSpec> {
 /// The example's files by path: edits of files in `tree` (the blueprint
 /// with [`event`]) and new files of the user's. With SeaORM, the route and
 /// the listener are written with SeaORM entities (`example-seaorm`, over
-/// the `example` set), declared in `src/lib.rs` as `entities`.
-pub fn files(tree: &Tree, db: DataLayer) -> Result<BTreeMap<String, Vec<u8>>> {
+/// the `example` set), declared in `src/lib.rs` as `entities`. The tests
+/// (`tests/`) name the service's crate, `crate_name`.
+pub fn files(tree: &Tree, db: DataLayer, crate_name: &str) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = BTreeMap::new();
     let renderer = Renderer::new();
     let mut sets = vec!["example"];
@@ -48,7 +49,8 @@ pub fn files(tree: &Tree, db: DataLayer) -> Result<BTreeMap<String, Vec<u8>>> {
     }
     for set in sets {
         for template in template_set(set)? {
-            let contents = renderer.render(&template, &minijinja::context! {})?;
+            let contents =
+                renderer.render(&template, &minijinja::context! { crate_name => crate_name })?;
             let path = match template.output {
                 "migrations/orders.sql" => migration_path()?,
                 other => other.to_string(),
@@ -91,11 +93,15 @@ pub fn files(tree: &Tree, db: DataLayer) -> Result<BTreeMap<String, Vec<u8>>> {
     }
     files.insert(routes.to_string(), edited.into_bytes());
 
-    let listener = "src/listeners/order_placed/confirm.rs";
-    ensure!(
-        tree.contains_key(listener) && files.contains_key(listener),
-        "the example's listener `{listener}` is missing (this is a bug in gpkit)"
-    );
+    for listener in [
+        "src/listeners/order_placed/confirm.rs",
+        "tests/listeners/order_placed_confirm.rs",
+    ] {
+        ensure!(
+            tree.contains_key(listener) && files.contains_key(listener),
+            "the example's listener `{listener}` is missing (this is a bug in gpkit)"
+        );
+    }
     Ok(files)
 }
 
