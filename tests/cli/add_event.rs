@@ -106,7 +106,9 @@ fn adding_a_listener_to_an_existing_event_adds_just_the_listener() {
             "gpkit.toml",
             "src/listeners/mod.rs",
             "src/listeners/order_placed/mod.rs",
-            "src/listeners/order_placed/shipping.rs"
+            "src/listeners/order_placed/shipping.rs",
+            "tests/listeners/main.rs",
+            "tests/listeners/order_placed_shipping.rs"
         ]
     );
 }

@@ -23,6 +23,7 @@ fn rendered_hash() -> String {
                     events: Vec::new(),
                     schedules: Vec::new(),
                 },
+                blueprint::Tests::All,
             )
             .unwrap();
             for (path, file) in tree {

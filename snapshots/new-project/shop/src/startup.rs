@@ -51,6 +51,12 @@ impl Application {
             .expect("a bound listener has an address")
     }
 
+    /// The routes on the application's state, to call without a port
+    /// (`kit::testing::TestClient::new(app.router())`).
+    pub fn router(&self) -> axum::Router {
+        routes::router(self.state.clone())
+    }
+
     /// Serves requests until `shutdown` completes, then lets in-flight
     /// requests finish.
     pub async fn run_until_stopped(
