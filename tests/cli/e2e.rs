@@ -269,7 +269,41 @@ pub fn built_from(binary: &Path, project: &Path) -> bool {
         .any(|window| window == needle.as_bytes())
 }
 
+/// `cargo <args>` in `project`, with the shared target directory, expected
+/// to fail (a test that should): its output, stdout then stderr.
+pub fn cargo_failing(project: &Path, args: &[&str]) -> String {
+    let output = {
+        let _one_at_a_time = cargo_lock(project);
+        run_cargo(project, args)
+    };
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        !output.status.success(),
+        "`cargo {}` succeeded in {}, but should have failed:\n{text}",
+        args.join(" "),
+        project.display(),
+    );
+    text
+}
+
 fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
+    let output = run_cargo(project, args);
+    assert!(
+        output.status.success(),
+        "`cargo {}` failed in {}:\n{}\n{}",
+        args.join(" "),
+        project.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn run_cargo(project: &Path, args: &[&str]) -> Output {
     let started = std::time::Instant::now();
     let output = Command::new(env!("CARGO"))
         .args(DEPENDENCY_PROFILE)
@@ -283,14 +317,6 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
         .output()
         .unwrap();
     log_cargo_run(args, started.elapsed(), &output.stderr);
-    assert!(
-        output.status.success(),
-        "`cargo {}` failed in {}:\n{}\n{}",
-        args.join(" "),
-        project.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
     output
 }
 

@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::e2e::{Database, build_binaries, cargo, cargo_failing, migrate, psql};
 use crate::support::free_port;
 use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, metric, wait_until};
@@ -141,6 +141,13 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
         .assert()
         .code(0);
 
+    // A second event and listener, with the test `add event` writes.
+    gpkit(&project)
+        .args(["add", "event", "orderShipped", "--field", "order_id:uuid"])
+        .args(["--listener", "notify"])
+        .assert()
+        .success();
+
     let bins = build_binaries(&project);
     cargo(
         &project,
@@ -149,6 +156,7 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
     cargo(&project, &["fmt", "--check"]);
     // Its own tests, with the example's migration among the project's.
     cargo(&project, &["test"]);
+    the_tests_fail_when_the_slice_breaks(&project);
 
     let db = Database::create("gpkit_example");
     migrate(&project, &db, &["up"]);
@@ -220,6 +228,61 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
     stop_slice(server, worker);
 
     wake_ups_survive_a_valkey_outage(&bins, parent.path(), &db);
+}
+
+/// The generated tests test something: a listener that fails fails the
+/// example's flow test and the new listener's own test, and a route that no
+/// longer dispatches its event fails the flow test. Each break is undone.
+fn the_tests_fail_when_the_slice_breaks(project: &std::path::Path) {
+    let tests = [
+        "test",
+        "--no-fail-fast",
+        "--test",
+        "listeners",
+        "--test",
+        "orders",
+    ];
+    let listeners = [
+        "src/listeners/order_placed/confirm.rs",
+        "src/listeners/order_shipped/notify.rs",
+    ];
+    let originals: Vec<String> = listeners
+        .iter()
+        .map(|path| std::fs::read_to_string(project.join(path)).unwrap())
+        .collect();
+    for (path, original) in listeners.iter().zip(&originals) {
+        let at = original
+            .rfind("    Ok(())\n}")
+            .expect("a listener's last `Ok(())`");
+        let broken = format!(
+            "{}    Err(anyhow::anyhow!(\"broken\"))\n}}{}",
+            &original[..at],
+            &original[at + "    Ok(())\n}".len()..]
+        );
+        std::fs::write(project.join(path), broken).unwrap();
+    }
+    let output = cargo_failing(project, &tests);
+    for test in [
+        "an_order_placed_is_confirmed_by_its_listener ... FAILED",
+        "order_shipped_notify::notify_handles_an_order_shipped ... FAILED",
+    ] {
+        assert!(output.contains(test), "{test} is not in:\n{output}");
+    }
+    for (path, original) in listeners.iter().zip(&originals) {
+        std::fs::write(project.join(path), original).unwrap();
+    }
+
+    let route = project.join("src/routes/orders.rs");
+    let original = std::fs::read_to_string(&route).unwrap();
+    let dispatch = "            kit::dispatch(&mut *tx, &event).await?;\n";
+    assert!(original.contains(dispatch), "{original}");
+    std::fs::write(&route, original.replace(dispatch, "")).unwrap();
+    let output = cargo_failing(project, &tests);
+    assert!(
+        output.contains("an_order_placed_is_confirmed_by_its_listener ... FAILED"),
+        "{output}"
+    );
+    std::fs::write(&route, original).unwrap();
 }
 
 /// `--example --db sea-orm`: the same slice written with SeaORM entities

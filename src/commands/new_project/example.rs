@@ -3,7 +3,9 @@
 //! event orderPlaced --field order_id:uuid --field sku:string --field
 //! quantity:i32 --listener confirm` records and renders; the migration is
 //! named as `gpkit new migration orders` names it; the rest are a user's
-//! edits: the listener's body, `src/routes/orders.rs` and two routes. The
+//! edits: the listener's body and its test (which inserts the order its
+//! event confirms), `src/routes/orders.rs` and two routes, and the slice's
+//! test, `tests/orders.rs`. The
 //! manifest records the event, and the bases hold the files as the commands
 //! rendered them, so the project upgrades like any other.
 

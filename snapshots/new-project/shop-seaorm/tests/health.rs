@@ -54,15 +54,6 @@ async fn both_probes_answer_200_when_the_database_is_up() {
 }
 
 #[tokio::test]
-async fn the_routes_answer_without_a_port() {
-    let db = TestDatabase::new().await;
-    let client = support::client(&db).await;
-
-    let response = client.get("/readyz").await;
-    assert_eq!(response.status(), 200, "{}", response.text());
-}
-
-#[tokio::test]
 async fn readiness_fails_while_the_database_is_unreachable() {
     // Nothing listens on port 1.
     let (addr, _stop) = spawn_app("postgres://postgres@127.0.0.1:1/none").await;
