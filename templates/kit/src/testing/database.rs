@@ -52,7 +52,8 @@ const SERVER_VARIABLES: [&str; 2] = ["TEST_DATABASE_URL", "DATABASE_URL"];
 /// # }
 /// ```
 pub struct TestDatabase {
-    pool: PgPool,
+    /// `None` only while the database is dropped.
+    pool: Option<PgPool>,
     url: String,
     name: String,
     admin: PgConnectOptions,
@@ -121,7 +122,7 @@ impl TestDatabase {
         let mut url = url::Url::parse(&url).context("the server URL")?;
         url.set_path(&name);
         Ok(Self {
-            pool,
+            pool: Some(pool),
             url: url.to_string(),
             name,
             admin,
@@ -130,7 +131,9 @@ impl TestDatabase {
 
     /// A pool of up to 5 connections to the database.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.pool
+            .as_ref()
+            .expect("the pool lives as long as the database")
     }
 
     /// The database's URL, for a configuration: [`Self::config`] uses it.
@@ -145,7 +148,7 @@ impl TestDatabase {
 
     /// A transactor on [`Self::pool`], with no after-commit hook.
     pub fn transactor(&self) -> Transactor {
-        Transactor::new(self.pool.clone())
+        Transactor::new(self.pool().clone())
     }
 
     /// [`super::config`] on this database.
@@ -166,23 +169,27 @@ impl TestDatabase {
     ///
     /// When the outbox cannot be read.
     pub async fn dispatched(&self) -> super::Dispatched {
-        super::Dispatched::read(&self.pool).await
+        super::Dispatched::read(self.pool()).await
     }
 }
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
+        // The pool's connections close with its last handle; those a clone
+        // still holds are ended below. (`DROP ... WITH (FORCE)` alone would
+        // signal them and then sleep 100 ms before it looks again.)
+        drop(self.pool.take());
         let admin = self.admin.clone();
         let name = std::mem::take(&mut self.name);
         // Drop runs inside the test's runtime, which cannot block on async
-        // work; a thread with a runtime of its own can. (The pool's
-        // connections belong to the test's runtime: `FORCE` ends them.)
+        // work; a thread with a runtime of its own can.
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             runtime.block_on(async move {
                 let mut conn = connect(&admin).await?;
+                end_sessions(&mut conn, &name).await?;
                 conn.execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str())
                     .await?;
                 conn.close().await?;
@@ -193,6 +200,25 @@ impl Drop for TestDatabase {
         if !matches!(dropped, Ok(Ok(()))) {
             eprintln!("warning: failed to drop the test database");
         }
+    }
+}
+
+/// Ends every session on the database `name` and waits (at most a second)
+/// until they are gone.
+async fn end_sessions(conn: &mut PgConnection, name: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(name)
+        .fetch_one(&mut *conn)
+        .await?;
+        if left == 0 || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
