@@ -44,10 +44,17 @@ async fn spawn_app(database_url: &str) -> (SocketAddr, tokio::sync::oneshot::Sen
     (addr, stop)
 }
 
+fn url_of(db: &TestDatabase) -> String {
+    let base = std::env::var("DATABASE_URL").unwrap();
+    let mut url = url::Url::parse(&base).unwrap();
+    url.set_path(db.options.get_database().unwrap());
+    url.to_string()
+}
+
 #[tokio::test]
 async fn both_probes_answer_200_when_the_database_is_up() {
-    let db = TestDatabase::new().await;
-    let (addr, _stop) = spawn_app(db.url()).await;
+    let db = TestDatabase::empty().await;
+    let (addr, _stop) = spawn_app(&url_of(&db)).await;
 
     assert_eq!(get(addr, "/healthz").await, 200);
     assert_eq!(get(addr, "/readyz").await, 200);
@@ -78,8 +85,8 @@ async fn the_server_stops_on_request() {
 
 #[tokio::test]
 async fn postgres_cancels_a_statement_past_the_statement_timeout() {
-    let db = TestDatabase::new().await;
-    let mut config = db.config().database;
+    let db = TestDatabase::empty().await;
+    let mut config = kit::testing::config(&url_of(&db)).database;
     config.statement_timeout = Duration::from_millis(200);
     let pool = database::connect_lazy(&config);
 

@@ -58,6 +58,28 @@ pub struct ListenerContext {
 }
 
 impl ListenerContext {
+    /// The context of `listener`'s delivery of `envelope`: its
+    /// [`Self::once`] runs in `transactor`'s transactions and counts the
+    /// deliveries it skips in `duplicates`.
+    pub(crate) fn new(
+        envelope: &Envelope,
+        headers: BTreeMap<String, String>,
+        listener: &str,
+        transactor: Transactor,
+        duplicates: Counter,
+    ) -> Self {
+        Self {
+            event_id: envelope.id,
+            occurred_at: envelope.occurred_at,
+            metadata: envelope.metadata.clone(),
+            headers,
+            pool: transactor.pool().clone(),
+            listener: listener.to_string(),
+            transactor,
+            duplicates,
+        }
+    }
+
     /// The envelope id: the idempotency key for this event.
     pub fn event_id(&self) -> Uuid {
         self.event_id
@@ -173,16 +195,7 @@ impl Listener {
         transactor: Transactor,
         duplicates: Counter,
     ) -> Result<(), ListenerError> {
-        let context = ListenerContext {
-            event_id: envelope.id,
-            occurred_at: envelope.occurred_at,
-            metadata: envelope.metadata.clone(),
-            headers,
-            pool: transactor.pool().clone(),
-            listener: self.name.clone(),
-            transactor,
-            duplicates,
-        };
+        let context = ListenerContext::new(&envelope, headers, &self.name, transactor, duplicates);
         (self.run)(envelope, context).await
     }
 }

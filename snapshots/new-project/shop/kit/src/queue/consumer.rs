@@ -154,6 +154,12 @@ impl HandlerError {
             skip_retry: true,
         }
     }
+
+    /// Whether the task is archived at once rather than retried.
+    #[cfg(feature = "testing")]
+    pub(crate) fn skips_retry(&self) -> bool {
+        self.skip_retry
+    }
 }
 
 impl<E: Into<anyhow::Error>> From<E> for HandlerError {

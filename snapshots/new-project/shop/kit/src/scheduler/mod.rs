@@ -319,22 +319,7 @@ pub(crate) async fn enqueue_tick(
     options: &TickOptions,
 ) -> anyhow::Result<bool> {
     match &entry.what {
-        What::Event { name, build } => {
-            // Each tick starts a trace of its own.
-            let span = crate::spans::create(name, &tick.id);
-            let mut metadata = Metadata::new();
-            crate::trace_context::start(&span, None).inject(&mut metadata);
-            let envelope = Envelope {
-                id: tick.id,
-                name: (*name).to_string(),
-                payload: build(tick)?,
-                metadata,
-                // The row's creation time, as for a dispatched event.
-                occurred_at: Utc::now(),
-            };
-            let insert = Store.insert_unless_present(pool, &envelope);
-            Ok(tracing::Instrument::instrument(insert, span).await?)
-        }
+        What::Event { .. } => dispatch_event_tick(entry, tick, pool).await,
         What::Job(_) => {
             let payload = serde_json::to_vec(&JobPayload {
                 schedule: tick.schedule.clone(),
@@ -351,6 +336,61 @@ pub(crate) async fn enqueue_tick(
             Ok(outcome == EnqueueOutcome::Enqueued)
         }
     }
+}
+
+/// Inserts the event of `tick` into the outbox under the tick's id, unless
+/// it is there already; returns whether it was new. Not an event schedule:
+/// `Ok(false)`.
+pub(crate) async fn dispatch_event_tick(
+    entry: &Entry,
+    tick: &Tick,
+    pool: &PgPool,
+) -> anyhow::Result<bool> {
+    let What::Event { name, build } = &entry.what else {
+        return Ok(false);
+    };
+    // Each tick starts a trace of its own.
+    let span = crate::spans::create(name, &tick.id);
+    let mut metadata = Metadata::new();
+    crate::trace_context::start(&span, None).inject(&mut metadata);
+    let envelope = Envelope {
+        id: tick.id,
+        name: (*name).to_string(),
+        payload: build(tick)?,
+        metadata,
+        // The row's creation time, as for a dispatched event.
+        occurred_at: Utc::now(),
+    };
+    let insert = Store.insert_unless_present(pool, &envelope);
+    Ok(tracing::Instrument::instrument(insert, span).await?)
+}
+
+/// Runs the job of `tick` as the worker's `job:<name>` handler runs its
+/// task, from the payload the leader would enqueue. Not a job schedule:
+/// `Ok(())`, nothing run.
+#[cfg(feature = "testing")]
+pub(crate) async fn run_job_tick(
+    entry: &Entry,
+    tick: &Tick,
+    pool: PgPool,
+) -> Result<(), HandlerError> {
+    let What::Job(run) = &entry.what else {
+        return Ok(());
+    };
+    let payload = serde_json::to_vec(&JobPayload {
+        schedule: tick.schedule.clone(),
+        tick: tick.at,
+    })?;
+    let task = Task {
+        task_type: entry.task_type(),
+        id: tick.id.to_string(),
+        payload,
+        headers: Default::default(),
+        queue: crate::queue::DEFAULT_QUEUE.to_string(),
+        retried: 0,
+        max_retry: MAX_RETRY,
+    };
+    run_job(entry.name, run, pool, task).await
 }
 
 /// How long the leader waits before it tries a tick that failed to enqueue

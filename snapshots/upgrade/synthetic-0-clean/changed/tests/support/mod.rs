@@ -1,6 +1,8 @@
-//! What the service's tests share: a throwaway database per test. (A
-//! configuration that needs no environment is `kit::testing::config`. The
-//! kit's own tests are in `kit/tests/`; `cargo test -p legacy-shop-kit
+//! What the service's tests share: a throwaway database per test, empty or
+//! migrated from scratch. Tests of events, listeners and routes use the
+//! testing kit (`kit::testing`) instead: its `TestDatabase` copies a
+//! database migrated once, and the README's "Tests" shows its other calls.
+//! (The kit's own tests are in `kit/tests/`; `cargo test -p legacy-shop-kit
 //! --all-features` runs them.)
 
 // Each test binary uses a different part of this module.

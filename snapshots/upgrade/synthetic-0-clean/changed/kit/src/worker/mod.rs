@@ -392,7 +392,7 @@ pub(crate) async fn fan_out(
 /// [`SkipRetry`](crate::queue::SkipRetry); an event
 /// whose payload does not decode into the listener's type is retried, see
 /// [`Listeners::listen`].
-async fn run_listener(
+pub(crate) async fn run_listener(
     listener: &Listener,
     transactor: database::Transactor,
     task: Task,
