@@ -1,27 +1,27 @@
 //! The testing kit, for the service's tests (`tests/`) and the kit's own.
 //!
-//! Always here: [`config`] and [`settings`], a configuration that needs no
+//! Always here: [`config()`] and [`settings()`], a configuration that needs no
 //! environment. With the feature `testing` (the service turns it on in its
 //! `[dev-dependencies]`, so none of it reaches the service's binaries):
 //!
-//! - [`TestDatabase`]: a database per test, migrated once per set of
+//! - `TestDatabase`: a database per test, migrated once per set of
 //!   migrations and copied from a template for each test, dropped after
 //!   it. The server is `TEST_DATABASE_URL`, else `DATABASE_URL`.
-//! - [`Dispatched`] (`db.dispatched().await`): typed assertions on what
+//! - `Dispatched` (`db.dispatched().await`): typed assertions on what
 //!   the code under test put in the outbox, in order: `assert_dispatched`,
 //!   `assert_not_dispatched`, `assert_all_dispatched`.
-//! - [`TestClient`]: the service's routes called without a port, so a test
+//! - `TestClient`: the service's routes called without a port, so a test
 //!   goes request → transaction → dispatched events.
 //! - With the feature `worker` too:
-//!   - [`Drain`] (`db.drain(&listeners).await`): publishes and runs every
+//!   - `Drain` (`db.drain(&listeners).await`): publishes and runs every
 //!     event through the service's listeners in the test's process, without
 //!     Valkey, following the events they dispatch, and reports what ran
-//!     ([`DrainReport`]); `db.drain_twice(..)` delivers every event twice,
+//!     (`DrainReport`); `db.drain_twice(..)` delivers every event twice,
 //!     the redelivery check of a listener's idempotency;
-//!   - [`run_listener`] and [`listener_context`]: one listener on one event
-//!     with a real [`ListenerContext`](crate::prelude::ListenerContext);
-//!     [`run_job`] and [`dispatch_tick`]: one tick of a schedule;
-//!   - [`TestWorker`]: the real worker on a test Valkey, for tests through
+//!   - `run_listener` and `listener_context`: one listener on one event
+//!     with a real `ListenerContext`;
+//!     `run_job` and `dispatch_tick`: one tick of a schedule;
+//!   - `TestWorker`: the real worker on a test Valkey, for tests through
 //!     the queue itself.
 //!
 //! A test of a route and its listener, end to end:

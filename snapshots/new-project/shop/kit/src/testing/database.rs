@@ -151,12 +151,12 @@ impl TestDatabase {
         Transactor::new(self.pool().clone())
     }
 
-    /// [`super::config`] on this database.
+    /// [`super::config()`] on this database.
     pub fn config(&self) -> Config {
         super::config(&self.url)
     }
 
-    /// [`super::settings`] on this database: the service's settings type,
+    /// [`super::settings()`] on this database: the service's settings type,
     /// inferred from where it goes (`Application::build(&db.settings())`).
     pub fn settings<S: From<Config>>(&self) -> S {
         S::from(self.config())
