@@ -307,6 +307,8 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
         &["clippy", "--all-targets", "--", "-D", "warnings"],
     );
     cargo(&project, &["fmt", "--check"]);
+    // Its own tests: the flow and the redelivery check on SeaORM too.
+    cargo(&project, &["test"]);
 
     let db = Database::create("gpkit_example_orm");
     migrate(&project, &db, &["up"]);
