@@ -357,15 +357,15 @@ fn username(config: &ValkeyConfig) -> Option<&str> {
 }
 
 /// rustls needs a process-wide crypto provider when more than one is
-/// compiled in (another dependency may bring `aws-lc-rs`); use `ring`, as
-/// sqlx and redis do here.
+/// compiled in (another dependency may bring `aws-lc-rs`); use `ring`.
 ///
 /// rustls 0.23.48 deprecated `ring::default_provider` (ring has no
-/// post-quantum key exchange) with no ring-based successor; the only other
-/// provider, `aws-lc-rs`, needs cmake and a C toolchain to build. Until the
-/// kit moves to it, the call stays, allowed, so that a project resolving
-/// rustls 0.23.48 or later builds without a warning (gpkit's end-to-end
-/// tests build generated projects on the newest rustls and fail on one).
+/// post-quantum key exchange) with no ring-based successor; the other
+/// provider, `aws-lc-rs`, compiles AWS-LC from C sources (a C compiler, and
+/// a longer first build). Until the kit moves to it, the call stays,
+/// allowed, so that a project resolving rustls 0.23.48 or later builds
+/// without a warning (gpkit's end-to-end tests build generated projects on
+/// the newest rustls, and fail on a warning).
 #[allow(deprecated)]
 fn install_crypto_provider() {
     // An error means one is installed already, which is as good.
