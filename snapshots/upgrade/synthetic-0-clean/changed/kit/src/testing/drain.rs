@@ -324,7 +324,7 @@ async fn deliver(
         attempt,
         outcome,
         once,
-        dispatched: dispatched_after(pool, last_row).await?,
+        dispatched: super::dispatched::read_after(pool, last_row).await?,
     })
 }
 
@@ -348,11 +348,6 @@ async fn last_row_id(pool: &PgPool) -> anyhow::Result<i64> {
             .fetch_one(pool)
             .await?,
     )
-}
-
-/// The events committed after the row `after`, in order.
-async fn dispatched_after(pool: &PgPool, after: i64) -> anyhow::Result<Vec<Envelope>> {
-    Ok(super::dispatched::read_after(pool, after).await?)
 }
 
 /// Whether the inbox holds `listener`'s record of `event_id` (false also
