@@ -88,7 +88,13 @@ type KitFiles = BTreeMap<String, Vec<u8>>;
 pub struct CargoLock {
     target: MutexGuard<'static, SharedTarget>,
     project: PathBuf,
+    /// When the lock was taken, and the suite's cargo time then (see
+    /// [`log_lock_hold`]).
+    taken: (std::time::Instant, u64),
 }
+
+/// Milliseconds spent in cargo runs of the suite so far (see [`run_cargo`]).
+static CARGO_MILLIS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Holds the lock that lets one cargo run at a time, for a cargo run in
 /// `project`; when cargo last ran in another project, `project`'s files are
@@ -111,9 +117,18 @@ pub struct CargoLock {
 /// becomes it. A kit that changes while the lock is held (made or edited
 /// by the holder) leaves none of its name to reuse.
 pub fn cargo_lock(project: &Path) -> CargoLock {
+    assert!(
+        std::env::var_os("GPKIT_TEST_QUICK").is_none(),
+        "this test builds a generated project, which the quick run leaves out: \
+         mark it #[ignore = \"builds a generated project\"] (scripts/test runs it)"
+    );
     let mut target = CARGO
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let taken = (
+        std::time::Instant::now(),
+        CARGO_MILLIS.load(std::sync::atomic::Ordering::Relaxed),
+    );
     let now = SystemTime::now();
     if target.project.as_deref() != Some(project) {
         touch_tree(project, &["kit"], now);
@@ -138,11 +153,13 @@ pub fn cargo_lock(project: &Path) -> CargoLock {
     CargoLock {
         target,
         project: project.to_path_buf(),
+        taken,
     }
 }
 
 impl Drop for CargoLock {
     fn drop(&mut self) {
+        log_lock_hold(self.taken);
         let Some((name, files)) = read_kit(&self.project.join("kit")) else {
             return;
         };
@@ -316,18 +333,35 @@ fn run_cargo(project: &Path, args: &[&str]) -> Output {
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .output()
         .unwrap();
-    log_cargo_run(args, started.elapsed(), &output.stderr);
+    let took = started.elapsed();
+    CARGO_MILLIS.fetch_add(
+        took.as_millis() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    log_cargo_run(args, took, &output.stderr);
     output
+}
+
+/// Appends one line to the cargo log (see [`log_cargo_run`]) for a hold of
+/// the lock that is longer than the suite's cargo runs in it: the time the
+/// chain of builds waited on a test (its processes, or `gpkit dev`'s own
+/// builds, which the suite does not run itself).
+fn log_lock_hold((taken, cargo_millis): (std::time::Instant, u64)) {
+    let held = taken.elapsed();
+    let in_cargo = CARGO_MILLIS.load(std::sync::atomic::Ordering::Relaxed) - cargo_millis;
+    let outside = held.as_secs_f64() - in_cargo as f64 / 1000.0;
+    if outside >= 1.0 {
+        append_to_cargo_log(&format!(
+            "{outside:.1}\t{}\t(the lock held outside cargo)\t\n",
+            std::thread::current().name().unwrap_or("?")
+        ));
+    }
 }
 
 /// Appends one line (seconds, the test's name, the arguments, the packages
 /// compiled or checked) to the file `GPKIT_TEST_CARGO_LOG` names, when it
 /// names one: where the suite's serialized cargo time goes.
 fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
-    use std::io::Write;
-    let Some(log) = std::env::var_os("GPKIT_TEST_CARGO_LOG") else {
-        return;
-    };
     let thread = std::thread::current();
     let name = thread.name().unwrap_or("?");
     let compiled: Vec<&str> = std::str::from_utf8(stderr)
@@ -341,12 +375,20 @@ fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
             rest.split(' ').next()
         })
         .collect();
-    let line = format!(
+    append_to_cargo_log(&format!(
         "{:.1}\t{name}\t{}\t{}\n",
         took.as_secs_f64(),
         args.join(" "),
         compiled.join(" ")
-    );
+    ));
+}
+
+/// Appends `line` to the file `GPKIT_TEST_CARGO_LOG` names, if any.
+fn append_to_cargo_log(line: &str) {
+    use std::io::Write;
+    let Some(log) = std::env::var_os("GPKIT_TEST_CARGO_LOG") else {
+        return;
+    };
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
