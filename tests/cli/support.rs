@@ -1,7 +1,9 @@
 //! Shared test helpers: a clean `gpkit` command in a temp directory,
-//! directory-tree snapshots under `snapshots/`, the one rule for a tool
-//! a test needs ([`require_tool`]), a plain HTTP GET ([`http_get`]), and
-//! a free loopback port for a server a test starts ([`free_port`]).
+//! directory-tree snapshots under `snapshots/`, the upgrade fixtures
+//! materialised from their stores ([`materialise_fixture`]), the one rule
+//! for a tool a test needs ([`require_tool`]), a plain HTTP GET
+//! ([`http_get`]), and a free loopback port for a server a test starts
+//! ([`free_port`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -204,6 +206,92 @@ pub fn copy_tree(from: &Path, to: &Path) {
         let dest = to.join(path);
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
         std::fs::write(dest, contents).unwrap();
+    }
+}
+
+/// The upgrade fixtures of `tests/fixtures/upgrade`, by name: one for each
+/// listing `<name>.sha256` there.
+pub fn fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("tests/fixtures/upgrade"))
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".sha256").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The entries of a listing in `sha256sum` format (`#` lines are comments):
+/// (SHA-256, path) pairs.
+pub fn read_listing(path: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (sha256, file) = line
+                .split_once("  ")
+                .unwrap_or_else(|| panic!("{}: not `<sha256>  <path>`: {line}", path.display()));
+            (sha256.to_string(), file.to_string())
+        })
+        .collect()
+}
+
+/// The stores of file bytes by SHA-256, in the order they are searched:
+/// gpkit's released kits, then the tests' own.
+fn blob_stores() -> [PathBuf; 2] {
+    [
+        repo().join("templates/released/blobs"),
+        repo().join("tests/fixtures/store/blobs"),
+    ]
+}
+
+/// The bytes whose SHA-256 is `sha256`, from the first store that has
+/// them, checked against the hash; `None` when no store has them.
+pub fn blob(sha256: &str) -> Option<Vec<u8>> {
+    let bytes = blob_stores()
+        .iter()
+        .find_map(|store| std::fs::read(store.join(sha256)).ok())?;
+    assert_eq!(
+        gpkit::engine::manifest::sha256_hex(&bytes),
+        sha256,
+        "the blob {sha256} does not hold the bytes of its name"
+    );
+    Some(bytes)
+}
+
+/// Writes the project of upgrade fixture `name` to `dest` (created, and
+/// expected to hold nothing yet), as `scripts/fixture materialise` does:
+/// the files the user wrote or edited from `tests/fixtures/upgrade/<name>/`
+/// (with their permissions), every other file from the blob its listing
+/// `<name>.sha256` names.
+pub fn materialise_fixture(name: &str, dest: &Path) {
+    let fixtures = repo().join("tests/fixtures/upgrade");
+    let full = fixtures.join(name);
+    assert!(
+        full.is_dir(),
+        "no fixture {name} (tests/fixtures/upgrade/{name}/)"
+    );
+    assert!(
+        !dest.exists() || std::fs::read_dir(dest).unwrap().next().is_none(),
+        "{} is not empty",
+        dest.display()
+    );
+    for (path, entry) in disk_state(&full, &[]) {
+        if let Entry::File { .. } = entry {
+            let to = dest.join(&path);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(full.join(&path), to).unwrap();
+        }
+    }
+    for (sha256, path) in read_listing(&fixtures.join(format!("{name}.sha256"))) {
+        let to = dest.join(&path);
+        assert!(!to.exists(), "{name}: {path} is both in full and listed");
+        let bytes = blob(&sha256)
+            .unwrap_or_else(|| panic!("{name}: no blob {sha256} for {path} in either store"));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, bytes).unwrap();
     }
 }
 
