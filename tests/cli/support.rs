@@ -297,14 +297,44 @@ pub fn materialise_fixture(name: &str, dest: &Path) {
 
 /// Compares `actual` with the snapshot directory `snapshots/<name>/`, file by
 /// file. With `GPKIT_UPDATE_SNAPSHOTS=1` the snapshot is rewritten instead.
+///
+/// A file `kit/<rest>` whose bytes are exactly those of `templates/kit/<rest>`
+/// (a kit file of the current template set) is not kept in the directory
+/// but by its SHA-256 in the listing `snapshots/<name>.kit.sha256`, and
+/// compared by hash; every other file is kept in full.
 pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
     let dir = repo().join("snapshots").join(name);
+    let listing = repo().join("snapshots").join(format!("{name}.kit.sha256"));
+    let template = |path: &str| {
+        path.strip_prefix("kit/")
+            .and_then(|rest| std::fs::read(repo().join("templates/kit").join(rest)).ok())
+    };
+    let in_kit = |path: &str, contents: &[u8]| template(path).is_some_and(|kit| kit == contents);
     if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&listing);
+        let mut kit = Vec::new();
         for (path, contents) in actual {
+            if in_kit(path, contents) {
+                kit.push(format!(
+                    "{}  {path}",
+                    gpkit::engine::manifest::sha256_hex(contents)
+                ));
+                continue;
+            }
             let dest = dir.join(path);
             std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
             std::fs::write(dest, contents).unwrap();
+        }
+        if !kit.is_empty() {
+            std::fs::create_dir_all(listing.parent().unwrap()).unwrap();
+            let header = format!(
+                "# The kit files of snapshot {name}, by SHA-256 (as sha256sum prints them):\n\
+                 # each is identical to templates/kit/<path after kit/> in the current\n\
+                 # template set, so it is compared by hash and not kept in {name}/.\n\
+                 # Written by the tests with GPKIT_UPDATE_SNAPSHOTS=1; do not edit.\n"
+            );
+            std::fs::write(&listing, header + &kit.join("\n") + "\n").unwrap();
         }
         return;
     }
@@ -313,23 +343,52 @@ pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
     } else {
         BTreeMap::new()
     };
+    let kit: BTreeMap<String, String> = if listing.exists() {
+        read_listing(&listing)
+            .into_iter()
+            .map(|(sha256, path)| (path, sha256))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let diff = |old: &[u8], new: &[u8]| {
+        similar::TextDiff::from_lines(
+            String::from_utf8_lossy(old).as_ref(),
+            String::from_utf8_lossy(new).as_ref(),
+        )
+        .unified_diff()
+        .header("snapshot", "actual")
+        .to_string()
+    };
     let mut problems = Vec::new();
-    for path in expected.keys().filter(|p| !actual.contains_key(*p)) {
-        problems.push(format!("missing file: {path}"));
+    for path in expected.keys().chain(kit.keys()) {
+        if !actual.contains_key(path) {
+            problems.push(format!("missing file: {path}"));
+        }
     }
     for (path, contents) in actual {
-        match expected.get(path) {
-            None => problems.push(format!("new file: {path}")),
-            Some(old) if old != contents => problems.push(format!(
-                "changed: {path}\n{}",
-                similar::TextDiff::from_lines(
-                    String::from_utf8_lossy(old).as_ref(),
-                    String::from_utf8_lossy(contents).as_ref()
-                )
-                .unified_diff()
-                .header("snapshot", "actual")
+        let sha256 = gpkit::engine::manifest::sha256_hex(contents);
+        match (expected.get(path), kit.get(path)) {
+            (None, None) => problems.push(format!("new file: {path}")),
+            (Some(_), Some(_)) => problems.push(format!(
+                "{path}: both in snapshots/{name}/ and in {name}.kit.sha256"
             )),
-            Some(_) => {}
+            (Some(old), None) if old != contents => {
+                problems.push(format!("changed: {path}\n{}", diff(old, contents)));
+            }
+            (None, Some(listed)) if *listed != sha256 => {
+                // The snapshot's bytes are templates/kit's when it has not
+                // changed since: then show what differs from them.
+                let shown = template(path)
+                    .filter(|kit| gpkit::engine::manifest::sha256_hex(kit) == *listed)
+                    .map(|kit| diff(&kit, contents))
+                    .unwrap_or_default();
+                problems.push(format!(
+                    "changed: {path} (a kit file, listed by hash in {name}.kit.sha256: \
+                     look at `git diff templates/kit`)\n{shown}"
+                ));
+            }
+            _ => {}
         }
     }
     assert!(
