@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::e2e::{Database, binary, database_url, psql};
-use crate::support::{assert_text_snapshot, disk_state, edit, gpkit, new_project, repo};
+use crate::support::{assert_text_snapshot, disk_state, edit, gpkit, new_project};
 use crate::worker_e2e::{RedisServer, free_port};
 
 /// Settings the doctor reads; each test sets the ones it means.
@@ -163,7 +163,7 @@ fn settings_problems_name_the_line_the_version_or_the_variables() {
 fn an_older_template_set_is_a_warning_with_the_upgrade_command() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("shop");
-    crate::support::copy_tree(&repo().join("tests/fixtures/upgrade/v2-edited"), &project);
+    crate::support::materialise_fixture("v2-edited", &project);
 
     let (_, json) = doctor(&project, &[], &["--format", "json"]);
 

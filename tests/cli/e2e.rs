@@ -614,8 +614,7 @@ fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let project = dir.path().join("legacy-shop");
-        let fixture = repo().join("tests/fixtures/upgrade").join(release);
-        crate::support::copy_tree(&fixture, &project);
+        crate::support::materialise_fixture(release, &project);
         gpkit(&project)
             .args(["upgrade", "templates"])
             .assert()
@@ -662,8 +661,7 @@ fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
 fn an_upgrade_carries_the_users_code_to_the_api_of_set_6() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("shop");
-    let fixture = repo().join("tests/fixtures/upgrade/v5-example");
-    crate::support::copy_tree(&fixture, &project);
+    crate::support::materialise_fixture("v5-example", &project);
     let upgrade = gpkit(&project)
         .args(["upgrade", "templates"])
         .assert()
@@ -846,8 +844,7 @@ fn generated_code_is_formatted_whatever_the_name_length() {
 fn an_upgraded_project_builds_and_passes_its_tests() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("legacy-shop");
-    let fixture = repo().join("tests/fixtures/upgrade/synthetic-0-clean");
-    crate::support::copy_tree(&fixture, &project);
+    crate::support::materialise_fixture("synthetic-0-clean", &project);
     gpkit(&project)
         .args(["upgrade", "templates"])
         .assert()

@@ -94,12 +94,11 @@ fn a_run_killed_at_any_point_is_repaired_by_the_next() {
 /// deletions, and the project matches one upgraded without interruption.
 #[test]
 fn an_upgrade_killed_before_it_deleted_the_redundant_copies_is_completed() {
-    let fixture = crate::support::repo().join("tests/fixtures/upgrade/v4-edited");
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("reference");
     let project = dir.path().join("killed");
-    crate::support::copy_tree(&fixture, &reference);
-    crate::support::copy_tree(&fixture, &project);
+    crate::support::materialise_fixture("v4-edited", &reference);
+    crate::support::materialise_fixture("v4-edited", &project);
     let upgrade = |project: &Path| {
         gpkit(project)
             .args(["upgrade", "templates"])

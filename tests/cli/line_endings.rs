@@ -69,11 +69,8 @@ fn a_crlf_checkout_is_up_to_date_and_keeps_crlf_through_an_add() {
 fn a_crlf_checkout_without_copies_of_the_kit_is_up_to_date() {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("legacy-shop");
-    crate::support::copy_tree(
-        &crate::support::repo().join(format!(
-            "tests/fixtures/upgrade/v{}-edited",
-            gpkit::engine::blueprint::TEMPLATE_SET_VERSION
-        )),
+    crate::support::materialise_fixture(
+        &format!("v{}-edited", gpkit::engine::blueprint::TEMPLATE_SET_VERSION),
         &project,
     );
     assert!(!project.join(".gpkit/base/kit").exists());

@@ -1,7 +1,9 @@
 //! Shared test helpers: a clean `gpkit` command in a temp directory,
-//! directory-tree snapshots under `snapshots/`, the one rule for a tool
-//! a test needs ([`require_tool`]), a plain HTTP GET ([`http_get`]), and
-//! a free loopback port for a server a test starts ([`free_port`]).
+//! directory-tree snapshots under `snapshots/`, the upgrade fixtures
+//! materialised from their stores ([`materialise_fixture`]), the one rule
+//! for a tool a test needs ([`require_tool`]), a plain HTTP GET
+//! ([`http_get`]), and a free loopback port for a server a test starts
+//! ([`free_port`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -207,16 +209,132 @@ pub fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+/// The upgrade fixtures of `tests/fixtures/upgrade`, by name: one for each
+/// listing `<name>.sha256` there.
+pub fn fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("tests/fixtures/upgrade"))
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".sha256").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The entries of a listing in `sha256sum` format (`#` lines are comments):
+/// (SHA-256, path) pairs.
+pub fn read_listing(path: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (sha256, file) = line
+                .split_once("  ")
+                .unwrap_or_else(|| panic!("{}: not `<sha256>  <path>`: {line}", path.display()));
+            (sha256.to_string(), file.to_string())
+        })
+        .collect()
+}
+
+/// The stores of file bytes by SHA-256, in the order they are searched:
+/// gpkit's released kits, then the tests' own.
+fn blob_stores() -> [PathBuf; 2] {
+    [
+        repo().join("templates/released/blobs"),
+        repo().join("tests/fixtures/store/blobs"),
+    ]
+}
+
+/// The bytes whose SHA-256 is `sha256`, from the first store that has
+/// them, checked against the hash; `None` when no store has them.
+pub fn blob(sha256: &str) -> Option<Vec<u8>> {
+    let bytes = blob_stores()
+        .iter()
+        .find_map(|store| std::fs::read(store.join(sha256)).ok())?;
+    assert_eq!(
+        gpkit::engine::manifest::sha256_hex(&bytes),
+        sha256,
+        "the blob {sha256} does not hold the bytes of its name"
+    );
+    Some(bytes)
+}
+
+/// Writes the project of upgrade fixture `name` to `dest` (created, and
+/// expected to hold nothing yet), as `scripts/fixture materialise` does:
+/// the files the user wrote or edited from `tests/fixtures/upgrade/<name>/`
+/// (with their permissions), every other file from the blob its listing
+/// `<name>.sha256` names.
+pub fn materialise_fixture(name: &str, dest: &Path) {
+    let fixtures = repo().join("tests/fixtures/upgrade");
+    let full = fixtures.join(name);
+    assert!(
+        full.is_dir(),
+        "no fixture {name} (tests/fixtures/upgrade/{name}/)"
+    );
+    assert!(
+        !dest.exists() || std::fs::read_dir(dest).unwrap().next().is_none(),
+        "{} is not empty",
+        dest.display()
+    );
+    for (path, entry) in disk_state(&full, &[]) {
+        if let Entry::File { .. } = entry {
+            let to = dest.join(&path);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(full.join(&path), to).unwrap();
+        }
+    }
+    for (sha256, path) in read_listing(&fixtures.join(format!("{name}.sha256"))) {
+        let to = dest.join(&path);
+        assert!(!to.exists(), "{name}: {path} is both in full and listed");
+        let bytes = blob(&sha256)
+            .unwrap_or_else(|| panic!("{name}: no blob {sha256} for {path} in either store"));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, bytes).unwrap();
+    }
+}
+
 /// Compares `actual` with the snapshot directory `snapshots/<name>/`, file by
 /// file. With `GPKIT_UPDATE_SNAPSHOTS=1` the snapshot is rewritten instead.
+///
+/// A file `kit/<rest>` whose bytes are exactly those of `templates/kit/<rest>`
+/// (a kit file of the current template set) is not kept in the directory
+/// but by its SHA-256 in the listing `snapshots/<name>.kit.sha256`, and
+/// compared by hash; every other file is kept in full.
 pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
     let dir = repo().join("snapshots").join(name);
+    let listing = repo().join("snapshots").join(format!("{name}.kit.sha256"));
+    let template = |path: &str| {
+        path.strip_prefix("kit/")
+            .and_then(|rest| std::fs::read(repo().join("templates/kit").join(rest)).ok())
+    };
+    let in_kit = |path: &str, contents: &[u8]| template(path).is_some_and(|kit| kit == contents);
     if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&listing);
+        let mut kit = Vec::new();
         for (path, contents) in actual {
+            if in_kit(path, contents) {
+                kit.push(format!(
+                    "{}  {path}",
+                    gpkit::engine::manifest::sha256_hex(contents)
+                ));
+                continue;
+            }
             let dest = dir.join(path);
             std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
             std::fs::write(dest, contents).unwrap();
+        }
+        if !kit.is_empty() {
+            std::fs::create_dir_all(listing.parent().unwrap()).unwrap();
+            let header = format!(
+                "# The kit files of snapshot {name}, by SHA-256 (as sha256sum prints them):\n\
+                 # each is identical to templates/kit/<path after kit/> in the current\n\
+                 # template set, so it is compared by hash and not kept in {name}/.\n\
+                 # Written by the tests with GPKIT_UPDATE_SNAPSHOTS=1; do not edit.\n"
+            );
+            std::fs::write(&listing, header + &kit.join("\n") + "\n").unwrap();
         }
         return;
     }
@@ -225,23 +343,52 @@ pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
     } else {
         BTreeMap::new()
     };
+    let kit: BTreeMap<String, String> = if listing.exists() {
+        read_listing(&listing)
+            .into_iter()
+            .map(|(sha256, path)| (path, sha256))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let diff = |old: &[u8], new: &[u8]| {
+        similar::TextDiff::from_lines(
+            String::from_utf8_lossy(old).as_ref(),
+            String::from_utf8_lossy(new).as_ref(),
+        )
+        .unified_diff()
+        .header("snapshot", "actual")
+        .to_string()
+    };
     let mut problems = Vec::new();
-    for path in expected.keys().filter(|p| !actual.contains_key(*p)) {
-        problems.push(format!("missing file: {path}"));
+    for path in expected.keys().chain(kit.keys()) {
+        if !actual.contains_key(path) {
+            problems.push(format!("missing file: {path}"));
+        }
     }
     for (path, contents) in actual {
-        match expected.get(path) {
-            None => problems.push(format!("new file: {path}")),
-            Some(old) if old != contents => problems.push(format!(
-                "changed: {path}\n{}",
-                similar::TextDiff::from_lines(
-                    String::from_utf8_lossy(old).as_ref(),
-                    String::from_utf8_lossy(contents).as_ref()
-                )
-                .unified_diff()
-                .header("snapshot", "actual")
+        let sha256 = gpkit::engine::manifest::sha256_hex(contents);
+        match (expected.get(path), kit.get(path)) {
+            (None, None) => problems.push(format!("new file: {path}")),
+            (Some(_), Some(_)) => problems.push(format!(
+                "{path}: both in snapshots/{name}/ and in {name}.kit.sha256"
             )),
-            Some(_) => {}
+            (Some(old), None) if old != contents => {
+                problems.push(format!("changed: {path}\n{}", diff(old, contents)));
+            }
+            (None, Some(listed)) if *listed != sha256 => {
+                // The snapshot's bytes are templates/kit's when it has not
+                // changed since: then show what differs from them.
+                let shown = template(path)
+                    .filter(|kit| gpkit::engine::manifest::sha256_hex(kit) == *listed)
+                    .map(|kit| diff(&kit, contents))
+                    .unwrap_or_default();
+                problems.push(format!(
+                    "changed: {path} (a kit file, listed by hash in {name}.kit.sha256: \
+                     look at `git diff templates/kit`)\n{shown}"
+                ));
+            }
+            _ => {}
         }
     }
     assert!(

@@ -10,15 +10,16 @@ use predicates::str::contains;
 use gpkit::engine::blueprint::TEMPLATE_SET_VERSION;
 
 use crate::support::{
-    assert_text_snapshot, assert_tree_snapshot, changed_since, copy_tree, disk_state, gpkit,
-    read_tree, repo,
+    assert_text_snapshot, assert_tree_snapshot, changed_since, disk_state, fixture_names, gpkit,
+    materialise_fixture, read_tree,
 };
 
-/// A copy of `tests/fixtures/upgrade/<name>` in a temp dir.
+/// The project of upgrade fixture `name` (`tests/fixtures/upgrade`),
+/// materialised in a temp dir.
 fn fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let project = dir.path().join("legacy-shop");
-    copy_tree(&repo().join("tests/fixtures/upgrade").join(name), &project);
+    materialise_fixture(name, &project);
     (dir, project)
 }
 
@@ -336,13 +337,10 @@ fn the_hyphenated_spelling_works_too() {
 /// upgrade to the current set is pinned by a report snapshot.
 #[test]
 fn release_fixtures_upgrade_to_the_current_templates() {
-    let fixtures = repo().join("tests/fixtures/upgrade");
-    let mut releases: Vec<String> = std::fs::read_dir(&fixtures)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
+    let releases: Vec<String> = fixture_names()
+        .into_iter()
         .filter(|n| n.starts_with('v') && n.ends_with("-edited"))
         .collect();
-    releases.sort();
     assert!(releases.contains(&"v1-edited".to_string()), "{releases:?}");
     for release in releases {
         let (_dir, project) = fixture(&release);
@@ -509,14 +507,12 @@ fn a_new_project_keeps_no_copy_of_the_kit_and_upgrades_fine() {
 fn the_released_kits_regenerate_the_kit_bases_of_every_release_fixture() {
     use gpkit::engine::manifest::{Manifest, sha256_hex};
     use gpkit::engine::released::Store;
-    let fixtures = repo().join("tests/fixtures/upgrade");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&fixtures).unwrap() {
-        let root = entry.unwrap().path();
-        let name = root.file_name().unwrap().to_string_lossy().into_owned();
+    for name in fixture_names() {
         if !name.starts_with('v') || !name.ends_with("-edited") {
             continue;
         }
+        let (_dir, root) = fixture(&name);
         let manifest = Manifest::load(&root).unwrap();
         for (path, record) in manifest.files.iter().filter(|(p, _)| p.starts_with("kit/")) {
             let found = Store::embedded().find(path, &record.sha256, &manifest.answers.name);
@@ -530,6 +526,73 @@ fn the_released_kits_regenerate_the_kit_bases_of_every_release_fixture() {
         }
     }
     assert!(checked >= 68, "only {checked} kit files checked");
+}
+
+/// Every upgrade fixture materialises from its stores: each file its
+/// listing names, and each kit file of sets 1-4 the tests' store lists, has
+/// a blob (in `templates/released` or `tests/fixtures/store`) that hashes to
+/// its name; every fixture directory has its listing; and no blob of the
+/// tests' store is named by nothing (as `scripts/fixture check`).
+#[test]
+fn every_fixture_materialises_from_the_stores() {
+    use crate::support::{blob, read_listing, repo};
+    use gpkit::engine::manifest::sha256_hex;
+    let fixtures = repo().join("tests/fixtures/upgrade");
+    let names = fixture_names();
+    assert!(names.contains(&"v1-edited".to_string()), "{names:?}");
+    for entry in std::fs::read_dir(&fixtures).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            assert!(
+                names.contains(&name),
+                "tests/fixtures/upgrade/{name}/ has no listing"
+            );
+        }
+    }
+    let mut named = std::collections::BTreeSet::new();
+    for name in &names {
+        let dir = tempfile::tempdir().unwrap();
+        materialise_fixture(name, &dir.path().join("project"));
+        assert!(dir.path().join("project/gpkit.toml").is_file(), "{name}");
+        named.extend(
+            read_listing(&fixtures.join(format!("{name}.sha256")))
+                .into_iter()
+                .map(|(sha256, _)| sha256),
+        );
+    }
+    let store = repo().join("tests/fixtures/store");
+    let mut sets = 0;
+    for entry in std::fs::read_dir(&store).unwrap() {
+        let list = entry.unwrap().path();
+        if list.extension().is_none_or(|e| e != "sha256") {
+            continue;
+        }
+        for (sha256, path) in read_listing(&list) {
+            assert!(
+                blob(&sha256).is_some(),
+                "{}: no blob for {path}",
+                list.display()
+            );
+            named.insert(sha256);
+        }
+        sets += 1;
+    }
+    assert!(sets >= 4, "the kits of sets 1-4 are not listed");
+    for entry in std::fs::read_dir(store.join("blobs")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            sha256_hex(&bytes),
+            name,
+            "the blob does not hold the bytes of its name"
+        );
+        assert!(
+            named.contains(&name),
+            "tests/fixtures/store/blobs/{name} is named by no listing (scripts/fixture check)"
+        );
+    }
 }
 
 /// A project of template set 5 whose copies of the kit are gone upgrades
