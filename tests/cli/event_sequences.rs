@@ -268,6 +268,7 @@ fn fmt_clean(project: &Path, fresh: &BTreeMap<String, Vec<u8>>) -> Result<(), St
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn any_sequence_of_add_event_calls_leaves_the_project_fmt_clean() {
     let fresh = {
         let dir = scratch_dir();

@@ -289,6 +289,7 @@ fn project_migrations(parent: &Path) -> PathBuf {
 /// goose applies a generated project's migrations; `migrate` then reports
 /// them applied, and the same current version.
 #[test]
+#[ignore = "builds a generated project"]
 fn migrate_agrees_with_what_goose_applied() {
     let parent = tempfile::tempdir().unwrap();
     let dir = project_migrations(parent.path());
@@ -330,6 +331,7 @@ fn migrate_agrees_with_what_goose_applied() {
 /// `migrate down` and `migrate up` on a database goose migrated: goose sees
 /// each change; and a `goose down` is seen by `migrate`.
 #[test]
+#[ignore = "builds a generated project"]
 fn goose_agrees_with_migrate_down_and_up() {
     let parent = tempfile::tempdir().unwrap();
     let dir = project_migrations(parent.path());
@@ -372,6 +374,7 @@ fn goose_agrees_with_migrate_down_and_up() {
 /// Both tools show the same applied-at time: the row's `tstamp`, which
 /// `migrate` writes and goose reads (and the other way round).
 #[test]
+#[ignore = "builds a generated project"]
 fn both_report_the_applied_at_time_of_the_row() {
     let parent = tempfile::tempdir().unwrap();
     let dir = project_migrations(parent.path());
@@ -415,6 +418,7 @@ fn row_time(db: &Database, version: i64) -> (String, String) {
 /// Files written by `migrate create`, timestamped and sequential (`-s`), are
 /// accepted by goose, which applies them and rolls them back.
 #[test]
+#[ignore = "builds a generated project"]
 fn goose_applies_files_written_by_migrate_create() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::create("gpkit_goose_create");
@@ -531,6 +535,7 @@ fn assert_second_waited(round: u32, first: First, goose_took: Duration, migrate_
 /// waiting for the lock (the runs overlap). Five rounds, each on a fresh
 /// database.
 #[test]
+#[ignore = "builds a generated project"]
 fn goose_and_migrate_started_together_apply_each_migration_once() {
     let parent = tempfile::tempdir().unwrap();
     let dir = race_migrations(parent.path());
@@ -593,6 +598,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
 /// also when one waits for the other's lock (as it must: the runs overlap).
 /// Three rounds, each on a fresh database.
 #[test]
+#[ignore = "builds a generated project"]
 fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
     let parent = tempfile::tempdir().unwrap();
     let dir = race_migrations(parent.path());
@@ -649,6 +655,7 @@ fn spawn(mut command: Command) -> std::process::Child {
 /// The version table and its version-0 row are the same whichever tool
 /// creates them, and each tool migrates on the table the other created.
 #[test]
+#[ignore = "builds a generated project"]
 fn either_tool_creates_the_same_version_table_for_the_other() {
     let parent = tempfile::tempdir().unwrap();
     let dir = project_migrations(parent.path());
@@ -724,6 +731,7 @@ fn write_table_migration(dir: &Path, file: &str, table: &str) {
 /// apply it when allowed, and roll back the most recently applied migration
 /// first, not the highest version.
 #[test]
+#[ignore = "builds a generated project"]
 fn both_refuse_missing_migrations_and_roll_back_in_applied_order() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::create("gpkit_goose_missing");
@@ -782,6 +790,7 @@ fn both_refuse_missing_migrations_and_roll_back_in_applied_order() {
 /// session takes the database's, and `migrate` must too. `now()::timestamp`,
 /// a `01/02/2024` date literal and the version table's `tstamp` come out alike.
 #[test]
+#[ignore = "builds a generated project"]
 fn both_tools_use_the_databases_time_zone_and_date_style() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::create("gpkit_goose_timezone");
@@ -841,6 +850,7 @@ fn both_tools_use_the_databases_time_zone_and_date_style() {
 /// `WithTableName`) is created, found and shared the same way by both, and
 /// neither touches the default table.
 #[test]
+#[ignore = "builds a generated project"]
 fn a_schema_qualified_version_table_is_shared() {
     let parent = tempfile::tempdir().unwrap();
     let dir = project_migrations(parent.path());

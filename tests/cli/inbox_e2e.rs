@@ -72,6 +72,7 @@ impl Random {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn a_listener_killed_at_random_points_records_and_dispatches_each_event_once() {
     // A project with the two events and the listener filled in.
     let parent = repo().join("target/e2e-inbox");

@@ -23,6 +23,7 @@ fn migrate_status(url: &str) -> Output {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn sslmode_and_sslrootcert_are_honoured_and_a_bad_certificate_is_explained() {
     let certs = tempfile::tempdir().unwrap();
     make_ca(certs.path(), "test-ca");

@@ -83,6 +83,7 @@ fn add_the_dispatch_examples(project: &Path, printed: &str) {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_upgrades_as_a_no_op()
 {
     // Arrange: the project, with an event that has a listener and one that
@@ -197,6 +198,7 @@ fn add_worker_in_a_seaorm_project_gives_what_new_project_with_the_worker_gives()
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn a_seaorm_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
     let dir = tempfile::tempdir().unwrap();
     gpkit(dir.path())

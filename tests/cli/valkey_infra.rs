@@ -362,6 +362,7 @@ fn tls_server(dir: &Path) -> Server {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn over_tls_with_a_private_ca_the_relay_and_the_listeners_run_and_a_wrong_ca_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = tls_server(dir.path());
@@ -408,6 +409,7 @@ fn over_tls_with_a_private_ca_the_relay_and_the_listeners_run_and_a_wrong_ca_is_
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
     const PASSWORD: &str = "relay-secret-7f3a";
     let dir = tempfile::tempdir().unwrap();
@@ -510,6 +512,7 @@ fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn the_worker_refuses_two_valkey_forms_naming_both() {
     let db = database();
     let output = Command::new(bin("worker"))
@@ -553,6 +556,7 @@ fn members(port: u16, command: &str, key: &str) -> Vec<String> {
 const SENTINEL_CONCURRENCY: u64 = 4;
 
 #[test]
+#[ignore = "builds a generated project"]
 fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let (master_port, replica_port) = (free_port(), free_port());
@@ -767,6 +771,7 @@ fn drain(events: u32, env: &[(&str, &str)], port: u16, tls_args: &[&str]) -> Dur
 /// relay throughput of both. The figure means something only when the test
 /// runs alone (`--test-threads 1`) on a quiet machine; it is never asserted.
 #[test]
+#[ignore = "builds a generated project"]
 fn the_relay_drains_the_same_backlog_over_tls_and_over_plaintext() {
     const EVENTS: u32 = 5_000;
     let dir = tempfile::tempdir().unwrap();
@@ -822,6 +827,7 @@ fn subscribers(ports: &[u16], channel: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once() {
     const EVENTS: u32 = 10_000;
     let dir = tempfile::tempdir().unwrap();
@@ -1007,6 +1013,7 @@ fn tls_cli(dir: &Path, args: &[&str]) -> Option<String> {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn with_valkey_tls_a_sentinel_group_speaking_only_tls_carries_events() {
     let dir = tempfile::tempdir().unwrap();
     let (master_port, sentinel_port) = (free_port(), free_port());
@@ -1104,6 +1111,7 @@ fn with_valkey_tls_a_sentinel_group_speaking_only_tls_carries_events() {
 }
 
 #[test]
+#[ignore = "builds a generated project"]
 fn with_valkey_tls_a_cluster_speaking_only_tls_carries_events() {
     let dir = tempfile::tempdir().unwrap();
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
