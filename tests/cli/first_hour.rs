@@ -273,6 +273,8 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
         worker.assert_running();
         worker.log().contains("worker started")
     });
+    // Both are built and running: other tests may build now.
+    drop(one_cargo_at_a_time);
     assert_eq!(
         worker.terminate(Duration::from_secs(40)),
         Some(0),
@@ -286,7 +288,6 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
         "{}",
         server.log()
     );
-    drop(one_cargo_at_a_time);
 
     let project = shell.dir.clone();
     assert_eq!(project, parent.path().join("shop").canonicalize().unwrap());
