@@ -224,6 +224,40 @@ fn touch_tree(dir: &Path, skip: &[&str], now: SystemTime) {
     }
 }
 
+/// Clippy's driver, the compiler `cargo clippy` runs on a workspace's own
+/// packages: from the toolchain's sysroot, next to `rustc`.
+fn clippy_driver() -> &'static Path {
+    static DRIVER: OnceLock<PathBuf> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        let sysroot = Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+            .expect("rustc runs");
+        let driver =
+            Path::new(String::from_utf8(sysroot.stdout).unwrap().trim()).join("bin/clippy-driver");
+        assert!(
+            driver.is_file(),
+            "no {}: install clippy (`rustup component add clippy`)",
+            driver.display()
+        );
+        driver
+    })
+}
+
+/// `cargo clippy --all-targets -- -D warnings` in `project`, as a build.
+///
+/// Every cargo run of the tests compiles a project's own packages (the
+/// service and its kit, the workspace's members) with clippy's driver and
+/// `-D warnings`, as `cargo clippy` does (its `RUSTC_WORKSPACE_WRAPPER`
+/// and `CLIPPY_ARGS`), so that any build, test run included, fails on a
+/// lint or a warning. Clippy's own run would check every dependency again
+/// in a compilation of its own (about 35 s a set of dependencies on CI's
+/// machine); this build of all targets lints the same targets and shares
+/// its compilation with the binaries and the tests, before or after it.
+pub fn lint(project: &Path) {
+    cargo(project, &["build", "--all-targets"]);
+}
+
 /// `cargo <args>` in `project`, with the shared target directory.
 pub fn cargo(project: &Path, args: &[&str]) -> Output {
     let _one_at_a_time = cargo_lock(project);
@@ -328,6 +362,11 @@ fn run_cargo(project: &Path, args: &[&str]) -> Output {
         .current_dir(project)
         .env("CARGO_TARGET_DIR", shared_target())
         .envs(BUILD_ENV)
+        .env("RUSTC_WORKSPACE_WRAPPER", clippy_driver())
+        .env(
+            "CLIPPY_ARGS",
+            "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+        )
         .env("DATABASE_URL", server_url())
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
@@ -588,10 +627,7 @@ fn a_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
         .success();
     let project = dir.path().join("lean");
     build_binaries(&project);
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
     cargo(&project, &["fmt", "--check"]);
     cargo(&project, &["test"]);
 }
@@ -646,10 +682,7 @@ fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
         if !["v1-edited", "v4-edited", "v7-edited"].contains(&release) {
             continue;
         }
-        cargo(
-            &project,
-            &["clippy", "--all-targets", "--", "-D", "warnings"],
-        );
+        lint(&project);
         cargo(&project, &["fmt", "--check"]);
         if release == "v1-edited" || release == "v4-edited" {
             cargo(&project, &["test"]);
@@ -703,10 +736,7 @@ fn an_upgrade_carries_the_users_code_to_the_api_of_set_6() {
     assert!(notify.contains(".bind(ctx.event_id())"), "{notify}");
     assert!(!read("src/startup.rs").contains("dispatcher"));
 
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
     cargo(&project, &["fmt", "--check"]);
     // A second run has nothing left to carry.
     let again = gpkit(&project)
@@ -747,10 +777,7 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     let project = built_project();
 
     // Its own quality gates.
-    cargo(
-        project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(project);
     cargo(project, &["fmt", "--check"]);
     cargo(project, &["test"]);
 
@@ -858,10 +885,7 @@ fn an_upgraded_project_builds_and_passes_its_tests() {
         .code(0);
 
     build_binaries(&project);
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
     cargo(&project, &["fmt", "--check"]);
     cargo(&project, &["test"]);
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::e2e::{Database, build_binaries, cargo, lint, migrate, psql};
 use crate::support::{gpkit, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
@@ -101,10 +101,7 @@ fn an_event_reaches_each_listener_exactly_once() {
         .assert()
         .success();
     build_binaries(&project);
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
     cargo(&project, &["fmt", "--check"]);
 
     // The user's part: a table, the listener bodies, a dispatching program.

@@ -327,10 +327,7 @@ fn any_sequence_of_add_event_calls_leaves_the_project_fmt_clean() {
         String::from_utf8_lossy(&fmt.stdout)
     );
     let built = std::time::Instant::now();
-    crate::e2e::cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    crate::e2e::lint(&project);
     eprintln!(
         "the largest sequence's project checked in {:.1?}",
         built.elapsed()

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::e2e::{Database, cargo, cargo_lock, psql, shared_target};
+use crate::e2e::{Database, cargo_lock, lint, psql, shared_target};
 use crate::support::free_port;
 use crate::support::gpkit;
 use crate::worker_e2e::wait_until;
@@ -401,8 +401,5 @@ fn the_dispatch_examples_compile(project: &Path) {
     let mut text = std::fs::read_to_string(&lib).unwrap();
     text.push_str("pub mod dispatch_hint;\npub mod readme_example;\n");
     std::fs::write(&lib, text).unwrap();
-    cargo(
-        project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(project);
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::e2e::{Database, build_binaries, lint, migrate, psql};
 use crate::support::{gpkit, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
@@ -94,10 +94,7 @@ fn a_listener_killed_at_random_points_records_and_dispatches_each_event_once() {
     write(&project, "src/listeners/payment_taken/ledger.rs", LEDGER);
     write(&project, "migrations/20270101000000_ledger.sql", TABLES);
     let bins = build_binaries(&project);
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
 
     let db = Database::create("gpkit_inbox");
     migrate(&project, &db, &["up"]);

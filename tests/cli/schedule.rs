@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use predicates::str::contains;
 
-use crate::e2e::{Database, build_binaries, cargo, migrate, psql};
+use crate::e2e::{Database, build_binaries, cargo, lint, migrate, psql};
 use crate::support::{assert_tree_snapshot, changed_since, gpkit, new_project, read_tree, repo};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
@@ -242,10 +242,7 @@ fn scheduled_project() -> &'static Path {
 #[ignore = "builds a generated project"]
 fn a_project_with_schedules_builds_cleanly_and_passes_its_tests() {
     let project = scheduled_project();
-    cargo(
-        project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(project);
     cargo(project, &["fmt", "--check"]);
     cargo(project, &["test"]);
 }

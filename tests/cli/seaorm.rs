@@ -10,7 +10,7 @@ use std::path::Path;
 
 use predicates::str::contains;
 
-use crate::e2e::{build_binaries, cargo};
+use crate::e2e::{build_binaries, cargo, lint};
 use crate::support::{assert_tree_snapshot, disk_state, gpkit, read_tree};
 
 #[test]
@@ -110,10 +110,7 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
     // Act and assert: zero warnings, clippy, fmt, and the project's own
     // tests.
     build_binaries(&project);
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
     cargo(&project, &["fmt", "--check"]);
     let tests = cargo(&project, &["test"]);
     let report = String::from_utf8_lossy(&tests.stdout);
@@ -213,10 +210,7 @@ fn a_seaorm_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
         .success();
 
     build_binaries(&project);
-    cargo(
-        &project,
-        &["clippy", "--all-targets", "--", "-D", "warnings"],
-    );
+    lint(&project);
     cargo(&project, &["fmt", "--check"]);
     let tests = cargo(&project, &["test"]);
     let report = String::from_utf8_lossy(&tests.stdout);
