@@ -645,6 +645,7 @@ fn the_dockerfiles_build_stage_succeeds_as_a_script() {
                     .envs(crate::e2e::BUILD_ENV)
                     .env_remove("RUSTFLAGS")
                     .env_remove("CARGO_BUILD_RUSTFLAGS")
+                    .env_remove("RUSTC_BOOTSTRAP")
                     .output()
                     .unwrap();
                 assert!(

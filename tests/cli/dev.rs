@@ -49,6 +49,7 @@ fn dev_command(project: &Path, args: &[&str]) -> Command {
         .env_remove("NO_COLOR")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove("RUSTC_BOOTSTRAP")
         .env("CARGO_TARGET_DIR", shared_target())
         .envs(crate::e2e::BUILD_ENV)
         .stdin(Stdio::null());

@@ -381,6 +381,11 @@ fn run_cargo(project: &Path, args: &[&str]) -> Output {
         .env("DATABASE_URL", server_url())
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
+        // scripts/test gives the test binaries RUSTC_BOOTSTRAP (for
+        // libtest's times): a build must not see it, as the generated
+        // projects' users' builds do not (it allows unstable features, and
+        // cargo fingerprints it). Every spawn that builds removes it.
+        .env_remove("RUSTC_BOOTSTRAP")
         .output()
         .unwrap();
     let took = started.elapsed();

@@ -63,6 +63,7 @@ impl Shell {
             .current_dir(&self.dir)
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_BUILD_RUSTFLAGS")
+            .env_remove("RUSTC_BOOTSTRAP")
             .env_remove("LOG_FORMAT")
             .env_remove("GOOSE_MIGRATION_DIR")
             .env_remove("GOOSE_TABLE");
@@ -317,6 +318,7 @@ fn the_server_reads_dotenv_from_its_working_directory(project: &Path, db: &Datab
             .envs(crate::e2e::BUILD_ENV)
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_BUILD_RUSTFLAGS")
+            .env_remove("RUSTC_BOOTSTRAP")
             .env_remove("HTTP_ADDR")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::null())

@@ -17,6 +17,7 @@ pub fn gpkit(dir: &Path) -> Command {
         .env_remove("RUST_LOG")
         .env_remove("CI")
         .env_remove("NO_COLOR")
+        .env_remove("RUSTC_BOOTSTRAP")
         .env("CLICOLOR", "0")
         .env("COLUMNS", "100");
     cmd

@@ -540,6 +540,7 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
         .current_dir(crate::support::repo())
         .env("DATABASE_URL", crate::e2e::server_url())
         .env("VALKEY_ADDR", valkey.addr())
+        .env_remove("RUSTC_BOOTSTRAP")
         .output()
         .unwrap();
 
