@@ -638,14 +638,9 @@ fn the_dockerfiles_build_stage_succeeds_as_a_script() {
             }
             "RUN" => {
                 let script = args.replace(" --release", "");
-                let output = Command::new("sh")
+                let output = crate::e2e::shared_build(&mut Command::new("sh"))
                     .args(["-c", &script])
                     .current_dir(&workdir)
-                    .env("CARGO_TARGET_DIR", shared_target())
-                    .envs(crate::e2e::BUILD_ENV)
-                    .env_remove("RUSTFLAGS")
-                    .env_remove("CARGO_BUILD_RUSTFLAGS")
-                    .env_remove("RUSTC_BOOTSTRAP")
                     .output()
                     .unwrap();
                 assert!(

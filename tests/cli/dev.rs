@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::e2e::{cargo_lock, shared_target};
+use crate::e2e::cargo_lock;
 use crate::example::request;
 use crate::support::free_port;
 use crate::support::new_project;
@@ -47,12 +47,8 @@ fn dev_command(project: &Path, args: &[&str]) -> Command {
         .env_remove("VALKEY_ADDR")
         .env_remove("VALKEY_URL")
         .env_remove("NO_COLOR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_BUILD_RUSTFLAGS")
-        .env_remove("RUSTC_BOOTSTRAP")
-        .env("CARGO_TARGET_DIR", shared_target())
-        .envs(crate::e2e::BUILD_ENV)
         .stdin(Stdio::null());
+    crate::e2e::shared_build(&mut command);
     command
 }
 

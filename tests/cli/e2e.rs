@@ -255,6 +255,28 @@ fn clippy_driver() -> &'static Path {
     })
 }
 
+/// The arguments clippy's driver takes from `cargo clippy -- -D warnings`.
+const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
+
+/// Sets up `command` (cargo, or a process that runs cargo: `gpkit dev`, a
+/// shell) to build a generated project as every build of the tests does:
+/// in [`shared_target`] with [`BUILD_ENV`], the project's own packages
+/// through clippy's driver with `-D warnings` (see [`lint`]), and without
+/// what would change the build: RUSTFLAGS, and the RUSTC_BOOTSTRAP that
+/// scripts/test gives the test binaries for libtest's times (it allows
+/// unstable features, which a user's build does not, and cargo
+/// fingerprints it).
+pub fn shared_build(command: &mut Command) -> &mut Command {
+    command
+        .env("CARGO_TARGET_DIR", shared_target())
+        .envs(BUILD_ENV)
+        .env("RUSTC_WORKSPACE_WRAPPER", clippy_driver())
+        .env("CLIPPY_ARGS", CLIPPY_ARGS)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove("RUSTC_BOOTSTRAP")
+}
+
 /// `cargo clippy --all-targets -- -D warnings` in `project`, as a build.
 ///
 /// Every cargo run of the tests compiles a project's own packages (the
@@ -367,25 +389,10 @@ fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
 
 fn run_cargo(project: &Path, args: &[&str]) -> Output {
     let started = std::time::Instant::now();
-    let output = Command::new(env!("CARGO"))
-        .args(DEPENDENCY_PROFILE)
+    let output = shared_build(Command::new(env!("CARGO")).args(DEPENDENCY_PROFILE))
         .args(args)
         .current_dir(project)
-        .env("CARGO_TARGET_DIR", shared_target())
-        .envs(BUILD_ENV)
-        .env("RUSTC_WORKSPACE_WRAPPER", clippy_driver())
-        .env(
-            "CLIPPY_ARGS",
-            "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
-        )
         .env("DATABASE_URL", server_url())
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_BUILD_RUSTFLAGS")
-        // scripts/test gives the test binaries RUSTC_BOOTSTRAP (for
-        // libtest's times): a build must not see it, as the generated
-        // projects' users' builds do not (it allows unstable features, and
-        // cargo fingerprints it). Every spawn that builds removes it.
-        .env_remove("RUSTC_BOOTSTRAP")
         .output()
         .unwrap();
     let took = started.elapsed();

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::e2e::{Database, cargo_lock, lint, psql, shared_target};
+use crate::e2e::{Database, cargo_lock, lint, psql};
 use crate::support::free_port;
 use crate::support::gpkit;
 use crate::worker_e2e::wait_until;
@@ -57,13 +57,10 @@ impl Shell {
     /// `sh -c <script>` in the current directory with the test's environment.
     fn command(&self, script: &str) -> Command {
         let mut command = Command::new("sh");
-        command
+        crate::e2e::shared_build(&mut command)
             .arg("-c")
             .arg(script)
             .current_dir(&self.dir)
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_BUILD_RUSTFLAGS")
-            .env_remove("RUSTC_BOOTSTRAP")
             .env_remove("LOG_FORMAT")
             .env_remove("GOOSE_MIGRATION_DIR")
             .env_remove("GOOSE_TABLE");
@@ -212,9 +209,6 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
     let mut shell = Shell {
         dir: parent.path().to_path_buf(),
         env: vec![
-            ("CARGO_TARGET_DIR", shared_target().display().to_string()),
-            ("CARGO_INCREMENTAL", "0".to_string()),
-            ("CARGO_PROFILE_DEV_DEBUG", "line-tables-only".to_string()),
             ("DATABASE_URL", db.url()),
             (
                 "VALKEY_ADDR",
@@ -309,16 +303,11 @@ fn the_server_reads_dotenv_from_its_working_directory(project: &Path, db: &Datab
     let manifest = project.join("Cargo.toml");
     let server = || {
         let mut command = Command::new(env!("CARGO"));
-        command
+        crate::e2e::shared_build(&mut command)
             .args(["run", "--quiet", "--manifest-path"])
             .arg(&manifest)
             .args(["--bin", "server"])
             .current_dir(dir.path())
-            .env("CARGO_TARGET_DIR", shared_target())
-            .envs(crate::e2e::BUILD_ENV)
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_BUILD_RUSTFLAGS")
-            .env_remove("RUSTC_BOOTSTRAP")
             .env_remove("HTTP_ADDR")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::null())
