@@ -3,10 +3,12 @@
 //! and listeners ([`events`]), goose migration file names and versions
 //! ([`migration`]), schedules with their timing specs ([`schedule`]), and
 //! the kit's API changes that an upgrade carries user code across
-//! ([`api_changes`]), and values written into URLs ([`url_part`]).
+//! ([`api_changes`] for set 6's, [`kit_api`] for those `scripts/kit-api`
+//! declares), and values written into URLs ([`url_part`]).
 
 pub mod api_changes;
 pub mod events;
+pub mod kit_api;
 pub mod migration;
 pub mod names;
 pub mod schedule;

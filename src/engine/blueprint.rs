@@ -19,7 +19,7 @@ use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 14;
+pub const TEMPLATE_SET_VERSION: u32 = 15;
 
 /// The oldest Rust the generated projects build with: their Cargo.toml's
 /// `rust-version`, the newest that any of their dependencies declares.
@@ -37,8 +37,8 @@ pub const INBOX_MIGRATION: &str = "migrations/20261130000000_inbox.sql";
 /// they are written. Every file under `src/` and `tests/` (the service's
 /// tests) is the user's too; gpkit never rewrites them, it only edits
 /// managed regions and dependency tables. Every other file (the kit under
-/// `kit/`, its tests in `kit/tests/` included, and the migrations) is
-/// kit-owned.
+/// `kit/`, its tests in `kit/src/tests/` and `kit/tests/` included, and the
+/// migrations) is kit-owned.
 const USER_OWNED: &[&str] = &["Cargo.toml", "README.md", ".gitignore"];
 
 /// The folder of the kit crate in a generated project, and its template set.
@@ -122,7 +122,7 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// is on. Files shared by several (`lib.rs`, `Cargo.toml`, the container
 /// files) switch on the `worker`, `deploy` and `seaorm` variables; the
 /// SeaORM data layer is the kit's `seaorm` feature, and its tests are the
-/// kit's (`kit/tests/`). `tests` says which listeners' and schedules' tests
+/// kit's (`kit/src/tests/`). `tests` says which listeners' and schedules' tests
 /// it has.
 pub fn render(answers: &Answers, components: &Components, tests: Tests<'_>) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;

@@ -21,8 +21,8 @@ use std::fmt;
 use anyhow::Result;
 use diffy::{ConflictStyle, MergeOptions};
 
-use crate::domain::api_changes;
-use crate::engine::blueprint::{KIT_DIR, NOW_USERS, Tree};
+use crate::domain::{api_changes, kit_api};
+use crate::engine::blueprint::{KIT_DIR, NOW_USERS, TEMPLATE_SET_VERSION, Tree};
 use crate::engine::manifest::Owner;
 use crate::engine::project::Project;
 use crate::engine::{cargo_toml, line_endings, project_path, regions};
@@ -157,6 +157,7 @@ fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
 /// Decides, for every file of the project and of `desired`, what to do.
 pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
     let moves = moves(project, desired);
+    let carry = ApiCarry::new(project)?;
     let mut changes = Vec::new();
     for (path, file) in desired {
         // A moved file is read, and its base found, at its old place.
@@ -220,8 +221,8 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
                 Owner::User => merge_user_file(&mut change, base, ours, theirs)?,
             },
         }
-        if file.owner == Owner::User && project.manifest.gpkit.template_set < api_changes::SET_6 {
-            carry_api_changes(&mut change);
+        if file.owner == Owner::User && carry.applies() {
+            carry.apply(&mut change);
         }
         if crlf {
             change.write = change.write.map(|text| line_endings::to_crlf(&text));
@@ -260,8 +261,8 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
             notes: Vec::new(),
         });
     }
-    if project.manifest.gpkit.template_set < api_changes::SET_6 {
-        changes.extend(carry_users_own_sources(project, desired)?);
+    if carry.applies() {
+        changes.extend(carry_users_own_sources(project, desired, &carry)?);
     }
     Ok(changes)
 }
@@ -269,7 +270,11 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
 /// The user's own Rust files (under `src/` and `tests/`, written by the
 /// user or by `--example`, not recorded by gpkit), carried across the
 /// kit's API changes of set 6; only those it changes or has a note for.
-fn carry_users_own_sources(project: &Project, desired: &Tree) -> Result<Vec<FileChange>> {
+fn carry_users_own_sources(
+    project: &Project,
+    desired: &Tree,
+    carry: &ApiCarry,
+) -> Result<Vec<FileChange>> {
     let mut changes = Vec::new();
     for dir in ["src", "tests"] {
         for path in project_path::rust_sources(&project.root, dir)? {
@@ -291,7 +296,7 @@ fn carry_users_own_sources(project: &Project, desired: &Tree) -> Result<Vec<File
                 base: None,
                 notes: Vec::new(),
             };
-            carry_api_changes(&mut change);
+            carry.apply(&mut change);
             if change.notes.is_empty() {
                 continue;
             }
@@ -447,32 +452,77 @@ fn merge_user_file(
     Ok(())
 }
 
-/// Carries a user's Rust file across the kit's API changes of set 6
-/// ([`api_changes`]): the lines rewritten and those to change by hand are
-/// the change's notes.
-fn carry_api_changes(change: &mut FileChange) {
-    if !change.path.ends_with(".rs") || change.outcome.is_conflict() {
-        return;
+/// What carries the service's own code across the kit's API changes from
+/// the project's template set to this gpkit's: set 6's rewrites
+/// ([`api_changes`]) and the changes `kit_api_changes.toml` declares
+/// ([`kit_api`]), seen through the kit modules the project's `src/lib.rs`
+/// re-exports.
+struct ApiCarry {
+    from: u32,
+    declared: Vec<kit_api::Change>,
+    roots: kit_api::Roots,
+}
+
+impl ApiCarry {
+    fn new(project: &Project) -> Result<Self> {
+        let from = project.manifest.gpkit.template_set;
+        let lib_rs = project.current("src/lib.rs")?.unwrap_or_default();
+        Ok(Self {
+            from,
+            declared: kit_api::between(from, TEMPLATE_SET_VERSION),
+            roots: kit_api::Roots {
+                crate_name: project.manifest.answers.name.replace('-', "_"),
+                reexported: kit_api::reexported_modules(&String::from_utf8_lossy(&lib_rs)),
+            },
+        })
     }
-    let Some(text) = change.write.clone().or_else(|| change.current.clone()) else {
-        return;
-    };
-    let text = String::from_utf8_lossy(&line_endings::to_lf(text)).into_owned();
-    let carried = api_changes::carry_to_set_6(&text);
-    for note in &carried.notes {
+
+    /// Whether the project meets any change.
+    fn applies(&self) -> bool {
+        self.from < api_changes::SET_6 || !self.declared.is_empty()
+    }
+
+    /// Carries a user's Rust file across the changes: the lines rewritten
+    /// and those to change by hand are the change's notes.
+    fn apply(&self, change: &mut FileChange) {
+        if !change.path.ends_with(".rs") || change.outcome.is_conflict() {
+            return;
+        }
+        let Some(text) = change.write.clone().or_else(|| change.current.clone()) else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&line_endings::to_lf(text)).into_owned();
+        let mut carried = text.clone();
+        if self.from < api_changes::SET_6 {
+            let to_6 = api_changes::carry_to_set_6(&carried);
+            push_notes(change, &to_6.notes, api_changes::SET_6);
+            carried = to_6.text;
+        }
+        if let Some(newest) = self.declared.iter().map(|c| c.set).max() {
+            let declared = kit_api::carry(&carried, &self.declared, &self.roots);
+            push_notes(change, &declared.notes, newest);
+            carried = declared.text;
+        }
+        if carried != text {
+            change.write = Some(carried.into_bytes());
+            change.outcome = Outcome::Merged;
+        }
+    }
+}
+
+/// `notes` as lines of the change's report, under the API of template set
+/// `set`.
+fn push_notes(change: &mut FileChange, notes: &[api_changes::LineNote], set: u32) {
+    for note in notes {
         let what = if note.rewritten {
             "rewritten"
         } else {
             "to change"
         };
         change.notes.push(format!(
-            "line {} {what} (API of template set 6): {}",
+            "line {} {what} (API of template set {set}): {}",
             note.line, note.text
         ));
-    }
-    if carried.text != text {
-        change.write = Some(carried.text.into_bytes());
-        change.outcome = Outcome::Merged;
     }
 }
 

@@ -352,7 +352,7 @@ fn release_fixtures_upgrade_to_the_current_templates() {
     }
 }
 
-/// The kit's tests moved from the service's `tests/` to `kit/tests/`: an
+/// The kit's tests moved from the service's `tests/` to the kit (`kit/src/tests/` since set 15): an
 /// old copy the user never changed goes, one the user changed stays (and
 /// is said so); the health test and its support module are now the user's.
 #[test]
@@ -376,7 +376,7 @@ fn the_kit_tests_in_tests_go_unless_the_user_changed_them() {
         assert!(line(&report, gone).contains("deleted"), "{report}");
         assert!(!project.join(gone).exists(), "{gone}");
     }
-    assert!(project.join("kit/tests/queue.rs").is_file());
+    assert!(project.join("kit/src/tests/queue.rs").is_file());
     let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
     assert!(
         !manifest.contains("[files.\"tests/queue.rs\"]"),
@@ -739,4 +739,64 @@ fn a_patched_kit_is_reported_file_by_file() {
     assert!(!report.contains("replaced"), "{report}");
     assert!(report.contains("kit/src/telemetry.rs"), "{report}");
     assert!(report.contains("kit/src/database.rs"), "{report}");
+}
+
+/// Template set 15 made most of the kit private (src/domain/kit_api_changes.toml):
+/// an upgrade from set 14 names each line of the user's own code that uses
+/// such an item, directly or through the compatibility re-exports of
+/// `src/lib.rs`, and touches neither that file nor a line that names only
+/// the kit's public API.
+#[test]
+fn lines_naming_an_item_the_kit_made_private_are_reported_and_left_alone() {
+    let (_dir, project) = fixture("v14-edited");
+    let admin = "\
+//! The user's own module.
+use kit::queue::Client;
+use crate::migrate::{self, Migrator};
+
+pub async fn f(config: &kit::config::Config) {
+    let client = Client::from_config(&config.valkey).await.unwrap();
+    let _ = crate::outbox::relay::Relay::new;
+    let _ = migrate::files::create;
+    let _ = kit::dispatch;
+}
+";
+    std::fs::write(project.join("src/admin.rs"), admin).unwrap();
+    let (code, out) = upgrade(&project, &[]);
+    assert!(code == 0 || code == 3, "{out}");
+    let report: Vec<&str> = out
+        .lines()
+        .skip_while(|line| !line.contains("src/admin.rs"))
+        .skip(1)
+        .take_while(|line| line.trim_start().starts_with("note:"))
+        .collect();
+    let noted: Vec<(&str, &str)> = report
+        .iter()
+        .map(|line| {
+            let line = line.trim_start().trim_start_matches("note: ");
+            let number = line.split(' ').nth(1).unwrap();
+            let item = line.split('`').nth(1).unwrap();
+            (number, item)
+        })
+        .collect();
+    assert_eq!(
+        noted,
+        [
+            ("2", "kit::queue"),
+            ("3", "kit::migrate::Migrator"),
+            ("6", "kit::queue"),
+            ("7", "kit::outbox::relay"),
+            ("8", "kit::migrate::files"),
+        ],
+        "{out}"
+    );
+    assert!(
+        report[0].contains("to change (API of template set 15)")
+            && report[0].contains("a service publishes with `kit::dispatch`"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("src/admin.rs")).unwrap(),
+        admin
+    );
 }

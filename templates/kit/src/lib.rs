@@ -40,7 +40,7 @@ mod otlp;
 pub mod outbox;
 pub mod prelude;
 #[cfg(feature = "worker")]
-pub mod queue;
+pub(crate) mod queue;
 #[cfg(feature = "worker")]
 pub mod scheduler;
 pub mod signals;
@@ -52,3 +52,6 @@ pub mod trace_context;
 pub mod worker;
 
 pub use outbox::dispatch;
+
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,11 @@
 //! argument picks the tests whose names contain it). Its `main` is its own
 //! (`harness = false` in the kit's `Cargo.toml`).
 
-mod support;
+// goose's own view of a migrated database (shared with the kit's tests in
+// `src/tests/`), of which this program uses a part.
+#[allow(dead_code)]
+#[path = "support/goose.rs"]
+mod goose;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Output};
@@ -24,7 +28,7 @@ use kit::config::Config;
 use kit::env_file;
 use kit::migrate::cli;
 
-use support::goose::{Database, MigrationDir, ONE, three_files};
+use goose::{Database, MigrationDir, ONE, three_files};
 
 /// Names the binary this program acts as: `server`, `worker` or `migrate`.
 const ACT_AS: &str = "KIT_TEST_ACT_AS";

@@ -6,29 +6,24 @@
 //! CLI can take turns on the same database. The `migrate` binary
 //! (`src/bin/migrate.rs`) is a thin wrapper around [`cli::main`].
 //!
-//! * [`parser`]: goose's SQL file format, line by line (std only);
-//! * [`naming`]: versions from file names, timestamps, `create`'s snake case (std only);
-//! * [`source`]: finding and reading the migration files;
-//! * [`store`]: the version table;
-//! * [`lock`]: the advisory lock that serialises concurrent runs;
-//! * [`runner`]: `up`, `down`, `redo`, `reset`, `status`, ... ([`Migrator`]);
-//! * [`files`]: `create` and `fix`;
-//! * [`validate`]: checking files without a database;
-//! * [`testing`]: a helper for the project's tests;
-//! * [`cli`]: the command line.
+//! What a service names is [`cli`] (the binary's code), [`testing::up`] (a
+//! test database brought up to date) and the [`Error`] it returns. Inside the
+//! kit: `parser` (goose's SQL file format, std only), `naming` (versions
+//! from file names, timestamps, `create`'s snake case), `source` (finding
+//! and reading the files), `store` (the version table), `lock` (the advisory
+//! lock that serialises concurrent runs), `runner` (`up`, `down`, `redo`,
+//! `reset`, `status`, ...), `files` (`create` and `fix`) and `validate`
+//! (checking files without a database).
 
 pub mod cli;
-pub mod files;
-pub mod lock;
-pub mod naming;
-pub mod parser;
-pub mod runner;
-pub mod source;
-pub mod store;
+pub(crate) mod files;
+pub(crate) mod lock;
+pub(crate) mod naming;
+pub(crate) mod parser;
+pub(crate) mod runner;
+pub(crate) mod source;
+pub(crate) mod store;
 pub mod testing;
-pub mod validate;
+pub(crate) mod validate;
 
-pub use lock::LockOptions;
-pub use parser::{Direction, ParseError, ParsedSql};
-pub use runner::{Error, MigrationStatus, Migrator};
-pub use source::Migration;
+pub use runner::Error;

@@ -140,7 +140,9 @@ impl Migrator {
         self
     }
 
-    /// Changes how long to wait for the advisory lock.
+    /// Changes how long to wait for the advisory lock (the kit's tests wait
+    /// less than a run does).
+    #[cfg(test)]
     pub fn lock_options(mut self, options: LockOptions) -> Self {
         self.lock = options;
         self

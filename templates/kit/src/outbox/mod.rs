@@ -3,42 +3,47 @@
 //! to the queue afterwards by the relay.
 //!
 //! - [`Envelope`]: the event as it travels: id, name, payload, metadata, time.
-//! - [`Store`]: the SQL on `outbox_events`.
+//! - `Store`: the SQL on `outbox_events` (the relay's side: `claims`).
 //! - [`Event`] and [`Dispatcher`]: the contract for publishing events (the
 //!   service names them through `crate::dispatch`).
-//! - [`OutboxDispatcher`] and [`dispatch()`]: the project's `Dispatcher`,
-//!   backed by the store.
+//! - [`dispatch()`]: stores an event through the kit's `Dispatcher`
+//!   (`dispatcher::OutboxDispatcher`), backed by the store.
 //! - `Executor` (feature `seaorm`): what an event can be stored on: a
 //!   SeaORM transaction or connection, or a sqlx connection or pool.
 //! - `relay` (feature `worker`): moves committed rows to the queue.
 //! - `cleanup` (feature `worker`): deletes published rows after the retention.
-//! - `wake` (feature `worker`): wakes relays right after a commit, instead of
-//!   at the next poll.
+//! - [`wake`] (feature `worker`): wakes relays right after a commit, instead
+//!   of at the next poll; a service builds its [`wake::transactor`].
 
 #[cfg(feature = "worker")]
-pub mod cleanup;
+mod claims;
+#[cfg(feature = "worker")]
+pub(crate) mod cleanup;
 mod contract;
-mod dispatcher;
+pub(crate) mod dispatcher;
 mod envelope;
 #[cfg(feature = "seaorm")]
 mod executor;
 #[cfg(feature = "worker")]
-pub mod relay;
+pub(crate) mod relay;
 mod store;
 #[cfg(feature = "worker")]
 pub mod wake;
 
+#[cfg(feature = "worker")]
+pub(crate) use claims::ClaimedEvent;
 pub use contract::{DispatchError, Dispatcher, Event, StoreError};
-pub use dispatcher::{OutboxDispatcher, dispatch};
+pub use dispatcher::dispatch;
 pub use envelope::{Envelope, Metadata};
 #[cfg(feature = "seaorm")]
 pub use executor::Executor;
-pub use store::{Backlog, ClaimedEvent, Store};
+pub(crate) use store::Store;
 
 /// The schema the outbox needs: the Up statements of
 /// `migrations/20200101000100_outbox.sql`, separated by blank lines. A test
 /// checks that the two agree.
-pub const MIGRATION_SQL: &str = "\
+#[cfg(test)]
+pub(crate) const MIGRATION_SQL: &str = "\
 CREATE TABLE outbox_events (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id uuid NOT NULL UNIQUE,

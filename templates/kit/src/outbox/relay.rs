@@ -189,13 +189,16 @@ impl Relay {
         }
     }
 
-    /// Publishes to `queue` alone instead of `OUTBOX_QUEUES` (tests use
-    /// their own).
+    /// Publishes to `queue` alone instead of `OUTBOX_QUEUES` (the kit's
+    /// tests use their own).
+    #[cfg(test)]
     pub fn with_queue(self, queue: impl Into<String>) -> Self {
         self.with_queues(vec![queue.into()])
     }
 
-    /// Publishes every event to each of `queues` instead of `OUTBOX_QUEUES`.
+    /// Publishes every event to each of `queues` instead of `OUTBOX_QUEUES`
+    /// (the kit's tests).
+    #[cfg(test)]
     pub fn with_queues(mut self, queues: Vec<String>) -> Self {
         assert!(!queues.is_empty(), "a relay needs a queue to publish to");
         self.queue_names = queues;
@@ -208,7 +211,9 @@ impl Relay {
         Arc::clone(&self.wake)
     }
 
-    /// One round: claim, enqueue, mark, commit.
+    /// One round: claim, enqueue, mark, commit (the kit's tests drive the
+    /// relay round by round).
+    #[cfg(test)]
     pub async fn publish_batch(&self) -> Result<Round, RelayError> {
         // Until this round ends well, the next one starts from the beginning.
         let after = self.after.swap(0, Ordering::Relaxed);
@@ -219,8 +224,8 @@ impl Relay {
         Ok(round)
     }
 
-    /// One round of [`run`](Self::run): like [`publish_batch`](Self::publish_batch),
-    /// but while a full batch is enqueued the next batch is already claimed,
+    /// One round of [`run`](Self::run): claim, enqueue, mark, commit, but
+    /// while a full batch is enqueued the next batch is already claimed,
     /// in a second transaction (the round after starts with it, from
     /// `next`). Draining a backlog, the claim's time then hides behind the
     /// enqueue's. A failed round drops the claim in hand, which rolls it

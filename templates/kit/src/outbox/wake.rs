@@ -1,10 +1,10 @@
 //! Wake-ups: a commit that may have stored events wakes the relays at once,
 //! instead of leaving the events to the next poll.
 //!
-//! - In one process, [`Wake::signal`] wakes the relay running there.
+//! - In one process, `Wake::signal` wakes the relay running there.
 //! - Across processes (`OUTBOX_WAKE=valkey`), a commit also publishes on the
-//!   Valkey channel [`CHANNEL`], and every worker's relay, subscribed to it
-//!   ([`forward_published`]), wakes.
+//!   Valkey channel `CHANNEL`, and every worker's relay, subscribed to it
+//!   (`forward_published`), wakes.
 //!
 //! Wake-ups are coalesced: a burst of commits gives one pending wake-up per
 //! relay and at most one publish in flight per process. A lost wake-up (a
@@ -28,11 +28,11 @@ use crate::database::Transactor;
 use crate::queue::{Client, Connection, QueueError, Target};
 
 /// The Valkey channel wake-ups are published on.
-pub const CHANNEL: &str = "outbox:wake";
+pub(crate) const CHANNEL: &str = "outbox:wake";
 
 /// Signals relays that committed events may be waiting.
 #[derive(Debug, Clone, Default)]
-pub struct Wake {
+pub(crate) struct Wake {
     local: Option<Arc<Notify>>,
     publish: Option<Arc<Notify>>,
 }
@@ -40,17 +40,17 @@ pub struct Wake {
 impl Wake {
     /// Wakes the relay that waits on `relay` (its `Relay::waker()`), in
     /// this process.
-    pub fn local(relay: Arc<Notify>) -> Self {
+    pub(crate) fn local(relay: Arc<Notify>) -> Self {
         Self {
             local: Some(relay),
             publish: None,
         }
     }
 
-    /// Publishes wake-ups on [`CHANNEL`] through `client`, for the relays of
+    /// Publishes wake-ups on `CHANNEL` through `client`, for the relays of
     /// other processes. Spawns the task that publishes, so it must be called
     /// inside a Tokio runtime.
-    pub fn publishing(client: Client) -> Self {
+    pub(crate) fn publishing(client: Client) -> Self {
         let connection = client.connection();
         Self::publisher(connection.target().clone(), Some(connection))
     }
@@ -61,7 +61,7 @@ impl Wake {
         self
     }
 
-    /// Publishes wake-ups on [`CHANNEL`] to the Valkey `target` names,
+    /// Publishes wake-ups on `CHANNEL` to the Valkey `target` names,
     /// connecting at the first wake-up and again after a failed attempt,
     /// so that a process starts, and runs, while Valkey is down: wake-ups
     /// until it answers are lost, and relays find those events at their
@@ -110,7 +110,7 @@ impl Wake {
     }
 
     /// Wakes the relays. Never blocks and never fails.
-    pub fn signal(&self) {
+    pub(crate) fn signal(&self) {
         for notify in [&self.local, &self.publish].into_iter().flatten() {
             notify.notify_one();
         }
@@ -133,10 +133,14 @@ pub fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueErro
     })
 }
 
-/// Wakes `relay` whenever a wake-up is published on [`CHANNEL`], until
+/// Wakes `relay` whenever a wake-up is published on `CHANNEL`, until
 /// `shutdown`. A lost subscription is renewed with backoff, and followed by
 /// one wake-up in case something was published meanwhile.
-pub async fn forward_published(client: Client, relay: Arc<Notify>, shutdown: CancellationToken) {
+pub(crate) async fn forward_published(
+    client: Client,
+    relay: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     while !shutdown.is_cancelled() {
         let subscribed = tokio::select! {

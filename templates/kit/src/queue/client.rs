@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use prost::Message as _;
-use secrecy::SecretString;
 
 use super::connection::{Connection, Target};
 use super::message::TaskMessage;
@@ -155,10 +154,12 @@ fn whole_seconds(duration: Duration) -> i64 {
 
 impl Client {
     /// Connects to `addr` (`host:port`) and PINGs, so that a wrong address
-    /// or password fails at start-up rather than at the first enqueue.
+    /// or password fails at start-up rather than at the first enqueue (the
+    /// kit's tests; the kit connects with [`Client::from_config`]).
+    #[cfg(test)]
     pub async fn connect(
         addr: &str,
-        password: Option<&SecretString>,
+        password: Option<&secrecy::SecretString>,
         db: u32,
     ) -> Result<Self, QueueError> {
         Self::from_config(&ValkeyConfig {
@@ -190,17 +191,6 @@ impl Client {
     /// The signal every enqueue through this client (and its clones) gives.
     pub fn enqueued(&self) -> &Enqueued {
         &self.enqueued
-    }
-
-    /// Publishes `message` on the pub/sub `channel`.
-    pub async fn publish(&self, channel: &str, message: &str) -> Result<(), QueueError> {
-        let mut conn = self.conn.clone();
-        redis::cmd("PUBLISH")
-            .arg(channel)
-            .arg(message)
-            .query_async::<i64>(&mut conn)
-            .await?;
-        Ok(())
     }
 
     /// A dedicated connection subscribed to `channel`.

@@ -51,7 +51,7 @@ pub mod message;
 pub mod scripts;
 pub(crate) mod wakeup;
 
-pub use crate::config::{QueueNames, QueueWeights};
+pub use crate::config::QueueWeights;
 pub(crate) use broker::default_retry_delay;
 pub use client::{Client, EnqueueOutcome, NewTask};
 pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};

@@ -3,7 +3,7 @@
 //!
 //! - The schedules are registered in `src/schedules/` (`gpkit add
 //!   schedule`): each implements [`ScheduledEvent`] or [`ScheduledJob`].
-//! - One replica at a time leads: it holds a lease on Valkey ([`lease`]).
+//! - One replica at a time leads: it holds a lease on Valkey (`lease`).
 //!   Only the leader enqueues ticks; the others wait to take over.
 //! - Every tick has a deterministic id, a UUIDv5 of the service, the
 //!   schedule's name and the tick's time (`Tick::id_of`), the same on
@@ -30,7 +30,7 @@
 //!   asynqmon's Schedulers page reads them (`history`).
 
 pub(crate) mod history;
-pub mod lease;
+pub(crate) mod lease;
 pub(crate) mod progress;
 pub(crate) mod spec;
 
@@ -63,14 +63,14 @@ use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task
 
 /// `schedule="nightly_report"`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ScheduleLabels {
+pub(crate) struct ScheduleLabels {
     /// The schedule's name.
     pub schedule: String,
 }
 
 /// The scheduler's instruments. Cloning shares them.
 #[derive(Debug, Clone, Default)]
-pub struct SchedulerMetrics {
+pub(crate) struct SchedulerMetrics {
     /// Ticks this replica enqueued as new, by schedule.
     pub ticks: Family<ScheduleLabels, Counter>,
     /// 1 while this replica leads, else 0.
@@ -158,7 +158,7 @@ type RunJob = Arc<
 >;
 
 /// One registered schedule.
-pub struct Entry {
+pub(crate) struct Entry {
     /// The schedule's name, unique among the service's schedules.
     pub name: &'static str,
     /// When it ticks: a cron expression.
@@ -234,7 +234,7 @@ impl Schedules {
     }
 
     /// Every registered schedule, in registration order.
-    pub fn all(&self) -> &[Entry] {
+    pub(crate) fn all(&self) -> &[Entry] {
         &self.entries
     }
 

@@ -4,7 +4,7 @@
 //! The relay queues one `event:<name>` task per event, whose task id is the
 //! event id. Its handler (the fan-out) queues one `listener:<name>:<listener>`
 //! task per listener registered for that event, with a task id derived from
-//! the event task's id and the listener's name ([`listener_task_id`]), so a
+//! the event task's id and the listener's name (`listener_task_id`), so a
 //! retried fan-out never queues a second copy. Each listener task then
 //! retries on its own; a listener that returns [`SkipRetry`] gives up at
 //! once (its task is archived, where `outbox retry-archived` finds it).
@@ -150,7 +150,7 @@ type Run = Arc<dyn Fn(Envelope, ListenerContext) -> BoxFuture + Send + Sync>;
 
 /// One registered listener.
 #[derive(Clone)]
-pub struct Listener {
+pub(crate) struct Listener {
     event: &'static str,
     name: String,
     run: Run,
@@ -176,6 +176,8 @@ impl Listener {
     /// event that does not decode into the listener's type is an error
     /// (retried, see the module docs).
     /// Its [`ListenerContext::once`] runs in `transactor`'s transactions.
+    /// (The kit's tests; the worker counts duplicates, `call_counted`.)
+    #[cfg(test)]
     pub async fn call(
         &self,
         envelope: Envelope,
@@ -186,8 +188,9 @@ impl Listener {
             .await
     }
 
-    /// [`Self::call`], counting the deliveries its inbox skips in
-    /// `duplicates`.
+    /// Decodes the event in `envelope` and runs the listener on it (an event
+    /// that does not decode is an error, retried), counting the deliveries
+    /// its inbox skips in `duplicates`.
     pub(crate) async fn call_counted(
         &self,
         envelope: Envelope,
@@ -268,7 +271,7 @@ impl Listeners {
     }
 
     /// The listeners of the event called `event`.
-    pub fn of(&self, event: &str) -> &[Listener] {
+    pub(crate) fn of(&self, event: &str) -> &[Listener] {
         self.by_event
             .get(event)
             .map(Vec::as_slice)
@@ -276,7 +279,7 @@ impl Listeners {
     }
 
     /// Every listener.
-    pub fn all(&self) -> impl Iterator<Item = &Listener> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Listener> {
         self.by_event.values().flatten()
     }
 }
@@ -290,7 +293,7 @@ pub(crate) fn listener_task_type(event: &str, listener: &str) -> String {
 /// UUIDv5 of the listener's name in the event task id's namespace, the same
 /// on every retry. The relay's event task id is the event id, so the
 /// listener tasks of an event are `listener_task_id(event_id, name)`.
-pub fn listener_task_id(event_task_id: Uuid, listener: &str) -> Uuid {
+pub(crate) fn listener_task_id(event_task_id: Uuid, listener: &str) -> Uuid {
     Uuid::new_v5(&event_task_id, listener.as_bytes())
 }
 

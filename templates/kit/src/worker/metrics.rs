@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::queue_metrics::QueueMetrics;
 use crate::outbox::Store;
-pub use crate::outbox::relay::RelayMetrics;
+pub(crate) use crate::outbox::relay::RelayMetrics;
 use crate::queue::Client;
-pub use crate::scheduler::SchedulerMetrics;
+pub(crate) use crate::scheduler::SchedulerMetrics;
 
 /// How often the backlog and queue gauges are refreshed.
 pub(crate) const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);

@@ -23,10 +23,10 @@
 //! Valkey call is dropped within a second.
 
 pub(crate) mod health;
-pub mod inbox;
+pub(crate) mod inbox;
 mod listener_error;
 pub mod listeners;
-pub mod metrics;
+pub(crate) mod metrics;
 #[cfg(feature = "seaorm")]
 mod orm_context;
 pub(crate) mod persistence;
@@ -281,7 +281,7 @@ fn consumer(
 /// a handler per listener; listener tasks are kept `task_retention` after
 /// success. Each listener run is counted in `metrics`; `ctx.once` runs in
 /// `transactor`'s transactions.
-pub fn handle_events(
+pub(crate) fn handle_events(
     consumer: &mut Consumer,
     queue: Client,
     transactor: database::Transactor,

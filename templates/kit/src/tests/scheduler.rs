@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use kit::queue::Client;
-use kit::scheduler::lease::{self, Acquired, Lease};
+use crate::queue::Client;
+use crate::scheduler::lease::{self, Acquired, Lease};
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())

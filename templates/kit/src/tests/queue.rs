@@ -28,22 +28,22 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use kit::database::Transactor;
-use kit::dispatch::Event;
-use kit::outbox::Envelope;
-use kit::queue::message::ServerInfo;
-use kit::queue::message::TaskMessage;
-use kit::queue::message::WorkerInfo;
-use kit::queue::{
+use crate::database::Transactor;
+use crate::dispatch::Event;
+use crate::outbox::Envelope;
+use crate::queue::message::ServerInfo;
+use crate::queue::message::TaskMessage;
+use crate::queue::message::WorkerInfo;
+use crate::queue::{
     Client, Consumer, ConsumerOptions, EnqueueOutcome, HandlerError, NewTask, QueueError,
     RunOutcome, Task, keys, scripts,
 };
-use kit::worker::handle_events;
-use kit::worker::listeners::ListenerContext;
-use kit::worker::listeners::Listeners;
-use kit::worker::listeners::SkipRetry;
-use kit::worker::listeners::listener_task_id;
-use kit::worker::metrics::{ListenerLabels, ListenerMetrics};
+use crate::worker::handle_events;
+use crate::worker::listeners::ListenerContext;
+use crate::worker::listeners::Listeners;
+use crate::worker::listeners::SkipRetry;
+use crate::worker::listeners::listener_task_id;
+use crate::worker::metrics::{ListenerLabels, ListenerMetrics};
 
 fn server_addr() -> String {
     std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())

@@ -3,7 +3,7 @@
 
 #![cfg(feature = "worker")]
 
-mod support;
+use super::support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -12,14 +12,15 @@ use serde::Serialize;
 use support::{TestDatabase, TestQueue};
 use tokio_util::sync::CancellationToken;
 
-use kit::database::Transactor;
-use kit::dispatch::{Dispatcher, Event};
-use kit::outbox::cleanup;
-use kit::outbox::relay::{Relay, RelayError, Round};
-use kit::outbox::wake::{self, Wake};
-use kit::outbox::{Envelope, OutboxDispatcher};
-use kit::queue::NewTask;
-use kit::worker::metrics::{Metrics, RelayMetrics};
+use crate::database::Transactor;
+use crate::dispatch::{Dispatcher, Event};
+use crate::outbox::Envelope;
+use crate::outbox::cleanup;
+use crate::outbox::dispatcher::OutboxDispatcher;
+use crate::outbox::relay::{Relay, RelayError, Round};
+use crate::outbox::wake::{self, Wake};
+use crate::queue::NewTask;
+use crate::worker::metrics::{Metrics, RelayMetrics};
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {
@@ -31,7 +32,7 @@ impl Event for OrderPlaced {
 }
 
 fn relay(db: &TestDatabase, queue: &TestQueue) -> Relay {
-    let config = kit::testing::config("postgres://unused@localhost/unused");
+    let config = crate::testing::config("postgres://unused@localhost/unused");
     Relay::new(
         db.pool.clone(),
         queue.client.clone(),
@@ -421,7 +422,7 @@ async fn wait_for_a_subscriber(queue: &TestQueue) {
 
 /// A relay polling every 30 s, and its metrics.
 fn sleepy_relay(db: &TestDatabase, queue: &TestQueue) -> (Relay, RelayMetrics) {
-    let mut config = kit::testing::config("postgres://unused@localhost/unused");
+    let mut config = crate::testing::config("postgres://unused@localhost/unused");
     config.outbox.poll_interval = Duration::from_secs(30);
     let metrics = Metrics::new().relay;
     let relay = Relay::new(

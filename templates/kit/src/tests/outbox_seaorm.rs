@@ -4,15 +4,15 @@
 
 #![cfg(feature = "seaorm")]
 
-mod support;
+use super::support;
 
 use sea_orm::{ActiveModelTrait, EntityTrait, PaginatorTrait, Set};
 use serde::Serialize;
 use support::TestDatabase;
 
-use kit::dispatch::{Dispatcher, Event};
-use kit::orm::{self, Transactor};
-use kit::outbox::OutboxDispatcher;
+use crate::dispatch::{Dispatcher, Event};
+use crate::orm::{self, Transactor};
+use crate::outbox::dispatcher::OutboxDispatcher;
 
 /// A SeaORM entity of the test's own table (the project's migrations may
 /// well have `orders`).

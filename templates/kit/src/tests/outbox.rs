@@ -1,17 +1,18 @@
 //! The outbox guarantee: an event dispatched inside a transaction is stored
 //! exactly when the transaction commits.
 
-mod support;
+use super::support;
 
 use serde::Serialize;
 use sqlx::PgPool;
 use support::TestDatabase;
 
-use kit::database::Transactor;
-use kit::dispatch::{Dispatcher, Event};
-use kit::migrate::parser::{self, Direction};
-use kit::outbox::{MIGRATION_SQL, OutboxDispatcher};
-use kit::trace_context::{self, TraceContext};
+use crate::database::Transactor;
+use crate::dispatch::{Dispatcher, Event};
+use crate::migrate::parser::{self, Direction};
+use crate::outbox::MIGRATION_SQL;
+use crate::outbox::dispatcher::OutboxDispatcher;
+use crate::trace_context::{self, TraceContext};
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {

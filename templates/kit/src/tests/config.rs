@@ -6,7 +6,7 @@ const SECRET: &str = "hunter2";
 
 #[test]
 fn debug_output_hides_every_secret() {
-    let mut config = kit::testing::config(&format!("postgres://app:{SECRET}@db:5432/app"));
+    let mut config = crate::testing::config(&format!("postgres://app:{SECRET}@db:5432/app"));
     config.valkey.password = Some(SECRET.to_string().into());
 
     let shown = format!("{config:?}");
@@ -15,7 +15,7 @@ fn debug_output_hides_every_secret() {
     assert!(shown.contains("postgres://app:***@db:5432/app"), "{shown}");
 
     // The `?password=` form that sqlx accepts too.
-    let config = kit::testing::config(&format!("postgres://app@db:5432/app?password={SECRET}"));
+    let config = crate::testing::config(&format!("postgres://app@db:5432/app?password={SECRET}"));
     let shown = format!("{config:?}");
     assert!(!shown.contains(SECRET), "{shown}");
     assert!(shown.contains("password=***"), "{shown}");

@@ -5,14 +5,16 @@
 //! database and migration directory and removes both when it ends, also when it
 //! fails.
 
-mod support;
+use super::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::goose::{Database as TestDatabase, MigrationDir, ONE, THREE, TWO, three_files};
 
-use kit::migrate::{Error, LockOptions, Migrator};
+use crate::migrate::Error;
+use crate::migrate::lock::LockOptions;
+use crate::migrate::runner::Migrator;
 
 fn migrator(dir: &MigrationDir) -> (Migrator, Arc<Mutex<Vec<String>>>) {
     let lines = Arc::new(Mutex::new(Vec::new()));

@@ -5,16 +5,16 @@
 //! the real worker through the queue.
 #![cfg(all(feature = "testing", feature = "worker"))]
 
-mod support;
+use super::support;
 
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kit::prelude::*;
-use kit::scheduler::{JobContext, ScheduledEvent, ScheduledJob, Tick};
-use kit::testing::{Drain, Once, Outcome, TestDatabase};
+use crate::prelude::*;
+use crate::scheduler::{JobContext, ScheduledEvent, ScheduledJob, Tick};
+use crate::testing::{Drain, Once, Outcome, TestDatabase};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -101,7 +101,7 @@ async fn a_drain_runs_every_listener_and_the_events_they_dispatch() {
     let db = TestDatabase::new().await;
     let order = placed(2);
     dispatch_one(&db, &order).await;
-    let listeners = kit::testing::listeners(|l| {
+    let listeners = crate::testing::listeners(|l| {
         l.listen("confirm", confirm).listen("invoice", invoice);
     });
 
@@ -137,7 +137,7 @@ async fn fails(_: OrderPlaced, _: ListenerContext) -> Result<(), ListenerError> 
 
 async fn gives_up(_: OrderPlaced, _: ListenerContext) -> Result<(), ListenerError> {
     Err(ListenerError::from(anyhow::Error::new(
-        kit::queue::SkipRetry("no such warehouse".into()),
+        crate::queue::SkipRetry("no such warehouse".into()),
     )))
 }
 
@@ -154,7 +154,7 @@ async fn hangs(_: OrderPlaced, _: ListenerContext) -> Result<(), ListenerError> 
 async fn failures_panics_and_archived_runs_are_reported_once_each_not_retried() {
     let db = TestDatabase::new().await;
     dispatch_one(&db, &placed(1)).await;
-    let listeners = kit::testing::listeners(|l| {
+    let listeners = crate::testing::listeners(|l| {
         l.listen("fails", fails)
             .listen("gives_up", gives_up)
             .listen("panics", panics)
@@ -226,7 +226,7 @@ async fn echo(event: Ping, ctx: ListenerContext) -> Result<(), ListenerError> {
 async fn a_listener_that_dispatches_its_own_event_forever_stops_at_the_bound_naming_the_cycle() {
     let db = TestDatabase::new().await;
     dispatch_one(&db, &Ping { n: 0 }).await;
-    let listeners = kit::testing::listeners(|l| {
+    let listeners = crate::testing::listeners(|l| {
         l.listen("echo", echo);
     });
 
@@ -255,7 +255,7 @@ async fn an_event_whose_payload_no_longer_decodes_names_the_event_the_listener_a
         },
     )
     .await;
-    let listeners = kit::testing::listeners(|l| {
+    let listeners = crate::testing::listeners(|l| {
         l.listen("confirm", confirm);
     });
 
@@ -345,7 +345,7 @@ async fn the_redelivery_check_shows_what_runs_once_and_what_runs_twice() {
     let db = TestDatabase::new().await;
     let order = placed(3);
     dispatch_one(&db, &order).await;
-    let listeners = kit::testing::listeners(|l| {
+    let listeners = crate::testing::listeners(|l| {
         l.listen("confirm", sends_and_records);
     });
 
@@ -373,7 +373,7 @@ async fn the_redelivery_check_shows_what_runs_once_and_what_runs_twice() {
 
     // A listener whose dispatch is outside `ctx.once` fails the check.
     dispatch_one(&db, &placed(1)).await;
-    let careless = kit::testing::listeners(|l| {
+    let careless = crate::testing::listeners(|l| {
         l.listen("careless", dispatches_outside_once);
     });
     let report = db.drain_twice(&careless).await;
@@ -394,12 +394,12 @@ async fn a_listener_runs_alone_with_a_real_context() {
     let db = TestDatabase::new().await;
     let order = placed(4);
 
-    let delivery = kit::testing::run_listener(db.pool(), "confirm", confirm, &order).await;
+    let delivery = crate::testing::run_listener(db.pool(), "confirm", confirm, &order).await;
 
     delivery.assert_succeeded();
     assert_eq!(delivery.once, Once::Ran);
     assert_eq!(delivery.dispatched.len(), 1);
-    let failed = kit::testing::run_listener(db.pool(), "fails", fails, &order).await;
+    let failed = crate::testing::run_listener(db.pool(), "fails", fails, &order).await;
     let message = panic_message(|| failed.assert_succeeded());
     assert!(
         message.contains("listener `fails` of `orderPlaced`"),
@@ -408,10 +408,10 @@ async fn a_listener_runs_alone_with_a_real_context() {
 
     // Called directly, twice, with one event id: `once` runs the first time.
     let event_id = Uuid::now_v7();
-    let ctx = kit::testing::listener_context(db.pool(), "direct", event_id);
+    let ctx = crate::testing::listener_context(db.pool(), "direct", event_id);
     assert_eq!(ctx.event_id(), event_id);
     let first = ctx.once(async |_| Ok(1)).await.unwrap();
-    let again = kit::testing::listener_context(db.pool(), "direct", event_id)
+    let again = crate::testing::listener_context(db.pool(), "direct", event_id)
         .once(async |_| Ok(2))
         .await
         .unwrap();
@@ -453,12 +453,12 @@ async fn a_tick_runs_its_job_or_dispatches_its_event_once() {
     let at = "2026-12-04T02:00:00Z".parse().unwrap();
 
     assert!(
-        kit::testing::dispatch_tick(db.pool(), Reminder, at)
+        crate::testing::dispatch_tick(db.pool(), Reminder, at)
             .await
             .unwrap()
     );
     assert!(
-        !kit::testing::dispatch_tick(db.pool(), Reminder, at)
+        !crate::testing::dispatch_tick(db.pool(), Reminder, at)
             .await
             .unwrap()
     );
@@ -467,11 +467,11 @@ async fn a_tick_runs_its_job_or_dispatches_its_event_once() {
     assert_eq!(outbox.envelopes()[0].id, Tick::new("reminder", at).id);
 
     let runs = Arc::new(AtomicUsize::new(0));
-    kit::testing::run_job(db.pool(), Sweep(runs.clone()), at)
+    crate::testing::run_job(db.pool(), Sweep(runs.clone()), at)
         .await
         .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let err = kit::testing::run_job(db.pool(), Sweep(runs), chrono::DateTime::UNIX_EPOCH)
+    let err = crate::testing::run_job(db.pool(), Sweep(runs), chrono::DateTime::UNIX_EPOCH)
         .await
         .expect_err("the job fails");
     assert!(
@@ -500,7 +500,11 @@ async fn child_process_creates_a_database() {
 fn child(dir: &std::path::Path, env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["child_process_creates_a_database", "--exact", "--nocapture"])
+        .args([
+            "tests::testing::child_process_creates_a_database",
+            "--exact",
+            "--nocapture",
+        ])
         .env("KIT_TESTING_CHILD", dir);
     for (name, value) in env {
         command.env(name, value);
@@ -661,12 +665,12 @@ async fn the_real_worker_delivers_through_the_queue_and_names_what_is_pending() 
     };
     let order = placed(2);
     dispatch_one(&db, &order).await;
-    let listeners = kit::testing::listeners(|l| {
+    let listeners = crate::testing::listeners(|l| {
         l.listen("confirm", confirm).listen("invoice", invoice);
     });
 
     let worker =
-        kit::testing::TestWorker::start(worker_config(), listeners, Default::default()).await;
+        crate::testing::TestWorker::start(worker_config(), listeners, Default::default()).await;
     worker
         .wait_until_delivered(Duration::from_secs(30))
         .await
@@ -682,11 +686,11 @@ async fn the_real_worker_delivers_through_the_queue_and_names_what_is_pending() 
 
     // A listener that keeps failing: the timeout names it and its state.
     dispatch_one(&db, &placed(1)).await;
-    let failing = kit::testing::listeners(|l| {
+    let failing = crate::testing::listeners(|l| {
         l.listen("fails", fails);
     });
     let worker =
-        kit::testing::TestWorker::start(worker_config(), failing, Default::default()).await;
+        crate::testing::TestWorker::start(worker_config(), failing, Default::default()).await;
     let err = worker
         .wait_until_delivered(Duration::from_secs(2))
         .await
@@ -702,7 +706,7 @@ async fn the_real_worker_delivers_through_the_queue_and_names_what_is_pending() 
 #[cfg(feature = "seaorm")]
 mod seaorm {
     use super::*;
-    use kit::prelude::OrmListenerContext;
+    use crate::prelude::OrmListenerContext;
     use sea_orm::{ConnectionTrait, Statement};
 
     async fn confirm_orm(event: OrderPlaced, ctx: OrmListenerContext) -> Result<(), ListenerError> {
@@ -728,7 +732,7 @@ mod seaorm {
     async fn a_seaorm_listener_drains_like_any_other() {
         let db = TestDatabase::new().await;
         dispatch_one(&db, &placed(2)).await;
-        let listeners = kit::testing::listeners(|l| {
+        let listeners = crate::testing::listeners(|l| {
             l.listen("confirm", confirm_orm);
         });
 

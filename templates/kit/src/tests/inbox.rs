@@ -3,7 +3,7 @@
 
 #![cfg(feature = "worker")]
 
-mod support;
+use super::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,13 +14,14 @@ use support::TestDatabase;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use kit::database::Transactor;
-use kit::dispatch::{Dispatcher, Event};
-use kit::outbox::{Envelope, OutboxDispatcher};
-use kit::worker::inbox;
-use kit::worker::listeners::ListenerContext;
-use kit::worker::listeners::ListenerError;
-use kit::worker::listeners::Listeners;
+use crate::database::Transactor;
+use crate::dispatch::{Dispatcher, Event};
+use crate::outbox::Envelope;
+use crate::outbox::dispatcher::OutboxDispatcher;
+use crate::worker::inbox;
+use crate::worker::listeners::ListenerContext;
+use crate::worker::listeners::ListenerError;
+use crate::worker::listeners::Listeners;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct PaymentTaken {
@@ -286,7 +287,7 @@ async fn a_commit_in_once_runs_the_transactors_after_commit_hook() {
 #[cfg(feature = "seaorm")]
 #[tokio::test]
 async fn a_seaorm_listener_commits_its_work_and_follow_up_once() {
-    use kit::worker::listeners::OrmListenerContext;
+    use crate::worker::listeners::OrmListenerContext;
     use sea_orm::{ConnectionTrait, Statement};
 
     let db = ledger_database().await;
@@ -306,7 +307,7 @@ async fn a_seaorm_listener_commits_its_work_and_follow_up_once() {
                         [ctx.event_id().into(), event.amount.into()],
                     );
                     tx.execute(insert).await?;
-                    kit::dispatch(
+                    crate::dispatch(
                         tx,
                         &ReceiptSent {
                             amount: event.amount,

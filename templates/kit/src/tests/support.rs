@@ -5,6 +5,9 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+// goose's own view of a migrated database, shared with the binaries' test
+// program (`tests/binaries.rs`), which cannot reach this module.
+#[path = "../../tests/support/goose.rs"]
 pub mod goose;
 
 use std::path::PathBuf;
@@ -13,9 +16,9 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
 
-use kit::migrate;
+use crate::migrate;
 #[cfg(feature = "worker")]
-use kit::queue;
+use crate::queue;
 
 /// The project's migrations, which hold the kit's (goose reads one
 /// folder): `migrations/` next to `kit/` in a generated project, and in

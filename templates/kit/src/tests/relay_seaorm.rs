@@ -5,7 +5,7 @@
 
 #![cfg(all(feature = "seaorm", feature = "worker"))]
 
-mod support;
+use super::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Serialize;
 use support::{TestDatabase, TestQueue};
 
-use kit::database::Transactor;
-use kit::dispatch::{Dispatcher, Event};
-use kit::outbox::OutboxDispatcher;
-use kit::outbox::relay::Relay;
-use kit::worker::metrics::Metrics;
+use crate::database::Transactor;
+use crate::dispatch::{Dispatcher, Event};
+use crate::outbox::dispatcher::OutboxDispatcher;
+use crate::outbox::relay::Relay;
+use crate::worker::metrics::Metrics;
 
 #[derive(Debug, Serialize)]
 struct OrderPlaced {
@@ -72,7 +72,7 @@ async fn seaorm_dispatched_events_become_tasks_like_any_other() {
     );
 
     // Act
-    let config = kit::testing::config("postgres://unused@localhost/unused");
+    let config = crate::testing::config("postgres://unused@localhost/unused");
     let relay = Relay::new(
         db.pool.clone(),
         queue.client.clone(),

@@ -1,0 +1,17 @@
+//! The kit's tests against real servers (Postgres at `DATABASE_URL`, Valkey
+//! at `VALKEY_ADDR`), inside the crate so that they can reach the internals a
+//! service never names (the queue's wire format, the migrator, the relay).
+//! `cargo test -p <kit> --all-features --lib` runs them in one binary. The
+//! binaries' test program, which runs as the binaries, is `tests/binaries.rs`.
+
+mod config;
+mod inbox;
+mod migrate;
+mod outbox;
+mod outbox_seaorm;
+mod queue;
+mod relay;
+mod relay_seaorm;
+mod scheduler;
+mod support;
+mod testing;
