@@ -97,7 +97,6 @@ impl ScheduledJob for NightlyReport {
 
 let mut schedules = Schedules::new();
 schedules.job(NightlyReport);
-# assert_eq!(schedules.all().len(), 1);
 ```
 "#
 )]

@@ -249,12 +249,9 @@ impl Default for ConsumerOptions {
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
 type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
 
-/// Runs handlers for the tasks of its queues until shut down.
+/// Runs handlers for the tasks of its queues until shut down:
 ///
-/// ```no_run
-/// # use kit::outbox::Envelope;
-/// # use kit::queue::{Client, Consumer, ConsumerOptions, Task};
-/// # async fn example(client: Client, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+/// ```text
 /// let mut consumer = Consumer::new(client, ConsumerOptions::default());
 /// consumer.handle("event:orderPlaced", |task: Task| async move {
 ///     let envelope: Envelope = serde_json::from_slice(&task.payload)?;
@@ -262,8 +259,10 @@ type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
 ///     Ok(())
 /// });
 /// consumer.run(shutdown.cancelled_owned()).await?;
-/// # Ok(()) }
 /// ```
+///
+/// (The module is the kit's own, so the example is compiled by a unit test,
+/// `tests::the_documented_example_compiles`, not as a doc test.)
 pub struct Consumer {
     client: Client,
     options: ConsumerOptions,
@@ -1179,6 +1178,22 @@ fn handler_for<'a, H>(handlers: &'a HashMap<String, H>, task_type: &str) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The example of [`Consumer`]'s documentation, compiled.
+    #[allow(dead_code)]
+    async fn the_documented_example_compiles(
+        client: Client,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut consumer = Consumer::new(client, ConsumerOptions::default());
+        consumer.handle("event:orderPlaced", |task: Task| async move {
+            let envelope: crate::outbox::Envelope = serde_json::from_slice(&task.payload)?;
+            tracing::info!(id = %envelope.id, "orderPlaced");
+            Ok(())
+        });
+        consumer.run(shutdown.cancelled_owned()).await?;
+        Ok(())
+    }
 
     #[test]
     fn the_longest_matching_pattern_handles_a_task() {
