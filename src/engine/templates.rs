@@ -5,6 +5,9 @@
 //! rendered (and loses the suffix); every other file is copied byte for byte,
 //! so Rust braces and `${{ }}` in plain files never need escaping.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use anyhow::{Context, Result, anyhow};
 use include_dir::{Dir, DirEntry, include_dir};
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
@@ -55,9 +58,38 @@ pub fn template_set(set: &str) -> Result<Vec<TemplateFile>> {
 /// The file `path` of the store of released kit files
 /// (`templates/released/<path>`), if there is one.
 pub fn released_file(path: &str) -> Option<&'static [u8]> {
-    TEMPLATES
-        .get_file(format!("{RELEASED_DIR}/{path}"))
-        .map(|file| file.contents())
+    released_index().get(path).copied()
+}
+
+/// The store's files by path inside it, indexed once: `include_dir` finds a
+/// path by comparing it with each entry of each folder on the way, and the
+/// store is read a file of every release at a time (thousands of lookups
+/// among its hundreds of blobs).
+fn released_index() -> &'static HashMap<&'static str, &'static [u8]> {
+    fn add(dir: &'static Dir<'static>, index: &mut HashMap<&'static str, &'static [u8]>) {
+        for entry in dir.entries() {
+            match entry {
+                DirEntry::Dir(dir) => add(dir, index),
+                DirEntry::File(file) => {
+                    let path = file.path().to_str().unwrap_or_default();
+                    if let Some(inside) = path
+                        .strip_prefix(RELEASED_DIR)
+                        .and_then(|p| p.strip_prefix('/'))
+                    {
+                        index.insert(inside, file.contents());
+                    }
+                }
+            }
+        }
+    }
+    static INDEX: OnceLock<HashMap<&'static str, &'static [u8]>> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        let mut index = HashMap::new();
+        if let Some(dir) = TEMPLATES.get_dir(RELEASED_DIR) {
+            add(dir, &mut index);
+        }
+        index
+    })
 }
 
 /// The names of the files directly in the store of released kit files.

@@ -4,10 +4,10 @@
 //! lines, so the order of additions and the names' lengths must not matter.
 //!
 //! Each case runs gpkit in-process (`gpkit::run`, the binary's own entry
-//! point) and rustfmt on the crates' roots, so that hundreds of cases stay
-//! cheap: 256 under CI (`CI=true`), fewer elsewhere. Every 4th sequence
-//! ends with a call that adds a listener to an event an earlier call
-//! created, a path random sequences rarely take. Once per run, the largest
+//! point) and rustfmt on the files the calls wrote, so that hundreds of
+//! cases stay cheap: 256 under CI (`CI=true`), fewer elsewhere. Every 4th
+//! sequence ends with a call that adds a listener to an event an earlier
+//! call created, a path random sequences rarely take. Once per run, the largest
 //! sequence is replayed and the project passes `cargo fmt --check` and
 //! `cargo clippy --all-targets -- -D warnings` (it compiles, warning-free),
 //! with the shared target directory of the other end-to-end tests.
@@ -229,33 +229,25 @@ fn edition(project: &Path) -> String {
 }
 
 /// Whether `project` is `cargo fmt`-clean, given `fresh`, a `read_tree` of
-/// the project as `new project` made it (which is clean). rustfmt checks
-/// the crate roots the changes reach, and the modules they declare; a
-/// change outside `src/` falls back to `cargo fmt --check`. The message
-/// on failure is rustfmt's diff.
+/// the project as `new project` made it (which is clean: the replay at the
+/// end runs `cargo fmt --check` on a whole project). rustfmt checks the
+/// Rust files the calls changed or wrote, and the modules they declare,
+/// which is all `cargo fmt` could find changed: a file no call touched is
+/// as clean as it was. The message on failure is rustfmt's diff.
 fn fmt_clean(project: &Path, fresh: &BTreeMap<String, Vec<u8>>) -> Result<(), String> {
-    let changed = changed_since(fresh, project);
-    let outside_src = changed
-        .keys()
-        .any(|path| path.ends_with(".rs") && !path.starts_with("src/"));
-    let output = if outside_src {
-        Command::new(env!("CARGO"))
-            .args(["fmt", "--check"])
-            .current_dir(project)
-            .output()
-            .unwrap()
-    } else {
-        let mut roots = vec![PathBuf::from("src/lib.rs")];
-        for entry in std::fs::read_dir(project.join("src/bin")).unwrap() {
-            roots.push(Path::new("src/bin").join(entry.unwrap().file_name()));
-        }
-        Command::new("rustfmt")
-            .args(["--check", "--edition", &edition(project)])
-            .args(&roots)
-            .current_dir(project)
-            .output()
-            .unwrap()
-    };
+    let changed: Vec<String> = changed_since(fresh, project)
+        .into_keys()
+        .filter(|path| path.ends_with(".rs"))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let output = Command::new("rustfmt")
+        .args(["--check", "--edition", &edition(project)])
+        .args(&changed)
+        .current_dir(project)
+        .output()
+        .unwrap();
     if output.status.success() {
         Ok(())
     } else {
