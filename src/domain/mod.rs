@@ -3,9 +3,12 @@
 //! and listeners ([`events`]), goose migration file names and versions
 //! ([`migration`]), schedules with their timing specs ([`schedule`]), and
 //! the kit's API changes that an upgrade carries user code across
-//! ([`api_changes`]), and values written into URLs ([`url_part`]).
+//! ([`api_changes`]), what a service's own code names of the kit's old
+//! paths and of its dependencies ([`code_uses`]), and values written into
+//! URLs ([`url_part`]).
 
 pub mod api_changes;
+pub mod code_uses;
 pub mod events;
 pub mod migration;
 pub mod names;
