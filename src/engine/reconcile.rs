@@ -416,7 +416,7 @@ fn merge_user_file(
     let ours_text = String::from_utf8_lossy(&ours).into_owned();
     let theirs_text = String::from_utf8_lossy(&theirs).into_owned();
     let merged = if change.path == "Cargo.toml" {
-        let merged = cargo_toml::merge(&base, &ours_text, &theirs_text)?;
+        let merged = cargo_toml::merge(&base, &ours_text, &theirs_text, &[])?;
         change.notes = merged.notes;
         merged.text
     } else if regions::has_regions(&theirs_text) {
