@@ -822,3 +822,36 @@ fn an_upgrade_keeps_the_reexports_and_dependencies_the_users_code_uses() {
     assert!(!report.contains("rust_decimal"), "{report}");
     assert_eq!(upgrade(&project, &["--check"]).0, 0);
 }
+
+/// The code is read as the upgrade leaves it: in a project of set 1, the
+/// binaries and `tests/support/mod.rs` were the kit's and name
+/// `legacy_shop::migrate`, `queue` and `redis`; the upgrade gives them the
+/// kit's changes one last time, after which they name none of these, so
+/// neither the re-exports nor `redis` stay. The modules the user's own
+/// files still name (`src/startup.rs`: `crate::config`) do.
+#[test]
+fn the_code_is_read_as_the_upgrade_leaves_it() {
+    let (_dir, project) = fixture("v1-edited");
+    let before = std::fs::read_to_string(project.join("tests/support/mod.rs")).unwrap();
+    assert!(before.contains("redis::"), "{before}");
+
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 0, "{report}");
+
+    let lib = std::fs::read_to_string(project.join("src/lib.rs")).unwrap();
+    let uses: Vec<&str> = lib.lines().filter(|l| l.starts_with("pub use")).collect();
+    assert_eq!(
+        uses,
+        [
+            "pub use kit::{config, database, signals, telemetry, trace_context};",
+            "pub use kit::worker;"
+        ],
+        "{lib}"
+    );
+    let cargo = std::fs::read_to_string(project.join("Cargo.toml")).unwrap();
+    assert!(!cargo.contains("\nredis = "), "{cargo}");
+    assert!(
+        report.contains("[dependencies] `redis`: removed"),
+        "{report}"
+    );
+}
