@@ -79,19 +79,23 @@ impl std::fmt::Display for Named {
 
 /// The compatibility modules ([`COMPAT_MODULES`]) that `sources` (path,
 /// text) name through the service's crate root (`crate::<m>`,
-/// `<crate_name>::<m>`, or a grouped `use`), each with the first place
-/// that names it.
+/// `<crate_name>::<m>`, or a grouped `use`), each with every place that
+/// names it, in the order of `sources` and their lines.
 pub fn compat_modules_named(
     sources: &[(String, String)],
     crate_name: &str,
-) -> BTreeMap<&'static str, Named> {
-    let mut found = BTreeMap::new();
+) -> BTreeMap<&'static str, Vec<Named>> {
+    let mut found: BTreeMap<&'static str, Vec<Named>> = BTreeMap::new();
     for (path, text) in sources {
         for (line, module) in compat_modules_in(text, crate_name) {
-            found.entry(module).or_insert_with(|| Named {
+            let named = Named {
                 path: path.clone(),
                 line,
-            });
+            };
+            let places = found.entry(module).or_default();
+            if !places.contains(&named) {
+                places.push(named);
+            }
         }
     }
     found
@@ -407,33 +411,35 @@ mod tests {
     }
 
     #[test]
-    fn the_first_file_that_names_a_module_is_where_it_is_used() {
+    fn every_place_that_names_a_module_is_listed() {
         let found = compat_modules_named(
             &sources(&[
                 ("src/a.rs", "use crate::routes;\n\nuse crate::outbox::X;\n"),
                 (
                     "tests/b.rs",
-                    "use shop_api::outbox;\nuse shop_api::queue::Y;\n",
+                    "use shop_api::outbox;\nuse shop_api::queue::Y;\nuse shop_api::{queue, outbox::Z};\n",
                 ),
             ]),
             "shop_api",
         );
+        let named = |path: &str, line| Named {
+            path: path.to_string(),
+            line,
+        };
         assert_eq!(
             found.into_iter().collect::<Vec<_>>(),
             [
                 (
                     "outbox",
-                    Named {
-                        path: "src/a.rs".into(),
-                        line: 3
-                    }
+                    vec![
+                        named("src/a.rs", 3),
+                        named("tests/b.rs", 1),
+                        named("tests/b.rs", 3)
+                    ]
                 ),
                 (
                     "queue",
-                    Named {
-                        path: "tests/b.rs".into(),
-                        line: 2
-                    }
+                    vec![named("tests/b.rs", 2), named("tests/b.rs", 3)]
                 ),
             ]
         );

@@ -105,8 +105,9 @@ pub fn sources_after(
 /// through its `src/lib.rs` (`crate::outbox`, `shop::config`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CompatModules {
-    /// Every compatibility module the code names, with the first place.
-    pub used: BTreeMap<&'static str, Named>,
+    /// Every compatibility module the code names, with each place (file
+    /// and line) that names it.
+    pub used: BTreeMap<&'static str, Vec<Named>>,
     /// Of those, the ones `src/lib.rs` re-exports (the kit still lets a
     /// project keep them, with its features on).
     pub kept: Vec<&'static str>,
@@ -114,13 +115,12 @@ pub struct CompatModules {
 
 impl CompatModules {
     /// The modules the code uses that `src/lib.rs` cannot re-export any
-    /// more, each with the first place that names it: the user's lines to
-    /// change.
-    pub fn cannot_keep(&self) -> Vec<(&'static str, &Named)> {
+    /// more, each with the places that name it: the user's lines to change.
+    pub fn cannot_keep(&self) -> Vec<(&'static str, &[Named])> {
         self.used
             .iter()
             .filter(|(m, _)| !self.kept.contains(m))
-            .map(|(m, named)| (*m, named))
+            .map(|(m, places)| (*m, places.as_slice()))
             .collect()
     }
 }
@@ -180,13 +180,22 @@ mod tests {
         };
         let compat = CompatModules {
             used: [
-                ("outbox", named("src/a.rs", 3)),
-                ("queue", named("tests/b.rs", 1)),
+                ("outbox", vec![named("src/a.rs", 3)]),
+                (
+                    "queue",
+                    vec![named("tests/b.rs", 1), named("tests/b.rs", 4)],
+                ),
             ]
             .into_iter()
             .collect(),
             kept: vec!["outbox"],
         };
-        assert_eq!(compat.cannot_keep(), [("queue", &named("tests/b.rs", 1))]);
+        assert_eq!(
+            compat.cannot_keep(),
+            [(
+                "queue",
+                &[named("tests/b.rs", 1), named("tests/b.rs", 4)][..]
+            )]
+        );
     }
 }
