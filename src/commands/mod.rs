@@ -18,14 +18,13 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
-use crate::engine::blueprint;
 use crate::engine::journal::{self, JOURNAL_FILE};
 use crate::engine::lock::ProjectLock;
 use crate::engine::manifest::Components;
 use crate::engine::project::Project;
 use crate::engine::project_path;
-use crate::engine::reconcile::{self, FileChange, Options, Outcome};
-use crate::engine::update;
+use crate::engine::reconcile::{FileChange, Options, Outcome};
+use crate::engine::{update, user_code};
 
 use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand, UpgradeCommand};
 use crate::engine::plan::Plan;
@@ -149,12 +148,7 @@ fn add_components(
     options: &Options,
     command: &str,
 ) -> Result<bool> {
-    let desired = blueprint::render(
-        &project.manifest.answers,
-        &components,
-        blueprint::Tests::Since(&project.manifest),
-    )?;
-    let changes = reconcile::reconcile(project, &desired, options)?;
+    let (changes, _) = user_code::reconcile(project, &components, options)?;
     refuse_conflicts(&changes, command)?;
     let plan = update::plan(project, &changes, components)?;
     if ctx.preview(&plan, &format!("Plan for `{command}`"))? {

@@ -172,7 +172,7 @@ fn shell_quote(word: &str) -> String {
 /// records them; with `example`, the example's edits on top, as a user's
 /// edits after `gpkit add event` and `gpkit new migration`.
 fn plan(answers: Answers, components: Components, example: bool) -> Result<Plan> {
-    let tree = blueprint::render(&answers, &components, blueprint::Tests::All)?;
+    let tree = blueprint::render(&answers, &components, blueprint::Tests::All, &[])?;
     let mut edits = if example {
         example::files(
             &tree,

@@ -12,8 +12,8 @@ use crate::cli::{ReportFormat, UpgradeArgs};
 use crate::engine::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::engine::manifest::Owner;
 use crate::engine::plan::{Action, Plan};
-use crate::engine::reconcile::{self, FileChange, Options, Outcome};
-use crate::engine::update;
+use crate::engine::reconcile::{FileChange, Options, Outcome};
+use crate::engine::{update, user_code};
 
 /// Exit code of `--check` when an upgrade is available.
 const EXIT_AVAILABLE: u8 = 2;
@@ -42,16 +42,12 @@ struct FileReport {
 
 pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit upgrade templates", args.check)?;
-    let desired = blueprint::render(
-        &project.manifest.answers,
-        &project.manifest.components,
-        blueprint::Tests::Since(&project.manifest),
-    )?;
     let options = Options {
         restore_deleted: args.restore_deleted,
         ..Options::default()
     };
-    let changes = reconcile::reconcile(&project, &desired, &options)?;
+    let (changes, _compat) =
+        user_code::reconcile(&project, &project.manifest.components, &options)?;
     let plan = update::plan(&project, &changes, project.manifest.components.clone())?;
     let conflicts = changes.iter().any(|c| c.outcome.is_conflict());
 

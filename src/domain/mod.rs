@@ -4,9 +4,12 @@
 //! ([`migration`]), schedules with their timing specs ([`schedule`]), and
 //! the kit's API changes that an upgrade carries user code across
 //! ([`api_changes`] for set 6's, [`kit_api`] for those `scripts/kit-api`
-//! declares), and values written into URLs ([`url_part`]).
+//! declares), what a service's own code names of the kit's old paths and
+//! of its dependencies ([`code_uses`]), and values written into URLs
+//! ([`url_part`]).
 
 pub mod api_changes;
+pub mod code_uses;
 pub mod events;
 pub mod kit_api;
 pub mod migration;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use minijinja::context;
 
+use crate::domain::code_uses;
 use crate::domain::events::{EventNames, EventView};
 use crate::domain::names::PackageName;
 use crate::domain::schedule::ScheduleView;
@@ -123,8 +124,16 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// files) switch on the `worker`, `deploy` and `seaorm` variables; the
 /// SeaORM data layer is the kit's `seaorm` feature, and its tests are the
 /// kit's (`kit/src/tests/`). `tests` says which listeners' and schedules' tests
-/// it has.
-pub fn render(answers: &Answers, components: &Components, tests: Tests<'_>) -> Result<Tree> {
+/// it has. `src/lib.rs` re-exports the kit's modules of `reexports` under
+/// their old paths (`crate::outbox`): none in a new project; in an older
+/// one, those its code uses (`user_code::compat_modules`), of
+/// [`code_uses::REEXPORTABLE_KIT_MODULES`] only.
+pub fn render(
+    answers: &Answers,
+    components: &Components,
+    tests: Tests<'_>,
+    reexports: &[&str],
+) -> Result<Tree> {
     let name = PackageName::parse(&answers.name)?;
     let seaorm = answers.db == DataLayer::SeaOrm;
     let events = components
@@ -137,6 +146,7 @@ pub fn render(answers: &Answers, components: &Components, tests: Tests<'_>) -> R
         .iter()
         .map(|s| ScheduleView::new(s, &events))
         .collect::<Result<Vec<_>>>()?;
+    let reexports = code_uses::reexported(reexports, components.worker, seaorm);
     let ctx = context! {
         name => name.as_str(),
         crate_name => name.crate_name(),
@@ -147,6 +157,8 @@ pub fn render(answers: &Answers, components: &Components, tests: Tests<'_>) -> R
         seaorm => seaorm,
         events => &events,
         schedules => &schedules,
+        kit_reexports => code_uses::reexport_lines(&reexports),
+        event_crates => event_crates(&events),
     };
     let renderer = Renderer::new();
     let mut tree = Tree::new();
@@ -188,6 +200,27 @@ pub fn render(answers: &Answers, components: &Components, tests: Tests<'_>) -> R
         render_tests(&renderer, &ctx, &events, &schedules, tests, &mut tree)?;
     }
     Ok(tree)
+}
+
+/// The crates that the code of `events` names (`src/events/*.rs`), which
+/// the service's `Cargo.toml` lists: serde for the derives, and those of
+/// the fields' types (`uuid::Uuid`, `chrono::DateTime`, `serde_json::Value`).
+fn event_crates(events: &[EventView]) -> Vec<&'static str> {
+    let mut crates = Vec::new();
+    if !events.is_empty() {
+        crates.push("serde");
+    }
+    for krate in ["chrono", "serde_json", "uuid"] {
+        let prefix = format!("{krate}::");
+        if events
+            .iter()
+            .flat_map(|e| &e.fields)
+            .any(|f| f.rust_type.contains(&prefix))
+        {
+            crates.push(krate);
+        }
+    }
+    crates
 }
 
 /// The kit crate, `kit/`: copied from gpkit's own kit crate as it is, but
@@ -426,4 +459,143 @@ fn purpose(path: &str, contents: &[u8]) -> String {
         _ => "project file",
     };
     known.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use toml_edit::{DocumentMut, Item};
+
+    use super::*;
+    use crate::domain::events::{EventSpec, parse_field};
+
+    /// The kit's manifest, which every dependency the service shares with
+    /// the kit follows.
+    const KIT_MANIFEST: &str = include_str!("../../templates/kit/Cargo.toml");
+
+    /// Dependencies whose features in the service's `Cargo.toml` differ
+    /// from the kit's, each with why. Empty: the service names each shared
+    /// dependency with the kit's features, so that reading one manifest
+    /// tells what the other enables (Cargo unifies them anyway).
+    const FEATURE_DIFFERENCES: &[(&str, &str)] = &[];
+
+    /// The service's `Cargo.toml` of every variant: with and without the
+    /// worker and SeaORM, with no event and with events whose fields name
+    /// every crate an event's type can (`uuid`, `chrono`, `serde_json`).
+    fn service_manifests() -> Vec<(String, DocumentMut)> {
+        let event = |name: &str, fields: &[&str]| EventSpec {
+            name: name.to_string(),
+            fields: fields.iter().map(|f| parse_field(f).unwrap()).collect(),
+            listeners: vec!["notify".to_string()],
+        };
+        let event_sets = [
+            Vec::new(),
+            vec![event("orderPlaced", &["order_id:uuid", "sku:string"])],
+            vec![
+                event("orderPlaced", &["at:datetime"]),
+                event("orderShipped", &["payload:Option<json>"]),
+            ],
+        ];
+        let mut manifests = Vec::new();
+        for db in [DataLayer::Sqlx, DataLayer::SeaOrm] {
+            for worker in [false, true] {
+                for events in &event_sets {
+                    let answers = Answers {
+                        name: "shop".into(),
+                        db,
+                    };
+                    let components = Components {
+                        worker,
+                        deploy: false,
+                        events: events.clone(),
+                        schedules: Vec::new(),
+                    };
+                    let tree = render(&answers, &components, Tests::All, &[]).unwrap();
+                    let text = String::from_utf8(tree["Cargo.toml"].contents.clone()).unwrap();
+                    let variant = format!("{db:?} worker={worker} events={}", events.len());
+                    manifests.push((variant, text.parse().unwrap()));
+                }
+            }
+        }
+        manifests
+    }
+
+    fn version(item: &Item) -> Option<String> {
+        match item.as_str() {
+            Some(version) => Some(version.to_string()),
+            None => item.get("version")?.as_str().map(str::to_string),
+        }
+    }
+
+    fn features(item: &Item) -> Vec<String> {
+        let mut features: Vec<String> = item
+            .get("features")
+            .and_then(Item::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect();
+        features.sort();
+        features
+    }
+
+    #[test]
+    fn the_services_dependencies_follow_the_kits_versions() {
+        let kit: DocumentMut = KIT_MANIFEST.parse().unwrap();
+        let kit_deps = kit["dependencies"].as_table().unwrap();
+        let mut shared = 0;
+        for (variant, manifest) in service_manifests() {
+            for (name, item) in manifest["dependencies"].as_table().unwrap() {
+                let Some(kits) = kit_deps.get(name) else {
+                    continue;
+                };
+                shared += 1;
+                assert_eq!(
+                    version(item),
+                    version(kits),
+                    "{variant}: `{name}` has another version than in templates/kit/Cargo.toml"
+                );
+                let why = FEATURE_DIFFERENCES.iter().find(|(n, _)| *n == name);
+                if why.is_none() {
+                    assert_eq!(
+                        features(item),
+                        features(kits),
+                        "{variant}: `{name}` has other features than in the kit's Cargo.toml: \
+                         make them the same, or say why in FEATURE_DIFFERENCES"
+                    );
+                }
+                assert_eq!(
+                    item.get("default-features").and_then(Item::as_bool),
+                    kits.get("default-features").and_then(Item::as_bool),
+                    "{variant}: `{name}`'s default-features differ from the kit's"
+                );
+            }
+        }
+        assert!(shared > 0);
+    }
+
+    #[test]
+    fn the_service_lists_only_what_its_code_names() {
+        for (variant, manifest) in service_manifests() {
+            let names: Vec<&str> = manifest["dependencies"]
+                .as_table()
+                .unwrap()
+                .iter()
+                .map(|(name, _)| name)
+                .collect();
+            let mut wanted = vec![
+                "anyhow", "axum", "confique", "kit", "sqlx", "tokio", "tracing", "url", "uuid",
+            ];
+            if variant.starts_with("SeaOrm") {
+                wanted.push("sea-orm");
+            }
+            if !variant.ends_with("events=0") {
+                wanted.push("serde");
+            }
+            if variant.ends_with("events=2") {
+                wanted.extend(["chrono", "serde_json"]);
+            }
+            wanted.sort_unstable();
+            assert_eq!(names, wanted, "{variant}");
+        }
+    }
 }

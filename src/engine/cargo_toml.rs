@@ -5,10 +5,15 @@
 //! The rule for each kit-managed entry, with base = what gpkit last wrote,
 //! ours = the file now, theirs = what the templates render now: an entry the
 //! user never changed follows the templates; an entry the user changed or
-//! removed is left alone and reported.
+//! removed is left alone and reported. A dependency the templates no longer
+//! list (the kit's own, now only in `kit/Cargo.toml`) is removed only when
+//! no code of the service names it; either way the report says so, with the
+//! file that uses it when it is kept.
 
 use anyhow::{Context, Result};
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
+
+use crate::domain::code_uses;
 
 /// The `[package]` keys gpkit manages: what the generated code needs of
 /// the compiler. The package's name, version and the rest are the user's.
@@ -24,8 +29,10 @@ pub struct Merged {
     pub notes: Vec<String>,
 }
 
-/// Merges the kit's changes (base → theirs) into `ours`.
-pub fn merge(base: &str, ours: &str, theirs: &str) -> Result<Merged> {
+/// Merges the kit's changes (base → theirs) into `ours`. `code` is the
+/// service's own Rust code (path, text), which decides whether a
+/// dependency the templates dropped stays.
+pub fn merge(base: &str, ours: &str, theirs: &str, code: &[(String, String)]) -> Result<Merged> {
     let base: DocumentMut = base
         .parse()
         .context("gpkit's base copy of Cargo.toml does not parse")?;
@@ -37,7 +44,7 @@ pub fn merge(base: &str, ours: &str, theirs: &str) -> Result<Merged> {
         .context("`Cargo.toml` is not valid TOML; fix it before running gpkit")?;
     let mut notes = Vec::new();
     for table in DEPENDENCY_TABLES {
-        merge_table(&base, &mut doc, &theirs, table, &mut notes);
+        merge_table(&base, &mut doc, &theirs, table, code, &mut notes);
     }
     merge_bins(&base, &mut doc, &theirs, &mut notes);
     merge_package_keys(&base, &mut doc, &theirs, &mut notes);
@@ -71,19 +78,21 @@ fn merge_table(
     doc: &mut DocumentMut,
     theirs: &DocumentMut,
     name: &str,
+    code: &[(String, String)],
     notes: &mut Vec<String>,
 ) {
     let empty = Table::new();
     let base_table = table(base, name).unwrap_or(&empty);
     let Some(theirs_table) = table(theirs, name) else {
-        // The kit has no entries here now: remove those it wrote, unchanged.
+        // The kit has no entries here now: remove those it wrote, unchanged,
+        // that no code uses.
         if let Some(ours) = doc.get_mut(name).and_then(Item::as_table_mut) {
             for (key, old) in base_table.iter() {
                 if ours
                     .get(key)
                     .is_some_and(|item| normalized(item) == normalized(old))
                 {
-                    ours.remove(key);
+                    drop_unless_used(ours, name, key, code, notes);
                 }
             }
         }
@@ -125,7 +134,7 @@ fn merge_table(
         }
         match ours.get(key) {
             Some(current) if normalized(current) == normalized(old) => {
-                ours.remove(key);
+                drop_unless_used(ours, name, key, code, notes);
             }
             Some(_) => notes.push(format!(
                 "[{name}] `{key}`: no longer needed by the kit; kept your version"
@@ -135,6 +144,30 @@ fn merge_table(
     }
     if was_sorted {
         ours.sort_values();
+    }
+}
+
+/// Removes the dependency `key` that gpkit wrote to the table `name` and
+/// no longer lists, unless the service's `code` names it: then it stays,
+/// the user's from now on. Either is one note of the report.
+fn drop_unless_used(
+    ours: &mut Table,
+    name: &str,
+    key: &str,
+    code: &[(String, String)],
+    notes: &mut Vec<String>,
+) {
+    match code_uses::first_use_of_crate(code, key) {
+        Some(named) => notes.push(format!(
+            "[{name}] `{key}`: kept, now yours: {named} uses it (gpkit no longer lists it)"
+        )),
+        None => {
+            ours.remove(key);
+            notes.push(format!(
+                "[{name}] `{key}`: removed: no code of yours uses it (the kit's dependencies \
+                 are in kit/Cargo.toml)"
+            ));
+        }
     }
 }
 
@@ -346,7 +379,7 @@ tokio = "1"
 # ours: money maths
 rust_decimal = "1.36"
 "#;
-        let merged = merge(BASE, ours, THEIRS).unwrap();
+        let merged = merge(BASE, ours, THEIRS, &[]).unwrap();
         assert_eq!(
             merged.text,
             r#"[package]
@@ -377,7 +410,7 @@ redis = "1"
     fn the_kits_package_keys_follow_the_templates_unless_the_user_changed_them() {
         let base = "[package]\nname = \"shop\"\nedition = \"2024\"\npublish = false\n";
         let theirs = "[package]\nname = \"shop\"\nedition = \"2024\"\nrust-version = \"1.89\"\n";
-        let merged = merge(base, base, theirs).unwrap();
+        let merged = merge(base, base, theirs, &[]).unwrap();
         assert!(
             merged.text.contains("rust-version = \"1.89\""),
             "{}",
@@ -390,7 +423,7 @@ redis = "1"
 
         let ours = base.replace("edition = \"2024\"", "edition = \"2021\"");
         let theirs = theirs.replace("edition = \"2024\"", "edition = \"2027\"");
-        let merged = merge(base, &ours, &theirs).unwrap();
+        let merged = merge(base, &ours, &theirs, &[]).unwrap();
         assert!(merged.text.contains("edition = \"2021\""));
         assert!(
             merged.notes.contains(
@@ -404,7 +437,7 @@ redis = "1"
 
     #[test]
     fn a_sorted_table_stays_sorted() {
-        let merged = merge(BASE, BASE, THEIRS).unwrap();
+        let merged = merge(BASE, BASE, THEIRS, &[]).unwrap();
         let deps = merged.text.split("[dependencies]").nth(1).unwrap();
         assert_eq!(
             deps.lines()
@@ -421,7 +454,7 @@ redis = "1"
             r#"serde = { version = "1", features = ["derive"] }"#,
             r#"serde = { version = "1", features = ["derive", "rc"] }"#,
         );
-        let merged = merge(BASE, &ours, THEIRS).unwrap();
+        let merged = merge(BASE, &ours, THEIRS, &[]).unwrap();
         assert!(merged.text.contains(r#"features = ["derive", "rc"]"#));
         assert!(
             merged.notes[0].contains("`serde`: you changed it; kept yours"),
@@ -433,7 +466,7 @@ redis = "1"
     #[test]
     fn a_dependency_the_user_removed_stays_removed() {
         let ours = BASE.replace("tokio = \"1\"\n", "");
-        let merged = merge(BASE, &ours, THEIRS).unwrap();
+        let merged = merge(BASE, &ours, THEIRS, &[]).unwrap();
         assert!(!merged.text.contains("tokio"));
         assert!(
             merged.notes[0].contains("`tokio`: you removed it"),
@@ -444,7 +477,7 @@ redis = "1"
 
     #[test]
     fn dependencies_the_kit_dropped_are_removed_when_unchanged() {
-        let merged = merge(THEIRS, THEIRS, BASE).unwrap();
+        let merged = merge(THEIRS, THEIRS, BASE, &[]).unwrap();
         assert!(!merged.text.contains("redis"));
         assert!(!merged.text.contains("worker"));
         assert_eq!(merged.text.matches("[[bin]]").count(), 1);
@@ -456,7 +489,7 @@ redis = "1"
             "[dependencies]",
             "[[bin]]\nname = \"outbox\"\npath = \"src/bin/outbox.rs\"\n\n[dependencies]",
         );
-        let merged = merge(BASE, BASE, &theirs).unwrap();
+        let merged = merge(BASE, BASE, &theirs, &[]).unwrap();
         let bins: Vec<&str> = merged
             .text
             .lines()
@@ -475,7 +508,7 @@ redis = "1"
         let theirs = "[package]\nname = \"shop\"\n\n[workspace]\nmembers = [\"kit\"]\n\n\
                       [dependencies]\nanyhow = \"1\"\n";
         let ours = "[package]\nname = \"shop\"\n\n[dependencies]\nanyhow = \"1\"\n";
-        let merged = merge(ours, ours, theirs).unwrap();
+        let merged = merge(ours, ours, theirs, &[]).unwrap();
         assert_eq!(
             merged.text,
             "[package]\nname = \"shop\"\n\n[workspace]\nmembers = [\"kit\"]\n\n\
@@ -483,18 +516,112 @@ redis = "1"
         );
         let ours = "[package]\nname = \"shop\"\n\n[workspace]\nmembers = [\"tools\"]\n\n\
                     [dependencies]\nanyhow = \"1\"\n";
-        let merged = merge(ours, ours, theirs).unwrap();
+        let merged = merge(ours, ours, theirs, &[]).unwrap();
         assert!(
             merged.text.contains("members = [\"tools\", \"kit\"]"),
             "{}",
             merged.text
         );
-        assert_eq!(merge(ours, &merged.text, theirs).unwrap().text, merged.text);
+        assert_eq!(
+            merge(ours, &merged.text, theirs, &[]).unwrap().text,
+            merged.text
+        );
+    }
+
+    fn code(files: &[(&str, &str)]) -> Vec<(String, String)> {
+        files
+            .iter()
+            .map(|(p, t)| (p.to_string(), t.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_dropped_dependency_the_code_uses_is_kept_and_reported() {
+        let code = code(&[
+            ("src/lib.rs", "pub mod jobs;\n"),
+            (
+                "src/jobs.rs",
+                "use std::fmt;\n\nuse redis::AsyncCommands;\n",
+            ),
+        ]);
+        let merged = merge(THEIRS, THEIRS, BASE, &code).unwrap();
+        assert!(merged.text.contains("redis = \"1\""), "{}", merged.text);
+        assert_eq!(
+            merged.notes,
+            [
+                "[dependencies] `redis`: kept, now yours: src/jobs.rs line 3 uses it (gpkit no \
+              longer lists it)"
+            ]
+        );
+        // Kept, it is the user's: the next upgrade leaves it alone.
+        assert_eq!(
+            merge(BASE, &merged.text, BASE, &[]).unwrap().text,
+            merged.text
+        );
+    }
+
+    #[test]
+    fn a_dropped_dependency_no_code_uses_is_removed_and_reported() {
+        let code = code(&[(
+            "src/lib.rs",
+            "// redis::Client, once\nlet url = \"redis://x\";\n",
+        )]);
+        let merged = merge(THEIRS, THEIRS, BASE, &code).unwrap();
+        assert!(!merged.text.contains("redis"), "{}", merged.text);
+        assert_eq!(
+            merged.notes,
+            [
+                "[dependencies] `redis`: removed: no code of yours uses it (the kit's dependencies \
+              are in kit/Cargo.toml)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dependency_of_the_users_own_is_never_removed() {
+        // Not in the old template: the user's, whatever the code names.
+        let ours = THEIRS.replace("tokio = \"1\"\n", "tokio = \"1\"\nrust_decimal = \"1\"\n");
+        let merged = merge(THEIRS, &ours, BASE, &[]).unwrap();
+        assert!(
+            merged.text.contains("rust_decimal = \"1\""),
+            "{}",
+            merged.text
+        );
+        assert!(
+            !merged.notes.iter().any(|n| n.contains("rust_decimal")),
+            "{:?}",
+            merged.notes
+        );
+        // A dropped one the user changed is kept as before, whatever the code.
+        let ours = THEIRS.replace("redis = \"1\"", "redis = \"1.2\"");
+        let merged = merge(THEIRS, &ours, BASE, &[]).unwrap();
+        assert!(merged.text.contains("redis = \"1.2\""));
+        assert_eq!(
+            merged.notes,
+            ["[dependencies] `redis`: no longer needed by the kit; kept your version"]
+        );
+    }
+
+    #[test]
+    fn a_dropped_table_keeps_the_dependencies_the_code_uses() {
+        let base = "[package]\nname = \"shop\"\n\n[dependencies]\nanyhow = \"1\"\n\n\
+                    [dev-dependencies]\nfake = \"2\"\npretty_assertions = \"1\"\n";
+        let theirs = "[package]\nname = \"shop\"\n\n[dependencies]\nanyhow = \"1\"\n";
+        let code = code(&[("tests/a.rs", "use pretty_assertions::assert_eq;\n")]);
+        let merged = merge(base, base, theirs, &code).unwrap();
+        assert!(merged.text.contains("pretty_assertions"), "{}", merged.text);
+        assert!(!merged.text.contains("fake"), "{}", merged.text);
+        let notes: Vec<&String> = merged
+            .notes
+            .iter()
+            .filter(|n| n.starts_with("[dev-dependencies]"))
+            .collect();
+        assert_eq!(notes.len(), 2, "{:?}", merged.notes);
     }
 
     #[test]
     fn merging_twice_changes_nothing() {
-        let once = merge(BASE, BASE, THEIRS).unwrap().text;
-        assert_eq!(merge(THEIRS, &once, THEIRS).unwrap().text, once);
+        let once = merge(BASE, BASE, THEIRS, &[]).unwrap().text;
+        assert_eq!(merge(THEIRS, &once, THEIRS, &[]).unwrap().text, once);
     }
 }

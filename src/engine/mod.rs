@@ -5,7 +5,8 @@
 //!   [`templates`] for the [`manifest`]'s answers and components;
 //! - what to do with each file: [`reconcile`] compares the blueprint with
 //!   the [`project`] on disk (3-way, with [`regions`] in user files and
-//!   [`cargo_toml`] merges; the base of an unpatched kit file comes from
+//!   [`cargo_toml`] merges, reading the service's own code with
+//!   [`user_code`] for the re-exports and dependencies it needs; the base of an unpatched kit file comes from
 //!   the [`released`] kits), and [`update`] turns the decisions into a
 //!   [`plan`] with the new manifest;
 //! - how it reaches the disk: [`plan`] applies all or nothing through the
@@ -26,3 +27,4 @@ pub mod regions;
 pub mod released;
 pub mod templates;
 pub mod update;
+pub mod user_code;

@@ -25,7 +25,7 @@ use crate::domain::{api_changes, kit_api};
 use crate::engine::blueprint::{KIT_DIR, NOW_USERS, TEMPLATE_SET_VERSION, Tree};
 use crate::engine::manifest::Owner;
 use crate::engine::project::Project;
-use crate::engine::{cargo_toml, line_endings, project_path, regions};
+use crate::engine::{cargo_toml, line_endings, project_path, regions, user_code};
 
 /// What happened, or will happen, to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +158,9 @@ fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
 pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
     let moves = moves(project, desired);
     let carry = ApiCarry::new(project)?;
+    // `Cargo.toml` is merged last, with the service's code as the other
+    // changes leave it: where it is in `changes`, and its inputs.
+    let mut manifest_merge = None;
     let mut changes = Vec::new();
     for (path, file) in desired {
         // A moved file is read, and its base found, at its old place.
@@ -218,7 +221,10 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
                 Owner::User if project.manifest.files[path].owner == Owner::Kit => {
                     merge_kit_file(&mut change, base, ours, theirs)
                 }
-                Owner::User => merge_user_file(&mut change, base, ours, theirs)?,
+                Owner::User if path == CARGO_TOML => {
+                    manifest_merge = Some((changes.len(), base, ours, theirs, crlf));
+                }
+                Owner::User => merge_user_file(&mut change, base, ours, theirs, &[])?,
             },
         }
         if file.owner == Owner::User && carry.applies() {
@@ -264,8 +270,19 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
     if carry.applies() {
         changes.extend(carry_users_own_sources(project, desired, &carry)?);
     }
+    if let Some((at, base, ours, theirs, crlf)) = manifest_merge {
+        let code = user_code::sources_after(project, desired, &changes)?;
+        let change = &mut changes[at];
+        merge_user_file(change, base, ours, theirs, &code)?;
+        if crlf {
+            change.write = change.write.take().map(|text| line_endings::to_crlf(&text));
+        }
+    }
     Ok(changes)
 }
+
+/// The service's manifest, merged entry by entry ([`cargo_toml`]).
+const CARGO_TOML: &str = "Cargo.toml";
 
 /// The user's own Rust files (under `src/` and `tests/`, written by the
 /// user or by `--example`, not recorded by gpkit), carried across the
@@ -416,12 +433,14 @@ fn merge_user_file(
     base: Option<Vec<u8>>,
     ours: Vec<u8>,
     theirs: Vec<u8>,
+    // The service's code, for `Cargo.toml`: which dependencies it names.
+    code: &[(String, String)],
 ) -> Result<()> {
     let base = String::from_utf8_lossy(&base.unwrap_or_default()).into_owned();
     let ours_text = String::from_utf8_lossy(&ours).into_owned();
     let theirs_text = String::from_utf8_lossy(&theirs).into_owned();
-    let merged = if change.path == "Cargo.toml" {
-        let merged = cargo_toml::merge(&base, &ours_text, &theirs_text)?;
+    let merged = if change.path == CARGO_TOML {
+        let merged = cargo_toml::merge(&base, &ours_text, &theirs_text, code)?;
         change.notes = merged.notes;
         merged.text
     } else if regions::has_regions(&theirs_text) {

@@ -312,3 +312,71 @@ fn a_closed_output_pipe_ends_quietly() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(String::from_utf8_lossy(&output.stderr), "");
 }
+
+/// The `[dependencies]` of the service's `Cargo.toml` at `project`, by name.
+fn dependencies(project: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(project.join("Cargo.toml")).unwrap();
+    let doc: toml_edit::DocumentMut = text.parse().unwrap();
+    doc["dependencies"]
+        .as_table()
+        .unwrap()
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+/// A new project is as small as its code: its `src/lib.rs` re-exports none
+/// of the kit's modules (an older project's paths such as `crate::outbox`),
+/// and its `Cargo.toml` lists the kit and the crates its own code names;
+/// the kit's dependencies are in `kit/Cargo.toml`.
+#[test]
+fn a_new_project_has_no_reexports_and_only_the_dependencies_its_code_names() {
+    let base = [
+        "anyhow", "axum", "confique", "kit", "sqlx", "tokio", "tracing", "url", "uuid",
+    ];
+    for (args, extra) in [
+        (&["--no-worker"][..], &[][..]),
+        (&["--worker"][..], &[][..]),
+        (&["--example"][..], &["serde", "serde_json"][..]),
+        (
+            &["--example", "--db", "sea-orm"][..],
+            &["sea-orm", "serde", "serde_json"][..],
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let project = crate::support::new_project(dir.path(), args);
+        let lib = std::fs::read_to_string(project.join("src/lib.rs")).unwrap();
+        assert!(!lib.contains("pub use"), "{args:?}: {lib}");
+        let mut wanted: Vec<&str> = base.iter().chain(extra).copied().collect();
+        wanted.sort_unstable();
+        assert_eq!(dependencies(&project), wanted, "{args:?}");
+        let kit = std::fs::read_to_string(project.join("kit/Cargo.toml")).unwrap();
+        assert!(kit.contains("\nredis = "), "{kit}");
+    }
+}
+
+/// An event's fields may name crates (`datetime` is `chrono::DateTime`,
+/// `json` is `serde_json::Value`): `gpkit add event` adds them to the
+/// service's `Cargo.toml`, at the kit's versions.
+#[test]
+fn an_events_field_types_bring_their_crates() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = crate::support::new_project(dir.path(), &["--worker"]);
+    let names = dependencies(&project);
+    assert!(
+        !names
+            .iter()
+            .any(|n| ["chrono", "serde", "serde_json"].contains(&n.as_str()))
+    );
+    gpkit(&project)
+        .args(["add", "event", "orderPlaced", "--field", "at:datetime"])
+        .args(["--field", "extra:Option<json>"])
+        .assert()
+        .success();
+    let names = dependencies(&project);
+    for name in ["chrono", "serde", "serde_json"] {
+        assert!(names.iter().any(|n| n == name), "{name}: {names:?}");
+    }
+    let lib = std::fs::read_to_string(project.join("src/lib.rs")).unwrap();
+    assert!(!lib.contains("pub use"), "{lib}");
+}

@@ -24,6 +24,7 @@ fn rendered_hash() -> String {
                     schedules: Vec::new(),
                 },
                 blueprint::Tests::All,
+                &[],
             )
             .unwrap();
             for (path, file) in tree {

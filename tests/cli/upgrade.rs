@@ -800,3 +800,118 @@ pub async fn f(config: &kit::config::Config) {
         admin
     );
 }
+
+/// An older project's `src/lib.rs` re-exported thirteen kit modules
+/// (`pub use kit::{config, outbox, ...}`) and its `Cargo.toml` listed the
+/// kit's dependencies. The upgrade keeps the re-exports and dependencies
+/// the user's code names, says which file uses each dependency kept, and
+/// drops the rest, each dependency on a line of the report; the user's own
+/// dependency stays.
+#[test]
+fn an_upgrade_keeps_the_reexports_and_dependencies_the_users_code_uses() {
+    let (_dir, project) = fixture("v14-edited");
+    let lib = std::fs::read_to_string(project.join("src/lib.rs")).unwrap();
+    assert!(
+        lib.contains("pub use kit::{operations, queue, scheduler, worker};"),
+        "{lib}"
+    );
+    std::fs::write(
+        project.join("src/relay_report.rs"),
+        "//! Ours: what the relay did.\n\n\
+         use crate::outbox;\n\n\
+         // Once: use crate::config; a comment names nothing.\n\
+         pub fn poll() -> std::time::Duration {\n    \
+             let _ = outbox::dispatch;\n    \
+             std::time::Duration::from_secs(1)\n}\n",
+    )
+    .unwrap();
+    crate::support::edit(
+        &project.join("src/lib.rs"),
+        "// gpkit:end modules\n",
+        "// gpkit:end modules\n\npub mod relay_report;\n",
+    );
+    std::fs::write(
+        project.join("tests/cache.rs"),
+        "use legacy_shop::{\n    startup::Application,\n    worker::listeners::Listeners,\n};\n\
+         use redis::AsyncCommands;\n",
+    )
+    .unwrap();
+
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 0, "{report}");
+
+    let lib = std::fs::read_to_string(project.join("src/lib.rs")).unwrap();
+    let region = lib
+        .split("// gpkit:begin modules\n")
+        .nth(1)
+        .and_then(|rest| rest.split("// gpkit:end modules").next())
+        .unwrap();
+    let uses: Vec<&str> = region
+        .lines()
+        .filter(|l| l.starts_with("pub use"))
+        .collect();
+    assert_eq!(
+        uses,
+        ["pub use kit::outbox;", "pub use kit::worker;"],
+        "{lib}"
+    );
+    assert!(lib.contains("\npub mod relay_report;\n"), "{lib}");
+
+    let cargo = std::fs::read_to_string(project.join("Cargo.toml")).unwrap();
+    for kept in ["rust_decimal = ", "redis = ", "sqlx = ", "kit = "] {
+        assert!(cargo.contains(&format!("\n{kept}")), "{kept}: {cargo}");
+    }
+    for removed in ["prost", "croner", "serde", "tracing-subscriber", "dotenvy"] {
+        assert!(
+            !cargo.contains(&format!("\n{removed} = ")),
+            "{removed}: {cargo}"
+        );
+        let note = format!(
+            "note: [dependencies] `{removed}`: removed: no code of yours uses it (the kit's \
+             dependencies are in kit/Cargo.toml)"
+        );
+        assert!(report.contains(&note), "{removed}: {report}");
+    }
+    assert!(
+        report.contains(
+            "note: [dependencies] `redis`: kept, now yours: tests/cache.rs line 5 uses it \
+             (gpkit no longer lists it)"
+        ),
+        "{report}"
+    );
+    assert!(!report.contains("rust_decimal"), "{report}");
+    assert_eq!(upgrade(&project, &["--check"]).0, 0);
+}
+
+/// The code is read as the upgrade leaves it: in a project of set 1, the
+/// binaries and `tests/support/mod.rs` were the kit's and name
+/// `legacy_shop::migrate`, `queue` and `redis`; the upgrade gives them the
+/// kit's changes one last time, after which they name none of these, so
+/// neither the re-exports nor `redis` stay. The modules the user's own
+/// files still name (`src/startup.rs`: `crate::config`) do.
+#[test]
+fn the_code_is_read_as_the_upgrade_leaves_it() {
+    let (_dir, project) = fixture("v1-edited");
+    let before = std::fs::read_to_string(project.join("tests/support/mod.rs")).unwrap();
+    assert!(before.contains("redis::"), "{before}");
+
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 0, "{report}");
+
+    let lib = std::fs::read_to_string(project.join("src/lib.rs")).unwrap();
+    let uses: Vec<&str> = lib.lines().filter(|l| l.starts_with("pub use")).collect();
+    assert_eq!(
+        uses,
+        [
+            "pub use kit::{config, database, signals, telemetry, trace_context};",
+            "pub use kit::worker;"
+        ],
+        "{lib}"
+    );
+    let cargo = std::fs::read_to_string(project.join("Cargo.toml")).unwrap();
+    assert!(!cargo.contains("\nredis = "), "{cargo}");
+    assert!(
+        report.contains("[dependencies] `redis`: removed"),
+        "{report}"
+    );
+}

@@ -4,8 +4,8 @@
 //! quantity:i32 --listener confirm` records and renders; the migration is
 //! named as `gpkit new migration orders` names it; the rest are a user's
 //! edits: the listener's body and its test (which inserts the order its
-//! event confirms), `src/routes/orders.rs` and two routes, and the slice's
-//! test, `tests/orders.rs`. The
+//! event confirms), `src/routes/orders.rs` and two routes, the slice's
+//! test, `tests/orders.rs`, and `serde_json` in `Cargo.toml`. The
 //! manifest records the event, and the bases hold the files as the commands
 //! rendered them, so the project upgrades like any other.
 
@@ -18,6 +18,11 @@ use crate::domain::migration::{self, Numbering};
 use crate::engine::blueprint::{INBOX_MIGRATION, OUTBOX_MIGRATION, Tree};
 use crate::engine::manifest::{DataLayer, EventSpec};
 use crate::engine::templates::{Renderer, template_set};
+
+/// The dependency the example's code adds to the service's `Cargo.toml`
+/// (`serde_json::json!` in its route and its test), as a user would, at the
+/// kit's version (`blueprint`'s tests check it).
+pub const SERDE_JSON: &str = "serde_json = \"1\"\n";
 
 /// How to try the example once the next steps run.
 pub const TRY_IT: &str = "\nTry the example (the worker confirms each order):
@@ -68,6 +73,20 @@ pub fn files(tree: &Tree, db: DataLayer, crate_name: &str) -> Result<BTreeMap<St
             format!("{text}\npub mod entities;\n").into_bytes(),
         );
     }
+
+    let manifest = "Cargo.toml";
+    let text = blueprint_text(tree, manifest)?;
+    let serde = "\nserde = ";
+    let at = text
+        .find(serde)
+        .and_then(|at| Some(at + 1 + text[at + 1..].find('\n')? + 1))
+        .with_context(|| {
+            format!("the example does not fit `{manifest}`: no serde (this is a bug in gpkit)")
+        })?;
+    files.insert(
+        manifest.to_string(),
+        format!("{}{SERDE_JSON}{}", &text[..at], &text[at..]).into_bytes(),
+    );
 
     let routes = "src/routes/mod.rs";
     let mut edited = blueprint_text(tree, routes)?;
@@ -135,4 +154,21 @@ fn migration_path() -> Result<String> {
         "migrations/{}",
         migration::file_name(&version, "orders")?
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_examples_serde_json_is_the_kits() {
+        let kit: toml_edit::DocumentMut = include_str!("../../../templates/kit/Cargo.toml")
+            .parse()
+            .unwrap();
+        let ours: toml_edit::DocumentMut = SERDE_JSON.parse().unwrap();
+        assert_eq!(
+            ours["serde_json"].as_str(),
+            kit["dependencies"]["serde_json"].as_str()
+        );
+    }
 }

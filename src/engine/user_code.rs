@@ -1,0 +1,201 @@
+//! The service's own Rust code, read for what it names
+//! ([`crate::domain::code_uses`] has the rules): which compatibility
+//! re-exports of the kit's modules its `src/lib.rs` keeps, and which
+//! dependencies of its `Cargo.toml` an upgrade may drop.
+//!
+//! The code is every `.rs` file of the service package: under `src/`,
+//! `tests/`, `benches/` and `examples/`, and `build.rs`; never the kit's
+//! (`kit/`), which has a manifest of its own, nor a kit file of template
+//! sets 1-4 still under `src/` (the upgrade moves it into `kit/`). It is
+//! read as the upgrade leaves it: a file of the user's that gets gpkit's
+//! changes one last time (the binaries of sets 1-4) or is carried to a new
+//! API is read at its new text.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+
+use crate::domain::code_uses::{self, Named};
+use crate::domain::names::PackageName;
+use crate::engine::blueprint::{self, NOW_USERS, Tests, Tree};
+use crate::engine::manifest::{Components, DataLayer, Owner};
+use crate::engine::project::Project;
+use crate::engine::reconcile::{self, FileChange, Options};
+use crate::engine::{line_endings, project_path};
+
+/// The folders whose Rust files are the service's code.
+const SOURCE_DIRS: &[&str] = &["src", "tests", "benches", "examples"];
+
+/// The service's build script, also its code.
+const BUILD_SCRIPT: &str = "build.rs";
+
+/// Whether `path` is where the service's code lives (not whether it is the
+/// user's: see [`is_kits`]).
+fn is_code_path(path: &str) -> bool {
+    path == BUILD_SCRIPT
+        || path.ends_with(".rs")
+            && SOURCE_DIRS
+                .iter()
+                .any(|dir| path.strip_prefix(dir).is_some_and(|p| p.starts_with('/')))
+}
+
+/// Whether the file at `path` is the kit's, not the service's code: the
+/// manifest records it as the kit's, and `desired` (the blueprint the
+/// project is brought to) does not make it the user's (as it does the
+/// binaries and tests of older sets), nor does the user's code still
+/// declare it ([`NOW_USERS`]). A kit file of sets 1-4 under `src/` is one.
+fn is_kits(project: &Project, desired: &Tree, path: &str) -> bool {
+    project
+        .manifest
+        .files
+        .get(path)
+        .is_some_and(|record| record.owner == Owner::Kit)
+        && !NOW_USERS.contains(&path)
+        && desired
+            .get(path)
+            .is_none_or(|file| file.owner != Owner::User)
+}
+
+/// The service's Rust files as they are on disk: path and text (LF),
+/// sorted by path; the kit's left out ([`is_kits`]).
+pub fn sources(project: &Project, desired: &Tree) -> Result<Vec<(String, String)>> {
+    let mut paths = Vec::new();
+    for dir in SOURCE_DIRS {
+        paths.extend(project_path::rust_sources(&project.root, dir)?);
+    }
+    paths.push(BUILD_SCRIPT.to_string());
+    let mut sources = Vec::new();
+    for path in paths {
+        if is_kits(project, desired, &path) {
+            continue;
+        }
+        let Some(bytes) = project.current(&path)? else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&line_endings::to_lf(bytes)).into_owned();
+        sources.push((path, text));
+    }
+    sources.sort();
+    Ok(sources)
+}
+
+/// The service's Rust files as `changes` leave them: [`sources`], with each
+/// file a change writes at its new text, and without those it deletes.
+pub fn sources_after(
+    project: &Project,
+    desired: &Tree,
+    changes: &[FileChange],
+) -> Result<Vec<(String, String)>> {
+    let mut files: BTreeMap<String, String> = sources(project, desired)?.into_iter().collect();
+    for change in changes {
+        if !is_code_path(&change.path) || is_kits(project, desired, &change.path) {
+            continue;
+        }
+        if change.delete {
+            files.remove(&change.path);
+        } else if let Some(text) = &change.write {
+            let text = String::from_utf8_lossy(&line_endings::to_lf(text.clone())).into_owned();
+            files.insert(change.path.clone(), text);
+        }
+    }
+    Ok(files.into_iter().collect())
+}
+
+/// Which of the kit's compatibility modules the service's code uses
+/// through its `src/lib.rs` (`crate::outbox`, `shop::config`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompatModules {
+    /// Every compatibility module the code names, with each place (file
+    /// and line) that names it.
+    pub used: BTreeMap<&'static str, Vec<Named>>,
+    /// Of those, the ones `src/lib.rs` re-exports (the kit still lets a
+    /// project keep them, with its features on).
+    pub kept: Vec<&'static str>,
+}
+
+impl CompatModules {
+    /// The modules the code uses that `src/lib.rs` cannot re-export any
+    /// more, each with the places that name it: the user's lines to change.
+    pub fn cannot_keep(&self) -> Vec<(&'static str, &[Named])> {
+        self.used
+            .iter()
+            .filter(|(m, _)| !self.kept.contains(m))
+            .map(|(m, places)| (*m, places.as_slice()))
+            .collect()
+    }
+}
+
+/// The compatibility modules that `code` (path, text) of `project` uses,
+/// and which of them its `src/lib.rs` keeps with the kit's features of
+/// `worker` and the answers' data layer.
+pub fn compat_modules(
+    project: &Project,
+    code: &[(String, String)],
+    worker: bool,
+) -> Result<CompatModules> {
+    let crate_name = PackageName::parse(&project.manifest.answers.name)?.crate_name();
+    let used = code_uses::compat_modules_named(code, &crate_name);
+    let names: Vec<&str> = used.keys().copied().collect();
+    let seaorm = project.manifest.answers.db == DataLayer::SeaOrm;
+    Ok(CompatModules {
+        kept: code_uses::reexported(&names, worker, seaorm),
+        used,
+    })
+}
+
+/// What `gpkit add` and `gpkit upgrade templates` do to `project` to give
+/// it `components`: the decision for every file
+/// ([`reconcile::reconcile`]) against the blueprint whose `src/lib.rs`
+/// keeps the compatibility re-exports that the project's code uses once
+/// those decisions are applied, which are returned too.
+pub fn reconcile(
+    project: &Project,
+    components: &Components,
+    options: &Options,
+) -> Result<(Vec<FileChange>, CompatModules)> {
+    let answers = &project.manifest.answers;
+    let tests = Tests::Since(&project.manifest);
+    // The re-exports change `src/lib.rs` only, which names none of them:
+    // the other files come out the same with or without them.
+    let plain = blueprint::render(answers, components, tests, &[])?;
+    let changes = reconcile::reconcile(project, &plain, options)?;
+    let code = sources_after(project, &plain, &changes)?;
+    let compat = compat_modules(project, &code, components.worker)?;
+    if compat.kept.is_empty() {
+        return Ok((changes, compat));
+    }
+    let desired = blueprint::render(answers, components, tests, &compat.kept)?;
+    Ok((reconcile::reconcile(project, &desired, options)?, compat))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_modules_the_kit_no_longer_lets_a_project_keep_are_named() {
+        let named = |path: &str, line| Named {
+            path: path.to_string(),
+            line,
+        };
+        let compat = CompatModules {
+            used: [
+                ("outbox", vec![named("src/a.rs", 3)]),
+                (
+                    "queue",
+                    vec![named("tests/b.rs", 1), named("tests/b.rs", 4)],
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            kept: vec!["outbox"],
+        };
+        assert_eq!(
+            compat.cannot_keep(),
+            [(
+                "queue",
+                &[named("tests/b.rs", 1), named("tests/b.rs", 4)][..]
+            )]
+        );
+    }
+}
