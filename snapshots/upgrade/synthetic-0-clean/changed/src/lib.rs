@@ -8,7 +8,7 @@ pub mod routes;
 pub mod settings;
 pub mod startup;
 
-pub use kit::{
-    config, database, dispatch, env_file, migrate, outbox, signals, telemetry, trace_context,
-};
+// The kit's modules under the paths they had before the kit became a crate
+// (`crate::outbox`), for the code of yours that names them.
+pub use kit::{config, database, telemetry, trace_context};
 // gpkit:end modules

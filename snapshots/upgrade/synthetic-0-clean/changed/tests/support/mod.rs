@@ -2,7 +2,7 @@
 //! migrated from scratch. Tests of events, listeners and routes use the
 //! testing kit (`kit::testing`) instead: its `TestDatabase` copies a
 //! database migrated once, and the README's "Tests" shows its other calls.
-//! (The kit's own tests are in `kit/tests/`; `cargo test -p legacy-shop-kit
+//! (The kit's own tests are in `kit/src/tests/`; `cargo test -p legacy-shop-kit
 //! --all-features` runs them.)
 
 // Each test binary uses a different part of this module.
