@@ -81,6 +81,71 @@ pub fn carry_to_set_6(text: &str) -> Carried {
     }
 }
 
+/// The template set that made `OutboxDispatcher` private, which
+/// [`carry_to_set_15`] carries code across.
+pub const SET_15: u32 = 15;
+
+/// Carries Rust source across set 15, which made `OutboxDispatcher` the
+/// kit's own: a call on a new one becomes `kit::dispatch(`, also when the
+/// call is a method chain over several lines (`OutboxDispatcher::new()`,
+/// then `.dispatch(..)`, then `.await?`), which becomes one line; the
+/// imports left unused go. Text that names no `OutboxDispatcher` comes
+/// back as it was.
+pub fn carry_to_set_15(text: &str) -> Carried {
+    if !has_word(text, "OutboxDispatcher") {
+        return Carried {
+            text: text.to_string(),
+            notes: Vec::new(),
+        };
+    }
+    let source: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut notes = Vec::new();
+    let mut lines: Vec<String> = Vec::new();
+    let mut index = 0;
+    while index < source.len() {
+        let number = index + 1;
+        let mut line = source[index].to_string();
+        index += 1;
+        let code = line.trim_end();
+        let chained = index < source.len() && source[index].trim_start().starts_with(".dispatch(");
+        if !code.trim_start().starts_with("//")
+            && code.ends_with("OutboxDispatcher::new()")
+            && chained
+        {
+            // The chain's next lines (`.dispatch(..)`, `.await?;`) join it.
+            while index < source.len() && source[index].trim_start().starts_with('.') {
+                line = format!("{}{}\n", line.trim_end(), source[index].trim());
+                index += 1;
+            }
+        }
+        let before = line.clone();
+        line = rewrite_dispatch(&line);
+        if line == before && index > number {
+            // Joined for nothing (`MyOutboxDispatcher::new()`): as it was.
+            line = source[number - 1..index].concat();
+        } else if line != before {
+            let lines_of = if index > number {
+                format!("lines {number}-{index}")
+            } else {
+                format!("line {number}")
+            };
+            let was: Vec<&str> = source[number - 1..index].iter().map(|l| l.trim()).collect();
+            notes.push(LineNote {
+                line: number,
+                text: format!("`{}` -> `{}` ({lines_of})", was.join(" "), line.trim()),
+                rewritten: true,
+            });
+        }
+        lines.push(line);
+    }
+    drop_unused_imports(&mut lines, &mut notes);
+    notes.sort_by_key(|note| note.line);
+    Carried {
+        text: lines.concat(),
+        notes,
+    }
+}
+
 /// `state.dispatcher.dispatch(` and `OutboxDispatcher::new().dispatch(`
 /// become `kit::dispatch(`.
 fn rewrite_dispatch(line: &str) -> String {
@@ -252,6 +317,50 @@ fn is_ident(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_outbox_dispatcher_over_several_lines_becomes_one_kit_dispatch() {
+        let old = "\
+use kit::dispatch::Dispatcher;
+use kit::outbox::OutboxDispatcher;
+use kit::worker::listeners::{ListenerContext, ListenerError};
+
+async fn f(tx: &mut Tx, follow_up: &OrderPlaced) -> anyhow::Result<()> {
+    OutboxDispatcher::new()
+        .dispatch(&mut *tx, &follow_up)
+        .await?;
+    kit::outbox::OutboxDispatcher::new().dispatch(&mut *tx, &follow_up).await?;
+    Ok(())
+}
+";
+        let carried = carry_to_set_15(old);
+        assert_eq!(
+            carried.text,
+            "\
+use kit::worker::listeners::{ListenerContext, ListenerError};
+
+async fn f(tx: &mut Tx, follow_up: &OrderPlaced) -> anyhow::Result<()> {
+    kit::dispatch(&mut *tx, &follow_up).await?;
+    kit::dispatch(&mut *tx, &follow_up).await?;
+    Ok(())
+}
+"
+        );
+        let lines: Vec<usize> = carried.notes.iter().map(|n| n.line).collect();
+        assert_eq!(lines, [1, 2, 6, 9], "{:?}", carried.notes);
+        assert!(
+            carried.notes[2].text.contains("(lines 6-8)"),
+            "{:?}",
+            carried.notes
+        );
+        // Nothing to carry: the text comes back as it was.
+        let plain = "use kit::prelude::*;\nfn f() {}\n";
+        assert_eq!(carry_to_set_15(plain).text, plain);
+        let ours = "use kit::outbox::OutboxDispatcher;\nfn f() {\n    MyOutboxDispatcher::new()\n        .dispatch(x);\n    OutboxDispatcher::default();\n}\n";
+        let carried = carry_to_set_15(ours);
+        assert_eq!(carried.text, ours);
+        assert!(carried.notes.is_empty(), "{:?}", carried.notes);
+    }
 
     #[test]
     fn a_handler_of_set_5_dispatches_with_kit_dispatch() {

@@ -472,8 +472,8 @@ fn merge_user_file(
 }
 
 /// What carries the service's own code across the kit's API changes from
-/// the project's template set to this gpkit's: set 6's rewrites
-/// ([`api_changes`]) and the changes `kit_api_changes.toml` declares
+/// the project's template set to this gpkit's: set 6's and set 15's
+/// rewrites ([`api_changes`]) and the changes `kit_api_changes.toml` declares
 /// ([`kit_api`]), seen through the kit modules the project's `src/lib.rs`
 /// re-exports.
 struct ApiCarry {
@@ -498,7 +498,7 @@ impl ApiCarry {
 
     /// Whether the project meets any change.
     fn applies(&self) -> bool {
-        self.from < api_changes::SET_6 || !self.declared.is_empty()
+        self.from < api_changes::SET_15 || !self.declared.is_empty()
     }
 
     /// Carries a user's Rust file across the changes: the lines rewritten
@@ -516,6 +516,11 @@ impl ApiCarry {
             let to_6 = api_changes::carry_to_set_6(&carried);
             push_notes(change, &to_6.notes, api_changes::SET_6);
             carried = to_6.text;
+        }
+        if self.from < api_changes::SET_15 {
+            let to_15 = api_changes::carry_to_set_15(&carried);
+            push_notes(change, &to_15.notes, api_changes::SET_15);
+            carried = to_15.text;
         }
         if let Some(newest) = self.declared.iter().map(|c| c.set).max() {
             let declared = kit_api::carry(&carried, &self.declared, &self.roots);

@@ -64,7 +64,7 @@ fn listener_body(listener: &str) -> String {
 use std::time::Duration;
 
 use crate::events::order_placed::OrderPlaced;
-use crate::worker::listeners::{{ListenerContext, ListenerError}};
+use kit::worker::listeners::{{ListenerContext, ListenerError}};
 
 /// Records each run in `listener_runs`, with the trace it ran in and the id
 /// of the worker process that ran it. A note `sleep:<ms>` first records `start` and sleeps that
@@ -111,7 +111,7 @@ async fn record(event: &OrderPlaced, ctx: &ListenerContext, outcome: &str) -> Re
     .bind(event.order_id)
     .bind(&event.note)
     .bind(ctx.metadata().get("traceparent"))
-    .bind(crate::trace_context::current().map(|context| context.trace_id().to_string()))
+    .bind(kit::trace_context::current().map(|context| context.trace_id().to_string()))
     .bind(outcome)
     .bind(i64::from(std::process::id()))
     .execute(ctx.pool())
@@ -141,11 +141,9 @@ DROP TABLE listener_runs;
 const DISPATCH: &str = r#"//! Dispatches `<count>` `orderPlaced` events in one committed transaction,
 //! in the trace of `TRACEPARENT`/`TRACESTATE`; prints each envelope as JSON.
 
-use shop::database::Transactor;
-use shop::dispatch::Dispatcher;
+use kit::database::Transactor;
+use kit::trace_context::{self, TraceContext};
 use shop::events::order_placed::OrderPlaced;
-use shop::outbox::OutboxDispatcher;
-use shop::trace_context::{self, TraceContext};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -156,12 +154,11 @@ async fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("bad TRACEPARENT"))?;
     let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
     let transactor = Transactor::new(pool);
-    let dispatcher = OutboxDispatcher::new();
     let dispatch_all = transactor.run(async |tx| {
         let mut envelopes = Vec::new();
         for order_id in 1..=count {
             let event = OrderPlaced { order_id, note: format!("order {order_id}") };
-            envelopes.push(dispatcher.dispatch(&mut *tx, &event).await?);
+            envelopes.push(kit::dispatch(&mut *tx, &event).await?);
         }
         Ok::<_, anyhow::Error>(envelopes)
     });
@@ -258,6 +255,8 @@ pub(crate) fn project() -> &'static Path {
         write("src/bin/asynq_dispatch.rs", DISPATCH);
         write("src/routes/orders.rs", ORDERS_ROUTE);
         write("src/routes/mod.rs", ROUTES);
+        // The dispatch program prints envelopes as JSON.
+        crate::support::add_dependencies(&project, &["serde_json = \"1\""]);
         build_binaries(&project);
         project
     })

@@ -18,7 +18,7 @@ pub(crate) fn listener_body(listener: &str) -> String {
         r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the test.
 
 use crate::events::order_placed::OrderPlaced;
-use crate::worker::listeners::{{ListenerContext, ListenerError}};
+use kit::worker::listeners::{{ListenerContext, ListenerError}};
 
 /// Records the run, with the event id and the typed payload.
 pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
@@ -41,25 +41,22 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
 /// in a rolled-back one, as a request handler would.
 const DISPATCH_DEMO: &str = r#"//! Dispatches `orderPlaced` twice: once committed, once rolled back.
 
-use shop::database::Transactor;
-use shop::dispatch::Dispatcher;
+use kit::database::Transactor;
 use shop::events::order_placed::OrderPlaced;
-use shop::outbox::OutboxDispatcher;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
     let transactor = Transactor::new(pool);
-    let dispatcher = OutboxDispatcher::new();
     let committed = OrderPlaced { order_id: 42, note: "first".into() };
     let envelope = transactor
-        .run(async |tx| Ok::<_, anyhow::Error>(dispatcher.dispatch(&mut *tx, &committed).await?))
+        .run(async |tx| Ok::<_, anyhow::Error>(kit::dispatch(&mut *tx, &committed).await?))
         .await?;
     println!("{}", envelope.id);
     let rolled_back = OrderPlaced { order_id: 43, note: "never".into() };
     let failed: anyhow::Result<()> = transactor
         .run(async |tx| {
-            dispatcher.dispatch(&mut *tx, &rolled_back).await?;
+            kit::dispatch(&mut *tx, &rolled_back).await?;
             anyhow::bail!("payment declined")
         })
         .await;

@@ -14,11 +14,10 @@ use crate::worker_e2e::{RedisServer, Worker, wait_until};
 /// its work once.
 const LEDGER: &str = r#"//! `ledger`: records a payment and sends its receipt, once per event.
 
-use crate::dispatch::Dispatcher;
+use kit::worker::listeners::{ListenerContext, ListenerError};
+
 use crate::events::payment_taken::PaymentTaken;
 use crate::events::receipt_sent::ReceiptSent;
-use crate::outbox::OutboxDispatcher;
-use crate::worker::listeners::{ListenerContext, ListenerError};
 
 pub async fn handle(event: PaymentTaken, ctx: ListenerContext) -> Result<(), ListenerError> {
     sqlx::query("INSERT INTO attempts (event_id) VALUES ($1)")
@@ -33,7 +32,7 @@ pub async fn handle(event: PaymentTaken, ctx: ListenerContext) -> Result<(), Lis
         // Long enough for a kill to land inside the transaction.
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         let receipt = ReceiptSent { payment_id: event.payment_id };
-        OutboxDispatcher::new().dispatch(&mut *tx, &receipt).await?;
+        kit::dispatch(&mut *tx, &receipt).await?;
         Ok(())
     })
     .await?;

@@ -45,7 +45,7 @@ fn listener_body(listener: &str) -> String {
         r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the test.
 
 use crate::events::order_placed::OrderPlaced;
-use crate::worker::listeners::{{{imports}}};
+use kit::worker::listeners::{{{imports}}};
 
 /// Records the run.
 pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{

@@ -124,8 +124,9 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
 
     // The kit's SeaORM contract and relay tests pass as the project's kit
     // (`shop-kit`, with the project's migrations next to it). Its other
-    // test targets are not compiled here again: gpkit's workspace runs all
-    // of them (`cargo test -p gpkit-kit --all-features` in scripts/test).
+    // tests (in the same test binary since set 15) are not run here again:
+    // gpkit's workspace runs all of them (`cargo test -p gpkit-kit
+    // --all-features` in scripts/test).
     let kit_tests = cargo(
         &project,
         &[
@@ -133,10 +134,10 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
             "-p",
             "shop-kit",
             "--all-features",
-            "--test",
-            "outbox_seaorm",
-            "--test",
-            "relay_seaorm",
+            "--lib",
+            "--",
+            "tests::outbox_seaorm::",
+            "tests::relay_seaorm::",
         ],
     );
     let report = String::from_utf8_lossy(&kit_tests.stdout);
@@ -147,7 +148,7 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
         "on_the_connection_dispatch_is_a_plain_insert",
         "seaorm_dispatched_events_become_tasks_like_any_other",
     ] {
-        assert!(report.contains(&format!("test {test} ... ok")), "{report}");
+        assert!(report.contains(&format!("::{test} ... ok")), "{report}");
     }
 
     // Nothing changed since gpkit wrote it: upgrading changes nothing.

@@ -18,7 +18,7 @@ use crate::worker_e2e::{RedisServer, Worker, wait_until};
 const ENDLESS_LISTENER: &str = r#"//! `endless`: a listener of `orderPlaced` that never finishes by itself.
 
 use crate::events::order_placed::OrderPlaced;
-use crate::worker::listeners::{ListenerContext, ListenerError};
+use kit::worker::listeners::{ListenerContext, ListenerError};
 
 /// Waits forever: only a cancellation or shutdown ends it.
 pub async fn handle(_event: OrderPlaced, _ctx: ListenerContext) -> Result<(), ListenerError> {

@@ -41,6 +41,20 @@ pub fn edit(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
+/// Adds crates to the `[dependencies]` of the project's `Cargo.toml`, as a
+/// user does when their own code names one (a new project lists only the
+/// crates its code names): `deps` are `name = "version"` lines.
+pub fn add_dependencies(project: &Path, deps: &[&str]) {
+    let path = project.join("Cargo.toml");
+    let mut manifest: toml_edit::DocumentMut =
+        std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let added: toml_edit::DocumentMut = deps.join("\n").parse().unwrap();
+    for (name, item) in added.iter() {
+        manifest["dependencies"][name] = item.clone();
+    }
+    std::fs::write(path, manifest.to_string()).unwrap();
+}
+
 /// Whether this is a CI run (`CI=true`), where a missing tool fails a test
 /// rather than skipping it.
 pub fn in_ci() -> bool {
