@@ -537,7 +537,10 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
     // with, so its build is reused.
     let output = Command::new(env!("CARGO"))
         .args(["test", "--locked", "-p", "gpkit-kit", "--all-features"])
-        .env("CARGO_TARGET_DIR", crate::support::repo().join("target/kit"))
+        .env(
+            "CARGO_TARGET_DIR",
+            crate::support::repo().join("target/kit"),
+        )
         .args(["--lib", "--", "tests::queue::", "tests::relay::"])
         .current_dir(crate::support::repo())
         .env("DATABASE_URL", crate::e2e::server_url())
