@@ -24,7 +24,7 @@ use crate::engine::manifest::Components;
 use crate::engine::project::Project;
 use crate::engine::project_path;
 use crate::engine::reconcile::{FileChange, Options, Outcome};
-use crate::engine::{update, user_code};
+use crate::engine::{reconcile, update};
 
 use crate::cli::{AddCommand, Cli, Command, GlobalArgs, NewCommand, UpgradeCommand};
 use crate::engine::plan::Plan;
@@ -148,7 +148,7 @@ fn add_components(
     options: &Options,
     command: &str,
 ) -> Result<bool> {
-    let (changes, _) = user_code::reconcile(project, &components, options)?;
+    let (changes, _) = reconcile::for_components(project, &components, options)?;
     refuse_conflicts(&changes, command)?;
     let plan = update::plan(project, &changes, components)?;
     if ctx.preview(&plan, &format!("Plan for `{command}`"))? {

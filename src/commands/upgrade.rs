@@ -13,7 +13,7 @@ use crate::engine::blueprint::{self, TEMPLATE_SET_VERSION};
 use crate::engine::manifest::Owner;
 use crate::engine::plan::{Action, Plan};
 use crate::engine::reconcile::{FileChange, Options, Outcome};
-use crate::engine::{update, user_code};
+use crate::engine::{reconcile, update};
 
 /// Exit code of `--check` when an upgrade is available.
 const EXIT_AVAILABLE: u8 = 2;
@@ -47,7 +47,7 @@ pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
         ..Options::default()
     };
     let (changes, _compat) =
-        user_code::reconcile(&project, &project.manifest.components, &options)?;
+        reconcile::for_components(&project, &project.manifest.components, &options)?;
     let plan = update::plan(&project, &changes, project.manifest.components.clone())?;
     let conflicts = changes.iter().any(|c| c.outcome.is_conflict());
 

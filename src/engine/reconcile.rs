@@ -22,8 +22,8 @@ use anyhow::Result;
 use diffy::{ConflictStyle, MergeOptions};
 
 use crate::domain::{api_changes, kit_api};
-use crate::engine::blueprint::{KIT_DIR, NOW_USERS, TEMPLATE_SET_VERSION, Tree};
-use crate::engine::manifest::Owner;
+use crate::engine::blueprint::{self, KIT_DIR, NOW_USERS, TEMPLATE_SET_VERSION, Tests, Tree};
+use crate::engine::manifest::{Components, Owner};
 use crate::engine::project::Project;
 use crate::engine::{cargo_toml, line_endings, project_path, regions, user_code};
 
@@ -154,6 +154,43 @@ fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// What `gpkit add` and `gpkit upgrade templates` do to `project` to give
+/// it `components`: the decision for every file
+/// ([`reconcile`]) against the blueprint whose `src/lib.rs`
+/// keeps the compatibility re-exports that the project's code uses once
+/// those decisions are applied, which are returned too.
+pub fn for_components(
+    project: &Project,
+    components: &Components,
+    options: &Options,
+) -> Result<(Vec<FileChange>, user_code::CompatModules)> {
+    let answers = &project.manifest.answers;
+    let tests = Tests::Since(&project.manifest);
+    // The re-exports change `src/lib.rs` only, which names none of them:
+    // the other files come out the same with or without them.
+    let plain = blueprint::render(answers, components, tests, &[])?;
+    let changes = reconcile(project, &plain, options)?;
+    let code = user_code::sources_after(project, &plain, &edits(&changes))?;
+    let compat = user_code::compat_modules(project, &code, components.worker)?;
+    if compat.kept.is_empty() {
+        return Ok((changes, compat));
+    }
+    let desired = blueprint::render(answers, components, tests, &compat.kept)?;
+    Ok((reconcile(project, &desired, options)?, compat))
+}
+
+/// What `changes` do to each file, as [`user_code`] reads them.
+fn edits(changes: &[FileChange]) -> Vec<user_code::Edit<'_>> {
+    changes
+        .iter()
+        .map(|change| user_code::Edit {
+            path: &change.path,
+            write: change.write.as_deref(),
+            delete: change.delete,
+        })
+        .collect()
+}
+
 /// Decides, for every file of the project and of `desired`, what to do.
 pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
     let moves = moves(project, desired);
@@ -271,7 +308,7 @@ pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result
         changes.extend(carry_users_own_sources(project, desired, &carry)?);
     }
     if let Some((at, base, ours, theirs, crlf)) = manifest_merge {
-        let code = user_code::sources_after(project, desired, &changes)?;
+        let code = user_code::sources_after(project, desired, &edits(&changes))?;
         let change = &mut changes[at];
         merge_user_file(change, base, ours, theirs, &code)?;
         if crlf {

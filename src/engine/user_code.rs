@@ -17,10 +17,9 @@ use anyhow::Result;
 
 use crate::domain::code_uses::{self, Named};
 use crate::domain::names::PackageName;
-use crate::engine::blueprint::{self, NOW_USERS, Tests, Tree};
-use crate::engine::manifest::{Components, DataLayer, Owner};
+use crate::engine::blueprint::{NOW_USERS, Tree};
+use crate::engine::manifest::{DataLayer, Owner};
 use crate::engine::project::Project;
-use crate::engine::reconcile::{self, FileChange, Options};
 use crate::engine::{line_endings, project_path};
 
 /// The folders whose Rust files are the service's code.
@@ -79,23 +78,32 @@ pub fn sources(project: &Project, desired: &Tree) -> Result<Vec<(String, String)
     Ok(sources)
 }
 
-/// The service's Rust files as `changes` leave them: [`sources`], with each
-/// file a change writes at its new text, and without those it deletes.
+/// What a planned change does to one file: the bytes it writes, or that it
+/// deletes the file (neither: the file stays as it is).
+#[derive(Debug, Clone, Copy)]
+pub struct Edit<'a> {
+    pub path: &'a str,
+    pub write: Option<&'a [u8]>,
+    pub delete: bool,
+}
+
+/// The service's Rust files as `edits` leave them: [`sources`], with each
+/// file an edit writes at its new text, and without those it deletes.
 pub fn sources_after(
     project: &Project,
     desired: &Tree,
-    changes: &[FileChange],
+    edits: &[Edit<'_>],
 ) -> Result<Vec<(String, String)>> {
     let mut files: BTreeMap<String, String> = sources(project, desired)?.into_iter().collect();
-    for change in changes {
-        if !is_code_path(&change.path) || is_kits(project, desired, &change.path) {
+    for edit in edits {
+        if !is_code_path(edit.path) || is_kits(project, desired, edit.path) {
             continue;
         }
-        if change.delete {
-            files.remove(&change.path);
-        } else if let Some(text) = &change.write {
-            let text = String::from_utf8_lossy(&line_endings::to_lf(text.clone())).into_owned();
-            files.insert(change.path.clone(), text);
+        if edit.delete {
+            files.remove(edit.path);
+        } else if let Some(text) = edit.write {
+            let text = String::from_utf8_lossy(&line_endings::to_lf(text.to_vec())).into_owned();
+            files.insert(edit.path.to_string(), text);
         }
     }
     Ok(files.into_iter().collect())
@@ -141,31 +149,6 @@ pub fn compat_modules(
         kept: code_uses::reexported(&names, worker, seaorm),
         used,
     })
-}
-
-/// What `gpkit add` and `gpkit upgrade templates` do to `project` to give
-/// it `components`: the decision for every file
-/// ([`reconcile::reconcile`]) against the blueprint whose `src/lib.rs`
-/// keeps the compatibility re-exports that the project's code uses once
-/// those decisions are applied, which are returned too.
-pub fn reconcile(
-    project: &Project,
-    components: &Components,
-    options: &Options,
-) -> Result<(Vec<FileChange>, CompatModules)> {
-    let answers = &project.manifest.answers;
-    let tests = Tests::Since(&project.manifest);
-    // The re-exports change `src/lib.rs` only, which names none of them:
-    // the other files come out the same with or without them.
-    let plain = blueprint::render(answers, components, tests, &[])?;
-    let changes = reconcile::reconcile(project, &plain, options)?;
-    let code = sources_after(project, &plain, &changes)?;
-    let compat = compat_modules(project, &code, components.worker)?;
-    if compat.kept.is_empty() {
-        return Ok((changes, compat));
-    }
-    let desired = blueprint::render(answers, components, tests, &compat.kept)?;
-    Ok((reconcile::reconcile(project, &desired, options)?, compat))
 }
 
 #[cfg(test)]
