@@ -381,10 +381,21 @@ fn readyz_fails_while_valkey_is_down_and_recovers_when_it_is_back() {
 /// The start-up log of a worker on `redis`, up to "worker started".
 fn start_up_log(redis: &RedisServer) -> String {
     let (db, _) = database_with_events(0);
-    let mut worker = Worker::start(&db, redis, &[]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = Worker::start(&db, redis, &[("WORKER_METRICS_ADDR", &addr)]);
     wait_until(Duration::from_secs(30), "the worker started", || {
         worker.log().contains("worker started")
     });
+    // The worker logs "worker started" before it listens for SIGTERM (its
+    // shutdown future is first polled once its tasks are spawned): a
+    // SIGTERM in between ends it by the signal's default action. Its
+    // endpoints answer once those tasks run.
+    wait_until(
+        Duration::from_secs(30),
+        "the worker's endpoints answer",
+        || http_get(port, "/healthz").0 == 200,
+    );
     let log = worker.log();
     worker.signal("-TERM");
     assert_eq!(worker.wait(Duration::from_secs(30)), Some(0));
