@@ -148,7 +148,7 @@ fn add_components(
     options: &Options,
     command: &str,
 ) -> Result<bool> {
-    let (changes, _) = reconcile::for_components(project, &components, options)?;
+    let changes = reconcile::for_components(project, &components, options)?;
     refuse_conflicts(&changes, command)?;
     let plan = update::plan(project, &changes, components)?;
     if ctx.preview(&plan, &format!("Plan for `{command}`"))? {

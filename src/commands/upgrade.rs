@@ -46,8 +46,7 @@ pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
         restore_deleted: args.restore_deleted,
         ..Options::default()
     };
-    let (changes, _compat) =
-        reconcile::for_components(&project, &project.manifest.components, &options)?;
+    let changes = reconcile::for_components(&project, &project.manifest.components, &options)?;
     let plan = update::plan(&project, &changes, project.manifest.components.clone())?;
     let conflicts = changes.iter().any(|c| c.outcome.is_conflict());
 

@@ -126,7 +126,7 @@ pub type Tree = BTreeMap<String, BlueprintFile>;
 /// kit's (`kit/src/tests/`). `tests` says which listeners' and schedules' tests
 /// it has. `src/lib.rs` re-exports the kit's modules of `reexports` under
 /// their old paths (`crate::outbox`): none in a new project; in an older
-/// one, those its code uses (`user_code::compat_modules`), of
+/// one, those its code uses (`user_code::kept_compat_modules`), of
 /// [`code_uses::REEXPORTABLE_KIT_MODULES`] only.
 pub fn render(
     answers: &Answers,

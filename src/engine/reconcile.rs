@@ -158,12 +158,12 @@ fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
 /// it `components`: the decision for every file
 /// ([`reconcile`]) against the blueprint whose `src/lib.rs`
 /// keeps the compatibility re-exports that the project's code uses once
-/// those decisions are applied, which are returned too.
+/// those decisions are applied.
 pub fn for_components(
     project: &Project,
     components: &Components,
     options: &Options,
-) -> Result<(Vec<FileChange>, user_code::CompatModules)> {
+) -> Result<Vec<FileChange>> {
     let answers = &project.manifest.answers;
     let tests = Tests::Since(&project.manifest);
     // The re-exports change `src/lib.rs` only, which names none of them:
@@ -171,12 +171,12 @@ pub fn for_components(
     let plain = blueprint::render(answers, components, tests, &[])?;
     let changes = reconcile(project, &plain, options)?;
     let code = user_code::sources_after(project, &plain, &edits(&changes))?;
-    let compat = user_code::compat_modules(project, &code, components.worker)?;
-    if compat.kept.is_empty() {
-        return Ok((changes, compat));
+    let kept = user_code::kept_compat_modules(project, &code, components.worker)?;
+    if kept.is_empty() {
+        return Ok(changes);
     }
-    let desired = blueprint::render(answers, components, tests, &compat.kept)?;
-    Ok((reconcile(project, &desired, options)?, compat))
+    let desired = blueprint::render(answers, components, tests, &kept)?;
+    reconcile(project, &desired, options)
 }
 
 /// What `changes` do to each file, as [`user_code`] reads them.

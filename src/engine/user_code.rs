@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
-use crate::domain::code_uses::{self, Named};
+use crate::domain::code_uses;
 use crate::domain::names::PackageName;
 use crate::engine::blueprint::{NOW_USERS, Tree};
 use crate::engine::manifest::{DataLayer, Owner};
@@ -109,76 +109,19 @@ pub fn sources_after(
     Ok(files.into_iter().collect())
 }
 
-/// Which of the kit's compatibility modules the service's code uses
-/// through its `src/lib.rs` (`crate::outbox`, `shop::config`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CompatModules {
-    /// Every compatibility module the code names, with each place (file
-    /// and line) that names it.
-    pub used: BTreeMap<&'static str, Vec<Named>>,
-    /// Of those, the ones `src/lib.rs` re-exports (the kit still lets a
-    /// project keep them, with its features on).
-    pub kept: Vec<&'static str>,
-}
-
-impl CompatModules {
-    /// The modules the code uses that `src/lib.rs` cannot re-export any
-    /// more, each with the places that name it: the user's lines to change.
-    pub fn cannot_keep(&self) -> Vec<(&'static str, &[Named])> {
-        self.used
-            .iter()
-            .filter(|(m, _)| !self.kept.contains(m))
-            .map(|(m, places)| (*m, places.as_slice()))
-            .collect()
-    }
-}
-
-/// The compatibility modules that `code` (path, text) of `project` uses,
-/// and which of them its `src/lib.rs` keeps with the kit's features of
-/// `worker` and the answers' data layer.
-pub fn compat_modules(
+/// The compatibility modules that `code` (path, text) of `project` uses
+/// through its `src/lib.rs` (`crate::outbox`, `shop::config`) and that
+/// `src/lib.rs` may keep re-exporting with the kit's features of `worker`
+/// and the answers' data layer. (The lines that name a module it cannot
+/// keep are reported by the upgrade's API carry, `domain::kit_api`.)
+pub fn kept_compat_modules(
     project: &Project,
     code: &[(String, String)],
     worker: bool,
-) -> Result<CompatModules> {
+) -> Result<Vec<&'static str>> {
     let crate_name = PackageName::parse(&project.manifest.answers.name)?.crate_name();
     let used = code_uses::compat_modules_named(code, &crate_name);
     let names: Vec<&str> = used.keys().copied().collect();
     let seaorm = project.manifest.answers.db == DataLayer::SeaOrm;
-    Ok(CompatModules {
-        kept: code_uses::reexported(&names, worker, seaorm),
-        used,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_modules_the_kit_no_longer_lets_a_project_keep_are_named() {
-        let named = |path: &str, line| Named {
-            path: path.to_string(),
-            line,
-        };
-        let compat = CompatModules {
-            used: [
-                ("outbox", vec![named("src/a.rs", 3)]),
-                (
-                    "queue",
-                    vec![named("tests/b.rs", 1), named("tests/b.rs", 4)],
-                ),
-            ]
-            .into_iter()
-            .collect(),
-            kept: vec!["outbox"],
-        };
-        assert_eq!(
-            compat.cannot_keep(),
-            [(
-                "queue",
-                &[named("tests/b.rs", 1), named("tests/b.rs", 4)][..]
-            )]
-        );
-    }
+    Ok(code_uses::reexported(&names, worker, seaorm))
 }
