@@ -65,6 +65,14 @@ pub const BUILD_ENV: [(&str, &str); 2] = [
 /// their own, about 80 s a project on CI's machine.
 const DEPENDENCY_PROFILE: [&str; 2] = ["--config", "profile.dev.package.\"*\".debug=false"];
 
+/// Arguments of a cargo run of gpkit's workspace that builds the kit
+/// (`-p gpkit-kit`) in [`shared_target`], as `scripts/test` does: the
+/// workspace optimises sha2 for gpkit's own hashing, a generated project
+/// does not, and with the default back the kit's dependencies (sqlx and
+/// what it depends on included) are the very ones the generated projects
+/// build with.
+pub const KIT_AS_GENERATED: [&str; 2] = ["--config", "profile.dev.package.sha2.opt-level=0"];
+
 /// Cargo runs one at a time: generated packages share the target directory,
 /// where binaries of the same name (`server`, `worker`) overwrite each other.
 static CARGO: Mutex<SharedTarget> = Mutex::new(SharedTarget {
@@ -129,6 +137,7 @@ pub fn cargo_lock(project: &Path) -> CargoLock {
         std::time::Instant::now(),
         CARGO_MILLIS.load(std::sync::atomic::Ordering::Relaxed),
     );
+    lock_versions_as_the_workspace(project);
     let now = SystemTime::now();
     if target.project.as_deref() != Some(project) {
         touch_tree(project, &["kit"], now);
@@ -181,6 +190,18 @@ impl Drop for CargoLock {
         {
             target.kits.remove(&name);
         }
+    }
+}
+
+/// Gives `project`, when it is a Cargo project without a `Cargo.lock`, a
+/// copy of gpkit's: cargo keeps the versions it names that still fit and
+/// resolves the rest, so a project's dependencies are the versions the
+/// kit's tests compiled in [`shared_target`] (`scripts/test`), not whatever
+/// the registry holds that day, and are built once for both.
+fn lock_versions_as_the_workspace(project: &Path) {
+    let lock = project.join("Cargo.lock");
+    if project.join("Cargo.toml").is_file() && !lock.exists() {
+        std::fs::copy(repo().join("Cargo.lock"), &lock).unwrap();
     }
 }
 
