@@ -286,8 +286,18 @@ const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
 /// what would change the build: RUSTFLAGS, and the RUSTC_BOOTSTRAP that
 /// scripts/test gives the test binaries for libtest's times (it allows
 /// unstable features, which a user's build does not, and cargo
-/// fingerprints it).
+/// fingerprints it). Nor the variables cargo gave this test binary about
+/// gpkit's own package (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...):
+/// build scripts that read them (ring's, for one) tell cargo to rebuild
+/// when they change, so with them every crate that depends on such a
+/// script would be compiled again here rather than shared with the kit's
+/// builds in `scripts/test`, which has none.
 pub fn shared_build(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if set_by_cargo_for_this_package(&name.to_string_lossy()) {
+            command.env_remove(name);
+        }
+    }
     command
         .env("CARGO_TARGET_DIR", shared_target())
         .envs(BUILD_ENV)
@@ -296,6 +306,22 @@ pub fn shared_build(command: &mut Command) -> &mut Command {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .env_remove("RUSTC_BOOTSTRAP")
+}
+
+/// Whether `name` is one of the variables cargo sets for a package's
+/// build script, test or binary to read about that package (see cargo's
+/// "Environment variables Cargo sets for crates").
+fn set_by_cargo_for_this_package(name: &str) -> bool {
+    ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        || [
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "OUT_DIR",
+        ]
+        .contains(&name)
 }
 
 /// `cargo clippy --all-targets -- -D warnings` in `project`, as a build.

@@ -535,15 +535,13 @@ fn the_queue_and_relay_tests_pass_on_valkey() {
 
     // The features, profile and target directory `scripts/test` tests the
     // kit with, so its build is reused.
-    let output = Command::new(env!("CARGO"))
+    let output = crate::e2e::shared_build(&mut Command::new(env!("CARGO")))
         .args(["test", "--locked", "-p", "gpkit-kit", "--all-features"])
         .args(crate::e2e::KIT_AS_GENERATED)
-        .env("CARGO_TARGET_DIR", crate::e2e::shared_target())
         .args(["--lib", "--", "tests::queue::", "tests::relay::"])
         .current_dir(crate::support::repo())
         .env("DATABASE_URL", crate::e2e::server_url())
         .env("VALKEY_ADDR", valkey.addr())
-        .env_remove("RUSTC_BOOTSTRAP")
         .output()
         .unwrap();
 
