@@ -97,6 +97,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let with_worker = project.manifest.components.worker;
+    let run = Processes::of(&project.manifest);
     let database = project.manifest.answers.name.replace('-', "_");
 
     // What to run, decided before anything is written or started.
@@ -283,19 +284,19 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             format!("127.0.0.1:{}", services::free_port()?),
         ));
     }
+    // The console: a loopback port of its own, unless one is set.
+    if run.console && settings.get("OUTBOX_CONSOLE_ADDR").is_none() {
+        env.push((
+            "OUTBOX_CONSOLE_ADDR".into(),
+            format!("127.0.0.1:{}", services::free_port()?),
+        ));
+    }
     // Their output goes through gpkit: colours only when gpkit's does.
     if !output::colour() && std::env::var_os("NO_COLOR").is_none() {
         env.push(("NO_COLOR".into(), "1".into()));
     }
 
-    let result = run_service(
-        &root,
-        &lock,
-        &env,
-        &service_pids,
-        with_worker,
-        !args.no_watch,
-    );
+    let result = run_service(&root, &lock, &env, &service_pids, run, !args.no_watch);
     drop(valkey);
     drop(postgres);
     drop(compose);
@@ -318,7 +319,7 @@ fn run_service(
     lock: &DevLock,
     env: &[(String, String)],
     service_pids: &[(u32, PathBuf)],
-    with_worker: bool,
+    run: Processes,
     watching: bool,
 ) -> Result<()> {
     let Some(binaries) = build(root)? else {
@@ -328,16 +329,21 @@ fn run_service(
         );
     };
     migrate(&binary(&binaries, "migrate")?, root, env)?;
-    let programs = programs(&binaries, with_worker)?;
+    let programs = programs(&binaries, run)?;
     let mut supervisor = processes::Supervisor::start(&programs, env, root)?;
-    let addr = &env.iter().find(|(k, _)| k == "HTTP_ADDR").unwrap().1;
+    let addr = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    let console = match addr("OUTBOX_CONSOLE_ADDR").filter(|_| run.console) {
+        Some(console) => format!("; the console at http://{console}/"),
+        None => String::new(),
+    };
     note(&format!(
-        "running {}; http://{addr}; Ctrl-C stops it all",
+        "running {}; http://{}{console}; Ctrl-C stops it all",
         programs
             .iter()
-            .map(|(name, _)| name.as_str())
+            .map(|program| program.name.as_str())
             .collect::<Vec<_>>()
-            .join(" and ")
+            .join(" and "),
+        addr("HTTP_ADDR").unwrap_or_default()
     ));
     let write_state = |supervisor: &processes::Supervisor| {
         let pids: Vec<(u32, PathBuf)> = service_pids
@@ -364,7 +370,7 @@ fn run_service(
         {
             let changes = watch.changes();
             if !changes.is_empty() {
-                reload(root, env, with_worker, &mut supervisor, &changes)?;
+                reload(root, env, run, &mut supervisor, &changes)?;
                 write_state(&supervisor)?;
             }
             scanned = Instant::now();
@@ -386,11 +392,44 @@ fn binary(binaries: &Binaries, name: &str) -> Result<PathBuf> {
     })
 }
 
+/// Which of the service's processes `gpkit dev` runs beside the server.
+#[derive(Debug, Clone, Copy)]
+struct Processes {
+    worker: bool,
+    /// `outbox console`: with the worker, from the template set whose
+    /// `outbox` binary serves it.
+    console: bool,
+}
+
+/// The first template set whose `outbox` binary has the `console`
+/// subcommand.
+const CONSOLE_SINCE_SET: u32 = 16;
+
+impl Processes {
+    fn of(manifest: &crate::engine::manifest::Manifest) -> Self {
+        let worker = manifest.components.worker;
+        Self {
+            worker,
+            console: worker && manifest.gpkit.template_set >= CONSOLE_SINCE_SET,
+        }
+    }
+}
+
 /// The processes to run, by name, from a build.
-fn programs(binaries: &Binaries, with_worker: bool) -> Result<Vec<(String, PathBuf)>> {
-    let mut programs = vec![("server".to_string(), binary(binaries, "server")?)];
-    if with_worker {
-        programs.push(("worker".to_string(), binary(binaries, "worker")?));
+fn programs(binaries: &Binaries, run: Processes) -> Result<Vec<processes::Program>> {
+    let program = |name: &str, binary_name: &str, args: &[&str]| -> Result<processes::Program> {
+        Ok(processes::Program {
+            name: name.to_string(),
+            path: binary(binaries, binary_name)?,
+            args: args.iter().map(|arg| arg.to_string()).collect(),
+        })
+    };
+    let mut programs = vec![program("server", "server", &[])?];
+    if run.worker {
+        programs.push(program("worker", "worker", &[])?);
+    }
+    if run.console {
+        programs.push(program("console", "outbox", &["console"])?);
     }
     Ok(programs)
 }
@@ -401,7 +440,7 @@ fn programs(binaries: &Binaries, with_worker: bool) -> Result<Vec<(String, PathB
 fn reload(
     root: &Path,
     env: &[(String, String)],
-    with_worker: bool,
+    run: Processes,
     supervisor: &mut processes::Supervisor,
     changes: &[PathBuf],
 ) -> Result<()> {
@@ -421,7 +460,7 @@ fn reload(
     };
     let restarted = binary(&binaries, "migrate")
         .and_then(|migrate_bin| migrate(&migrate_bin, root, env))
-        .and_then(|()| programs(&binaries, with_worker));
+        .and_then(|()| programs(&binaries, run));
     match restarted {
         Ok(programs) => {
             supervisor.restart(&programs)?;

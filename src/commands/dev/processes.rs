@@ -1,5 +1,5 @@
-//! The service's processes (`server`, and `worker` when the project has
-//! it), run from the built binaries with the dev environment, their output
+//! The service's processes (`server`, and `worker` and the console when
+//! the project has the worker), run from the built binaries with the dev environment, their output
 //! prefixed by name; a process that exits is restarted, after a pause that
 //! doubles while it keeps exiting soon after its start (1 s up to 30 s),
 //! and a line says why it exited. Stopping sends SIGTERM, then SIGKILL to
@@ -33,11 +33,20 @@ pub fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// A process to run: a built binary and its arguments, by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    /// What its output lines are prefixed with.
+    pub name: String,
+    pub path: PathBuf,
+    pub args: Vec<String>,
+}
+
 /// One supervised process.
 #[derive(Debug)]
 struct Process {
     name: String,
-    program: PathBuf,
+    program: Program,
     child: Option<Child>,
     started: Instant,
     restart_at: Option<Instant>,
@@ -55,19 +64,15 @@ pub struct Supervisor {
 impl Supervisor {
     /// Starts each `(name, program)` in `dir` with `env` added to gpkit's
     /// environment.
-    pub fn start(
-        programs: &[(String, PathBuf)],
-        env: &[(String, String)],
-        dir: &Path,
-    ) -> Result<Self> {
+    pub fn start(programs: &[Program], env: &[(String, String)], dir: &Path) -> Result<Self> {
         let mut supervisor = Self {
             processes: Vec::new(),
             env: env.to_vec(),
             dir: dir.to_path_buf(),
         };
-        for (name, program) in programs {
+        for program in programs {
             let mut process = Process {
-                name: name.clone(),
+                name: program.name.clone(),
                 program: program.clone(),
                 child: None,
                 started: Instant::now(),
@@ -81,7 +86,8 @@ impl Supervisor {
     }
 
     fn spawn(&self, process: &Process) -> Result<Child> {
-        let mut child = Command::new(&process.program)
+        let mut child = Command::new(&process.program.path)
+            .args(&process.program.args)
             .current_dir(&self.dir)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -91,7 +97,7 @@ impl Supervisor {
             // only, which then stops each process in turn.
             .process_group(0)
             .spawn()
-            .with_context(|| format!("failed to start `{}`", process.program.display()))?;
+            .with_context(|| format!("failed to start `{}`", process.program.path.display()))?;
         if let Some(stdout) = child.stdout.take() {
             output::pump(&process.name, stdout);
         }
@@ -105,7 +111,7 @@ impl Supervisor {
     pub fn pids(&self) -> Vec<(u32, PathBuf)> {
         self.processes
             .iter()
-            .filter_map(|p| p.child.as_ref().map(|c| (c.id(), p.program.clone())))
+            .filter_map(|p| p.child.as_ref().map(|c| (c.id(), p.program.path.clone())))
             .collect()
     }
 
@@ -167,12 +173,12 @@ impl Supervisor {
 
     /// Stops every process, then starts each again from `programs` (the
     /// same names, new binaries).
-    pub fn restart(&mut self, programs: &[(String, PathBuf)]) -> Result<()> {
+    pub fn restart(&mut self, programs: &[Program]) -> Result<()> {
         self.stop();
         for index in 0..self.processes.len() {
-            if let Some((_, program)) = programs
+            if let Some(program) = programs
                 .iter()
-                .find(|(name, _)| *name == self.processes[index].name)
+                .find(|program| program.name == self.processes[index].name)
             {
                 self.processes[index].program = program.clone();
             }

@@ -18,7 +18,8 @@
 //! stores an event in the outbox.
 //!
 //! Feature `worker`: `queue` (the asynq wire format), `worker` (listeners,
-//! inbox, metrics), `scheduler`, `operations` (the `outbox` command).
+//! inbox, metrics), `scheduler`, `operations` (the `outbox` command) and
+//! [`console`] (its web pages, `outbox console`).
 //! Feature `seaorm`: `orm`, SeaORM transactions. Feature `mimalloc` (on by
 //! default): mimalloc as the allocator of every binary (see [`binary`]).
 
@@ -26,6 +27,8 @@
 
 pub mod binary;
 pub mod config;
+#[cfg(feature = "worker")]
+pub mod console;
 pub mod database;
 pub mod dispatch;
 pub mod env_file;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use super::output::Format;
-use super::{USAGE, list, purge, replay, retry_archived, show, status};
+use super::{USAGE, console, list, purge, replay, retry_archived, show, status};
 
 /// Operates the outbox: follow an event from its commit to every listener,
 /// replay it, run archived listener tasks again, purge published rows.
@@ -37,6 +37,9 @@ pub(crate) enum Command {
     RetryArchived(retry_archived::Args),
     /// Deletes published rows in bounded batches
     Purge(purge::Args),
+    /// Serves the web console: the outbox at work, one event from its
+    /// commit to every listener, and the failures to retry
+    Console(console::Args),
 }
 
 impl Cli {

@@ -7,7 +7,8 @@
 //! - [`cli`]: the arguments, and [`run`], which connects and runs one
 //!   subcommand;
 //! - one module per subcommand (internal to the kit): `status`, `show`,
-//!   `list`, `replay`, `retry_archived`, `purge`;
+//!   `list`, `replay`, `retry_archived`, `purge`, and `console`, which
+//!   serves [`crate::console`];
 //! - `rows`: the SQL on `outbox_events` they need;
 //! - `tasks`: from an event to its tasks in the queue;
 //! - `time`: times given as `2h` (that long ago) or RFC 3339;
@@ -18,6 +19,7 @@
 //! that fails on its input changes nothing.
 
 pub mod cli;
+pub(crate) mod console;
 pub(crate) mod list;
 pub(crate) mod output;
 pub(crate) mod purge;
@@ -36,6 +38,7 @@ use anyhow::Context as _;
 use sqlx::PgPool;
 
 use self::cli::{Cli, Command};
+use self::output::Format;
 use crate::config::Config;
 use crate::database;
 use crate::queue::Client;
@@ -87,16 +90,30 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Connects to Postgres and Valkey when first needed.
+    pub(crate) fn new(config: Config, listeners: Listeners) -> Self {
+        Self {
+            pool: database::connect_lazy(&config.database),
+            queue: OnceLock::new(),
+            config,
+            listeners,
+        }
+    }
+}
+
 /// Connects to Postgres and Valkey and runs `cli`'s subcommand.
 pub async fn run(config: Config, listeners: Listeners, cli: Cli) -> ExitCode {
-    let context = Context {
-        pool: database::connect_lazy(&config.database),
-        queue: OnceLock::new(),
-        config,
-        listeners,
+    let context = Context::new(config, listeners);
+    let result = match cli.command {
+        // The console keeps the context, and its pool, while it serves.
+        Command::Console(args) => console::run(context, args).await,
+        command => {
+            let result = dispatch(&context, command, cli.format).await;
+            context.pool.close().await;
+            result
+        }
     };
-    let result = dispatch(&context, cli).await;
-    context.pool.close().await;
     match result {
         Ok(code) => code,
         Err(err) => {
@@ -106,14 +123,14 @@ pub async fn run(config: Config, listeners: Listeners, cli: Cli) -> ExitCode {
     }
 }
 
-async fn dispatch(context: &Context, cli: Cli) -> anyhow::Result<ExitCode> {
-    let format = cli.format;
-    match cli.command {
+async fn dispatch(context: &Context, command: Command, format: Format) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Status(args) => status::run(context, &args, format).await,
         Command::Show(args) => show::run(context, &args, format).await,
         Command::List(args) => list::run(context, &args, format).await,
         Command::Replay(args) => replay::run(context, &args, format).await,
         Command::RetryArchived(args) => retry_archived::run(context, &args, format).await,
         Command::Purge(args) => purge::run(context, &args, format).await,
+        Command::Console(args) => unreachable!("{args:?} is served by `run`"),
     }
 }

@@ -210,10 +210,30 @@ impl Client {
         queue: &str,
         since: Option<DateTime<Utc>>,
     ) -> Result<Vec<(TaskMessage, DateTime<Utc>)>, QueueError> {
+        self.tasks_in(queue, &keys::archived(queue), since).await
+    }
+
+    /// The tasks of `queue` waiting for a retry, soonest first, with when
+    /// each runs next.
+    pub async fn retry_tasks(
+        &self,
+        queue: &str,
+    ) -> Result<Vec<(TaskMessage, DateTime<Utc>)>, QueueError> {
+        self.tasks_in(queue, &keys::retry(queue), None).await
+    }
+
+    /// The tasks of the sorted set `set` of `queue` scored at or after
+    /// `since`, in score order, with their scores as times.
+    async fn tasks_in(
+        &self,
+        queue: &str,
+        set: &str,
+        since: Option<DateTime<Utc>>,
+    ) -> Result<Vec<(TaskMessage, DateTime<Utc>)>, QueueError> {
         let min = since.map_or_else(|| "-inf".to_string(), |t| t.timestamp().to_string());
         let mut conn = self.conn();
         let ids: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(keys::archived(queue))
+            .arg(set)
             .arg(min)
             .arg("+inf")
             .arg("BYSCORE")
@@ -232,8 +252,8 @@ impl Client {
         for ((_, score), encoded) in ids.into_iter().zip(messages) {
             // Deleted between the two round trips: nothing to run.
             let Some(encoded) = encoded else { continue };
-            let archived_at = time(score as i64).unwrap_or_default();
-            tasks.push((decode(queue, &encoded)?, archived_at));
+            let scored_at = time(score as i64).unwrap_or_default();
+            tasks.push((decode(queue, &encoded)?, scored_at));
         }
         Ok(tasks)
     }
