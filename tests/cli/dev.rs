@@ -354,8 +354,24 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
         assert_eq!(status, 200, "{body}");
         json(&body)["confirmed"] == serde_json::Value::Bool(true)
     });
+    // The console beside them, at the address printed: the order's event
+    // on its Events page.
+    let stderr = std::fs::read_to_string(&dev.err).unwrap();
+    let console = stderr
+        .split("the console at http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no console address:\n{}", dev.log()))
+        .to_string();
+    let event_id = crate::e2e::psql(
+        &database_url,
+        "SELECT event_id FROM outbox_events WHERE event_name = 'orderPlaced'",
+    );
+    let (status, page) = request(&console, "GET", "/events?name=orderPlaced", None).unwrap();
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(&event_id), "{event_id} not on the page:\n{page}");
     let out = std::fs::read_to_string(&dev.out).unwrap();
-    for prefix in [" server | ", " worker | ", "migrate | "] {
+    for prefix in [" server | ", " worker | ", "console | ", "migrate | "] {
         assert!(out.contains(prefix), "no `{prefix}` line:\n{}", dev.log());
     }
     // Not a terminal: no colours, its own or the processes'.
@@ -408,6 +424,7 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
     assert!(
         names.iter().any(|c| c.contains("/debug/server"))
             && names.iter().any(|c| c.contains("/debug/worker"))
+            && names.iter().any(|c| c.contains("/debug/outbox console"))
             && names.iter().any(|c| c.contains("postgres")),
         "{names:#?}"
     );

@@ -3,6 +3,8 @@
 mod add_event;
 mod add_worker;
 mod asynq_interop;
+mod browser;
+mod console;
 mod deploy;
 mod dev;
 mod doctor;

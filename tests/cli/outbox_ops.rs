@@ -62,8 +62,8 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
 }
 
 /// The generated project and its binaries' directory, built once for
-/// every test here.
-fn built() -> &'static (PathBuf, PathBuf) {
+/// every test here and the console's (`console.rs`).
+pub fn built() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUILT.get_or_init(project)
 }
@@ -179,7 +179,7 @@ fn state(db: &Database, redis: &RedisServer) -> String {
 }
 
 /// The orders each listener ran for, sorted: `audit:1,2 email:1,2`.
-fn runs(db: &Database) -> String {
+pub fn runs(db: &Database) -> String {
     psql(
         &db.url(),
         "SELECT string_agg(listener || ':' || orders, ' ' ORDER BY listener) FROM ( \

@@ -98,6 +98,9 @@ fn how_to_get(tool: &str) -> &'static str {
         }
         "redis-server" | "redis-cli" => "scripts/test installs Debian's redis-server package",
         "psql" | "initdb" | "pg_ctl" => "scripts/test installs Debian's postgresql package",
+        "chromium" | "chromedriver" => {
+            "scripts/test installs Debian's chromium and chromium-driver packages"
+        }
         _ => "install it, or run the tests with scripts/test, which installs what they need",
     }
 }

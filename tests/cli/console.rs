@@ -1,0 +1,190 @@
+//! The console (`outbox console`) in a real headless browser, against a
+//! running worker on real Postgres and Redis: the project of
+//! `outbox_ops`, built once for both, whose `audit` listener refuses
+//! orders while the table `refused` has a row.
+//!
+//! An event appears on the Events page and its page lists each listener's
+//! run; a refused one appears under Failures, and once the cause is gone
+//! "Retry" runs it again and its page says it succeeded. The token and
+//! the CSRF secret refuse requests without them, and a payload holding a
+//! `<script>` shows as text without running. Each step keeps a
+//! screenshot in `target/screenshots/` for people to look at.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::browser::{Browser, screenshot_path};
+use crate::e2e::{Database, migrate, psql};
+use crate::example::request_with_headers;
+use crate::outbox_ops::{built, runs};
+use crate::worker_e2e::{RedisServer, Worker, free_port, wait_until};
+
+/// The console's token in this test.
+const TOKEN: &str = "s3cret-console-token";
+
+/// `outbox console`, stopped when dropped.
+struct Console {
+    child: Child,
+    addr: String,
+}
+
+impl Console {
+    fn start(outbox: &std::path::Path, db: &Database, redis: &RedisServer) -> Self {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(outbox)
+            .args(["console", "--addr", &addr])
+            .env_clear()
+            .env("DATABASE_URL", db.url())
+            .env("VALKEY_ADDR", redis.addr())
+            .env("WORKER_QUEUES", "default=1")
+            .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let console = Self { child, addr };
+        wait_until(Duration::from_secs(30), "the console answers", || {
+            request_with_headers(&console.addr, "GET", "/", None, &[]).is_some()
+        });
+        console
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}/{path}", self.addr)
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until the page at `url`, loaded again each time, shows `text`.
+fn wait_for_text(browser: &Browser, url: &str, text: &str) -> String {
+    let mut page = String::new();
+    wait_until(Duration::from_secs(30), &format!("{url} shows {text:?}"), || {
+        browser.open(url);
+        page = browser.text();
+        page.contains(text)
+    });
+    page
+}
+
+#[test]
+#[ignore = "builds a generated project"]
+fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
+    let (project, bins) = built();
+    let Some(browser) = Browser::start(1100) else {
+        return;
+    };
+    let db = Database::create("gpkit_console");
+    migrate(project, &db, &["up"]);
+    psql(
+        &db.url(),
+        "CREATE TABLE listener_runs (listener text NOT NULL, event_id uuid NOT NULL, \
+         order_id bigint NOT NULL); CREATE TABLE refused (x int); \
+         INSERT INTO outbox_events (event_id, event_name, payload) VALUES (gen_random_uuid(), \
+         'orderPlaced', '{\"order_id\": 1, \"note\": \"<script>window.marker = 1</script>\"}')",
+    );
+    let redis = RedisServer::start();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let env = [
+        ("WORKER_QUEUES", "default=1"),
+        ("WORKER_METRICS_ADDR", metrics.as_str()),
+        ("OUTBOX_POLL_INTERVAL", "100ms"),
+    ];
+    let _worker = Worker::start_binary(&bins.join("worker"), &db, &redis, &env);
+    let console = Console::start(&bins.join("outbox"), &db, &redis);
+    wait_until(Duration::from_secs(60), "both listeners ran", || {
+        runs(&db) == "audit:1 email:1"
+    });
+
+    // The token: refused without it, over HTTP and in the browser.
+    let (status, body) = request_with_headers(&console.addr, "GET", "/events", None, &[]).unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("OUTBOX_CONSOLE_TOKEN"), "{body}");
+    browser.open(&console.url("events"));
+    assert!(browser.text().contains("needs its token"), "{}", browser.text());
+    // Given once in the address, it becomes the browser's cookie.
+    browser.open(&console.url(&format!("events?token={TOKEN}")));
+
+    // The event on the Events page, and its page with each listener's run.
+    let events = wait_for_text(&browser, &console.url("events"), "orderPlaced");
+    assert!(!events.contains("not yet"), "{events}");
+    browser.click("table.events a");
+    let event = browser.text();
+    // A row per listener (innerText puts a tab between cells).
+    for expected in ["audit\tcompleted", "email\tcompleted"] {
+        assert!(event.contains(expected), "{expected}: {event}");
+    }
+    // The payload's script is text on the page, and never ran.
+    assert!(
+        event.contains("<script>window.marker = 1</script>"),
+        "{event}"
+    );
+    assert_eq!(
+        browser.run("return typeof window.marker;"),
+        "undefined",
+        "the payload's script ran"
+    );
+    browser.screenshot(&screenshot_path("console-event"));
+
+    // A refused order: its audit task is archived and shows under Failures.
+    psql(
+        &db.url(),
+        "INSERT INTO refused VALUES (1); \
+         INSERT INTO outbox_events (event_id, event_name, payload) \
+         VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 2}')",
+    );
+    let failures = wait_for_text(&browser, &console.url("failures"), "order 2 refused");
+    assert!(
+        failures.contains("listener:orderPlaced:audit · 1 task(s)"),
+        "{failures}"
+    );
+    browser.screenshot(&screenshot_path("console-failures"));
+
+    // A POST without the CSRF secret is refused, and changes nothing.
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, body) = request_with_headers(
+        &console.addr,
+        "POST",
+        "/failures/retry",
+        None,
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("CSRF"), "{body}");
+    assert_eq!(runs(&db), "audit:1 email:1,2");
+
+    // Fixed, then retried from the page: audit runs for order 2.
+    psql(&db.url(), "DELETE FROM refused");
+    browser.click("form[action='failures/retry'] button");
+    let mut after = String::new();
+    wait_until(Duration::from_secs(10), "the retry's page", || {
+        after = browser.text();
+        after.contains("put back to pending") || after.contains("Refused")
+    });
+    assert!(after.contains("1 task(s) put back to pending"), "{after}");
+    wait_until(Duration::from_secs(30), "audit ran order 2", || {
+        runs(&db) == "audit:1,2 email:1,2"
+    });
+    let fixed = wait_for_text(
+        &browser,
+        &console.url("failures"),
+        "No listener task is failing",
+    );
+    assert!(!fixed.contains("order 2 refused"), "{fixed}");
+
+    // The overview, live: its figures filled in by the page's script.
+    browser.open(&console.url(""));
+    wait_until(Duration::from_secs(10), "the overview's figures", || {
+        browser.run("return document.querySelector('[data-figure=backlog]').textContent;") == "0"
+    });
+    browser.screenshot(&screenshot_path("console-overview"));
+}
