@@ -181,10 +181,15 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     );
     assert!(!fixed.contains("order 2 refused"), "{fixed}");
 
-    // The overview, live: its figures filled in by the page's script.
+    // The overview, live: its figures and charts drawn by the page's
+    // script once it has two samples to take rates from.
     browser.open(&console.url(""));
-    wait_until(Duration::from_secs(10), "the overview's figures", || {
-        browser.run("return document.querySelector('[data-figure=backlog]').textContent;") == "0"
+    wait_until(Duration::from_secs(20), "the overview's rates and charts", || {
+        browser.run(
+            "return document.querySelector('[data-figure=published_per_second]').textContent \
+             + ' ' + document.querySelectorAll('svg polyline').length;",
+        ) == "0.0 5"
     });
+    assert!(browser.text().contains("default"), "{}", browser.text());
     browser.screenshot(&screenshot_path("console-overview"));
 }
