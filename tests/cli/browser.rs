@@ -82,7 +82,11 @@ impl Browser {
 
     /// Runs `script` (a function body) in the page; what it returns.
     pub fn run(&self, script: &str) -> Value {
-        self.command("POST", "execute/sync", json!({ "script": script, "args": [] }))
+        self.command(
+            "POST",
+            "execute/sync",
+            json!({ "script": script, "args": [] }),
+        )
     }
 
     /// Clicks the first element `css` selects, which must exist.

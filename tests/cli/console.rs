@@ -64,11 +64,15 @@ impl Drop for Console {
 /// Waits until the page at `url`, loaded again each time, shows `text`.
 fn wait_for_text(browser: &Browser, url: &str, text: &str) -> String {
     let mut page = String::new();
-    wait_until(Duration::from_secs(30), &format!("{url} shows {text:?}"), || {
-        browser.open(url);
-        page = browser.text();
-        page.contains(text)
-    });
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{url} shows {text:?}"),
+        || {
+            browser.open(url);
+            page = browser.text();
+            page.contains(text)
+        },
+    );
     page
 }
 
@@ -106,7 +110,11 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("OUTBOX_CONSOLE_TOKEN"), "{body}");
     browser.open(&console.url("events"));
-    assert!(browser.text().contains("needs its token"), "{}", browser.text());
+    assert!(
+        browser.text().contains("needs its token"),
+        "{}",
+        browser.text()
+    );
     // Given once in the address, it becomes the browser's cookie.
     browser.open(&console.url(&format!("events?token={TOKEN}")));
 
@@ -184,12 +192,16 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     // The overview, live: its figures and charts drawn by the page's
     // script once it has two samples to take rates from.
     browser.open(&console.url(""));
-    wait_until(Duration::from_secs(20), "the overview's rates and charts", || {
-        browser.run(
-            "return document.querySelector('[data-figure=published_per_second]').textContent \
+    wait_until(
+        Duration::from_secs(20),
+        "the overview's rates and charts",
+        || {
+            browser.run(
+                "return document.querySelector('[data-figure=published_per_second]').textContent \
              + ' ' + document.querySelectorAll('svg polyline').length;",
-        ) == "0.0 5"
-    });
+            ) == "0.0 5"
+        },
+    );
     assert!(browser.text().contains("default"), "{}", browser.text());
     browser.screenshot(&screenshot_path("console-overview"));
 }

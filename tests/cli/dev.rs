@@ -369,7 +369,10 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
     );
     let (status, page) = request(&console, "GET", "/events?name=orderPlaced", None).unwrap();
     assert_eq!(status, 200, "{page}");
-    assert!(page.contains(&event_id), "{event_id} not on the page:\n{page}");
+    assert!(
+        page.contains(&event_id),
+        "{event_id} not on the page:\n{page}"
+    );
     let out = std::fs::read_to_string(&dev.out).unwrap();
     for prefix in [" server | ", " worker | ", "console | ", "migrate | "] {
         assert!(out.contains(prefix), "no `{prefix}` line:\n{}", dev.log());
