@@ -133,7 +133,7 @@ pub(crate) async fn page(
                         }
                     }
                     table.failed {
-                        thead { tr { th { "state" } th { "when" } th { "failed runs" } th { "event" } th { "task" } @if actions { th { "" } } } }
+                        thead { tr { th { "state" } th { "when" } th { "retries" } th { "event" } th { "task" } @if actions { th { "" } } } }
                         tbody {
                             @for task in tasks {
                                 tr {
