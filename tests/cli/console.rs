@@ -7,8 +7,11 @@
 //! run; a refused one appears under Failures, and once the cause is gone
 //! "Retry" runs it again and its page says it succeeded. The token and
 //! the CSRF secret refuse requests without them, and a payload holding a
-//! `<script>` shows as text without running. Each step keeps a
-//! screenshot in `target/screenshots/` for people to look at.
+//! `<script>` shows as text without running; an unknown event is a 404
+//! and a malformed search a 400 that says what to fix. Each step keeps a
+//! screenshot in `target/screenshots/` for people to look at. Apart: an
+//! address others can reach is refused without a token, a read-only
+//! console refuses actions, and a Postgres that is down is named (503).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -189,6 +192,20 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     );
     assert!(!fixed.contains("order 2 refused"), "{fixed}");
 
+    // Bad input: an unknown event, a malformed search.
+    let auth = [("Authorization", bearer.as_str())];
+    let unknown = "/events/00000000-0000-7000-8000-000000000000";
+    let (status, body) = request_with_headers(&console.addr, "GET", unknown, None, &auth).unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains("no event 00000000-0000-7000-8000-000000000000"),
+        "{body}"
+    );
+    let (status, body) =
+        request_with_headers(&console.addr, "GET", "/events?id=42", None, &auth).unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("`42` is not an event id"), "{body}");
+
     // The overview, live: its figures and charts drawn by the page's
     // script once it has two samples to take rates from.
     browser.open(&console.url(""));
@@ -204,4 +221,51 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     );
     assert!(browser.text().contains("default"), "{}", browser.text());
     browser.screenshot(&screenshot_path("console-overview"));
+}
+
+/// Refusals before any page: a console others could reach needs a token,
+/// and a read-only one refuses every action.
+#[test]
+#[ignore = "builds a generated project"]
+fn the_console_refuses_an_open_address_without_a_token_and_actions_when_read_only() {
+    let (_, bins) = built();
+    let open = Command::new(bins.join("outbox"))
+        .args(["console", "--addr", &format!("0.0.0.0:{}", free_port())])
+        .env_clear()
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:9/none")
+        .env("VALKEY_ADDR", "127.0.0.1:9")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&open.stderr);
+    assert_eq!(open.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("set OUTBOX_CONSOLE_TOKEN"), "{stderr}");
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut read_only = Command::new(bins.join("outbox"))
+        .args(["console", "--read-only", "--addr", &addr])
+        .env_clear()
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:9/none")
+        .env("VALKEY_ADDR", "127.0.0.1:9")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the console answers", || {
+        request_with_headers(&addr, "GET", "/assets/console.css", None, &[]).is_some()
+    });
+    let (status, body) = request_with_headers(
+        &addr,
+        "POST",
+        "/failures/retry",
+        None,
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+    )
+    .unwrap();
+    // A Postgres that is down: the page says which, with 503.
+    let (down, page) = request_with_headers(&addr, "GET", "/events", None, &[]).unwrap();
+    let _ = read_only.kill();
+    let _ = read_only.wait();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    assert_eq!(down, 503, "{page}");
+    assert!(page.contains("Postgres"), "{page}");
 }
