@@ -5,7 +5,8 @@
 //!
 //! An event appears on the Events page and its page lists each listener's
 //! run; a refused one appears under Failures, and once the cause is gone
-//! "Retry" runs it again and its page says it succeeded. The token and
+//! "Retry" runs it again and its page says it succeeded; a queue paused
+//! from the Queues page holds its tasks until resumed. The token and
 //! the CSRF secret refuse requests without them, and a payload holding a
 //! `<script>` shows as text without running; an unknown event is a 404
 //! and a malformed search a 400 that says what to fix. Each step keeps a
@@ -191,6 +192,47 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
         "No listener task is failing",
     );
     assert!(!fixed.contains("order 2 refused"), "{fixed}");
+
+    // Paused from the Queues page, the queue holds a new event's task
+    // (every worker, Go's too, skips a paused queue); resumed, it runs.
+    browser.open(&console.url("queues"));
+    browser.click("form[action='queues/pause'] button");
+    wait_until(Duration::from_secs(10), "the queue shows paused", || {
+        browser.text().contains("default\tpaused")
+    });
+    psql(
+        &db.url(),
+        "INSERT INTO outbox_events (event_id, event_name, payload) \
+         VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 3}')",
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the relay publishes order 3",
+        || {
+            psql(
+                &db.url(),
+                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL",
+            ) == "0"
+        },
+    );
+    assert_eq!(
+        redis.cli(&["LLEN", "asynq:{default}:pending"]).as_deref(),
+        Some("1"),
+        "the event task waits in the paused queue"
+    );
+    assert_eq!(runs(&db), "audit:1,2 email:1,2");
+    browser.click("form[action='queues/pause'] button");
+    wait_until(
+        Duration::from_secs(30),
+        "the resumed queue runs order 3",
+        || runs(&db) == "audit:1,2,3 email:1,2,3",
+    );
+    browser.open(&console.url("queues"));
+    assert!(
+        browser.text().contains("default\trunning"),
+        "{}",
+        browser.text()
+    );
 
     // Bad input: an unknown event, a malformed search.
     let auth = [("Authorization", bearer.as_str())];

@@ -29,8 +29,9 @@
 //!   queue and each listener's task and inbox record;
 //! - `failures`: listener tasks waiting for a retry or archived, grouped
 //!   by listener and error, to run again one by one or a group at a time;
-//! - `queues`: each queue's tasks by state;
+//! - `queues`: each queue's tasks by state, to pause or resume;
 //! - `guard`: the token, the CSRF check and the read-only mode;
+//! - `serve`: [`serve`], on an address of its own;
 //! - `page`: the layout and what every page shows alike.
 //!
 //! It reads the outbox and the queue as the `outbox` command does
@@ -162,6 +163,7 @@ impl Console {
                 get(failures::confirm).post(failures::retry),
             )
             .route("/queues", get(queues::page))
+            .route("/queues/pause", axum::routing::post(queues::pause))
             .route("/assets/console.css", get(page::stylesheet))
             .route("/assets/console.js", get(page::script))
             .layer(axum::middleware::from_fn_with_state(

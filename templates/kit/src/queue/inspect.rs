@@ -1,7 +1,8 @@
 //! Reading the queue as asynqmon does, for the `outbox` command and the
 //! worker's metrics: one task's state, a queue's counts per state and its
-//! totals (Go's `Inspector.GetQueueInfo`), the archived tasks; and asynq's
-//! "run", which puts a waiting task back to pending.
+//! totals (Go's `Inspector.GetQueueInfo`), the archived tasks; asynq's
+//! "run", which puts a waiting task back to pending; and pausing a queue
+//! and resuming it, as Go's `Inspector.PauseQueue` and `UnpauseQueue` do.
 
 use chrono::{DateTime, Utc};
 use prost::Message as _;
@@ -305,6 +306,31 @@ impl Client {
         Err(QueueError::UnexpectedReply(format!(
             "task {id} kept changing state; try again"
         )))
+    }
+}
+
+impl Client {
+    /// Pauses `queue` (Go's `Inspector.PauseQueue`: the key `paused`, set
+    /// to the time, which every consumer's dequeue checks): its pending
+    /// tasks wait until it is resumed. False when it was paused already.
+    pub async fn pause(&self, queue: &str) -> Result<bool, QueueError> {
+        let set: bool = redis::cmd("SET")
+            .arg(keys::paused(queue))
+            .arg(Utc::now().timestamp())
+            .arg("NX")
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(set)
+    }
+
+    /// Resumes a paused `queue` (Go's `Inspector.UnpauseQueue`). False
+    /// when it was not paused.
+    pub async fn resume(&self, queue: &str) -> Result<bool, QueueError> {
+        let removed: u64 = redis::cmd("DEL")
+            .arg(keys::paused(queue))
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(removed > 0)
     }
 }
 
