@@ -32,6 +32,8 @@ pub mod console;
 pub mod database;
 pub mod dispatch;
 pub mod env_file;
+#[cfg(feature = "worker")]
+pub(crate) mod follow;
 pub mod health;
 pub mod http_metrics;
 pub mod migrate;

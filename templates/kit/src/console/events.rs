@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::State as Console;
 use super::page::{self, Depth, Section};
-use crate::operations::{show, tasks, time};
+use crate::follow::{tasks, time};
 use crate::queue::TaskInfo;
 
 /// Events on a page.
@@ -224,12 +224,7 @@ pub(crate) async fn list(
         Ok(found) => found,
         Err(err) => {
             let err = anyhow::anyhow!("Postgres: {err}");
-            return page::error(
-                Depth::Top,
-                Section::Events,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Top, Section::Events, &err);
         }
     };
     let body = html! {
@@ -293,16 +288,11 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         );
     };
     let context = &console.context;
-    let event = match show::find(context, id).await {
+    let event = match context.event(id).await {
         Ok(event) => event,
         Err(err) if err.downcast_ref::<sqlx::Error>().is_some() => {
             let err = anyhow::anyhow!("Postgres: {err}");
-            return page::error(
-                Depth::Nested,
-                Section::Events,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Nested, Section::Events, &err);
         }
         Err(err) => return nested(StatusCode::NOT_FOUND, format!("{err:#}")),
     };
@@ -310,12 +300,7 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         Ok(records) => records,
         Err(err) => {
             let err = anyhow::anyhow!("Postgres: {err}");
-            return page::error(
-                Depth::Nested,
-                Section::Events,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Nested, Section::Events, &err);
         }
     };
     let queued = tasks::of_event(context, &event).await;

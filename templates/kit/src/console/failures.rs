@@ -47,8 +47,9 @@ async fn failed(console: &Console) -> anyhow::Result<Vec<Failed>> {
         .map_err(|err| anyhow::anyhow!("Valkey: {err:#}"))?;
     let mut failed = Vec::new();
     for queue in context.all_queues() {
-        let retry = client.retry_tasks(&queue).await?;
-        let archived = client.archived_tasks(&queue, None).await?;
+        let valkey = |err| anyhow::anyhow!("Valkey: {err}");
+        let retry = client.retry_tasks(&queue).await.map_err(valkey)?;
+        let archived = client.archived_tasks(&queue, None).await.map_err(valkey)?;
         let waiting = retry
             .into_iter()
             .map(|task| ("retry", task))
@@ -102,12 +103,7 @@ pub(crate) async fn page(
     let failed = match failed(&console).await {
         Ok(failed) => failed,
         Err(err) => {
-            return page::error(
-                Depth::Top,
-                Section::Failures,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Top, Section::Failures, &err);
         }
     };
     let total = failed.len();
@@ -202,12 +198,7 @@ pub(crate) async fn confirm(
     let failed = match failed(&console).await {
         Ok(failed) => failed,
         Err(err) => {
-            return page::error(
-                Depth::Top,
-                Section::Failures,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Nested, Section::Failures, &err);
         }
     };
     let count = failed
@@ -277,12 +268,7 @@ pub(crate) async fn retry(
     // Posted to `failures/retry`: back to the failures page, relative to it.
     match result {
         Ok(retried) => Redirect::to(&format!("../failures?retried={retried}")).into_response(),
-        Err(err) => page::error(
-            Depth::Nested,
-            Section::Failures,
-            StatusCode::SERVICE_UNAVAILABLE,
-            &err,
-        ),
+        Err(err) => page::unavailable(Depth::Nested, Section::Failures, &err),
     }
 }
 

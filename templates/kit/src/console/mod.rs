@@ -53,7 +53,7 @@ use axum::Router;
 use axum::routing::get;
 
 use crate::config::Config;
-use crate::operations::Context;
+use crate::follow::Context;
 use crate::worker::listeners::Listeners;
 
 pub use serve::{ServeError, serve};

@@ -85,20 +85,19 @@ pub(crate) fn layout(depth: Depth, section: Section, title: &str, body: Markup) 
     }
 }
 
-/// A page that says what went wrong, with the status it goes with: a
-/// database or queue that is down says which, and the next load of the
-/// page tries again.
-pub(crate) fn error(
-    depth: Depth,
-    section: Section,
-    status: StatusCode,
-    err: &anyhow::Error,
-) -> Response {
+/// The page for a store that does not answer (503): it says which (the
+/// error names Postgres or Valkey), and the next load of the page tries
+/// again, so it recovers by itself once the store is back.
+pub(crate) fn unavailable(depth: Depth, section: Section, err: &anyhow::Error) -> Response {
     let body = html! {
         p.error role="alert" { (format!("{err:#}")) }
         p { "Reload the page to try again; it recovers by itself once the cause is gone." }
     };
-    (status, layout(depth, section, "Unavailable", body)).into_response()
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        layout(depth, section, "Unavailable", body),
+    )
+        .into_response()
 }
 
 /// A page of one message, without the navigation (a refusal).

@@ -23,12 +23,7 @@ pub(crate) async fn page(State(console): State<Arc<Console>>) -> Response {
         Ok(client) => client,
         Err(err) => {
             let err = anyhow::anyhow!("Valkey: {err:#}");
-            return page::error(
-                Depth::Top,
-                Section::Queues,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Top, Section::Queues, &err);
         }
     };
     let mut queues = Vec::new();
@@ -37,12 +32,7 @@ pub(crate) async fn page(State(console): State<Arc<Console>>) -> Response {
             Ok(stats) => queues.push(stats),
             Err(err) => {
                 let err = anyhow::anyhow!("Valkey: {err}");
-                return page::error(
-                    Depth::Top,
-                    Section::Queues,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &err,
-                );
+                return page::unavailable(Depth::Top, Section::Queues, &err);
             }
         }
     }
@@ -121,12 +111,7 @@ pub(crate) async fn pause(
         Ok(client) => client.resume(&form.queue).await,
         Err(err) => {
             let err = anyhow::anyhow!("Valkey: {err:#}");
-            return page::error(
-                Depth::Nested,
-                Section::Queues,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            );
+            return page::unavailable(Depth::Nested, Section::Queues, &err);
         }
     };
     match changed {
@@ -137,12 +122,7 @@ pub(crate) async fn pause(
         }
         Err(err) => {
             let err = anyhow::anyhow!("Valkey: {err}");
-            page::error(
-                Depth::Nested,
-                Section::Queues,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &err,
-            )
+            page::unavailable(Depth::Nested, Section::Queues, &err)
         }
     }
 }

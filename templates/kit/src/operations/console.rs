@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use super::Context;
 use crate::console::{self, Console};
+use crate::follow::Context;
 use crate::telemetry;
 
 #[derive(Debug, clap::Args)]

@@ -8,8 +8,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::output::{self, Format};
-use super::rows::{self, Filter};
-use super::{Context, time};
+use crate::follow::rows::{self, Filter};
+use crate::follow::{Context, time};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::output::{self, Format};
-use super::{Context, rows, time};
+use crate::follow::{Context, rows, time};
 use crate::outbox::cleanup::CLEANUP_BATCH;
 
 #[derive(Debug, clap::Args)]

@@ -17,8 +17,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::output::{self, Format};
-use super::rows::{self, EventRow, Filter};
-use super::{Context, show, tasks, time};
+use crate::follow::rows::{self, EventRow, Filter};
+use crate::follow::{self, Context, tasks, time};
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task_type};
 use crate::queue::{EnqueueOutcome, NewTask};
 use crate::worker::listeners::listener_task_type;
@@ -157,7 +157,7 @@ async fn choose(context: &Context, args: &Args) -> anyhow::Result<Vec<EventRow>>
         .copied()
         .collect();
     if !unknown.is_empty() {
-        return Err(show::unknown(&unknown).context("nothing was replayed"));
+        return Err(follow::unknown(&unknown).context("nothing was replayed"));
     }
     let unpublished: Vec<String> = events
         .iter()

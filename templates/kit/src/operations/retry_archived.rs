@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::output::{self, Format};
-use super::{Context, time};
+use crate::follow::{Context, time};
 use crate::queue::RunOutcome;
 
 #[derive(Debug, clap::Args)]

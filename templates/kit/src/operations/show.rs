@@ -8,10 +8,10 @@ use chrono::Utc;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::Context;
 use super::output::{self, Format};
-use super::rows::{self, EventRow};
-use super::tasks::{self, EventTasks};
+use crate::follow::Context;
+use crate::follow::rows::EventRow;
+use crate::follow::tasks::{self, EventTasks};
 use crate::queue::TaskInfo;
 
 #[derive(Debug, clap::Args)]
@@ -30,7 +30,7 @@ pub(crate) struct Shown {
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
-    let event = find(context, args.id).await?;
+    let event = context.event(args.id).await?;
     let tasks = tasks::of_event(context, &event).await?;
     let shown = Shown {
         trace_id: event.trace_id().map(str::to_string),
@@ -42,23 +42,6 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         Format::Text => print_text(&shown),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The event `id`, or an error that says it is not in the table.
-pub async fn find(context: &Context, id: Uuid) -> anyhow::Result<EventRow> {
-    rows::by_ids(&context.pool, &[id])
-        .await?
-        .pop()
-        .ok_or_else(|| unknown(&[id]))
-}
-
-/// The error for ids that are not in `outbox_events`.
-pub fn unknown(ids: &[Uuid]) -> anyhow::Error {
-    let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    anyhow::anyhow!(
-        "no event {} in outbox_events (never stored, or purged after it was published)",
-        ids.join(", ")
-    )
 }
 
 fn print_text(shown: &Shown) {

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::LAG_EXCEEDED;
 use super::output::{self, Format};
-use super::rows::{self, TableStats};
-use super::{Context, LAG_EXCEEDED, time};
+use crate::follow::rows::{self, TableStats};
+use crate::follow::{Context, time};
 use crate::queue::QueueCounts;
 
 #[derive(Debug, clap::Args)]

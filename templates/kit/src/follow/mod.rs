@@ -1,0 +1,93 @@
+//! Following an event across both of its stores: its row in
+//! `outbox_events` and its tasks in the queue (the relay's `event:` task,
+//! and each listener's task after the fan-out). What the `outbox` command
+//! ([`crate::operations`]) and the console ([`crate::console`]) read, and
+//! the one [`Context`] they read it through.
+//!
+//! - `rows`: the SQL on `outbox_events`;
+//! - `tasks`: from an event to its tasks in the queue;
+//! - `time`: times given as `2h` (that long ago) or RFC 3339.
+
+pub(crate) mod rows;
+pub(crate) mod tasks;
+pub(crate) mod time;
+
+use std::sync::OnceLock;
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use self::rows::EventRow;
+use crate::config::Config;
+use crate::database;
+use crate::queue::Client;
+use crate::worker::listeners::Listeners;
+
+/// What the `outbox` command's subcommands and the console work with.
+pub(crate) struct Context {
+    pub pool: PgPool,
+    /// Connected at first use: `list` and `purge` work while Valkey is down.
+    queue: OnceLock<Client>,
+    pub config: Config,
+    /// This service's listeners, to find an event's listener tasks.
+    pub listeners: Listeners,
+}
+
+impl Context {
+    /// Connects to Postgres and Valkey when first needed.
+    pub(crate) fn new(config: Config, listeners: Listeners) -> Self {
+        Self {
+            pool: database::connect_lazy(&config.database),
+            queue: OnceLock::new(),
+            config,
+            listeners,
+        }
+    }
+
+    /// The queue, connected (and PINGed) the first time it is needed.
+    pub async fn queue(&self) -> anyhow::Result<&Client> {
+        if let Some(client) = self.queue.get() {
+            return Ok(client);
+        }
+        let client = Client::from_config(&self.config.valkey)
+            .await
+            .context("this command needs Valkey")?;
+        Ok(self.queue.get_or_init(|| client))
+    }
+
+    /// The queues events go to (`OUTBOX_QUEUES`): where their event tasks
+    /// and, after the fan-out, their listener tasks are.
+    pub(crate) fn outbox_queues(&self) -> &[String] {
+        self.config.outbox.queues.names()
+    }
+
+    /// Every queue of the service: `OUTBOX_QUEUES`, then the other queues
+    /// of `WORKER_QUEUES`.
+    pub(crate) fn all_queues(&self) -> Vec<String> {
+        let mut queues = self.outbox_queues().to_vec();
+        for queue in self.config.worker.queues.names() {
+            if !queues.iter().any(|q| q == queue) {
+                queues.push(queue.to_string());
+            }
+        }
+        queues
+    }
+
+    /// The event `id`, or an error that says it is not in the table.
+    pub async fn event(&self, id: Uuid) -> anyhow::Result<EventRow> {
+        rows::by_ids(&self.pool, &[id])
+            .await?
+            .pop()
+            .ok_or_else(|| unknown(&[id]))
+    }
+}
+
+/// The error for ids that are not in `outbox_events`.
+pub fn unknown(ids: &[Uuid]) -> anyhow::Error {
+    let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    anyhow::anyhow!(
+        "no event {} in outbox_events (never stored, or purged after it was published)",
+        ids.join(", ")
+    )
+}
