@@ -123,7 +123,11 @@ static CARGO_MILLIS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 /// since then was made from these very files and is reused, an older one
 /// is not. A kit that is not that one is made newer than everything, and
 /// becomes it. A kit that changes while the lock is held (made or edited
-/// by the holder) leaves none of its name to reuse.
+/// by the holder) leaves none of its name to reuse. Cargo also records the
+/// workspace manifest among the kit's sources, by its absolute path
+/// (clippy's driver reads it): a kit is reused only while the project it
+/// was last built in still exists, so a test that builds several projects
+/// in turn keeps their directories until it ends.
 pub fn cargo_lock(project: &Path) -> CargoLock {
     assert!(
         std::env::var_os("GPKIT_TEST_QUICK").is_none(),
@@ -715,6 +719,11 @@ fn a_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
 #[test]
 #[ignore = "builds a generated project"]
 fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
+    // Every fixture's directory lives until the test ends: the kit built
+    // from one is reused by the next (the same files, see `cargo_lock`)
+    // only while the workspace manifest it was linted with still exists
+    // where cargo recorded it.
+    let mut dirs = Vec::new();
     for release in [
         "v1-edited",
         "v2-edited",
@@ -723,8 +732,8 @@ fn the_release_fixtures_upgrade_to_the_kit_crate_and_still_build() {
         "v5-edited",
         "v7-edited",
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let project = dir.path().join("legacy-shop");
+        dirs.push(tempfile::tempdir().unwrap());
+        let project = dirs.last().unwrap().path().join("legacy-shop");
         crate::support::materialise_fixture(release, &project);
         gpkit(&project)
             .args(["upgrade", "templates"])
