@@ -36,9 +36,16 @@ impl EventRow {
     }
 
     /// The W3C trace id in the metadata's `traceparent`, if any.
+    /// Only 32 lowercase hex digits count (W3C's form): the console puts
+    /// it into a link.
     pub fn trace_id(&self) -> Option<&str> {
         let traceparent = self.metadata.get("traceparent")?;
-        traceparent.split('-').nth(1).filter(|id| id.len() == 32)
+        traceparent.split('-').nth(1).filter(|id| {
+            id.len() == 32
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
     }
 }
 
@@ -219,5 +226,10 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
         );
         assert_eq!(row.trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        row.metadata.insert(
+            "traceparent".into(),
+            "00-4bf92f3577b34da6a3ce929d0e0e47/\"-00f067aa0ba902b7-01".into(),
+        );
+        assert_eq!(row.trace_id(), None);
     }
 }
