@@ -16,6 +16,13 @@ use rustls::{
 
 /// rustls's `ring` provider, made the process's default too: the redis
 /// crate builds its TLS configuration with the default provider.
+///
+/// rustls 0.23.48 deprecated `ring::default_provider` (ring has no
+/// post-quantum key exchange) with no ring-based successor, as the kit's
+/// `install_crypto_provider` says; the call stays, allowed, so that
+/// `cargo install --path .` (which resolves the newest rustls, not
+/// Cargo.lock's) builds gpkit without a warning.
+#[allow(deprecated)]
 pub fn provider() -> Arc<CryptoProvider> {
     // An error means one is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
