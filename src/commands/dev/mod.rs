@@ -96,7 +96,6 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
         super::print_out(&state::running_env(&root)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let with_worker = project.manifest.components.worker;
     let run = Processes::of(&project.manifest);
     let database = project.manifest.answers.name.replace('-', "_");
 
@@ -147,7 +146,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
         .get("VALKEY_ADDR")
         .filter(|addr| services::valkey_answers(addr));
     let valkey_bin =
-        if with_worker && docker.is_none() && given_valkey.is_none() && other_valkey.is_none() {
+        if run.worker && docker.is_none() && given_valkey.is_none() && other_valkey.is_none() {
             if settings.get("VALKEY_ADDR").is_some() {
                 note(&format!(
                     "VALKEY_ADDR (from {}) does not answer; starting the project's own Valkey",
@@ -182,7 +181,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
                 &root,
                 lock.dir(),
                 &project_name,
-                with_worker,
+                run.worker,
                 args.fresh,
             )?;
             note(&format!(
@@ -255,7 +254,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             env.push(("VALKEY_ADDR".into(), valkey.addr()));
             Some(valkey)
         }
-        (None, Some(addr)) if with_worker => {
+        (None, Some(addr)) if run.worker => {
             note(&format!(
                 "Valkey: using VALKEY_ADDR from {}, which answers",
                 settings.where_set("VALKEY_ADDR")
@@ -264,7 +263,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             None
         }
         _ => {
-            if let (true, Some(name)) = (with_worker, other_valkey) {
+            if let (true, Some(name)) = (run.worker, other_valkey) {
                 note(&format!(
                     "Valkey: using {name} from {} as it is",
                     settings.where_set(name)
@@ -278,7 +277,7 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     env.push(("HTTP_ADDR".into(), format!("127.0.0.1:{}", args.port)));
     // The worker's metrics default to 0.0.0.0:9090: a loopback port of its
     // own instead, unless one is set.
-    if with_worker && settings.get("WORKER_METRICS_ADDR").is_none() {
+    if run.worker && settings.get("WORKER_METRICS_ADDR").is_none() {
         env.push((
             "WORKER_METRICS_ADDR".into(),
             format!("127.0.0.1:{}", services::free_port()?),
