@@ -44,16 +44,7 @@ pub(crate) const USAGE: u8 = 64;
 /// Connects to Postgres and Valkey and runs `cli`'s subcommand.
 pub async fn run(config: Config, listeners: Listeners, cli: Cli) -> ExitCode {
     let context = Context::new(config, listeners);
-    let result = match cli.command {
-        // The console keeps the context, and its pool, while it serves.
-        Command::Console(args) => console::run(context, args).await,
-        command => {
-            let result = dispatch(&context, command, cli.format).await;
-            context.pool.close().await;
-            result
-        }
-    };
-    match result {
+    match dispatch(context, cli.command, cli.format).await {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -62,14 +53,18 @@ pub async fn run(config: Config, listeners: Listeners, cli: Cli) -> ExitCode {
     }
 }
 
-async fn dispatch(context: &Context, command: Command, format: Format) -> anyhow::Result<ExitCode> {
-    match command {
-        Command::Status(args) => status::run(context, &args, format).await,
-        Command::Show(args) => show::run(context, &args, format).await,
-        Command::List(args) => list::run(context, &args, format).await,
-        Command::Replay(args) => replay::run(context, &args, format).await,
-        Command::RetryArchived(args) => retry_archived::run(context, &args, format).await,
-        Command::Purge(args) => purge::run(context, &args, format).await,
-        Command::Console(args) => unreachable!("{args:?} is served by `run`"),
-    }
+/// Runs `command`, then closes the pool; the console keeps the context,
+/// and its pool, while it serves.
+async fn dispatch(context: Context, command: Command, format: Format) -> anyhow::Result<ExitCode> {
+    let result = match command {
+        Command::Console(args) => return console::run(context, args).await,
+        Command::Status(args) => status::run(&context, &args, format).await,
+        Command::Show(args) => show::run(&context, &args, format).await,
+        Command::List(args) => list::run(&context, &args, format).await,
+        Command::Replay(args) => replay::run(&context, &args, format).await,
+        Command::RetryArchived(args) => retry_archived::run(&context, &args, format).await,
+        Command::Purge(args) => purge::run(&context, &args, format).await,
+    };
+    context.pool.close().await;
+    result
 }
