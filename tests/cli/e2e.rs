@@ -465,14 +465,15 @@ fn log_lock_hold((taken, cargo_millis): (std::time::Instant, u64)) {
     let outside = held.as_secs_f64() - in_cargo as f64 / 1000.0;
     if outside >= 1.0 {
         append_to_cargo_log(&format!(
-            "{outside:.1}\t{}\t(the lock held outside cargo)\t\n",
-            std::thread::current().name().unwrap_or("?")
+            "{outside:.1}\t{}\t(the lock held outside cargo)\t\t{:.1}\n",
+            std::thread::current().name().unwrap_or("?"),
+            seconds_since_epoch(),
         ));
     }
 }
 
 /// Appends one line (seconds, the test's name, the arguments, the packages
-/// compiled or checked) to the file `GPKIT_TEST_CARGO_LOG` names, when it
+/// compiled or checked, when it ended) to the file `GPKIT_TEST_CARGO_LOG` names, when it
 /// names one: where the suite's serialized cargo time goes.
 fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
     let thread = std::thread::current();
@@ -489,11 +490,21 @@ fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
         })
         .collect();
     append_to_cargo_log(&format!(
-        "{:.1}\t{name}\t{}\t{}\n",
+        "{:.1}\t{name}\t{}\t{}\t{:.1}\n",
         took.as_secs_f64(),
         args.join(" "),
-        compiled.join(" ")
+        compiled.join(" "),
+        seconds_since_epoch(),
     ));
+}
+
+/// Now, in seconds since the Unix epoch: when a line of the cargo log was
+/// written (its run's end), for the timeline scripts/test-report draws.
+fn seconds_since_epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 /// Appends `line` to the file `GPKIT_TEST_CARGO_LOG` names, if any.
