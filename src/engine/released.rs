@@ -6,8 +6,9 @@
 //! The store is `templates/released/` in gpkit's repository, embedded with
 //! the templates: `set-<N>.sha256` lists the kit's files of template set N
 //! (SHA-256 and path inside the kit crate, as `sha256sum` prints them), and
-//! `blobs/<sha256>` holds the bytes, once per distinct content, so a release
-//! adds blobs only for the files it changed. `scripts/record-kit-release`
+//! `blobs/<sha256>.gz` holds the bytes, gzipped ([`pack`]), once per
+//! distinct content, so a release adds blobs only for the files it changed
+//! (text, about a third of its size). `scripts/record-kit-release`
 //! writes it at each release. The kit's `Cargo.toml` is stored as gpkit's
 //! template (package `gpkit-kit`) and renamed for the project when
 //! regenerated, as the blueprint renders it.
@@ -33,7 +34,7 @@ const KIT_MANIFEST: &str = "Cargo.toml";
 pub struct Store {
     /// Template set → path inside the kit crate → SHA-256 of its bytes.
     releases: BTreeMap<u32, BTreeMap<String, String>>,
-    /// SHA-256 → bytes (not trusted until hashed).
+    /// SHA-256 → gzipped bytes (not trusted until unpacked and hashed).
     blobs: BTreeMap<String, &'static [u8]>,
 }
 
@@ -96,8 +97,8 @@ impl Store {
                 let Some((sha256, path)) = line.split_once("  ") else {
                     bail!("`{name}`: `{line}` is not `<sha256>  <path>`");
                 };
-                let blob = file(&format!("blobs/{sha256}")).with_context(|| {
-                    format!("`{name}` names `blobs/{sha256}`, which is missing")
+                let blob = file(&format!("blobs/{sha256}.gz")).with_context(|| {
+                    format!("`{name}` names `blobs/{sha256}.gz`, which is missing")
                 })?;
                 store.blobs.insert(sha256.to_string(), blob);
                 files.insert(path.to_string(), sha256.to_string());
@@ -135,7 +136,7 @@ impl Store {
             return templates
                 .into_iter()
                 .filter_map(|template| self.verified(template))
-                .filter_map(|template| kit_manifest(template, project).ok())
+                .filter_map(|template| kit_manifest(&template, project).ok())
                 .find(|bytes| sha256_hex(bytes) == sha256);
         }
         let released = self
@@ -145,14 +146,36 @@ impl Store {
         if !released {
             return None;
         }
-        self.verified(sha256).map(<[u8]>::to_vec)
+        self.verified(sha256)
     }
 
-    /// The blob `sha256`, if it is there and hashes to its name.
-    fn verified(&self, sha256: &str) -> Option<&'static [u8]> {
-        let blob = *self.blobs.get(sha256)?;
-        (sha256_hex(blob) == sha256).then_some(blob)
+    /// The bytes of blob `sha256`, if it is there, unpacks and hashes to
+    /// its name.
+    fn verified(&self, sha256: &str) -> Option<Vec<u8>> {
+        let bytes = unpack(self.blobs.get(sha256)?)?;
+        (sha256_hex(&bytes) == sha256).then_some(bytes)
     }
+}
+
+/// `bytes` as the store keeps them: gzipped (what `scripts/record-kit-release`
+/// and `scripts/fixture` write, with Python's `gzip`).
+pub fn pack(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder
+        .write_all(bytes)
+        .and_then(|()| encoder.finish())
+        .expect("gzip into memory does not fail")
+}
+
+/// The bytes a blob of the store holds, or `None` if it is not gzip.
+pub fn unpack(blob: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(blob)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
 }
 
 #[cfg(test)]
@@ -173,12 +196,14 @@ mod tests {
             sha256_hex(b"the real bytes"),
         );
         let list: &'static str = Box::leak(list.into_boxed_str());
+        let blob = |bytes: &[u8]| -> &'static [u8] { Box::leak(pack(bytes).into_boxed_slice()) };
+        let (config, manifest, corrupt) = (blob(CONFIG), blob(MANIFEST), blob(corrupt));
         let files = move |path: &str| -> Option<&'static [u8]> {
             match path {
                 "set-1.sha256" => Some(list.as_bytes()),
-                p if p == format!("blobs/{}", sha256_hex(CONFIG)) => Some(CONFIG),
-                p if p == format!("blobs/{}", sha256_hex(MANIFEST)) => Some(MANIFEST),
-                p if p == format!("blobs/{}", sha256_hex(b"the real bytes")) => Some(corrupt),
+                p if p == format!("blobs/{}.gz", sha256_hex(CONFIG)) => Some(config),
+                p if p == format!("blobs/{}.gz", sha256_hex(MANIFEST)) => Some(manifest),
+                p if p == format!("blobs/{}.gz", sha256_hex(b"the real bytes")) => Some(corrupt),
                 _ => None,
             }
         };
@@ -213,6 +238,19 @@ mod tests {
             honest.find("kit/src/corrupt.rs", &sha, "shop").as_deref(),
             Some(&b"the real bytes"[..])
         );
+    }
+
+    #[test]
+    fn a_blob_that_is_not_gzip_is_never_used() {
+        let sha = sha256_hex(CONFIG);
+        let list: &'static str = Box::leak(format!("{sha}  src/config.rs\n").into_boxed_str());
+        let store = Store::load(vec!["set-1.sha256"], move |p| match p {
+            "set-1.sha256" => Some(list.as_bytes()),
+            _ => Some(CONFIG),
+        })
+        .unwrap();
+        assert_eq!(store.find("kit/src/config.rs", &sha, "shop"), None);
+        assert_eq!(unpack(&pack(CONFIG)).as_deref(), Some(CONFIG));
     }
 
     #[test]

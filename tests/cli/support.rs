@@ -266,11 +266,14 @@ fn blob_stores() -> [PathBuf; 2] {
 }
 
 /// The bytes whose SHA-256 is `sha256`, from the first store that has
-/// them, checked against the hash; `None` when no store has them.
+/// them (gzipped, `<sha256>.gz`), checked against the hash; `None` when no
+/// store has them.
 pub fn blob(sha256: &str) -> Option<Vec<u8>> {
-    let bytes = blob_stores()
+    let packed = blob_stores()
         .iter()
-        .find_map(|store| std::fs::read(store.join(sha256)).ok())?;
+        .find_map(|store| std::fs::read(store.join(format!("{sha256}.gz"))).ok())?;
+    let bytes = gpkit::engine::released::unpack(&packed)
+        .unwrap_or_else(|| panic!("the blob {sha256}.gz is not gzip"));
     assert_eq!(
         gpkit::engine::manifest::sha256_hex(&bytes),
         sha256,

@@ -591,15 +591,18 @@ fn every_fixture_materialises_from_the_stores() {
     assert!(sets >= 4, "the kits of sets 1-4 are not listed");
     for entry in std::fs::read_dir(store.join("blobs")).unwrap() {
         let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let bytes = std::fs::read(&path).unwrap();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let name = file
+            .strip_suffix(".gz")
+            .unwrap_or_else(|| panic!("{file}: not <sha256>.gz"));
+        let bytes = gpkit::engine::released::unpack(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(
             sha256_hex(&bytes),
             name,
             "the blob does not hold the bytes of its name"
         );
         assert!(
-            named.contains(&name),
+            named.contains(name),
             "tests/fixtures/store/blobs/{name} is named by no listing (scripts/fixture check)"
         );
     }
@@ -634,7 +637,8 @@ fn released_kit(dir: &Path, set: u32, files: &[(&str, &[u8])]) {
     let mut list = String::new();
     for (path, bytes) in files {
         let sha256 = sha256_hex(bytes);
-        std::fs::write(dir.join("blobs").join(&sha256), bytes).unwrap();
+        let packed = gpkit::engine::released::pack(bytes);
+        std::fs::write(dir.join("blobs").join(format!("{sha256}.gz")), packed).unwrap();
         list.push_str(&format!("{sha256}  {path}\n"));
     }
     std::fs::write(dir.join(format!("set-{set}.sha256")), list).unwrap();
