@@ -76,15 +76,16 @@ pub const KIT_AS_GENERATED: [&str; 2] = ["--config", "profile.dev.package.sha2.o
 /// Cargo runs one at a time: generated packages share the target directory,
 /// where binaries of the same name (`server`, `worker`) overwrite each other.
 static CARGO: Mutex<SharedTarget> = Mutex::new(SharedTarget {
-    project: None,
+    services: BTreeMap::new(),
     kits: BTreeMap::new(),
 });
 
-/// What the shared target was last built from: the project cargo ran in
-/// last and, by kit package name, the files every build of a kit of that
-/// name since the time beside them was made from.
+/// What the shared target was last built from: by package name, the
+/// project whose service package of that name cargo built last and, by kit
+/// package name, the files every build of a kit of that name since the
+/// time beside them was made from.
 struct SharedTarget {
-    project: Option<PathBuf>,
+    services: BTreeMap<String, PathBuf>,
     kits: BTreeMap<String, (KitFiles, SystemTime)>,
 }
 
@@ -105,16 +106,19 @@ pub struct CargoLock {
 static CARGO_MILLIS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Holds the lock that lets one cargo run at a time, for a cargo run in
-/// `project`; when cargo last ran in another project, `project`'s files are
-/// first made newer than anything in the shared target, except its kit's
-/// when they are byte for byte the kit of that name the target was last
-/// built from.
+/// `project`; when cargo last built another project of its package's name
+/// (or the name cannot be read), `project`'s files are first made newer
+/// than anything in the shared target, except its kit's when they are byte
+/// for byte the kit of that name the target was last built from.
 ///
 /// Cargo names a package's outputs by its name and version, not its path,
 /// and takes them as up to date when none of the sources they were built
 /// from is newer. The tests' projects share names (`shop`): a project made
 /// before another one of the same name was built would be taken as built,
 /// and its build, tests or clippy would run on the other project's outputs.
+/// Projects of other names have outputs of their own (a binary of the same
+/// name, `server`, is copied again from them by every build, fresh or not),
+/// so a project's builds between theirs compile nothing again.
 ///
 /// Most projects' kits are the same files (the kit does not depend on the
 /// project's options), and compiling the kit is most of a project's build.
@@ -143,9 +147,15 @@ pub fn cargo_lock(project: &Path) -> CargoLock {
     );
     lock_versions_as_the_workspace(project);
     let now = SystemTime::now();
-    if target.project.as_deref() != Some(project) {
+    let service = std::fs::read_to_string(project.join("Cargo.toml"))
+        .ok()
+        .and_then(|manifest| package_name(&manifest));
+    let last_built = service.as_ref().and_then(|name| target.services.get(name));
+    if last_built.map(PathBuf::as_path) != Some(project) {
         touch_tree(project, &["kit"], now);
-        target.project = Some(project.to_path_buf());
+        if let Some(name) = service {
+            target.services.insert(name, project.to_path_buf());
+        }
     }
     let kit_dir = project.join("kit");
     match read_kit(&kit_dir) {
@@ -854,6 +864,17 @@ pub fn built_project() -> &'static Path {
         build_binaries(&project);
         project
     })
+}
+
+/// An empty directory for a test's projects, `target/e2e-kept/<name>`,
+/// emptied when the test takes it and kept after it ends: a kit built there
+/// stays reusable by the later projects of the run (see [`cargo_lock`]),
+/// which a temporary directory's would not.
+pub fn kept_dir(name: &str) -> PathBuf {
+    let dir = repo().join("target/e2e-kept").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// A binary of the built project.

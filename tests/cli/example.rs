@@ -290,12 +290,13 @@ fn the_tests_fail_when_the_slice_breaks(project: &std::path::Path) {
 #[test]
 #[ignore = "builds a generated project"]
 fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
-    let parent = tempfile::tempdir().unwrap();
-    gpkit(parent.path())
+    // Kept: seaorm.rs's projects share its kit's build.
+    let parent = crate::e2e::kept_dir("seaorm-example");
+    gpkit(&parent)
         .args(["new", "project", "shop", "--example", "--db", "sea-orm"])
         .assert()
         .success();
-    let project = parent.path().join("shop");
+    let project = parent.join("shop");
     gpkit(&project)
         .args(["upgrade", "templates", "--check"])
         .assert()
@@ -309,7 +310,7 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
     let db = Database::create("gpkit_example_orm");
     migrate(&project, &db, &["up"]);
     let redis = RedisServer::start();
-    let (addr, server, worker, metrics_port) = start_slice(&bins, parent.path(), &db, &redis);
+    let (addr, server, worker, metrics_port) = start_slice(&bins, &parent, &db, &redis);
     let duplicates = r#"outbox_inbox_duplicates_total{event="orderPlaced",listener="confirm"}"#;
     wait_until(Duration::from_secs(30), "no duplicate counted yet", || {
         metric(metrics_port, duplicates) == Some(0)
@@ -342,7 +343,7 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
     // A second delivery of the same event: the listener runs, and skips.
     let replay = Command::new(bins.join("outbox"))
         .args(["replay", &event_id, "--yes"])
-        .current_dir(parent.path())
+        .current_dir(&parent)
         .env_clear()
         .env("DATABASE_URL", db.url())
         .env("VALKEY_ADDR", redis.addr())

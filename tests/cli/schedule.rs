@@ -197,6 +197,8 @@ const LEASE_TTL: Duration = Duration::from_secs(6);
 /// missed ticks skipped), `catch_up_beat` (a job, `--catch-up 30`) and
 /// `beat_event` (the event `beaten`, through the outbox); generated, checked
 /// (clippy, fmt, its own tests) and built once per test run.
+/// Named `shop`, as the other tests' projects of the same options are, so
+/// that its kit is the build of theirs (see `e2e::cargo_lock`).
 fn scheduled_project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
@@ -204,10 +206,10 @@ fn scheduled_project() -> &'static Path {
         let _ = std::fs::remove_dir_all(&parent);
         std::fs::create_dir_all(&parent).unwrap();
         gpkit(&parent)
-            .args(["--no-input", "new", "project", "ticker"])
+            .args(["--no-input", "new", "project", "shop"])
             .assert()
             .success();
-        let project = parent.join("ticker");
+        let project = parent.join("shop");
         for args in [
             &["add", "event", "beaten"][..],
             &["add", "schedule", "beat", "--cron", "@every 1s", "--job"],
@@ -523,8 +525,8 @@ fn assert_one_leader(logs: &[Log], workers: &[Worker]) {
 }
 
 /// The lease key of the scheduled project: the kit names the service after
-/// its own package, `ticker-kit`.
-const LEASE_KEY: &str = "scheduler:{ticker-kit}:leader";
+/// its own package, `shop-kit`.
+const LEASE_KEY: &str = "scheduler:{shop-kit}:leader";
 
 #[test]
 #[ignore = "builds a generated project"]

@@ -41,6 +41,9 @@ fn free_port() -> u16 {
 /// each run in `listener_runs`, and the job schedule `pulse` (every second;
 /// its scheduler runs only where a test enables it, see [`SCHEDULER_ON`]);
 /// built once, its binaries directory.
+///
+/// Named `shop`, as the other tests' projects of the same options are, so
+/// that its kit is the build of theirs (see `e2e::cargo_lock`).
 pub(crate) fn project() -> &'static Path {
     static BINS: OnceLock<PathBuf> = OnceLock::new();
     BINS.get_or_init(|| {
@@ -48,10 +51,10 @@ pub(crate) fn project() -> &'static Path {
         let _ = std::fs::remove_dir_all(&parent);
         std::fs::create_dir_all(&parent).unwrap();
         gpkit(&parent)
-            .args(["--no-input", "new", "project", "infra"])
+            .args(["--no-input", "new", "project", "shop"])
             .assert()
             .success();
-        let project = parent.join("infra");
+        let project = parent.join("shop");
         gpkit(&project)
             .args(["add", "event", "orderPlaced"])
             .args(["--field", "order_id:i64", "--field", "note:string"])
@@ -90,8 +93,8 @@ pub(crate) fn project() -> &'static Path {
 const SCHEDULER_ON: (&str, &str) = ("SCHEDULER_ENABLED", "true");
 
 /// The scheduler's lease key: the kit names the service after its own
-/// package, `infra-kit`.
-const LEASE_KEY: &str = "scheduler:{infra-kit}:leader";
+/// package, `shop-kit`.
+const LEASE_KEY: &str = "scheduler:{shop-kit}:leader";
 
 /// What the scheduler of `pulse` left in the worker's log: it led, and how
 /// many ticks it enqueued as new and how many the job ran.
