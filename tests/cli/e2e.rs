@@ -138,6 +138,7 @@ pub fn cargo_lock(project: &Path) -> CargoLock {
         "this test builds a generated project, which the quick run leaves out: \
          mark it #[ignore = \"builds a generated project\"] (scripts/test runs it)"
     );
+    build_shared_projects_ahead();
     let mut target = CARGO
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -205,6 +206,28 @@ impl Drop for CargoLock {
             target.kits.remove(&name);
         }
     }
+}
+
+/// Starts, once, a thread that builds the projects several tests share
+/// (`SHARED_PROJECTS` in main.rs), when `GPKIT_TEST_PREBUILD` is set (by
+/// scripts/test's full run, not when a few tests are run): their tests then
+/// find them built. A build that fails there fails again, with its message,
+/// in the first test that asks for it.
+fn build_shared_projects_ahead() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    if std::env::var_os("GPKIT_TEST_PREBUILD").is_none() {
+        return;
+    }
+    STARTED.call_once(|| {
+        std::thread::Builder::new()
+            .name("(shared projects, built ahead)".into())
+            .spawn(|| {
+                for build in crate::SHARED_PROJECTS {
+                    let _ = std::panic::catch_unwind(build);
+                }
+            })
+            .unwrap();
+    });
 }
 
 /// Gives `project`, when it is a Cargo project without a `Cargo.lock`, a
@@ -367,6 +390,24 @@ pub fn cargo(project: &Path, args: &[&str]) -> Output {
 /// `project` (see [`built_from`]) is made again after re-running cargo.
 pub fn build_binaries(project: &Path) -> PathBuf {
     let _one_at_a_time = cargo_lock(project);
+    build_binaries_locked(project)
+}
+
+/// Builds `project` (all its targets, linted: see [`lint`]) and copies its
+/// binaries as [`build_binaries`] does, checks its formatting and runs its
+/// own tests, all in one hold of the build lock: another project of the
+/// same name built in between would make cargo compile this one again for
+/// its tests. Its binaries' directory and the output of its tests.
+pub fn build_and_test(project: &Path) -> (PathBuf, Output) {
+    let _one_at_a_time = cargo_lock(project);
+    let bins = build_binaries_locked(project);
+    cargo_unlocked(project, &["fmt", "--check"]);
+    let tests = cargo_unlocked(project, &["test"]);
+    (bins, tests)
+}
+
+/// [`build_binaries`], the build lock held by the caller.
+fn build_binaries_locked(project: &Path) -> PathBuf {
     let bins = project.join(".bin");
     std::fs::create_dir_all(&bins).unwrap();
     // Every binary of the project: the kit's and any a test added.
@@ -722,10 +763,7 @@ fn a_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
         .assert()
         .success();
     let project = dir.path().join("lean");
-    build_binaries(&project);
-    lint(&project);
-    cargo(&project, &["fmt", "--check"]);
-    cargo(&project, &["test"]);
+    build_and_test(&project);
 }
 
 /// The release fixtures of template sets 1 to 5 and 7 (the kit in `src/` up
@@ -996,8 +1034,5 @@ fn an_upgraded_project_builds_and_passes_its_tests() {
         .assert()
         .code(0);
 
-    build_binaries(&project);
-    lint(&project);
-    cargo(&project, &["fmt", "--check"]);
-    cargo(&project, &["test"]);
+    build_and_test(&project);
 }

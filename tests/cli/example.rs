@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::e2e::{Database, build_binaries, cargo, cargo_failing, lint, migrate, psql};
+use crate::e2e::{Database, build_and_test, cargo_failing, migrate, psql};
 use crate::support::free_port;
 use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, metric, wait_until};
@@ -149,11 +149,8 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
         .assert()
         .success();
 
-    let bins = build_binaries(&project);
-    lint(&project);
-    cargo(&project, &["fmt", "--check"]);
     // Its own tests, with the example's migration among the project's.
-    cargo(&project, &["test"]);
+    let (bins, _) = build_and_test(&project);
     the_tests_fail_when_the_slice_breaks(&project);
 
     let db = Database::create("gpkit_example");
@@ -301,11 +298,8 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
         .args(["upgrade", "templates", "--check"])
         .assert()
         .code(0);
-    let bins = build_binaries(&project);
-    lint(&project);
-    cargo(&project, &["fmt", "--check"]);
     // Its own tests: the flow and the redelivery check on SeaORM too.
-    cargo(&project, &["test"]);
+    let (bins, _) = build_and_test(&project);
 
     let db = Database::create("gpkit_example_orm");
     migrate(&project, &db, &["up"]);

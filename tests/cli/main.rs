@@ -39,3 +39,30 @@ mod upgrade;
 mod valkey_infra;
 mod worker_e2e;
 mod worker_ops;
+
+/// The projects several tests share, each generated and built once per run
+/// (a `OnceLock` in its module), in the order the tests first ask for them.
+/// In scripts/test's full run a thread of its own builds them all from the
+/// run's first build on (`e2e::cargo_lock`): the first tests in the run's
+/// order (asynq_interop's) wait minutes on Go's recoverer while no other
+/// test asks for a build, and the chain of builds would stand idle.
+const SHARED_PROJECTS: &[fn()] = &[
+    || {
+        asynq_interop::project();
+    },
+    || {
+        outbox_ops::built();
+    },
+    || {
+        e2e::built_project();
+    },
+    || {
+        valkey_infra::project();
+    },
+    || {
+        schedule::scheduled_project();
+    },
+    || {
+        server_state_interop::project_with_an_endless_listener();
+    },
+];

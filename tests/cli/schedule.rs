@@ -199,7 +199,7 @@ const LEASE_TTL: Duration = Duration::from_secs(6);
 /// (clippy, fmt, its own tests) and built once per test run.
 /// Named `shop`, as the other tests' projects of the same options are, so
 /// that its kit is the build of theirs (see `e2e::cargo_lock`).
-fn scheduled_project() -> &'static Path {
+pub(crate) fn scheduled_project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
         let parent = repo().join("target/e2e-schedule");

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use predicates::str::contains;
 
-use crate::e2e::{build_binaries, cargo, lint};
+use crate::e2e::build_and_test;
 use crate::support::{assert_tree_snapshot, disk_state, gpkit, read_tree};
 
 #[test]
@@ -107,10 +107,7 @@ fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_u
 
     // Act and assert: zero warnings, clippy, fmt, and the project's own
     // tests.
-    build_binaries(&project);
-    lint(&project);
-    cargo(&project, &["fmt", "--check"]);
-    let tests = cargo(&project, &["test"]);
+    let (_, tests) = build_and_test(&project);
     let report = String::from_utf8_lossy(&tests.stdout);
     assert!(
         report.contains("test both_probes_answer_200_when_the_database_is_up ... ok"),
@@ -204,10 +201,7 @@ fn a_seaorm_project_without_the_worker_builds_cleanly_and_passes_its_tests() {
         .assert()
         .success();
 
-    build_binaries(&project);
-    lint(&project);
-    cargo(&project, &["fmt", "--check"]);
-    let tests = cargo(&project, &["test"]);
+    let (_, tests) = build_and_test(&project);
     let report = String::from_utf8_lossy(&tests.stdout);
     assert!(
         report.contains("test both_probes_answer_200_when_the_database_is_up ... ok"),

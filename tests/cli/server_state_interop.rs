@@ -27,8 +27,14 @@ pub async fn handle(_event: OrderPlaced, _ctx: ListenerContext) -> Result<(), Li
 }
 "#;
 
-/// A worker project with the event `orderPlaced` and its listener `endless`.
-fn project_with_an_endless_listener() -> PathBuf {
+/// A worker project with the event `orderPlaced` and its listener `endless`,
+/// built once (and ahead in scripts/test's run: `SHARED_PROJECTS`).
+pub(crate) fn project_with_an_endless_listener() -> PathBuf {
+    static PROJECT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROJECT.get_or_init(endless_project).clone()
+}
+
+fn endless_project() -> PathBuf {
     let parent = repo().join("target/e2e-server-state");
     let _ = std::fs::remove_dir_all(&parent);
     std::fs::create_dir_all(&parent).unwrap();
