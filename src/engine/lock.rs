@@ -3,7 +3,8 @@
 //! A run that changes a project holds an exclusive `flock` on its `.gpkit/`
 //! directory from planning to the last rename. While it holds it, the file
 //! `.gpkit/lock` says who it is, so that a second run can name it: the
-//! second run waits briefly, then fails without changing anything. The lock
+//! second run says it waits for it, waits briefly, then fails without
+//! changing anything. The lock
 //! belongs to the open directory, so the kernel releases it when a run
 //! dies; a `.gpkit/lock` file left by a killed run is only a note, replaced
 //! by the next run.
@@ -42,18 +43,22 @@ impl ProjectLock {
             .with_context(|| format!("failed to open `{}`", dir_path.display()))?;
         let holder = root.join(HOLDER_FILE);
         let start = Instant::now();
+        let mut said_so = false;
         loop {
             match dir.try_lock() {
                 Ok(()) => break,
                 Err(TryLockError::WouldBlock) if start.elapsed() < WAIT => {
+                    if !said_so {
+                        eprintln!(
+                            "waiting for {} to finish changing this project...",
+                            holder_of(&holder)
+                        );
+                        said_so = true;
+                    }
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 Err(TryLockError::WouldBlock) => {
-                    let who = std::fs::read_to_string(&holder)
-                        .ok()
-                        .map(|text| text.trim().to_string())
-                        .filter(|text| !text.is_empty())
-                        .unwrap_or_else(|| "another gpkit run".to_string());
+                    let who = holder_of(&holder);
                     bail!(
                         "this project is being changed by {who}; nothing was changed\n\
                          help: wait for that run to finish, then run this command again"
@@ -74,6 +79,15 @@ impl ProjectLock {
         hold_for_tests();
         Ok(Self { dir, holder })
     }
+}
+
+/// Who holds the lock, as the note at `holder` names it.
+fn holder_of(holder: &Path) -> String {
+    std::fs::read_to_string(holder)
+        .ok()
+        .map(|text| text.trim().to_string())
+        .filter(|text| !text.is_empty())
+        .unwrap_or_else(|| "another gpkit run".to_string())
 }
 
 /// For the tests of concurrent runs, in debug builds only:

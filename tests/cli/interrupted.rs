@@ -171,10 +171,12 @@ fn a_second_run_meets_the_lock_of_the_first_and_names_it() {
 /// A second run that meets the lock waits for it: when the first run ends
 /// within the 3 s, the second takes the lock and succeeds. The test holds
 /// the lock itself, as a run does (an exclusive `flock` on `.gpkit/`, with
-/// `.gpkit/lock` naming the holder), for a second.
+/// `.gpkit/lock` naming the holder), until the second run says it waits
+/// for that holder; it has changed nothing then, and finishes once the
+/// lock is let go.
 #[test]
 fn a_second_run_waits_for_a_first_that_ends_within_the_wait() {
-    const HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &["--no-worker"]);
     let lock_dir = std::fs::File::open(project.join(".gpkit")).unwrap();
@@ -182,30 +184,40 @@ fn a_second_run_waits_for_a_first_that_ends_within_the_wait() {
     let holder = project.join(".gpkit/lock");
     std::fs::write(&holder, "`gpkit add event` (process 1)\n").unwrap();
 
-    let started = std::time::Instant::now();
-    let second = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpkit"))
+    let mut second = std::process::Command::new(assert_cmd::cargo::cargo_bin("gpkit"))
         .args(["add", "worker"])
         .current_dir(&project)
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(HOLD);
+    // Its stderr, line by line, as it writes it.
+    let (lines, said) = std::sync::mpsc::channel();
+    let stderr = second.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = lines.send(line.unwrap());
+        }
+    });
+    let mut seen = Vec::new();
+    let waiting = "waiting for `gpkit add event` (process 1) to finish changing this project";
+    while !seen.iter().any(|line: &String| line.contains(waiting)) {
+        match said.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(line) => seen.push(line),
+            Err(err) => panic!("the second run never said it waits ({err}): {seen:?}"),
+        }
+    }
     assert!(
         !project.join("src/bin/worker.rs").exists(),
-        "the second run did not wait for the lock"
+        "the second run changed the project while it waited"
     );
     std::fs::remove_file(&holder).unwrap();
     lock_dir.unlock().unwrap();
 
-    let second = second.wait_with_output().unwrap();
-    let took = started.elapsed();
-    assert!(
-        second.status.success(),
-        "the second run failed after {took:.1?}: {}",
-        String::from_utf8_lossy(&second.stderr)
-    );
-    assert!(took >= HOLD, "the second run took only {took:.1?}");
+    let status = second.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(said.try_iter());
+    assert!(status.success(), "the second run failed: {seen:?}");
     assert!(project.join("src/bin/worker.rs").exists());
     assert!(!holder.exists(), "the lock note outlived the run");
 }
