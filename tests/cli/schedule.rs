@@ -356,6 +356,23 @@ fn job_task_ids(redis: &RedisServer, schedule: &str) -> BTreeSet<String> {
 }
 
 /// How many times each tick of `schedule` was enqueued as new, over all
+/// No tick of the job `schedule` ran twice over `logs`, which hold at least
+/// one run of it (none parsed would prove nothing: a changed run line).
+fn assert_no_tick_ran_twice(logs: &[Log], schedule: &str) {
+    let runs: Vec<&String> = logs
+        .iter()
+        .flat_map(|l| &l.runs)
+        .filter(|(name, _)| name == schedule)
+        .map(|(_, id)| id)
+        .collect();
+    assert!(
+        !runs.is_empty(),
+        "{schedule}: no run of it in the workers' logs (has the run line changed?)"
+    );
+    let distinct: BTreeSet<&String> = runs.iter().copied().collect();
+    assert_eq!(runs.len(), distinct.len(), "{schedule}: a tick ran twice");
+}
+
 /// `logs`: a tick enqueued twice is a tick some listener or job gets twice.
 fn new_counts(logs: &[Log], schedule: &str) -> BTreeMap<i64, usize> {
     let mut counts = BTreeMap::new();
@@ -567,14 +584,7 @@ fn three_replicas_enqueue_every_tick_exactly_once_over_the_whole_window() {
             .map(|e| e.tick_id.clone())
             .collect();
         assert_eq!(job_task_ids(&redis, schedule), logged, "{schedule}");
-        let runs: Vec<&String> = logs
-            .iter()
-            .flat_map(|l| &l.runs)
-            .filter(|(name, _)| name == schedule)
-            .map(|(_, id)| id)
-            .collect();
-        let distinct: BTreeSet<&String> = runs.iter().copied().collect();
-        assert_eq!(runs.len(), distinct.len(), "{schedule}: a tick ran twice");
+        assert_no_tick_ran_twice(&logs, schedule);
     }
     let rows = psql(
         &db.url(),
@@ -833,14 +843,7 @@ fn a_leader_paused_past_its_lease_is_replaced_when_it_ends_and_enqueues_nothing_
     assert_consecutive(&caught_up, "catch_up_beat");
     assert_covers(&caught_up, logs[first].led[0], stopped_at, "catch_up_beat");
     for schedule in ["beat", "catch_up_beat"] {
-        let runs: Vec<&String> = logs
-            .iter()
-            .flat_map(|l| &l.runs)
-            .filter(|(name, _)| name == schedule)
-            .map(|(_, id)| id)
-            .collect();
-        let distinct: BTreeSet<&String> = runs.iter().copied().collect();
-        assert_eq!(runs.len(), distinct.len(), "{schedule}: a tick ran twice");
+        assert_no_tick_ran_twice(&logs, schedule);
     }
 }
 
