@@ -684,6 +684,16 @@ fn print_env_with(project: &Path, database_url: &str) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// Whether this is a Debian-like system, which `--install` needs (it runs
+/// apt-get); see `support::require`.
+fn on_debian() -> bool {
+    crate::support::require(
+        "a Debian-like system (`--install` knows only those)",
+        Path::new("/etc/debian_version").is_file(),
+        "run the tests on Debian or Ubuntu, as CI does",
+    )
+}
+
 /// The newest `/usr/lib/postgresql/*/bin` with the three binaries gpkit dev
 /// runs (Debian's layout, where `scripts/test` installs Postgres).
 fn debian_postgres_bin() -> Option<PathBuf> {
@@ -726,19 +736,18 @@ fn fake_apt_get(dir: &Path, then: &str) -> PathBuf {
 #[test]
 #[ignore = "builds a generated project"]
 fn with_install_a_missing_postgres_is_installed_with_apt_get_then_started() {
-    if !Path::new("/etc/debian_version").is_file() {
-        eprintln!("skipped: --install knows Debian-like systems only");
+    if !on_debian() {
         return;
     }
     let real = debian_postgres_bin();
-    assert!(
-        real.is_some() || !crate::support::in_ci(),
-        "no /usr/lib/postgresql/*/bin: scripts/test installs Postgres there"
-    );
-    let Some(real) = real else {
-        eprintln!("skipped: no Debian Postgres to stand in for the installed one");
+    if !crate::support::require(
+        "Debian's Postgres (/usr/lib/postgresql/*/bin), to stand in for the installed one",
+        real.is_some(),
+        "scripts/test installs Debian's postgresql package",
+    ) {
         return;
-    };
+    }
+    let real = real.unwrap();
     let parent = parent_dir();
     let project = new_project(parent.path(), &["--no-worker"])
         .canonicalize()
@@ -808,8 +817,7 @@ fn with_install_a_missing_postgres_is_installed_with_apt_get_then_started() {
 
 #[test]
 fn with_install_a_failing_apt_get_is_named_and_nothing_is_started() {
-    if !Path::new("/etc/debian_version").is_file() {
-        eprintln!("skipped: --install knows Debian-like systems only");
+    if !on_debian() {
         return;
     }
     let parent = parent_dir();

@@ -62,28 +62,47 @@ pub fn in_ci() -> bool {
 }
 
 /// The tool a test needs (`go`, `valkey-server`, ...), found on `PATH`, or
-/// `None` and the test should return. A test that returns early proves
-/// nothing, so it must never pass unseen: under CI (`CI=true`, or for `go`
-/// `GPKIT_REQUIRE_GO`, which `scripts/test` sets there) a missing tool
-/// fails the test, naming the tool and how to get it; elsewhere the test
-/// prints `skipped: <test>: <tool> not found` to stderr.
+/// `None` and the test should return (see [`require`]; for `go`,
+/// `GPKIT_REQUIRE_GO`, which `scripts/test` sets under CI, also makes it
+/// required).
 pub fn require_tool(tool: &str) -> Option<PathBuf> {
-    if let Some(found) = find_on_path(tool) {
-        return Some(found);
+    let found = find_on_path(tool);
+    let required = tool == "go" && std::env::var_os("GPKIT_REQUIRE_GO").is_some();
+    assert!(
+        found.is_some() || !required,
+        "`go` is not on PATH, and GPKIT_REQUIRE_GO is set: {}",
+        how_to_get(tool)
+    );
+    require(
+        &format!("`{tool}` on PATH"),
+        found.is_some(),
+        how_to_get(tool),
+    )
+    .then(|| found.unwrap())
+}
+
+/// Whether what a test needs (a tool, a server, a platform: `what`) is
+/// here, as `available` says; when it is not, the test should return. Every
+/// test that can skip asks this, so that the rule is one: a test that
+/// returns early proves nothing, so it must never pass unseen. Under CI
+/// (`CI=true`) a missing need fails the test, naming it and `how` to get
+/// it; elsewhere the test prints `skipped: <test>: <what> is missing` to
+/// stderr.
+pub fn require(what: &str, available: bool, how: &str) -> bool {
+    if available {
+        return true;
     }
     // libtest names each test's thread after the test.
     let test = std::thread::current()
         .name()
         .unwrap_or("a test")
         .to_string();
-    let required = in_ci() || (tool == "go" && std::env::var_os("GPKIT_REQUIRE_GO").is_some());
     assert!(
-        !required,
-        "{test}: `{tool}` is not on PATH, and under CI a test does not skip for a missing tool: {}",
-        how_to_get(tool)
+        !in_ci(),
+        "{test}: {what} is missing, and under CI a test does not skip: {how}"
     );
-    eprintln!("skipped: {test}: {tool} not found");
-    None
+    eprintln!("skipped: {test}: {what} is missing");
+    false
 }
 
 /// How a machine gets `tool`, for the failure under CI.
