@@ -170,8 +170,9 @@ async fn main() -> anyhow::Result<()> {
 "#;
 
 /// `POST /orders` in the test project's server: dispatches the posted
-/// `orderPlaced` in the request's transaction.
-const ORDERS_ROUTE: &str = r#"//! `POST /orders`: dispatches the posted `orderPlaced`, filled in by the tests.
+/// `orderPlaced` in the request's transaction (valkey_infra's project has
+/// it too).
+pub(crate) const ORDERS_ROUTE: &str = r#"//! `POST /orders`: dispatches the posted `orderPlaced`, filled in by the tests.
 
 use axum::Json;
 use axum::extract::State;
@@ -200,7 +201,7 @@ pub async fn place(State(state): State<AppState>, Json(event): Json<OrderPlaced>
 "#;
 
 /// The test project's routes: the generated ones and `POST /orders`.
-const ROUTES: &str = r#"//! The HTTP routes.
+pub(crate) const ROUTES: &str = r#"//! The HTTP routes.
 
 mod orders;
 

@@ -478,7 +478,7 @@ fn every_binary_authenticates_with_every_password_form_and_prints_no_password() 
     assert!(!status.contains("Pending"), "{status}");
 
     // server: ready (its pool reached the database) with ?password=, and
-    // VALKEY_ADDR with VALKEY_PASSWORD for its wake-ups.
+    // VALKEY_ADDR with VALKEY_PASSWORD for its wake-ups, which reach Valkey.
     let http = free_port();
     let http_addr = format!("127.0.0.1:{http}");
     let server = Service::start(
@@ -494,6 +494,23 @@ fn every_binary_authenticates_with_every_password_form_and_prints_no_password() 
     wait_until(Duration::from_secs(20), "the server is ready", || {
         http_get(http, "/readyz").0 == 200
     });
+    // Its own Valkey connection, opened for the wake-up of its first
+    // commit, authenticates: that wake-up reaches a subscriber of the
+    // wake-up channel. The order is removed again before the workers run.
+    let wake_ups = Subscriber::start(&redis.addr(), &secrets.valkey.raw, "outbox:wake");
+    let (status, body) = crate::example::request(
+        &http_addr,
+        "POST",
+        "/orders",
+        Some(r#"{"order_id": 100, "note": "a wake-up"}"#),
+    )
+    .expect("the server answers");
+    assert_eq!(status, 202, "{body}");
+    wake_ups.wait_for_a_message(Duration::from_secs(20));
+    psql(
+        &shop,
+        "DELETE FROM outbox_events WHERE payload->>'note' = 'a wake-up'",
+    );
     let log = server.stop();
     assert!(log.contains("DEBUG"), "no debug logs: {log}");
     secrets.assert_absent("server, ?password= and VALKEY_PASSWORD", &log);
@@ -705,4 +722,71 @@ fn the_scan_sees_through_colours_and_url_encoding() {
         );
     }
     assert!(secret.found_in("url=postgres://app:***@db/shop").is_none());
+}
+
+/// `redis-cli SUBSCRIBE` to one channel, as the default user with its
+/// password, its output read line by line as it comes.
+struct Subscriber {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Subscriber {
+    /// Subscribed to `channel` on the Valkey at `addr` (`host:port`): it
+    /// has answered the subscription.
+    fn start(addr: &str, password: &str, channel: &str) -> Self {
+        use std::io::BufRead;
+        let (host, port) = addr.rsplit_once(':').unwrap();
+        let mut child = Command::new("redis-cli")
+            .args(["-h", host, "-p", port, "--no-auth-warning", "-a", password])
+            .args(["SUBSCRIBE", channel])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli starts");
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = send.send(line);
+            }
+        });
+        let mut subscriber = Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        subscriber.wait_for_line("subscribe", Duration::from_secs(10));
+        subscriber
+    }
+
+    /// Waits until a message is published on the channel.
+    fn wait_for_a_message(mut self, within: Duration) {
+        self.wait_for_line("message", within);
+    }
+
+    fn wait_for_line(&mut self, wanted: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.seen.iter().any(|line| line == wanted) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(err) => panic!(
+                    "no `{wanted}` from the subscriber within {within:?} ({err}): {:?}",
+                    self.seen
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -38,9 +38,9 @@ fn free_port() -> u16 {
 }
 
 /// A project with the event `orderPlaced` and two listeners that record
-/// each run in `listener_runs`, and the job schedule `pulse` (every second;
-/// its scheduler runs only where a test enables it, see [`SCHEDULER_ON`]);
-/// built once, its binaries directory.
+/// each run in `listener_runs`, the job schedule `pulse` (every second;
+/// its scheduler runs only where a test enables it, see [`SCHEDULER_ON`])
+/// and the route `POST /orders`; built once, its binaries directory.
 ///
 /// Named `shop`, as the other tests' projects of the same options are, so
 /// that its kit is the build of theirs (see `e2e::cargo_lock`).
@@ -84,6 +84,18 @@ pub(crate) fn project() -> &'static Path {
             .args(["add", "schedule", "pulse", "--cron", "@every 1s", "--job"])
             .assert()
             .success();
+        // `POST /orders`: a commit in the server, whose wake-up is the
+        // server's own Valkey connection (secrets.rs).
+        std::fs::write(
+            project.join("src/routes/orders.rs"),
+            crate::asynq_interop::ORDERS_ROUTE,
+        )
+        .unwrap();
+        std::fs::write(
+            project.join("src/routes/mod.rs"),
+            crate::asynq_interop::ROUTES,
+        )
+        .unwrap();
         build_binaries(&project);
         project
     })
