@@ -555,10 +555,11 @@ fn replication(port: u16, name: &str) -> Option<String> {
         .map(|value| value.trim().to_string())
 }
 
-/// The members of the sorted set or list `key` on the server on `port`.
+/// The members of the sorted set or list `key` on the server on `port`
+/// (a failed read fails the test: it is not an empty set).
 fn members(port: u16, command: &str, key: &str) -> Vec<String> {
     cli(&["-p", &port.to_string(), command, key, "0", "-1"])
-        .unwrap_or_default()
+        .unwrap_or_else(|| panic!("redis-cli could not read {key} on port {port}"))
         .lines()
         .filter(|line| !line.is_empty())
         .map(str::to_string)
@@ -924,7 +925,7 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
     // Every event's task exists exactly once: completed, and nowhere else.
     let in_cluster = |command: &str, key: &str| -> Vec<String> {
         cli(&["-c", "-p", &ports[0].to_string(), command, key, "0", "-1"])
-            .unwrap_or_default()
+            .unwrap_or_else(|| panic!("redis-cli could not read {key} in the cluster"))
             .lines()
             .filter(|line| !line.is_empty())
             .map(str::to_string)
@@ -939,6 +940,24 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
         all.len()
     );
     assert_eq!(delivered, all.len(), "an event task is missing");
+    // asynq's count of processed tasks (what asynqmon shows): per event,
+    // its event task and the task of each of its two listeners, so a task
+    // run twice would show here too.
+    let processed: u64 = cli(&[
+        "-c",
+        "-p",
+        &ports[0].to_string(),
+        "GET",
+        "asynq:{default}:processed",
+    ])
+    .expect("redis-cli reads the processed counter")
+    .parse()
+    .unwrap();
+    assert_eq!(
+        processed,
+        3 * all.len() as u64,
+        "tasks processed: a task ran twice or not at all"
+    );
     // Every run counts (the listeners record each one, no DISTINCT here):
     // both listeners ran exactly once for every event.
     let runs = count(&db, "SELECT count(*) FROM listener_runs");
