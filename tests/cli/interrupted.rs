@@ -176,7 +176,6 @@ fn a_second_run_meets_the_lock_of_the_first_and_names_it() {
 /// lock is let go.
 #[test]
 fn a_second_run_waits_for_a_first_that_ends_within_the_wait() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let project = new_project(dir.path(), &["--no-worker"]);
     let lock_dir = std::fs::File::open(project.join(".gpkit")).unwrap();
@@ -191,22 +190,13 @@ fn a_second_run_waits_for_a_first_that_ends_within_the_wait() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Its stderr, line by line, as it writes it.
-    let (lines, said) = std::sync::mpsc::channel();
-    let stderr = second.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let _ = lines.send(line.unwrap());
-        }
-    });
-    let mut seen = Vec::new();
+    let mut said = crate::support::Lines::read(second.stderr.take().unwrap());
     let waiting = "waiting for `gpkit add event` (process 1) to finish changing this project";
-    while !seen.iter().any(|line: &String| line.contains(waiting)) {
-        match said.recv_timeout(std::time::Duration::from_secs(10)) {
-            Ok(line) => seen.push(line),
-            Err(err) => panic!("the second run never said it waits ({err}): {seen:?}"),
-        }
-    }
+    said.wait_for(
+        "the second run says it waits",
+        std::time::Duration::from_secs(10),
+        |line| line.contains(waiting),
+    );
     assert!(
         !project.join("src/bin/worker.rs").exists(),
         "the second run changed the project while it waited"
@@ -215,9 +205,8 @@ fn a_second_run_waits_for_a_first_that_ends_within_the_wait() {
     lock_dir.unlock().unwrap();
 
     let status = second.wait().unwrap();
-    reader.join().unwrap();
-    seen.extend(said.try_iter());
-    assert!(status.success(), "the second run failed: {seen:?}");
+    let said = said.until_closed();
+    assert!(status.success(), "the second run failed: {said:?}");
     assert!(project.join("src/bin/worker.rs").exists());
     assert!(!holder.exists(), "the lock note outlived the run");
 }

@@ -728,15 +728,13 @@ fn the_scan_sees_through_colours_and_url_encoding() {
 /// password, its output read line by line as it comes.
 struct Subscriber {
     child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
+    lines: crate::support::Lines,
 }
 
 impl Subscriber {
     /// Subscribed to `channel` on the Valkey at `addr` (`host:port`): it
     /// has answered the subscription.
     fn start(addr: &str, password: &str, channel: &str) -> Self {
-        use std::io::BufRead;
         let (host, port) = addr.rsplit_once(':').unwrap();
         let mut child = Command::new("redis-cli")
             .args(["-h", host, "-p", port, "--no-auth-warning", "-a", password])
@@ -745,42 +743,19 @@ impl Subscriber {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-cli starts");
-        let stdout = child.stdout.take().unwrap();
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let _ = send.send(line);
-            }
-        });
-        let mut subscriber = Self {
-            child,
-            lines,
-            seen: Vec::new(),
-        };
-        subscriber.wait_for_line("subscribe", Duration::from_secs(10));
-        subscriber
+        let mut lines = crate::support::Lines::read(child.stdout.take().unwrap());
+        lines.wait_for(
+            "the subscription's answer",
+            Duration::from_secs(10),
+            |line| line == "subscribe",
+        );
+        Self { child, lines }
     }
 
     /// Waits until a message is published on the channel.
     fn wait_for_a_message(mut self, within: Duration) {
-        self.wait_for_line("message", within);
-    }
-
-    fn wait_for_line(&mut self, wanted: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        while !self.seen.iter().any(|line| line == wanted) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(err) => panic!(
-                    "no `{wanted}` from the subscriber within {within:?} ({err}): {:?}",
-                    self.seen
-                ),
-            }
-        }
+        self.lines
+            .wait_for("a message on the channel", within, |line| line == "message");
     }
 }
 

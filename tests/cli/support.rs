@@ -67,18 +67,14 @@ pub fn in_ci() -> bool {
 /// required).
 pub fn require_tool(tool: &str) -> Option<PathBuf> {
     let found = find_on_path(tool);
-    let required = tool == "go" && std::env::var_os("GPKIT_REQUIRE_GO").is_some();
-    assert!(
-        found.is_some() || !required,
-        "`go` is not on PATH, and GPKIT_REQUIRE_GO is set: {}",
-        how_to_get(tool)
-    );
-    require(
+    let required = in_ci() || (tool == "go" && std::env::var_os("GPKIT_REQUIRE_GO").is_some());
+    required_or_skipped(
         &format!("`{tool}` on PATH"),
         found.is_some(),
         how_to_get(tool),
-    )
-    .then(|| found.unwrap())
+        required,
+    );
+    found
 }
 
 /// Whether what a test needs (a tool, a server, a platform: `what`) is
@@ -89,6 +85,12 @@ pub fn require_tool(tool: &str) -> Option<PathBuf> {
 /// it; elsewhere the test prints `skipped: <test>: <what> is missing` to
 /// stderr.
 pub fn require(what: &str, available: bool, how: &str) -> bool {
+    required_or_skipped(what, available, how, in_ci())
+}
+
+/// [`require`], with whether the need is `required` here (it fails the
+/// test) decided by the caller.
+fn required_or_skipped(what: &str, available: bool, how: &str, required: bool) -> bool {
     if available {
         return true;
     }
@@ -98,7 +100,7 @@ pub fn require(what: &str, available: bool, how: &str) -> bool {
         .unwrap_or("a test")
         .to_string();
     assert!(
-        !in_ci(),
+        !required,
         "{test}: {what} is missing, and under CI a test does not skip: {how}"
     );
     eprintln!("skipped: {test}: {what} is missing");
@@ -506,5 +508,54 @@ pub fn free_port() -> u16 {
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
+    }
+}
+
+/// The lines a process writes to a pipe, read by a thread of their own as
+/// they come, so that a test can wait for one (a condition, not a clock).
+pub struct Lines {
+    received: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    /// Starts reading `pipe` (a child's stdout or stderr).
+    pub fn read(pipe: impl std::io::Read + Send + 'static) -> Self {
+        use std::io::BufRead;
+        let (send, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        Self {
+            received,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits up to `within` for a line `wanted` accepts (one seen before
+    /// counts); panics naming `what` and every line seen when none comes,
+    /// or when the pipe closes first.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        within: std::time::Duration,
+        wanted: impl Fn(&str) -> bool,
+    ) {
+        let deadline = std::time::Instant::now() + within;
+        while !self.seen.iter().any(|line| wanted(line)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.received.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(err) => panic!("{what}: not within {within:?} ({err}): {:?}", self.seen),
+            }
+        }
+    }
+
+    /// Every line, once the pipe has closed (the process ended).
+    pub fn until_closed(mut self) -> Vec<String> {
+        self.seen.extend(self.received.iter());
+        self.seen
     }
 }
