@@ -524,8 +524,8 @@ fn log_lock_hold((taken, cargo_millis): (std::time::Instant, u64)) {
 }
 
 /// Appends one line (seconds, the test's name, the arguments, the packages
-/// compiled or checked, when it ended) to the file `GPKIT_TEST_CARGO_LOG` names, when it
-/// names one: where the suite's serialized cargo time goes.
+/// compiled or checked, when it ended) to the file `GPKIT_TEST_CARGO_LOG`
+/// names, when it names one: where the suite's serialized cargo time goes.
 fn log_cargo_run(args: &[&str], took: std::time::Duration, stderr: &[u8]) {
     let thread = std::thread::current();
     let name = thread.name().unwrap_or("?");

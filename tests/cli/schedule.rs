@@ -197,6 +197,7 @@ const LEASE_TTL: Duration = Duration::from_secs(6);
 /// missed ticks skipped), `catch_up_beat` (a job, `--catch-up 30`) and
 /// `beat_event` (the event `beaten`, through the outbox); generated, checked
 /// (clippy, fmt, its own tests) and built once per test run.
+///
 /// Named `shop`, as the other tests' projects of the same options are, so
 /// that its kit is the build of theirs (see `e2e::cargo_lock`).
 pub(crate) fn scheduled_project() -> &'static Path {

@@ -29,9 +29,9 @@ pub async fn handle(_event: OrderPlaced, _ctx: ListenerContext) -> Result<(), Li
 
 /// A worker project with the event `orderPlaced` and its listener `endless`,
 /// built once (and ahead in scripts/test's run: `SHARED_PROJECTS`).
-pub(crate) fn project_with_an_endless_listener() -> PathBuf {
+pub(crate) fn project_with_an_endless_listener() -> &'static Path {
     static PROJECT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PROJECT.get_or_init(endless_project).clone()
+    PROJECT.get_or_init(endless_project)
 }
 
 fn endless_project() -> PathBuf {
@@ -108,7 +108,7 @@ fn go_asynq_lists_the_worker_and_cancels_its_running_task() {
     // Arrange: a worker of the default queue (weight 2), three slots.
     let project = project_with_an_endless_listener();
     let db = Database::create("gpkit_server_state");
-    migrate(&project, &db, &["up"]);
+    migrate(project, &db, &["up"]);
     let redis = RedisServer::start();
     let started = now();
     let mut worker = Worker::start_binary(
