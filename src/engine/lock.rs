@@ -4,10 +4,9 @@
 //! directory from planning to the last rename. While it holds it, the file
 //! `.gpkit/lock` says who it is, so that a second run can name it: the
 //! second run says it waits for it, waits briefly, then fails without
-//! changing anything. The lock
-//! belongs to the open directory, so the kernel releases it when a run
-//! dies; a `.gpkit/lock` file left by a killed run is only a note, replaced
-//! by the next run.
+//! changing anything. The lock belongs to the open directory, so the kernel
+//! releases it when a run dies; a `.gpkit/lock` file left by a killed run is
+//! only a note, replaced by the next run.
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
