@@ -28,19 +28,7 @@ pub fn database_url(database: &str) -> String {
     format!("{base}/{database}")
 }
 
-/// Runs SQL with psql on `url` and returns its unaligned output.
-pub fn psql(url: &str, sql: &str) -> String {
-    let output = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-Atc", sql])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "psql failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
-}
+pub use crate::sql::psql;
 
 /// The shared target directory for generated projects.
 pub fn shared_target() -> PathBuf {
@@ -591,13 +579,10 @@ impl Database {
 
 impl Drop for Database {
     fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                &server_url(),
-                "-Atc",
-                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name),
-            ])
-            .output();
+        crate::sql::forget(&self.url());
+        // Not `psql`: a drop never panics (it may run while a test unwinds).
+        let drop = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        let _ = crate::sql::query(&server_url(), &drop);
     }
 }
 

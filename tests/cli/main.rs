@@ -30,6 +30,7 @@ mod schedule;
 mod seaorm;
 mod secrets;
 mod server_state_interop;
+mod sql;
 mod support;
 mod template_set;
 mod test_ca;
