@@ -127,14 +127,16 @@ impl Store {
     pub fn find(&self, path: &str, sha256: &str, project: &str) -> Option<Vec<u8>> {
         let in_kit = path.strip_prefix(KIT_DIR)?.strip_prefix('/')?;
         if in_kit == KIT_MANIFEST {
-            // Rendered for each project: try each released template.
-            let templates: BTreeSet<&String> = self
+            // Rendered for each project: try each released template, the
+            // newest first (most projects are of a recent set, and each
+            // try unpacks a blob).
+            let mut tried = BTreeSet::new();
+            return self
                 .releases
                 .values()
+                .rev()
                 .filter_map(|files| files.get(KIT_MANIFEST))
-                .collect();
-            return templates
-                .into_iter()
+                .filter(|template| tried.insert(*template))
                 .filter_map(|template| self.verified(template))
                 .filter_map(|template| kit_manifest(&template, project).ok())
                 .find(|bytes| sha256_hex(bytes) == sha256);
