@@ -17,8 +17,8 @@
 //! do not hash to it are never used, and a hash found nowhere is no base
 //! (a conflict to report, never permission to overwrite).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Context, Result, bail};
 
@@ -36,6 +36,11 @@ pub struct Store {
     releases: BTreeMap<u32, BTreeMap<String, String>>,
     /// SHA-256 → gzipped bytes (not trusted until unpacked and hashed).
     blobs: BTreeMap<String, &'static [u8]>,
+    /// SHA-256 → the blob unpacked and checked, or `None` when it failed:
+    /// a command asks for the same kit file more than once (its base, then
+    /// whether a copy is needed), and a process running gpkit many times
+    /// (the tests) asks again each time.
+    verified: Mutex<HashMap<String, Option<Vec<u8>>>>,
 }
 
 impl Store {
@@ -154,8 +159,14 @@ impl Store {
     /// The bytes of blob `sha256`, if it is there, unpacks and hashes to
     /// its name.
     fn verified(&self, sha256: &str) -> Option<Vec<u8>> {
-        let bytes = unpack(self.blobs.get(sha256)?)?;
-        (sha256_hex(&bytes) == sha256).then_some(bytes)
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        verified
+            .entry(sha256.to_string())
+            .or_insert_with(|| {
+                let bytes = unpack(self.blobs.get(sha256)?)?;
+                (sha256_hex(&bytes) == sha256).then_some(bytes)
+            })
+            .clone()
     }
 }
 
