@@ -3,7 +3,8 @@
 //! moments, over and over, then left to finish. Every payment is recorded
 //! once and every receipt exists once, although deliveries repeated.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, build_binaries, lint, migrate, psql};
@@ -70,33 +71,45 @@ impl Random {
     }
 }
 
+/// A project with the two events and the listener filled in, built once
+/// (and ahead in scripts/test's run: `SHARED_PROJECTS`, tests/cli/main.rs,
+/// since the test that uses it runs long and would otherwise start its
+/// build late).
+pub(crate) fn project() -> &'static Path {
+    static PROJECT: OnceLock<PathBuf> = OnceLock::new();
+    PROJECT.get_or_init(|| {
+        let parent = repo().join("target/e2e-inbox");
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        gpkit(&parent)
+            .args(["--no-input", "new", "project", "shop"])
+            .assert()
+            .success();
+        let project = parent.join("shop");
+        for (event, listener) in [("paymentTaken", Some("ledger")), ("receiptSent", None)] {
+            let mut add = gpkit(&project);
+            add.args(["add", "event", event, "--field", "payment_id:i64"]);
+            if let Some(listener) = listener {
+                add.args(["--listener", listener]);
+            }
+            add.assert().success();
+        }
+        write(&project, "src/listeners/payment_taken/ledger.rs", LEDGER);
+        write(&project, "migrations/20270101000000_ledger.sql", TABLES);
+        build_binaries(&project);
+        lint(&project);
+        project
+    })
+}
+
 #[test]
 #[ignore = "builds a generated project"]
 fn a_listener_killed_at_random_points_records_and_dispatches_each_event_once() {
-    // A project with the two events and the listener filled in.
-    let parent = repo().join("target/e2e-inbox");
-    let _ = std::fs::remove_dir_all(&parent);
-    std::fs::create_dir_all(&parent).unwrap();
-    gpkit(&parent)
-        .args(["--no-input", "new", "project", "shop"])
-        .assert()
-        .success();
-    let project = parent.join("shop");
-    for (event, listener) in [("paymentTaken", Some("ledger")), ("receiptSent", None)] {
-        let mut add = gpkit(&project);
-        add.args(["add", "event", event, "--field", "payment_id:i64"]);
-        if let Some(listener) = listener {
-            add.args(["--listener", listener]);
-        }
-        add.assert().success();
-    }
-    write(&project, "src/listeners/payment_taken/ledger.rs", LEDGER);
-    write(&project, "migrations/20270101000000_ledger.sql", TABLES);
-    let bins = build_binaries(&project);
-    lint(&project);
+    let project = project();
+    let bins = project.join(".bin");
 
     let db = Database::create("gpkit_inbox");
-    migrate(&project, &db, &["up"]);
+    migrate(project, &db, &["up"]);
     const PAYMENTS: u64 = 400;
     psql(
         &db.url(),

@@ -42,7 +42,9 @@ mod worker_e2e;
 mod worker_ops;
 
 /// The projects several tests share, each generated and built once per run
-/// (a `OnceLock` in its module), in the order the tests first ask for them.
+/// (a `OnceLock` in its module), in the order the tests first ask for them,
+/// and last the one of a long test late in the run's order (inbox_e2e's),
+/// so that it starts without waiting for its build.
 /// In scripts/test's full run a thread of its own builds them all from the
 /// run's first build on (`e2e::cargo_lock`): the first tests in the run's
 /// order (asynq_interop's) wait minutes on Go's recoverer while no other
@@ -65,5 +67,8 @@ const SHARED_PROJECTS: &[fn()] = &[
     },
     || {
         server_state_interop::project_with_an_endless_listener();
+    },
+    || {
+        inbox_e2e::project();
     },
 ];
