@@ -200,8 +200,10 @@ impl Drop for CargoLock {
 /// (`SHARED_PROJECTS` in main.rs), when `GPKIT_TEST_PREBUILD` is set (by
 /// scripts/test's full run, not when a few tests are run): their tests then
 /// find them built. A build that fails there fails again, with its message,
-/// in the first test that asks for it.
-fn build_shared_projects_ahead() {
+/// in the first test that asks for it. Called by the first build and by the
+/// first Go peer's build ([`crate::go_peers::go_peer`]): the run's first
+/// tests build a Go peer first, which on a new machine takes half a minute.
+pub(crate) fn build_shared_projects_ahead() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     if std::env::var_os("GPKIT_TEST_PREBUILD").is_none() {
         return;

@@ -20,6 +20,7 @@ pub fn module_dir() -> PathBuf {
 /// The binary of the Go program `cmd/<name>` of the interop module, built
 /// on first use; `None` where Go is missing (see [`require_tool`]).
 pub fn go_peer(name: &str) -> Option<PathBuf> {
+    crate::e2e::build_shared_projects_ahead();
     let go = require_tool("go")?;
     static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
