@@ -1344,6 +1344,13 @@ struct Shared {
     since: time::Date,
 }
 
+/// The note of the slow tasks of a run that stops one side with SIGTERM
+/// (every 500th): a run that long, on a side stopped with a shutdown
+/// timeout of 1 s, is cut short, however late the test saw it start (with
+/// 5 s, a machine busy with other tests saw one start so late that it
+/// finished within the timeout, and nothing was cut short).
+const SLOW_NOTE: &str = "sleep:15000";
+
 /// A Go asynq server and `run.rust_workers` Rust worker processes, 10
 /// handlers each, share the `default` queue of `redis`, where the Go client
 /// enqueues `run.tasks` `listener:orderPlaced:audit` tasks (a task type
@@ -1351,7 +1358,7 @@ struct Shared {
 /// while the queue is paused, and then unpauses it; they run until all are
 /// completed.
 ///
-/// With [`Stop::Term`], every 500th task sleeps 5 s, and once 3,000 runs
+/// With [`Stop::Term`], every 500th task sleeps 15 s ([`SLOW_NOTE`]), and once 3,000 runs
 /// are done and the stopped side is in the middle of a slow task, that side
 /// gets SIGTERM, with a shutdown timeout of 1 s.
 ///
@@ -1406,7 +1413,7 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
         .map(|n| {
             let slow = term.is_some() && n % 500 == 250;
             let note = if slow {
-                "sleep:5000".to_string()
+                SLOW_NOTE.to_string()
             } else if stop == Some(Stop::KillRust) {
                 KILL_RUN_NOTE.to_string()
             } else {
@@ -1424,7 +1431,7 @@ fn share_the_queue(run: &Run, redis: RedisServer) -> Shared {
         .iter()
         .map(|e| {
             assert_eq!(e["result"], "enqueued");
-            let slow = e["envelope"]["payload"]["note"] == "sleep:5000";
+            let slow = e["envelope"]["payload"]["note"] == SLOW_NOTE;
             (str_of(&e["id"]).to_string(), slow)
         })
         .collect();
