@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 use crate::e2e::{Database, build_binaries, migrate, psql};
 use crate::go_peers::go_peer;
-use crate::support::{gpkit, repo};
+use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 /// The trace the tests' events are dispatched in.
@@ -228,14 +228,7 @@ pub fn router(state: AppState) -> Router {
 pub(crate) fn project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
-        let parent = repo().join("target/e2e-asynq");
-        let _ = std::fs::remove_dir_all(&parent);
-        std::fs::create_dir_all(&parent).unwrap();
-        gpkit(&parent)
-            .args(["--no-input", "new", "project", "shop"])
-            .assert()
-            .success();
-        let project = parent.join("shop");
+        let project = crate::e2e::new_shop_in("e2e-asynq", &[]);
         gpkit(&project)
             .args(["add", "event", "orderPlaced"])
             .args(["--field", "order_id:i64", "--field", "note:string"])

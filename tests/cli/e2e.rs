@@ -888,14 +888,7 @@ fn an_upgrade_carries_the_users_code_to_the_api_of_set_6() {
 pub fn built_project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
-        let parent = repo().join("target/e2e");
-        let _ = std::fs::remove_dir_all(&parent);
-        std::fs::create_dir_all(&parent).unwrap();
-        gpkit(&parent)
-            .args(["--no-input", "new", "project", "shop"])
-            .assert()
-            .success();
-        let project = parent.join("shop");
+        let project = new_shop_in("e2e", &[]);
         build_binaries(&project);
         project
     })
@@ -906,7 +899,25 @@ pub fn built_project() -> &'static Path {
 /// stays reusable by the later projects of the run (see [`cargo_lock`]),
 /// which a temporary directory's would not.
 pub fn kept_dir(name: &str) -> PathBuf {
-    let dir = repo().join("target/e2e-kept").join(name);
+    emptied(&format!("e2e-kept/{name}"))
+}
+
+/// A new project `shop` (`gpkit --no-input new project shop <options>`) in
+/// `target/<dir>`, emptied first: the directory of a project that tests
+/// build once a run and keep until it ends.
+pub fn new_shop_in(dir: &str, options: &[&str]) -> PathBuf {
+    let parent = emptied(dir);
+    gpkit(&parent)
+        .args(["--no-input", "new", "project", "shop"])
+        .args(options)
+        .assert()
+        .success();
+    parent.join("shop")
+}
+
+/// `target/<dir>`, made empty.
+fn emptied(dir: &str) -> PathBuf {
+    let dir = repo().join("target").join(dir);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

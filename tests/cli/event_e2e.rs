@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::e2e::{Database, build_binaries, cargo, lint, migrate, psql};
-use crate::support::{gpkit, repo};
+use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 /// What the test's listeners do: record each run in `listener_runs`.
@@ -75,14 +75,7 @@ fn write(project: &Path, path: &str, text: &str) {
 #[ignore = "builds a generated project"]
 fn an_event_reaches_each_listener_exactly_once() {
     // Generate, add the worker, add the event: the project stays clean.
-    let parent = repo().join("target/e2e-events");
-    let _ = std::fs::remove_dir_all(&parent);
-    std::fs::create_dir_all(&parent).unwrap();
-    gpkit(&parent)
-        .args(["new", "project", "shop", "--no-worker"])
-        .assert()
-        .success();
-    let project = parent.join("shop");
+    let project = crate::e2e::new_shop_in("e2e-events", &["--no-worker"]);
     gpkit(&project).args(["add", "worker"]).assert().success();
     gpkit(&project)
         .args([

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, build_binaries, lint, migrate, psql};
-use crate::support::{gpkit, repo};
+use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 /// The listener: counts each attempt outside the transaction, then does
@@ -78,14 +78,7 @@ impl Random {
 pub(crate) fn project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
-        let parent = repo().join("target/e2e-inbox");
-        let _ = std::fs::remove_dir_all(&parent);
-        std::fs::create_dir_all(&parent).unwrap();
-        gpkit(&parent)
-            .args(["--no-input", "new", "project", "shop"])
-            .assert()
-            .success();
-        let project = parent.join("shop");
+        let project = crate::e2e::new_shop_in("e2e-inbox", &[]);
         for (event, listener) in [("paymentTaken", Some("ledger")), ("receiptSent", None)] {
             let mut add = gpkit(&project);
             add.args(["add", "event", event, "--field", "payment_id:i64"]);

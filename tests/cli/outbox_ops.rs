@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::e2e::{Database, build_binaries, migrate, psql};
-use crate::support::{gpkit, repo};
+use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, free_port, metric, wait_until};
 
 /// `audit` refuses every order while `refused` has a row, giving up at once
@@ -69,14 +69,7 @@ pub fn built() -> &'static (PathBuf, PathBuf) {
 }
 
 fn project() -> (PathBuf, PathBuf) {
-    let parent = repo().join("target/e2e-outbox-ops");
-    let _ = std::fs::remove_dir_all(&parent);
-    std::fs::create_dir_all(&parent).unwrap();
-    gpkit(&parent)
-        .args(["new", "project", "shop", "--worker"])
-        .assert()
-        .success();
-    let project = parent.join("shop");
+    let project = crate::e2e::new_shop_in("e2e-outbox-ops", &["--worker"]);
     gpkit(&project)
         .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
         .args(["--listener", "audit", "--listener", "email"])

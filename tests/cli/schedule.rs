@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use predicates::str::contains;
 
 use crate::e2e::{Database, build_binaries, cargo, lint, migrate, psql};
-use crate::support::{assert_tree_snapshot, changed_since, gpkit, new_project, read_tree, repo};
+use crate::support::{assert_tree_snapshot, changed_since, gpkit, new_project, read_tree};
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 #[test]
@@ -203,14 +203,7 @@ const LEASE_TTL: Duration = Duration::from_secs(6);
 pub(crate) fn scheduled_project() -> &'static Path {
     static PROJECT: OnceLock<PathBuf> = OnceLock::new();
     PROJECT.get_or_init(|| {
-        let parent = repo().join("target/e2e-schedule");
-        let _ = std::fs::remove_dir_all(&parent);
-        std::fs::create_dir_all(&parent).unwrap();
-        gpkit(&parent)
-            .args(["--no-input", "new", "project", "shop"])
-            .assert()
-            .success();
-        let project = parent.join("shop");
+        let project = crate::e2e::new_shop_in("e2e-schedule", &[]);
         for args in [
             &["add", "event", "beaten"][..],
             &["add", "schedule", "beat", "--cron", "@every 1s", "--job"],

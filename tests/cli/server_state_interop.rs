@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::e2e::{Database, build_binaries, migrate};
 use crate::go_peers::go_peer;
-use crate::support::{gpkit, repo};
+use crate::support::gpkit;
 use crate::worker_e2e::{RedisServer, Worker, wait_until};
 
 /// A listener that runs until it is cancelled.
@@ -35,14 +35,7 @@ pub(crate) fn project_with_an_endless_listener() -> &'static Path {
 }
 
 fn endless_project() -> PathBuf {
-    let parent = repo().join("target/e2e-server-state");
-    let _ = std::fs::remove_dir_all(&parent);
-    std::fs::create_dir_all(&parent).unwrap();
-    gpkit(&parent)
-        .args(["--no-input", "new", "project", "shop"])
-        .assert()
-        .success();
-    let project = parent.join("shop");
+    let project = crate::e2e::new_shop_in("e2e-server-state", &[]);
     gpkit(&project)
         .args(["add", "event", "orderPlaced", "--field", "order_id:i64"])
         .args(["--listener", "endless"])

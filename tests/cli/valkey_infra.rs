@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, build_binaries, migrate, psql};
 use crate::event_e2e::listener_body;
-use crate::support::{gpkit, repo};
+use crate::support::gpkit;
 use crate::test_ca::{make_ca, make_server_cert};
 use crate::worker_e2e::wait_until;
 
@@ -47,14 +47,7 @@ fn free_port() -> u16 {
 pub(crate) fn project() -> &'static Path {
     static BINS: OnceLock<PathBuf> = OnceLock::new();
     BINS.get_or_init(|| {
-        let parent = repo().join("target/e2e-valkey");
-        let _ = std::fs::remove_dir_all(&parent);
-        std::fs::create_dir_all(&parent).unwrap();
-        gpkit(&parent)
-            .args(["--no-input", "new", "project", "shop"])
-            .assert()
-            .success();
-        let project = parent.join("shop");
+        let project = crate::e2e::new_shop_in("e2e-valkey", &[]);
         gpkit(&project)
             .args(["add", "event", "orderPlaced"])
             .args(["--field", "order_id:i64", "--field", "note:string"])
