@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Deserialize;
 
@@ -468,9 +468,9 @@ const CONCURRENT: i64 = 20270115080200;
 /// tools' start-up times differ, so that the one started second meets the
 /// lock of the first.
 const HOLD: &str = "1.5";
-/// goose's session locker tries `pg_try_advisory_lock` every 5 s: a goose
-/// run that found the lock taken lasts at least this long.
-const GOOSE_POLL: Duration = Duration::from_secs(5);
+/// What the goose peer prints on stderr when goose's lock is held by another
+/// session as it starts to take it (`tests/interop/go/cmd/goosepeer`).
+const GOOSE_MET_THE_LOCK: &str = "goose's lock is held by another session; waiting for it";
 
 /// [`project_migrations`] plus a slow migration and a `NO TRANSACTION` one.
 fn race_migrations(parent: &Path) -> PathBuf {
@@ -508,11 +508,11 @@ enum First {
     Migrate,
 }
 
-/// Asserts that in `round` the tool that did not take the lock first met it
-/// and waited, so the two runs overlapped: `migrate` logs that it waits;
-/// goose logs nothing, but a goose run that found the lock taken polls
-/// again only after [`GOOSE_POLL`].
-fn assert_second_waited(round: u32, first: First, goose_took: Duration, migrate_log: &str) {
+/// Asserts that in `round` the tool that did not take the lock first found
+/// it held by the other, so the two runs overlapped, as the tool itself
+/// reports it: `migrate` logs that it waits for its lock; the goose peer
+/// says so when its first try finds the lock held ([`GOOSE_MET_THE_LOCK`]).
+fn assert_second_waited(round: u32, first: First, goose_log: &str, migrate_log: &str) {
     match first {
         First::Goose => assert!(
             migrate_log.contains("waiting for its lock"),
@@ -520,13 +520,12 @@ fn assert_second_waited(round: u32, first: First, goose_took: Duration, migrate_
              (the runs did not overlap):\n{migrate_log}"
         ),
         First::Migrate => assert!(
-            goose_took >= GOOSE_POLL,
-            "round {round}: migrate took the lock first, but goose ended after {goose_took:.1?}, \
-             sooner than its {GOOSE_POLL:?} poll, so it never found the lock taken \
-             (the runs did not overlap)"
+            goose_log.contains(GOOSE_MET_THE_LOCK),
+            "round {round}: migrate took the lock first, but goose never found it taken \
+             (the runs did not overlap):\n{goose_log}"
         ),
     }
-    eprintln!("round {round}: {first:?} took the lock first; the other waited");
+    eprintln!("round {round}: {first:?} took the lock first; the other found it taken and waited");
 }
 
 /// A goose `up` and a `migrate up` started at the same moment on a fresh
@@ -556,6 +555,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         let results: Vec<GooseResult> = serde_json::from_slice(&goose.stdout).unwrap();
         let by_goose: Vec<String> = results.into_iter().map(|r| r.file).collect();
         let migrate_log = String::from_utf8(migrate.stderr).unwrap();
+        let goose_log = String::from_utf8_lossy(&goose.stderr);
         let by_migrate = migrate_ran(&migrate_log);
         eprintln!(
             "round {round}: goose applied {} in {goose_took:.1?}, migrate applied {}",
@@ -572,7 +572,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         } else {
             First::Migrate
         };
-        assert_second_waited(round, first, goose_took, &migrate_log);
+        assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
             [0, OUTBOX, INBOX, ORDERS, SLOW, CONCURRENT],
@@ -620,6 +620,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         let results: Vec<GooseResult> = serde_json::from_slice(&goose.stdout).unwrap();
         let by_goose: Vec<String> = results.into_iter().map(|r| r.file).collect();
         let migrate_log = String::from_utf8(migrate.stderr).unwrap();
+        let goose_log = String::from_utf8_lossy(&goose.stderr);
         let by_migrate = migrate_ran(&migrate_log);
         eprintln!(
             "round {round}: goose rolled back {by_goose:?} in {goose_took:.1?}, migrate {by_migrate:?}"
@@ -633,7 +634,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         let mut rolled_back = [by_goose, by_migrate].concat();
         rolled_back.sort();
         assert_eq!(rolled_back, last_two, "round {round}");
-        assert_second_waited(round, first, goose_took, &migrate_log);
+        assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
             [0, OUTBOX, INBOX, ORDERS],

@@ -82,6 +82,38 @@ type options struct {
 	allowMissing bool
 }
 
+// The lines reportingLocker prints on stderr.
+const (
+	lockTakenAtOnce = "goosepeer: took goose's lock at once"
+	lockHeldByOther = "goosepeer: goose's lock is held by another session; waiting for it"
+)
+
+// reportingLocker is goose's session locker, saying on stderr whether the
+// lock was free, so that a test sees from this process, not from the clock,
+// that a goose run met the lock of another. Before goose's own first try it
+// tries the lock once itself on the same session: taken, it lets goose take
+// it (advisory locks count per session, so goose's try succeeds at once) and
+// drops its own count, leaving the lock as goose alone would hold it; held
+// by another session, it says so and lets goose poll as it does.
+type reportingLocker struct{ lock.SessionLocker }
+
+func (l reportingLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	var free bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", lock.DefaultLockID).Scan(&free); err != nil {
+		return err
+	}
+	if !free {
+		fmt.Fprintln(os.Stderr, lockHeldByOther)
+		return l.SessionLocker.SessionLock(ctx, conn)
+	}
+	fmt.Fprintln(os.Stderr, lockTakenAtOnce)
+	if err := l.SessionLocker.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	_, err := conn.ExecContext(ctx, "SELECT pg_advisory_unlock($1)", lock.DefaultLockID)
+	return err
+}
+
 // run opens the database and the provider and runs one command; it returns
 // the value to print as JSON.
 func run(ctx context.Context, opts options, url, command string, args []string) (any, error) {
@@ -96,7 +128,7 @@ func run(ctx context.Context, opts options, url, command string, args []string) 
 		return nil, err
 	}
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS(opts.dir),
-		goose.WithSessionLocker(locker),
+		goose.WithSessionLocker(reportingLocker{locker}),
 		goose.WithTableName(opts.table),
 		goose.WithAllowOutofOrder(opts.allowMissing),
 		goose.WithVerbose(true),
