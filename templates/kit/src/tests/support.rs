@@ -20,6 +20,28 @@ use crate::migrate;
 #[cfg(feature = "worker")]
 use crate::queue;
 
+/// Whether what a test needs (`what`: a server binary, a tool) is here, as
+/// `available` says; when it is not, the test should return. The one skip
+/// rule of the kit's tests: a test that returns early proves nothing, so
+/// under CI (`CI=true`) a missing need fails the test, naming it and `how`
+/// to get it; elsewhere the test prints `skipped: <test>: ...` on stderr.
+pub fn require(what: &str, available: bool, how: &str) -> bool {
+    if available {
+        return true;
+    }
+    // libtest names each test's thread after the test.
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: {what} is missing, and CI=true: {how}"
+    );
+    eprintln!("skipped: {test}: {what} is missing ({how})");
+    false
+}
+
 /// The project's migrations, which hold the kit's (goose reads one
 /// folder): `migrations/` next to `kit/` in a generated project, and in
 /// gpkit's repository, where the kit is `templates/kit`, the project
