@@ -373,6 +373,44 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
         page.contains(&event_id),
         "{event_id} not on the page:\n{page}"
     );
+    // The request's trace, as gpkit dev received it and keeps it: the
+    // POST and, in the same trace, its event's listener run by the worker.
+    let traces = stderr
+        .split("traces: received at http://127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(", kept for 1h in ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("no trace receiver:\n{}", dev.log()));
+    assert_eq!(traces, ".gpkit/dev/traces");
+    let spans = || -> Vec<serde_json::Value> {
+        std::fs::read_dir(project.join(traces))
+            .unwrap()
+            .flat_map(|file| {
+                std::fs::read_to_string(file.unwrap().path())
+                    .unwrap()
+                    .lines()
+                    .filter_map(|line| serde_json::from_str(line).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "the POST's trace holds the listener's run",
+        || {
+            let spans = spans();
+            let posts = spans
+                .iter()
+                .filter(|span| span["name"] == "POST /orders" && span["service"] == "server");
+            posts.into_iter().any(|post| {
+                spans.iter().any(|span| {
+                    span["trace_id"] == post["trace_id"]
+                        && span["name"] == "process listener:orderPlaced:confirm"
+                        && span["service"] == "worker"
+                })
+            })
+        },
+    );
     let out = std::fs::read_to_string(&dev.out).unwrap();
     for prefix in [" server | ", " worker | ", "console | ", "migrate | "] {
         assert!(out.contains(prefix), "no `{prefix}` line:\n{}", dev.log());

@@ -12,7 +12,7 @@
 //! missing server from the system's packages), [`processes`] (the supervised
 //! processes), [`watch`] (changed sources), [`state`] (the lock and the
 //! state file under `.gpkit/dev/`), [`output`] (prefixed lines),
-//! [`signals`].
+//! [`signals`], [`traces`] (the spans the processes export).
 
 mod compose;
 mod install;
@@ -21,6 +21,7 @@ mod processes;
 mod services;
 mod signals;
 pub(super) mod state;
+mod traces;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -44,6 +45,9 @@ const SETTINGS: &[&str] = &[
     "VALKEY_SENTINEL_ADDRS",
     "VALKEY_CLUSTER_ADDRS",
     "WORKER_METRICS_ADDR",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_BSP_SCHEDULE_DELAY",
 ];
 
 /// An orderly stop was asked for (Ctrl-C or SIGTERM) during start-up.
@@ -290,12 +294,47 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             format!("127.0.0.1:{}", services::free_port()?),
         ));
     }
+    // Their spans: to gpkit's own receiver, unless the project names a
+    // collector.
+    let traces = match [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .into_iter()
+    .find(|name| settings.get(name).is_some())
+    {
+        Some(name) => {
+            note(&format!(
+                "traces: to {} ({name} from {})",
+                settings.get(name).unwrap_or_default(),
+                settings.where_set(name)
+            ));
+            None
+        }
+        None => {
+            let receiver = traces::Receiver::start(&lock.dir().join(traces::DIR))?;
+            note(&format!(
+                "traces: received at {}, kept for {} in {}/{} (a JSON line a span)",
+                receiver.endpoint(),
+                humantime::format_duration(traces::KEPT),
+                state::DEV_DIR,
+                traces::DIR
+            ));
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), receiver.endpoint()));
+            // Exported half a second after they end, not five.
+            if settings.get("OTEL_BSP_SCHEDULE_DELAY").is_none() {
+                env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "500".into()));
+            }
+            Some(receiver)
+        }
+    };
     // Their output goes through gpkit: colours only when gpkit's does.
     if !output::colour() && std::env::var_os("NO_COLOR").is_none() {
         env.push(("NO_COLOR".into(), "1".into()));
     }
 
     let result = run_service(&root, &lock, &env, &service_pids, run, !args.no_watch);
+    drop(traces);
     drop(valkey);
     drop(postgres);
     drop(compose);
