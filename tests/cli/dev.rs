@@ -394,6 +394,7 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
             })
             .collect()
     };
+    let mut trace_id = String::new();
     wait_until(
         Duration::from_secs(30),
         "the POST's trace holds the listener's run",
@@ -402,15 +403,48 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
             let posts = spans
                 .iter()
                 .filter(|span| span["name"] == "POST /orders" && span["service"] == "server");
-            posts.into_iter().any(|post| {
+            let traced = posts.into_iter().find(|post| {
                 spans.iter().any(|span| {
                     span["trace_id"] == post["trace_id"]
                         && span["name"] == "process listener:orderPlaced:confirm"
                         && span["service"] == "worker"
                 })
-            })
+            });
+            if let Some(post) = traced {
+                trace_id = post["trace_id"].as_str().unwrap().to_string();
+            }
+            traced.is_some()
         },
     );
+    // The console draws it, the relay's `send` (a trace of its own)
+    // through its link, and the event's page leads there.
+    let (status, page) = request(&console, "GET", &format!("/traces/{trace_id}"), None).unwrap();
+    assert_eq!(status, 200, "{page}");
+    for span in [
+        "POST /orders",
+        "create orderPlaced",
+        "send default",
+        "process listener:orderPlaced:confirm",
+    ] {
+        assert!(page.contains(span), "no {span} on the waterfall:\n{page}");
+    }
+    let (status, page) = request(&console, "GET", &format!("/events/{event_id}"), None).unwrap();
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains(&format!("../traces/{trace_id}")),
+        "the event's page does not lead to its trace:\n{page}"
+    );
+    if let Some(browser) = crate::browser::Browser::start(1100) {
+        browser.open(&format!("http://{console}/events/{event_id}"));
+        browser.click("a.waterfall");
+        let waterfall = browser.text();
+        assert!(
+            waterfall.contains("process listener:orderPlaced:confirm")
+                && waterfall.contains("send default"),
+            "{waterfall}"
+        );
+        browser.screenshot(&crate::browser::screenshot_path("dev-trace-waterfall"));
+    }
     let out = std::fs::read_to_string(&dev.out).unwrap();
     for prefix in [" server | ", " worker | ", "console | ", "migrate | "] {
         assert!(out.contains(prefix), "no `{prefix}` line:\n{}", dev.log());

@@ -312,7 +312,8 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             None
         }
         None => {
-            let receiver = traces::Receiver::start(&lock.dir().join(traces::DIR))?;
+            let kept_in = lock.dir().join(traces::DIR);
+            let receiver = traces::Receiver::start(&kept_in)?;
             note(&format!(
                 "traces: received at {}, kept for {} in {}/{} (a JSON line a span)",
                 receiver.endpoint(),
@@ -321,6 +322,11 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
                 traces::DIR
             ));
             env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), receiver.endpoint()));
+            // Where the console reads them, to draw each event's trace.
+            env.push((
+                "OUTBOX_CONSOLE_TRACES".into(),
+                kept_in.display().to_string(),
+            ));
             // Exported half a second after they end, not five.
             if settings.get("OTEL_BSP_SCHEDULE_DELAY").is_none() {
                 env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "500".into()));

@@ -331,6 +331,9 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
                     Some((id, None)) => code { (id) },
                     None => "none (the event was stored without a trace context)",
                 }
+                @if let (Some((id, _)), Some(_)) = (&trace, &options.traces) {
+                    " " a.waterfall href={ "../traces/" (id) } { "see the waterfall" }
+                }
             }
         }
         h2 { "Listeners" }

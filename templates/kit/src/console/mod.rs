@@ -30,6 +30,8 @@
 //! - `failures`: listener tasks waiting for a retry or archived, grouped
 //!   by listener and error, to run again one by one or a group at a time;
 //! - `queues`: each queue's tasks by state, to pause or resume;
+//! - `traces`: under `gpkit dev`, one trace as a waterfall, from the
+//!   request to every listener (the spans gpkit dev keeps);
 //! - `guard`: the token, the CSRF check and the read-only mode;
 //! - `serve`: [`serve`], on an address of its own;
 //! - `page`: the layout and what every page shows alike.
@@ -45,8 +47,10 @@ mod overview;
 mod page;
 mod queues;
 mod serve;
+mod traces;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -77,6 +81,8 @@ pub(crate) struct Options {
     pub trace_url: Option<String>,
     /// Every request must carry it (see `guard`).
     pub token: Option<String>,
+    /// Where `gpkit dev` keeps the spans it receives (see `traces`).
+    pub traces: Option<PathBuf>,
 }
 
 /// What every page's handler works with.
@@ -136,6 +142,14 @@ impl Console {
         self
     }
 
+    /// Draws each event's trace from the spans `gpkit dev` keeps in `dir`
+    /// (one JSON line a span; `gpkit dev` names it in
+    /// `OUTBOX_CONSOLE_TRACES`).
+    pub fn traces_from(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.options.traces = Some(dir.into());
+        self
+    }
+
     /// Refuses every request that does not carry `token` (401): as a
     /// bearer token, or once given as `?token=` a cookie of the browser.
     pub fn token(mut self, token: impl Into<String>) -> Self {
@@ -162,6 +176,7 @@ impl Console {
                 "/failures/retry",
                 get(failures::confirm).post(failures::retry),
             )
+            .route("/traces/{id}", get(traces::page))
             .route("/queues", get(queues::page))
             .route("/queues/pause", axum::routing::post(queues::pause))
             .route("/assets/console.css", get(page::stylesheet))

@@ -29,6 +29,10 @@ pub struct Args {
     /// (such as https://jaeger.example.com/trace/{trace_id})
     #[arg(long, env = "OUTBOX_CONSOLE_TRACE_URL")]
     pub trace_url: Option<String>,
+    /// Where `gpkit dev` keeps the spans it receives, to draw each event's
+    /// trace (gpkit dev sets it)
+    #[arg(long, env = "OUTBOX_CONSOLE_TRACES")]
+    pub traces: Option<std::path::PathBuf>,
 }
 
 pub async fn run(context: Context, args: Args) -> anyhow::Result<ExitCode> {
@@ -46,6 +50,9 @@ pub async fn run(context: Context, args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(token) = args.token {
         console = console.token(token);
+    }
+    if let Some(dir) = args.traces {
+        console = console.traces_from(dir);
     }
     console::serve(console, args.addr, |addr| {
         tracing::info!(%addr, "console listening on http://{addr}/");
