@@ -27,13 +27,15 @@ use crate::worker_e2e::{RedisServer, Worker, free_port, wait_until};
 const TOKEN: &str = "s3cret-console-token";
 
 /// `outbox console`, stopped when dropped.
-struct Console {
+pub(crate) struct Console {
     child: Child,
     addr: String,
 }
 
 impl Console {
-    fn start(outbox: &std::path::Path, db: &Database, redis: &RedisServer) -> Self {
+    /// `outbox` (a project's binary) serving its console with the token
+    /// [`TOKEN`] on a free port, once it answers.
+    pub(crate) fn start(outbox: &std::path::Path, db: &Database, redis: &RedisServer) -> Self {
         let addr = format!("127.0.0.1:{}", free_port());
         let child = Command::new(outbox)
             .args(["console", "--addr", &addr])
@@ -55,6 +57,13 @@ impl Console {
 
     fn url(&self, path: &str) -> String {
         format!("http://{}/{path}", self.addr)
+    }
+
+    /// `GET path` with the token: the status and the page.
+    pub(crate) fn get(&self, path: &str) -> (u16, String) {
+        let bearer = format!("Bearer {TOKEN}");
+        request_with_headers(&self.addr, "GET", path, None, &[("Authorization", &bearer)])
+            .unwrap_or_else(|| panic!("the console did not answer GET {path}"))
     }
 }
 

@@ -907,6 +907,33 @@ fn go_asynq_lists_the_leaders_schedules_and_their_ticks() {
         "history {listed:?} is not among the ticks enqueued {logged:?}"
     );
 
+    // The console's Schedules page reads the same state: every schedule
+    // with its spec and a tick the leader logged, and the leader's process.
+    let console =
+        crate::console::Console::start(&scheduled_project().join(".bin/outbox"), &db, &redis);
+    let (status, page) = console.get("/schedules");
+    assert_eq!(status, 200, "{page}");
+    for (task_type, spec) in [
+        ("job:beat", "@every 1s"),
+        ("job:catch_up_beat", "* * * * * *"),
+        ("event:beaten", "@every 1s"),
+    ] {
+        assert!(
+            page.contains(&format!(
+                "<td><code>{task_type}</code></td><td><code>{spec}</code></td>"
+            )),
+            "{task_type} ({spec}) is not on the Schedules page:\n{page}"
+        );
+    }
+    assert!(
+        page.contains(&format!(", process {}", workers[0].pid())),
+        "the leader's process is not on the page:\n{page}"
+    );
+    assert!(
+        logged.iter().any(|tick| page.contains(tick.as_str())),
+        "no tick the leader enqueued is on the page:\n{page}"
+    );
+
     // A leader that stops takes its entries off the page.
     workers[0].signal("-TERM");
     assert_eq!(workers[0].wait(Duration::from_secs(10)), Some(0));
@@ -914,4 +941,7 @@ fn go_asynq_lists_the_leaders_schedules_and_their_ticks() {
         inspect(&peer, &redis, &["schedulers"]),
         serde_json::json!([])
     );
+    let (status, page) = console.get("/schedules");
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("No scheduler leads now"), "{page}");
 }

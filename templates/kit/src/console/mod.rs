@@ -30,6 +30,8 @@
 //! - `failures`: listener tasks waiting for a retry or archived, grouped
 //!   by listener and error, to run again one by one or a group at a time;
 //! - `queues`: each queue's tasks by state, to pause or resume;
+//! - `schedules`: each schedule's last and next tick, and the replica that
+//!   leads;
 //! - `traces`: under `gpkit dev`, one trace as a waterfall, from the
 //!   request to every listener (the spans gpkit dev keeps);
 //! - `guard`: the token, the CSRF check and the read-only mode;
@@ -46,6 +48,7 @@ mod guard;
 mod overview;
 mod page;
 mod queues;
+mod schedules;
 mod serve;
 mod traces;
 
@@ -178,6 +181,7 @@ impl Console {
             )
             .route("/traces/{id}", get(traces::page))
             .route("/queues", get(queues::page))
+            .route("/schedules", get(schedules::page))
             .route("/queues/pause", axum::routing::post(queues::pause))
             .route("/assets/console.css", get(page::stylesheet))
             .route("/assets/console.js", get(page::script))

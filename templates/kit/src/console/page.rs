@@ -18,7 +18,7 @@ const SCRIPT: &str = include_str!("assets/console.js");
 /// relative, so that the console works nested under any path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Depth {
-    /// `/`, `/events`, `/failures`, `/queues`.
+    /// `/`, `/events`, `/failures`, `/queues`, `/schedules`.
     Top,
     /// `/events/<id>`.
     Nested,
@@ -41,13 +41,15 @@ pub(crate) enum Section {
     Events,
     Failures,
     Queues,
+    Schedules,
 }
 
-const SECTIONS: [(Section, &str, &str); 4] = [
+const SECTIONS: [(Section, &str, &str); 5] = [
     (Section::Overview, "", "Overview"),
     (Section::Events, "events", "Events"),
     (Section::Failures, "failures", "Failures"),
     (Section::Queues, "queues", "Queues"),
+    (Section::Schedules, "schedules", "Schedules"),
 ];
 
 /// A whole page: `body` under the navigation, with `title` as its heading.

@@ -76,6 +76,13 @@ pub struct Timestamp {
     pub nanos: i32,
 }
 
+impl Timestamp {
+    /// The time it stands for, if it is one chrono can hold.
+    pub fn to_datetime(self) -> Option<DateTime<Utc>> {
+        DateTime::from_timestamp(self.seconds, u32::try_from(self.nanos).ok()?)
+    }
+}
+
 impl From<DateTime<Utc>> for Timestamp {
     fn from(time: DateTime<Utc>) -> Self {
         Self {

@@ -19,14 +19,14 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use prost::Message as _;
 use uuid::Uuid;
 
 use super::spec::Spec;
 use super::{Entry, Schedules, Tick};
-use crate::queue::Client;
 use crate::queue::message::Timestamp;
+use crate::queue::{Client, QueueError};
 
 /// The sorted set of every scheduler's entries key.
 pub(crate) const ALL_SCHEDULERS: &str = "asynq:schedulers";
@@ -189,6 +189,73 @@ pub async fn record(queue: &Client, schedule: &Entry, tick: &Tick) {
     if let Err(err) = recorded {
         tracing::debug!(error = %err, "scheduler: failed to record a tick for asynqmon");
     }
+}
+
+/// A scheduler that leads, as its state on Valkey says: its id
+/// (`host:pid:uuid`), until when that state holds unless renewed, and its
+/// schedules.
+#[derive(Debug)]
+pub(crate) struct Leading {
+    pub scheduler_id: String,
+    pub until: DateTime<Utc>,
+    pub entries: Vec<SchedulerEntry>,
+}
+
+/// Every scheduler whose state has not expired, this service's and any
+/// other's sharing the Valkey (Go asynq's included), as asynqmon lists them.
+pub(crate) async fn leading(queue: &Client) -> Result<Vec<Leading>, QueueError> {
+    let mut conn = queue.connection();
+    let now = Utc::now().timestamp();
+    let keys: Vec<(String, i64)> = redis::cmd("ZRANGEBYSCORE")
+        .arg(ALL_SCHEDULERS)
+        .arg(now)
+        .arg("+inf")
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await?;
+    let mut leading = Vec::new();
+    for (key, until) in keys {
+        let encoded: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let entries = encoded
+            .iter()
+            .filter_map(|bytes| SchedulerEntry::decode(bytes.as_slice()).ok())
+            .collect();
+        let scheduler_id = key
+            .strip_prefix("asynq:schedulers:{")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .unwrap_or(&key)
+            .to_string();
+        leading.push(Leading {
+            scheduler_id,
+            until: DateTime::from_timestamp(until, 0).unwrap_or_default(),
+            entries,
+        });
+    }
+    Ok(leading)
+}
+
+/// The last tick enqueued for the schedule `entry_id`: its task id and
+/// when, from its history.
+pub(crate) async fn last_enqueued(
+    queue: &Client,
+    entry_id: &str,
+) -> Result<Option<(String, DateTime<Utc>)>, QueueError> {
+    let mut conn = queue.connection();
+    let newest: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(history_key(entry_id))
+        .arg(-1)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await?;
+    Ok(newest.first().and_then(|bytes| {
+        let event = SchedulerEnqueueEvent::decode(bytes.as_slice()).ok()?;
+        Some((event.task_id, event.enqueue_time?.to_datetime()?))
+    }))
 }
 
 #[cfg(test)]
