@@ -35,12 +35,12 @@ pub(crate) struct Console {
 impl Console {
     /// `outbox` (a project's binary) serving its console with the token
     /// [`TOKEN`] on a free port, once it answers.
-    pub(crate) fn start(outbox: &std::path::Path, db: &Database, redis: &RedisServer) -> Self {
+    pub(crate) fn start(outbox: &std::path::Path, database_url: &str, redis: &RedisServer) -> Self {
         let addr = format!("127.0.0.1:{}", free_port());
         let child = Command::new(outbox)
             .args(["console", "--addr", &addr])
             .env_clear()
-            .env("DATABASE_URL", db.url())
+            .env("DATABASE_URL", database_url)
             .env("VALKEY_ADDR", redis.addr())
             .env("WORKER_QUEUES", "default=1")
             .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
@@ -113,7 +113,7 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
         ("OUTBOX_POLL_INTERVAL", "100ms"),
     ];
     let _worker = Worker::start_binary(&bins.join("worker"), &db, &redis, &env);
-    let console = Console::start(&bins.join("outbox"), &db, &redis);
+    let console = Console::start(&bins.join("outbox"), &db.url(), &redis);
     wait_until(Duration::from_secs(60), "both listeners ran", || {
         runs(&db) == "audit:1 email:1"
     });
@@ -319,4 +319,61 @@ fn the_console_refuses_an_open_address_without_a_token_and_actions_when_read_onl
     assert!(body.contains("read-only"), "{body}");
     assert_eq!(down, 503, "{page}");
     assert!(page.contains("Postgres"), "{page}");
+}
+
+/// A store that stops answering: the page that needs it names it (503) and
+/// the others still show; once it is back, the next load shows the page
+/// again, with the same console process. Servers of the test's own.
+#[test]
+#[ignore = "builds a generated project"]
+fn a_page_names_the_store_that_is_down_and_shows_again_once_it_is_back() {
+    let (project, bins) = built();
+    let postgres = crate::own_postgres::OwnPostgres::start(&[], None);
+    let url = postgres.url("postgres");
+    let migrated = Command::new(bins.join("migrate"))
+        .arg("up")
+        .current_dir(project)
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(migrated.status.success(), "{migrated:?}");
+    let mut redis = RedisServer::start();
+    let console = Console::start(&bins.join("outbox"), &url, &redis);
+    let status = |path: &str| console.get(path).0;
+    assert_eq!(status("/events"), 200);
+    assert_eq!(status("/failures"), 200);
+
+    // Valkey down: the failures page says so; the events still show.
+    redis.stop();
+    let asked = std::time::Instant::now();
+    let (code, page) = console.get("/failures");
+    eprintln!("503 for Valkey after {:?}", asked.elapsed());
+    assert_eq!(code, 503, "{page}");
+    assert!(page.contains("Valkey"), "{page}");
+    assert_eq!(status("/events"), 200);
+    redis.restart();
+    let valkey_back = wait_until(
+        Duration::from_secs(30),
+        "the failures page shows again",
+        || status("/failures") == 200,
+    );
+
+    // Postgres down: the events page says so; back, it shows again.
+    postgres.stop();
+    let asked = std::time::Instant::now();
+    let (code, page) = console.get("/events");
+    eprintln!("503 for Postgres after {:?}", asked.elapsed());
+    assert_eq!(code, 503, "{page}");
+    assert!(page.contains("Postgres"), "{page}");
+    postgres.start_again();
+    let postgres_back = wait_until(
+        Duration::from_secs(30),
+        "the events page shows again",
+        || status("/events") == 200,
+    );
+    eprintln!(
+        "pages shown again {:.1} s after Valkey was back, {:.1} s after Postgres",
+        valkey_back.as_secs_f64(),
+        postgres_back.as_secs_f64()
+    );
 }

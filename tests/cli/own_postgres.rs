@@ -10,6 +10,8 @@ use std::process::Command;
 pub struct OwnPostgres {
     dir: tempfile::TempDir,
     pub port: u16,
+    /// `pg_ctl start`'s `-o`: the port, the socket directory, the settings.
+    options: String,
 }
 
 /// The newest PostgreSQL's programs (Debian keeps them off `PATH`).
@@ -98,12 +100,34 @@ impl OwnPostgres {
         for (name, value) in settings {
             options += &format!(" -c {name}={value}");
         }
-        let log = dir.path().join("log").display().to_string();
+        let postgres = Self { dir, port, options };
+        postgres.start_again();
+        postgres
+    }
+
+    /// `postgresql://postgres@127.0.0.1:<port>/<database>`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Stops the server at once (`pg_ctl stop -m immediate`): its clients'
+    /// connections break.
+    pub fn stop(&self) {
+        let data = self.dir.path().join("data").display().to_string();
         as_owner(
             &bin("pg_ctl"),
-            &["-D", &data_arg, "-l", &log, "-w", "-o", &options, "start"],
+            &["-D", &data, "-m", "immediate", "-w", "stop"],
         );
-        Self { dir, port }
+    }
+
+    /// Starts the stopped server again, on the same port with the same data.
+    pub fn start_again(&self) {
+        let data = self.dir.path().join("data").display().to_string();
+        let log = self.dir.path().join("log").display().to_string();
+        as_owner(
+            &bin("pg_ctl"),
+            &["-D", &data, "-l", &log, "-w", "-o", &self.options, "start"],
+        );
     }
 }
 

@@ -910,7 +910,7 @@ fn go_asynq_lists_the_leaders_schedules_and_their_ticks() {
     // The console's Schedules page reads the same state: every schedule
     // with its spec and a tick the leader logged, and the leader's process.
     let console =
-        crate::console::Console::start(&scheduled_project().join(".bin/outbox"), &db, &redis);
+        crate::console::Console::start(&scheduled_project().join(".bin/outbox"), &db.url(), &redis);
     let (status, page) = console.get("/schedules");
     assert_eq!(status, 200, "{page}");
     for (task_type, spec) in [
