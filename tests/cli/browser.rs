@@ -15,6 +15,10 @@ use serde_json::{Value, json};
 use crate::support::{free_port, require_tool};
 use crate::worker_e2e::wait_until;
 
+/// WebDriver's key codes.
+pub const TAB: &str = "\u{E004}";
+pub const ENTER: &str = "\u{E007}";
+
 /// The element reference's key in WebDriver's JSON.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
@@ -100,6 +104,46 @@ impl Browser {
             .as_str()
             .unwrap_or_else(|| panic!("no element {css}: {found}"));
         self.command("POST", &format!("element/{id}/click"), json!({}));
+    }
+
+    /// Presses and releases `key` (a WebDriver key code, such as
+    /// [`TAB`] or [`ENTER`]) on whatever has the focus.
+    pub fn press(&self, key: &str) {
+        let actions = json!({ "actions": [{
+            "type": "key",
+            "id": "keyboard",
+            "actions": [{ "type": "keyDown", "value": key }, { "type": "keyUp", "value": key }],
+        }]});
+        self.command("POST", "actions", actions);
+    }
+
+    /// Presses Tab until the focus is on the first element `css` selects,
+    /// as a keyboard user would reach it; panics when 50 presses do not.
+    /// The focused element must show its focus (an outline).
+    pub fn tab_to(&self, css: &str) {
+        let focused = format!(
+            "return document.activeElement !== null && document.activeElement.matches({});",
+            json!(css)
+        );
+        for _ in 0..50 {
+            if self.run(&focused) == true {
+                let outline =
+                    self.run("return getComputedStyle(document.activeElement).outlineStyle;");
+                assert_ne!(outline, "none", "{css} has the focus but shows no outline");
+                return;
+            }
+            self.press(TAB);
+        }
+        panic!("50 presses of Tab never reached {css}");
+    }
+
+    /// Resizes the window to `width` x `height` pixels.
+    pub fn resize(&self, width: u32, height: u32) {
+        self.command(
+            "POST",
+            "window/rect",
+            json!({ "width": width, "height": height }),
+        );
     }
 
     /// Saves a screenshot of the window as a PNG at `path`.

@@ -17,7 +17,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::browser::{Browser, screenshot_path};
+use crate::browser::{Browser, ENTER, screenshot_path};
 use crate::e2e::{Database, migrate, psql};
 use crate::example::request_with_headers;
 use crate::outbox_ops::{built, runs};
@@ -183,9 +183,11 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     assert!(body.contains("CSRF"), "{body}");
     assert_eq!(runs(&db), "audit:1 email:1,2");
 
-    // Fixed, then retried from the page: audit runs for order 2.
+    // Fixed, then retried from the page with the keyboard alone (Tab to
+    // the button, Enter): audit runs for order 2.
     psql(&db.url(), "DELETE FROM refused");
-    browser.click("form[action='failures/retry'] button");
+    browser.tab_to("form[action='failures/retry'] button");
+    browser.press(ENTER);
     let mut after = String::new();
     wait_until(Duration::from_secs(10), "the retry's page", || {
         after = browser.text();
@@ -272,6 +274,27 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     );
     assert!(browser.text().contains("default"), "{}", browser.text());
     browser.screenshot(&screenshot_path("console-overview"));
+
+    // A phone's width: no page is wider than the window (wide tables
+    // scroll within themselves), and every section's link is in view.
+    browser.resize(390, 844);
+    for path in ["", "events", "failures", "queues", "schedules"] {
+        browser.open(&console.url(path));
+        let fits = browser.run(
+            "return document.documentElement.scrollWidth <= window.innerWidth \
+             && [...document.querySelectorAll('nav a')].every(a => \
+                a.getBoundingClientRect().right <= window.innerWidth);",
+        );
+        assert_eq!(fits, true, "/{path} does not fit a 390 px window");
+    }
+    browser.open(&console.url("events"));
+    browser.click("table.events a");
+    assert_eq!(
+        browser.run("return document.documentElement.scrollWidth <= window.innerWidth;"),
+        true,
+        "an event's page does not fit a 390 px window"
+    );
+    browser.screenshot(&screenshot_path("console-narrow"));
 }
 
 /// Refusals before any page: a console others could reach needs a token,
