@@ -106,6 +106,23 @@ impl Browser {
         self.command("POST", &format!("element/{id}/click"), json!({}));
     }
 
+    /// Types `text` into the first element `css` selects (an input).
+    pub fn type_into(&self, css: &str, text: &str) {
+        let found = self.command(
+            "POST",
+            "element",
+            json!({ "using": "css selector", "value": css }),
+        );
+        let id = found[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {css}: {found}"));
+        self.command(
+            "POST",
+            &format!("element/{id}/value"),
+            json!({ "text": text }),
+        );
+    }
+
     /// Presses and releases `key` (a WebDriver key code, such as
     /// [`TAB`] or [`ENTER`]) on whatever has the focus.
     pub fn press(&self, key: &str) {

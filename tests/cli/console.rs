@@ -245,6 +245,43 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
         browser.text()
     );
 
+    // Replayed by a filter from the failures page, to `audit` only: the
+    // confirmation counts the three orders, and audit runs each again.
+    browser.open(&console.url("failures"));
+    browser.type_into(
+        "form[action='failures/replay'] input[name=name]",
+        "orderPlaced",
+    );
+    browser.type_into("form[action='failures/replay'] input[name=since]", "1h");
+    browser.type_into(
+        "form[action='failures/replay'] input[name=listener]",
+        "audit",
+    );
+    browser.click("form[action='failures/replay'] button");
+    let confirmation = browser.text();
+    assert!(
+        confirmation.contains("Replay 3 published event(s) named orderPlaced")
+            && confirmation.contains("to listener audit only: 3 task(s)"),
+        "{confirmation}"
+    );
+    browser.screenshot(&screenshot_path("console-replay"));
+    assert_eq!(
+        runs(&db),
+        "audit:1,2,3 email:1,2,3",
+        "the count replayed nothing"
+    );
+    browser.click("form[action='replay'] button");
+    assert!(
+        browser.text().contains("3 event(s) replayed"),
+        "{}",
+        browser.text()
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "audit ran each order again",
+        || runs(&db) == "audit:1,1,2,2,3,3 email:1,2,3",
+    );
+
     // Bad input: an unknown event, a malformed search.
     let auth = [("Authorization", bearer.as_str())];
     let unknown = "/events/00000000-0000-7000-8000-000000000000";

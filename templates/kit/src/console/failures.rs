@@ -93,6 +93,8 @@ fn groups(failed: Vec<Failed>) -> BTreeMap<(String, String), Vec<Failed>> {
 pub(crate) struct Done {
     #[serde(default)]
     retried: Option<usize>,
+    #[serde(default)]
+    replayed: Option<usize>,
 }
 
 /// `GET failures`.
@@ -112,6 +114,9 @@ pub(crate) async fn page(
     let body = html! {
         @if let Some(n) = done.retried {
             p.done role="status" { (n) " task(s) put back to pending: they run again now." }
+        }
+        @if let Some(n) = done.replayed {
+            p.done role="status" { (n) " event(s) replayed: their tasks are queued." }
         }
         @if groups.is_empty() {
             p { "No listener task is failing: none waits for a retry, none is archived." }
@@ -155,6 +160,14 @@ pub(crate) async fn page(
                     }
                 }
             }
+        }
+    };
+    let body = html! {
+        (body)
+        @if actions {
+            h2 { "Replay events" }
+            p { "Deliver published events again, as " code { "outbox replay --name --since" } " does: to every listener, or to one." }
+            (super::replay::form())
         }
     };
     page::layout(Depth::Top, Section::Failures, "Failures", body).into_response()

@@ -29,6 +29,7 @@
 //!   queue and each listener's task and inbox record;
 //! - `failures`: listener tasks waiting for a retry or archived, grouped
 //!   by listener and error, to run again one by one or a group at a time;
+//!   and (`replay`) the events matching a filter, delivered again;
 //! - `queues`: each queue's tasks by state, to pause or resume;
 //! - `schedules`: each schedule's last and next tick, and the replica that
 //!   leads;
@@ -48,6 +49,7 @@ mod guard;
 mod overview;
 mod page;
 mod queues;
+mod replay;
 mod schedules;
 mod serve;
 mod traces;
@@ -175,6 +177,10 @@ impl Console {
             .route("/events", get(events::list))
             .route("/events/{id}", get(events::one))
             .route("/failures", get(failures::page))
+            .route(
+                "/failures/replay",
+                get(replay::confirm).post(replay::replay),
+            )
             .route(
                 "/failures/retry",
                 get(failures::confirm).post(failures::retry),

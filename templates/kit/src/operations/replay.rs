@@ -91,6 +91,70 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         return Ok(ExitCode::FAILURE);
     }
 
+    let replayed = enqueue(context, &planned).await?;
+    match format {
+        Format::Json => output::print_json(&Report { replayed })?,
+        Format::Text => {
+            for task in &replayed {
+                println!(
+                    "replayed {} as {} task {} (queue {})",
+                    task.event_id, task.task_type, task.task_id, task.queue
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A replay chosen by name and creation time, as `outbox replay --name`
+/// and the console's failures page choose it.
+#[derive(Debug, Clone)]
+pub(crate) struct ByName {
+    pub name: String,
+    pub since: DateTime<Utc>,
+    pub until: Option<DateTime<Utc>>,
+    /// One listener only, or the whole fan-out.
+    pub listener: Option<String>,
+}
+
+/// What a replay would queue: the events (oldest first) and the new tasks,
+/// one per event and queue, and the queues they go to.
+pub(crate) struct Planned {
+    pub events: usize,
+    pub queues: Vec<String>,
+    pub tasks: Vec<(Uuid, NewTask)>,
+}
+
+/// Plans the replay of the published events `chosen` names.
+pub(crate) async fn plan_by_name(context: &Context, chosen: &ByName) -> anyhow::Result<Planned> {
+    let events = rows::list(&context.pool, &by_name_filter(chosen)).await?;
+    let queues = queues(context, chosen.listener.as_deref())?;
+    let tasks = plan(context, &events, &queues, chosen.listener.as_deref())?;
+    Ok(Planned {
+        events: events.len(),
+        queues,
+        tasks,
+    })
+}
+
+/// The published events named `chosen.name` created in its window.
+fn by_name_filter(chosen: &ByName) -> Filter {
+    Filter {
+        name: Some(chosen.name.clone()),
+        published: Some(true),
+        since: Some(chosen.since),
+        until: chosen.until,
+        limit: None,
+        newest_first: false,
+    }
+}
+
+/// Queues `planned`, in batches; what was queued. An error says how many
+/// tasks were queued before it.
+pub(crate) async fn enqueue(
+    context: &Context,
+    planned: &[(Uuid, NewTask)],
+) -> anyhow::Result<Vec<Replayed>> {
     let client = context.queue().await?;
     let mut replayed = Vec::with_capacity(planned.len());
     for chunk in planned.chunks(BATCH) {
@@ -119,33 +183,20 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             }
         }
     }
-    match format {
-        Format::Json => output::print_json(&Report { replayed })?,
-        Format::Text => {
-            for task in &replayed {
-                println!(
-                    "replayed {} as {} task {} (queue {})",
-                    task.event_id, task.task_type, task.task_id, task.queue
-                );
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(replayed)
 }
 
 /// The events to replay, oldest first. Unknown or unpublished ids are an
 /// error, before anything is queued.
 async fn choose(context: &Context, args: &Args) -> anyhow::Result<Vec<EventRow>> {
-    if args.ids.is_empty() {
-        let filter = Filter {
-            name: args.name.clone(),
-            published: Some(true),
-            since: args.since,
+    if let (Some(name), Some(since)) = (&args.name, args.since) {
+        let chosen = ByName {
+            name: name.clone(),
+            since,
             until: args.until,
-            limit: None,
-            newest_first: false,
+            listener: args.listener.clone(),
         };
-        return Ok(rows::list(&context.pool, &filter).await?);
+        return Ok(rows::list(&context.pool, &by_name_filter(&chosen)).await?);
     }
     let mut ids = args.ids.clone();
     ids.sort_unstable();
