@@ -27,3 +27,12 @@ pub mod testing;
 pub(crate) mod validate;
 
 pub use runner::Error;
+
+/// The versions of the kit's own migrations (the outbox's, the inbox's),
+/// in every project's `migrations/`. An upgrade of the kit can add one
+/// older than a migration the database already has (one of the service's,
+/// written after the kit's version was fixed): `up` applies such a kit
+/// migration first instead of refusing it as missing, as goose's
+/// `--allow-missing` would do for every file (the goose CLI itself needs
+/// that flag for it).
+pub(crate) const KIT_VERSIONS: &[i64] = &[20200101000100, 20261130000000];

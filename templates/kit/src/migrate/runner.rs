@@ -6,6 +6,8 @@
 //! * `up` applies every file newer than the highest version in the table; an
 //!   older file that was never applied ("missing", e.g. merged late) is an error
 //!   unless [`Migrator::allow_missing`] is set, in which case it is applied first;
+//!   one of the kit's own migrations ([`super::KIT_VERSIONS`]) is always applied
+//!   first, since an upgrade of the kit adds it where it falls;
 //! * `down`, `redo` and `down-to` act on the most recently applied version;
 //!   `reset` rolls back every applied file in descending version order;
 //! * each migration and its version row commit in one transaction, except
@@ -112,6 +114,8 @@ pub struct Migrator {
     dir: PathBuf,
     store: VersionStore,
     allow_missing: bool,
+    /// Versions applied even when missing: the kit's own.
+    kit_versions: HashSet<i64>,
     lock: LockOptions,
     log: Logger,
 }
@@ -123,6 +127,7 @@ impl Migrator {
             dir: dir.into(),
             store: VersionStore::new("goose_db_version"),
             allow_missing: false,
+            kit_versions: super::KIT_VERSIONS.iter().copied().collect(),
             lock: LockOptions::default(),
             log: Arc::new(|line| eprintln!("{line}")),
         }
@@ -137,6 +142,14 @@ impl Migrator {
     /// Applies missing (out-of-order) migrations instead of failing.
     pub fn allow_missing(mut self, allow: bool) -> Self {
         self.allow_missing = allow;
+        self
+    }
+
+    /// Which versions are the kit's own (applied even when missing); the
+    /// kit's tests name their own.
+    #[cfg(test)]
+    pub(crate) fn kit_versions(mut self, versions: impl IntoIterator<Item = i64>) -> Self {
+        self.kit_versions = versions.into_iter().collect();
         self
     }
 
@@ -367,19 +380,26 @@ impl Migrator {
         let db_max = rows.iter().map(|row| row.version).max().unwrap_or(0);
         let known: HashSet<i64> = rows.iter().map(|row| row.version).collect();
 
-        let missing: Vec<Migration> = migrations
+        let (kit_missing, missing): (Vec<Migration>, Vec<Migration>) = migrations
             .iter()
             .filter(|m| !known.contains(&m.version) && m.version < db_max)
             .cloned()
-            .collect();
+            .partition(|m| self.kit_versions.contains(&m.version));
         if !missing.is_empty() && !self.allow_missing {
             return Err(Error::Missing { db_max, missing });
         }
-        let mut pending = if self.allow_missing {
-            missing
-        } else {
-            Vec::new()
-        };
+        for migration in &kit_missing {
+            self.log(&format!(
+                "migrate: {} is the kit's, older than the database's version {db_max} \
+                 (an upgrade added it): applied first",
+                migration.file_name()
+            ));
+        }
+        let mut pending = kit_missing;
+        if self.allow_missing {
+            pending.extend(missing);
+            pending.sort_by_key(|m| m.version);
+        }
         pending.extend(migrations.into_iter().filter(|m| m.version > db_max));
         if by_one {
             pending.truncate(1);

@@ -297,6 +297,50 @@ async fn missing_migrations_fail_unless_allowed() {
 }
 
 #[tokio::test]
+async fn a_kit_migration_older_than_the_database_is_applied_first_and_a_services_is_not() {
+    let db = TestDatabase::new().await;
+    let dir = MigrationDir::new(&[("00001_one.sql", ONE), ("00005_three.sql", THREE)]);
+    let (migrator, log) = migrator(&dir);
+    // Version 2 is the kit's, as an upgrade adds it.
+    let migrator = migrator.kit_versions([2]);
+    let conn = &mut db.connect().await;
+    migrator.up(conn).await.unwrap();
+    take(&log);
+
+    // Beside a missing migration of the service's, it waits with it: the
+    // run is refused, naming the service's, and nothing is applied.
+    dir.add("00002_two.sql", TWO);
+    dir.add("00004_four.sql", "-- +goose Up\nSELECT 4;\n");
+    let refused = migrator.up(conn).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("found 1 missing migrations before current version 5")
+            && refused.contains("00004_four.sql")
+            && !refused.contains("00002_two.sql"),
+        "{refused}"
+    );
+    assert_eq!(db.versions().await, [0, 1, 5]);
+    std::fs::remove_file(dir.path().join("00004_four.sql")).unwrap();
+
+    // Alone, it is applied first, and said so.
+    assert_eq!(migrator.up(conn).await.unwrap(), 2);
+    assert_eq!(db.versions().await, [0, 1, 5, 2]);
+    let lines = take(&log);
+    assert!(
+        lines
+            .iter()
+            .any(|line| line
+                .contains("00002_two.sql is the kit's, older than the database's version 5")),
+        "{lines:?}"
+    );
+    migrator.up(conn).await.unwrap();
+    assert_eq!(
+        db.versions().await,
+        [0, 1, 5, 2],
+        "a second run applies nothing"
+    );
+}
+
+#[tokio::test]
 async fn duplicate_versions_name_both_files() {
     let db = TestDatabase::new().await;
     let dir = MigrationDir::new(&[("1_a.sql", ONE), ("001_b.sql", THREE)]);
