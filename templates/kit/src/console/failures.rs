@@ -21,6 +21,7 @@ use super::guard::{self, CSRF_FIELD};
 use super::page::{self, Depth, Section};
 use crate::outbox::Envelope;
 use crate::queue::RunOutcome;
+use crate::worker::failures;
 
 /// One failed listener task.
 #[derive(Debug, Clone)]
@@ -292,6 +293,9 @@ async fn retry_task(console: &Console, queue: &str, id: &str) -> anyhow::Result<
     let client = console.context.queue().await?;
     let outcome = client.run_task(queue, id).await?;
     let retried = usize::from(outcome == RunOutcome::Queued);
+    if retried > 0 {
+        failures::forget(&console.context.pool, &[id.to_string()]).await?;
+    }
     tracing::info!(
         action = "retry",
         queue,
@@ -311,6 +315,7 @@ async fn retry_group(console: &Console, task_type: &str, error: &str) -> anyhow:
             matched += 1;
             if client.run_task(&task.queue, &task.id).await? == RunOutcome::Queued {
                 retried += 1;
+                failures::forget(&console.context.pool, std::slice::from_ref(&task.id)).await?;
             }
         }
     }

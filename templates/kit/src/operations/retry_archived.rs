@@ -73,6 +73,9 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             }
         }
     }
+    // Back in the queue: their failures are no longer kept.
+    let ids: Vec<String> = retried.iter().map(|task| task.id.clone()).collect();
+    crate::worker::failures::forget(&context.pool, &ids).await?;
     match format {
         Format::Json => output::print_json(&Report { retried })?,
         Format::Text => {

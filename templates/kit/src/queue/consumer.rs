@@ -121,6 +121,9 @@ pub struct Task {
     pub retried: u32,
     /// Retries allowed after the first failed run.
     pub max_retry: u32,
+    /// Whether an earlier run failed (the task carries its error): a retry,
+    /// or an archived task run again.
+    pub failed_before: bool,
 }
 
 impl From<&TaskMessage> for Task {
@@ -133,6 +136,7 @@ impl From<&TaskMessage> for Task {
             queue: message.queue.clone(),
             retried: u32::try_from(message.retried).unwrap_or(0),
             max_retry: u32::try_from(message.retry).unwrap_or(0),
+            failed_before: !message.error_msg.is_empty(),
         }
     }
 }
@@ -249,6 +253,19 @@ impl Default for ConsumerOptions {
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
 type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
 
+/// Called with a task and its error before the task is archived (see
+/// [`Consumer::before_archive`]); an `Err` (why) keeps the task out of
+/// the archive.
+pub(crate) type ArchiveHook = Arc<
+    dyn Fn(Arc<TaskMessage>, String) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// When the hook before an archive fails, the task is retried this much
+/// later instead of archived.
+const UNARCHIVED_RETRY: TimeDelta = TimeDelta::seconds(60);
+
 /// Runs handlers for the tasks of its queues until shut down:
 ///
 /// ```text
@@ -267,6 +284,7 @@ pub struct Consumer {
     client: Client,
     options: ConsumerOptions,
     handlers: HashMap<String, BoxedHandler>,
+    before_archive: Option<ArchiveHook>,
 }
 
 impl Consumer {
@@ -277,7 +295,20 @@ impl Consumer {
             client,
             options,
             handlers: HashMap::new(),
+            before_archive: None,
         }
+    }
+
+    /// Calls `hook` with each task about to be archived (its retries
+    /// spent, a `SkipRetry`, or its lease expired with no retry left) and
+    /// the error it is archived with, and archives the task only once the
+    /// hook returns `Ok`. On `Err` the task is retried a minute later
+    /// instead, its error saying why, and the hook is called again when
+    /// that run fails too. (The worker records listener failures in
+    /// Postgres this way.)
+    pub(crate) fn before_archive(&mut self, hook: ArchiveHook) -> &mut Self {
+        self.before_archive = Some(hook);
+        self
     }
 
     /// Registers the handler of a task type pattern, replacing any earlier
@@ -313,6 +344,7 @@ impl Consumer {
             completions: Completions::start(self.client.clone()),
             client: self.client,
             handlers: self.handlers,
+            before_archive: self.before_archive,
             options: self.options,
             active: ActiveTasks::default(),
             abort: CancellationToken::new(),
@@ -472,6 +504,7 @@ struct Worker {
     client: Client,
     completions: Completions,
     handlers: HashMap<String, BoxedHandler>,
+    before_archive: Option<ArchiveHook>,
     options: ConsumerOptions,
     active: ActiveTasks,
     /// Cancelled when the shutdown timeout is reached.
@@ -681,8 +714,7 @@ impl Worker {
             }
             Outcome::Failed { error, skip_retry } => {
                 if skip_retry || message.retried >= message.retry {
-                    tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
-                    Settlement::Archive { error }
+                    self.archive_or_retry(message, error).await
                 } else {
                     let retried = u32::try_from(message.retried).unwrap_or(0);
                     let delay = (self.options.retry_delay)(retried);
@@ -741,6 +773,29 @@ impl Worker {
                 () = self.abort.cancelled() => {}
             }
             backoff = (backoff * 2).min(MAX_SETTLE_BACKOFF);
+        }
+    }
+
+    /// The archive of `message` failed with `error`, once the hook before
+    /// an archive let it; else a retry a minute later, saying why.
+    async fn archive_or_retry(&self, message: &Arc<TaskMessage>, error: String) -> Settlement {
+        let (id, task_type) = (&message.id, &message.r#type);
+        let refused = match &self.before_archive {
+            Some(hook) => hook(Arc::clone(message), error.clone()).await.err(),
+            None => None,
+        };
+        match refused {
+            None => {
+                tracing::warn!(%id, %task_type, %error, "task failed; retries spent, archived");
+                Settlement::Archive { error }
+            }
+            Some(why) => {
+                tracing::error!(%id, %task_type, %error, reason = %why, retry_in = ?UNARCHIVED_RETRY, "task failed for good, but not archived: its failure could not be recorded");
+                Settlement::Retry {
+                    retry_at: Utc::now() + UNARCHIVED_RETRY,
+                    error: format!("{error} (not archived: {why})"),
+                }
+            }
         }
     }
 
@@ -919,14 +974,25 @@ impl Worker {
     async fn recover(&self, queue: &str) -> Result<(), QueueError> {
         let cutoff = Utc::now() - LEASE_GRACE;
         for message in self.client.lease_expired(queue, cutoff).await? {
+            let message = Arc::new(message);
             let (id, task_type) = (&message.id, &message.r#type);
             tracing::warn!(%id, %task_type, "recovering a task whose lease expired");
             // Only if the lease is still the expired one read above: a
             // task another worker took since is its own.
             let result = if message.retried >= message.retry {
-                self.client
-                    .archive(&message, LEASE_EXPIRED, Some(cutoff))
-                    .await
+                // An archive, or the retry that replaces it.
+                match self.archive_or_retry(&message, LEASE_EXPIRED.into()).await {
+                    Settlement::Retry { retry_at, error } => {
+                        self.client
+                            .retry(&message, retry_at, &error, Some(cutoff))
+                            .await
+                    }
+                    _ => {
+                        self.client
+                            .archive(&message, LEASE_EXPIRED, Some(cutoff))
+                            .await
+                    }
+                }
             } else {
                 let retried = u32::try_from(message.retried).unwrap_or(0);
                 let delay = TimeDelta::from_std((self.options.retry_delay)(retried))

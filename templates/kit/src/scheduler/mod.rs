@@ -388,6 +388,7 @@ pub(crate) async fn run_job_tick(
         headers: Default::default(),
         queue: crate::queue::DEFAULT_QUEUE.to_string(),
         retried: 0,
+        failed_before: false,
         max_retry: MAX_RETRY,
     };
     run_job(entry.name, run, pool, task).await

@@ -278,6 +278,7 @@ fn listener_task(listener: &Listener, envelope: &Envelope) -> Task {
         headers: crate::trace_context::task_headers(&envelope.metadata),
         queue: crate::queue::DEFAULT_QUEUE.to_string(),
         retried: 0,
+        failed_before: false,
         max_retry: crate::outbox::relay::MAX_RETRY,
     }
 }

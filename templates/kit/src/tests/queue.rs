@@ -1788,6 +1788,183 @@ async fn an_event_task_under_a_new_id_reaches_the_listeners_again_with_the_same_
     );
 }
 
+/// A consumer with the worker's listener handlers on `db`, archiving a
+/// listener task only once its failure is recorded there.
+fn failure_recording_consumer(
+    queue: &TestQueue,
+    db: &support::TestDatabase,
+    listeners: Listeners,
+) -> Consumer {
+    let listeners = Arc::new(listeners);
+    let mut consumer = Consumer::new(queue.client.clone(), queue.options());
+    crate::worker::failures::record_before_archive(
+        &mut consumer,
+        db.pool.clone(),
+        listeners.failure_hook(),
+    );
+    handle_events(
+        &mut consumer,
+        queue.client.clone(),
+        Transactor::new(db.pool.clone()),
+        listeners,
+        Duration::from_secs(60),
+        ListenerMetrics::default(),
+    );
+    consumer
+}
+
+/// The recorded failures: (task id, event id, event, listener, error,
+/// attempts).
+async fn recorded(
+    db: &support::TestDatabase,
+) -> Vec<(String, Option<uuid::Uuid>, String, String, String, i32)> {
+    sqlx::query_as(
+        "SELECT task_id, event_id, event_name, listener, error, attempts FROM listener_failures",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_failure_for_good_is_recorded_before_the_archive_and_forgotten_when_the_task_succeeds() {
+    // Arrange: a listener that gives up once, then succeeds, and a hook
+    // that keeps the failures it is given.
+    let queue = TestQueue::new().await;
+    let db = support::TestDatabase::migrated().await;
+    let attempts = Arc::new(Mutex::new(0));
+    let counted = attempts.clone();
+    let given = Arc::new(Mutex::new(Vec::new()));
+    let mut listeners = Listeners::new();
+    listeners.listen("once", move |_: Pinged, _: ListenerContext| {
+        let counted = counted.clone();
+        async move {
+            let mut attempts = counted.lock().unwrap();
+            *attempts += 1;
+            if *attempts == 1 {
+                return Err(SkipRetry("not now".into()).into());
+            }
+            Ok(())
+        }
+    });
+    let keep = given.clone();
+    listeners.on_failure(move |failure| {
+        let keep = keep.clone();
+        async move { keep.lock().unwrap().push(failure) }
+    });
+    let consumer = failure_recording_consumer(&queue, &db, listeners);
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+    let task = listener_task_id(envelope.id, "once").to_string();
+
+    // Act: archived, then run again (asynqmon's "run") and succeeding.
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state(&task).await.as_deref() == Some("archived") },
+    )
+    .await;
+    let at_archive = recorded(&db).await;
+    let hooked = given.lock().unwrap().clone();
+    queue.client.run_task(&queue.name, &task).await.unwrap();
+    eventually(Duration::from_secs(10), "the task to complete", || async {
+        queue.state(&task).await.as_deref() == Some("completed")
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the record to be forgotten",
+        || async { recorded(&db).await.is_empty() },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: recorded when archived, and the hook given the same.
+    assert_eq!(
+        at_archive,
+        [(
+            task.clone(),
+            Some(envelope.id),
+            Pinged::NAME.to_string(),
+            "once".to_string(),
+            "not now (not retried)".to_string(),
+            1
+        )]
+    );
+    assert_eq!(hooked.len(), 1, "{hooked:?}");
+    let failure = &hooked[0];
+    assert_eq!(
+        (
+            failure.task_id.as_str(),
+            failure.event_id,
+            failure.listener.as_str(),
+            failure.error.as_str(),
+            failure.attempts
+        ),
+        (
+            task.as_str(),
+            Some(envelope.id),
+            "once",
+            "not now (not retried)",
+            1
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_failure_that_cannot_be_recorded_is_retried_instead_of_archived() {
+    // Arrange: a listener that always gives up, and no table to record in.
+    let queue = TestQueue::new().await;
+    let db = support::TestDatabase::migrated().await;
+    sqlx::query("DROP TABLE listener_failures")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut listeners = Listeners::new();
+    listeners.listen("never", |_: Pinged, _: ListenerContext| async {
+        Err(SkipRetry("no".into()).into())
+    });
+    let consumer = failure_recording_consumer(&queue, &db, listeners);
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    queue.enqueue(&[event_task(&queue, &envelope)]).await;
+    let task = listener_task_id(envelope.id, "never").to_string();
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the failed run to be settled",
+        || async { queue.state(&task).await.as_deref() == Some("retry") },
+    )
+    .await;
+    running.stop().await;
+
+    // Assert: waiting for a retry, its error saying why it is not archived.
+    let info = queue
+        .client
+        .task_info(&queue.name, &task)
+        .await
+        .unwrap()
+        .unwrap();
+    let error = info.last_error.unwrap_or_default();
+    assert!(
+        error.starts_with(
+            "no (not retried) (not archived: cannot record the failure in listener_failures"
+        ),
+        "{error}"
+    );
+    assert!(
+        queue
+            .client
+            .archived_tasks(&queue.name, None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a failure that was not recorded is in the archive"
+    );
+}
+
 #[tokio::test]
 async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
     // Arrange: a listener that gives up once, then succeeds.

@@ -34,6 +34,8 @@ use serde::de::DeserializeOwned;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::failures::FailureHook;
+pub use super::failures::ListenerFailure;
 pub use super::listener_error::{ListenerError, SkipRetry};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
@@ -213,9 +215,19 @@ impl std::fmt::Debug for Listener {
 }
 
 /// The listeners of the service, by event.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Listeners {
     by_event: BTreeMap<&'static str, Vec<Listener>>,
+    on_failure: Option<FailureHook>,
+}
+
+impl std::fmt::Debug for Listeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listeners")
+            .field("by_event", &self.by_event)
+            .field("on_failure", &self.on_failure.is_some())
+            .finish()
+    }
 }
 
 impl Listeners {
@@ -268,6 +280,43 @@ impl Listeners {
             run,
         });
         self
+    }
+
+    /// Calls `hook` with each listener task that failed for good (its
+    /// retries spent, or a [`SkipRetry`]), once the worker has recorded it
+    /// in `listener_failures` and before the queue archives it: to alert
+    /// someone, or to copy it elsewhere (asynq #1078). The hook runs on the
+    /// worker's task; keep it short, or spawn.
+    ///
+    /// ```
+    /// use kit::worker::listeners::{ListenerFailure, Listeners};
+    ///
+    /// let mut listeners = Listeners::new();
+    /// listeners.on_failure(|failure: ListenerFailure| async move {
+    ///     tracing::error!(
+    ///         listener = failure.listener,
+    ///         event = ?failure.event_id,
+    ///         error = failure.error,
+    ///         "a listener gave up"
+    ///     );
+    /// });
+    /// ```
+    pub fn on_failure<F, Fut>(&mut self, hook: F) -> &mut Self
+    where
+        F: Fn(ListenerFailure) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let hook = Arc::new(hook);
+        self.on_failure = Some(Arc::new(move |failure| {
+            let hook = Arc::clone(&hook);
+            Box::pin(async move { hook(failure).await })
+        }));
+        self
+    }
+
+    /// The hook of [`Self::on_failure`], if any.
+    pub(crate) fn failure_hook(&self) -> Option<FailureHook> {
+        self.on_failure.clone()
     }
 
     /// The listeners of the event called `event`.

@@ -22,6 +22,7 @@
 //! (and no lock) outlives the process. A loop stuck on a hung database or
 //! Valkey call is dropped within a second.
 
+pub(crate) mod failures;
 pub(crate) mod health;
 pub(crate) mod inbox;
 mod listener_error;
@@ -266,6 +267,12 @@ fn consumer(
         ..ConsumerOptions::default()
     };
     let mut consumer = Consumer::new(queue.clone(), options);
+    // A listener task is archived only once its failure is recorded.
+    failures::record_before_archive(
+        &mut consumer,
+        transactor.pool().clone(),
+        listeners.failure_hook(),
+    );
     handle_events(
         &mut consumer,
         queue,
@@ -312,7 +319,19 @@ pub(crate) fn handle_events(
             );
             async move {
                 let started = std::time::Instant::now();
+                // A task that failed before and now succeeds has no failure
+                // left to keep (asynqmon's "run" of an archived task).
+                let failed_before = task.failed_before.then(|| task.id.clone());
+                let pool = transactor.pool().clone();
                 let result = run_listener(&listener, transactor, task, duplicates).await;
+                if let (Ok(()), Some(task_id)) = (&result, failed_before) {
+                    // Beside the task's completion, not before it.
+                    tokio::spawn(async move {
+                        if let Err(err) = failures::forget(&pool, &[task_id]).await {
+                            tracing::warn!(error = %err, "could not forget the failure of a listener task that succeeded");
+                        }
+                    });
+                }
                 metrics.record(
                     listener.event(),
                     listener.name(),

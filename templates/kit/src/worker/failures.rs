@@ -1,0 +1,155 @@
+//! The listener tasks that failed for good, kept in Postgres
+//! (`listener_failures`, a kit migration) so that nothing falls off: the
+//! queue keeps at most 10,000 archived tasks a queue and drops the oldest
+//! (as Go asynq does, asynq #803).
+//!
+//! The worker records a listener task's failure before the queue archives
+//! it, and archives it only once the record is committed: a record that
+//! cannot be written (Postgres down) keeps the task out of the archive,
+//! retried a minute later (see the consumer's `before_archive`). Then it
+//! calls the service's hook, [`Listeners::on_failure`](super::listeners::Listeners::on_failure)
+//! (asynq #1078). A record is forgotten when its task is sent back to the
+//! queue (`outbox retry-archived`, the console) or when the task, run
+//! again after a failure (asynqmon's "run"), succeeds.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::queue::Consumer;
+use crate::queue::message::TaskMessage;
+
+/// One listener task that failed for good, as the hook of
+/// [`Listeners::on_failure`](super::listeners::Listeners::on_failure) gets
+/// it, once it is recorded.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ListenerFailure {
+    /// The task's id in the queue.
+    pub task_id: String,
+    /// The queue it is archived in.
+    pub queue: String,
+    /// The event's id; `None` when the task's payload is not an event
+    /// envelope.
+    pub event_id: Option<Uuid>,
+    /// The event's name.
+    pub event_name: String,
+    /// The listener's name.
+    pub listener: String,
+    /// The error of its last run.
+    pub error: String,
+    /// How many times it ran.
+    pub attempts: u32,
+    /// When it was recorded.
+    pub failed_at: DateTime<Utc>,
+}
+
+/// The service's hook on each failure recorded.
+pub(crate) type FailureHook =
+    Arc<dyn Fn(ListenerFailure) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The event's id in a task's payload, when it is an envelope.
+#[derive(serde::Deserialize)]
+struct EnvelopeId {
+    id: Uuid,
+}
+
+/// `(event, listener)` of a task type `listener:<event>:<listener>`.
+fn listener_of(task_type: &str) -> Option<(&str, &str)> {
+    task_type.strip_prefix("listener:")?.split_once(':')
+}
+
+/// Records the failure of `message`, archived with `error`, and calls
+/// `hook` with it. Any other task than a listener's is let through. `Err`
+/// says why it could not be recorded.
+pub(crate) async fn record(
+    pool: &PgPool,
+    hook: Option<&FailureHook>,
+    message: &TaskMessage,
+    error: &str,
+) -> Result<(), String> {
+    let Some((event_name, listener)) = listener_of(&message.r#type) else {
+        return Ok(());
+    };
+    let event_id = serde_json::from_slice::<EnvelopeId>(&message.payload)
+        .ok()
+        .map(|envelope| envelope.id);
+    let attempts = u32::try_from(message.retried).unwrap_or(0) + 1;
+    let failed_at: DateTime<Utc> = sqlx::query_scalar(
+        "INSERT INTO listener_failures \
+           (task_id, queue, event_id, event_name, listener, error, attempts) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (task_id) DO UPDATE SET queue = EXCLUDED.queue, error = EXCLUDED.error, \
+           attempts = EXCLUDED.attempts, failed_at = now() \
+         RETURNING failed_at",
+    )
+    .bind(&message.id)
+    .bind(&message.queue)
+    .bind(event_id)
+    .bind(event_name)
+    .bind(listener)
+    .bind(error)
+    .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+    .fetch_one(pool)
+    .await
+    .map_err(|err| format!("cannot record the failure in listener_failures: {err}"))?;
+    if let Some(hook) = hook {
+        hook(ListenerFailure {
+            task_id: message.id.clone(),
+            queue: message.queue.clone(),
+            event_id,
+            event_name: event_name.to_string(),
+            listener: listener.to_string(),
+            error: error.to_string(),
+            attempts,
+            failed_at,
+        })
+        .await;
+    }
+    Ok(())
+}
+
+/// Makes `consumer` archive a listener task only once its failure is
+/// recorded in `pool`'s `listener_failures` (and `hook` called).
+pub(crate) fn record_before_archive(
+    consumer: &mut Consumer,
+    pool: PgPool,
+    hook: Option<FailureHook>,
+) {
+    consumer.before_archive(Arc::new(move |message, error| {
+        let (pool, hook) = (pool.clone(), hook.clone());
+        Box::pin(async move { record(&pool, hook.as_ref(), &message, &error).await })
+    }));
+}
+
+/// Forgets the records of `task_ids` (sent back to the queue, or
+/// succeeded); how many there were.
+pub(crate) async fn forget(pool: &PgPool, task_ids: &[String]) -> Result<u64, sqlx::Error> {
+    if task_ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query("DELETE FROM listener_failures WHERE task_id = ANY($1)")
+        .bind(task_ids)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_task_type_names_its_event_and_listener() {
+        assert_eq!(
+            listener_of("listener:orderPlaced:email"),
+            Some(("orderPlaced", "email"))
+        );
+        assert_eq!(listener_of("event:orderPlaced"), None);
+        assert_eq!(listener_of("job:beat"), None);
+    }
+}
