@@ -74,6 +74,23 @@ impl Drop for Console {
     }
 }
 
+/// Clicks the first element `css` selects, and waits until the page it
+/// leads to shows `text` (a click returns before the next page has
+/// loaded); that page's text.
+fn click_for(browser: &Browser, css: &str, text: &str) -> String {
+    browser.click(css);
+    let mut page = String::new();
+    wait_until(
+        Duration::from_secs(10),
+        &format!("{css} leads to {text:?}"),
+        || {
+            page = browser.text();
+            page.contains(text)
+        },
+    );
+    page
+}
+
 /// Waits until the page at `url`, loaded again each time, shows `text`.
 fn wait_for_text(browser: &Browser, url: &str, text: &str) -> String {
     let mut page = String::new();
@@ -164,6 +181,14 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
         failures.contains("listener:orderPlaced:audit · 1 task(s)"),
         "{failures}"
     );
+    // The worker recorded it in Postgres before the queue archived it.
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT listener, error, attempts FROM listener_failures"
+        ),
+        "audit|order 2 refused (not retried)|1"
+    );
     browser.screenshot(&screenshot_path("console-failures"));
 
     // A POST without the CSRF secret is refused, and changes nothing.
@@ -197,6 +222,11 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     wait_until(Duration::from_secs(30), "audit ran order 2", || {
         runs(&db) == "audit:1,2 email:1,2"
     });
+    assert_eq!(
+        psql(&db.url(), "SELECT count(*) FROM listener_failures"),
+        "0",
+        "the retried task's record is still kept"
+    );
     let fixed = wait_for_text(
         &browser,
         &console.url("failures"),
@@ -257,8 +287,11 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
         "form[action='failures/replay'] input[name=listener]",
         "audit",
     );
-    browser.click("form[action='failures/replay'] button");
-    let confirmation = browser.text();
+    let confirmation = click_for(
+        &browser,
+        "form[action='failures/replay'] button",
+        "published event(s) named",
+    );
     assert!(
         confirmation.contains("Replay 3 published event(s) named orderPlaced")
             && confirmation.contains("to listener audit only: 3 task(s)"),
@@ -270,16 +303,62 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
         "audit:1,2,3 email:1,2,3",
         "the count replayed nothing"
     );
-    browser.click("form[action='replay'] button");
-    assert!(
-        browser.text().contains("3 event(s) replayed"),
-        "{}",
-        browser.text()
+    click_for(
+        &browser,
+        "form[action='replay'] button",
+        "3 event(s) replayed",
     );
     wait_until(
         Duration::from_secs(30),
         "audit ran each order again",
         || runs(&db) == "audit:1,1,2,2,3,3 email:1,2,3",
+    );
+
+    // A failure that fell off the queue's archive (asynq keeps 10,000 a
+    // queue): the page shows its record from Postgres, and "Send back"
+    // queues its task again once the listener is fixed.
+    psql(
+        &db.url(),
+        "INSERT INTO refused VALUES (4); \
+         INSERT INTO outbox_events (event_id, event_name, payload) \
+         VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 4}')",
+    );
+    wait_for_text(&browser, &console.url("failures"), "order 4 refused");
+    let task_id = psql(&db.url(), "SELECT task_id FROM listener_failures");
+    redis
+        .cli(&["ZREM", "asynq:{default}:archived", &task_id])
+        .unwrap();
+    redis
+        .cli(&["DEL", &format!("asynq:{{default}}:t:{task_id}")])
+        .unwrap();
+    let fallen = wait_for_text(
+        &browser,
+        &console.url("failures"),
+        "Recorded, no longer in the queue",
+    );
+    assert!(
+        fallen.contains("listener:orderPlaced:audit · 1 task(s)")
+            && fallen.contains("order 4 refused"),
+        "{fallen}"
+    );
+    browser.screenshot(&screenshot_path("console-recorded"));
+    psql(&db.url(), "DELETE FROM refused");
+    click_for(
+        &browser,
+        "section.recorded a.button",
+        "Send back 1 recorded task(s)",
+    );
+    click_for(
+        &browser,
+        "form[action='send-back'] button",
+        "1 recorded task(s) sent back to their queue",
+    );
+    wait_until(Duration::from_secs(30), "audit ran order 4", || {
+        runs(&db) == "audit:1,1,2,2,3,3,4 email:1,2,3,4"
+    });
+    assert_eq!(
+        psql(&db.url(), "SELECT count(*) FROM listener_failures"),
+        "0"
     );
 
     // Bad input: an unknown event, a malformed search.

@@ -972,18 +972,30 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         &db.url(),
         "SELECT version_id, is_applied FROM goose_db_version ORDER BY id",
     );
-    assert_eq!(versions, "0|t\n20200101000100|t\n20261130000000|t");
+    assert_eq!(
+        versions,
+        "0|t\n20200101000100|t\n20261130000000|t\n20261205130000|t"
+    );
     let status = String::from_utf8(migrate(project, &db, &["status"]).stderr).unwrap();
     assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
     assert!(status.contains("-- 20261130000000_inbox.sql"), "{status}");
+    assert!(
+        status.contains("-- 20261205130000_listener_failures.sql"),
+        "{status}"
+    );
     let version = String::from_utf8(migrate(project, &db, &["version"]).stderr).unwrap();
     assert!(
-        version.contains("goose: version 20261130000000"),
+        version.contains("goose: version 20261205130000"),
         "{version}"
     );
 
-    // migrate down, twice, removes the inbox and the outbox again and keeps
-    // the version-0 row.
+    // migrate down, three times, removes the failures, the inbox and the
+    // outbox again and keeps the version-0 row.
+    migrate(project, &db, &["down"]);
+    assert_eq!(
+        psql(&db.url(), "SELECT to_regclass('listener_failures') IS NULL"),
+        "t"
+    );
     migrate(project, &db, &["down"]);
     assert_eq!(
         psql(&db.url(), "SELECT to_regclass('inbox_processed') IS NULL"),

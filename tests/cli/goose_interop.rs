@@ -28,6 +28,9 @@ use crate::support::{gpkit, new_project};
 const OUTBOX: i64 = 20200101000100;
 /// The kit's inbox migration, in every project since template set 3.
 const INBOX: i64 = 20261130000000;
+/// The kit's record of listener failures, in every project since template
+/// set 18.
+const FAILURES: i64 = 20261205130000;
 /// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
 const ORDERS: i64 = 20270115080000;
 
@@ -299,10 +302,16 @@ fn migrate_agrees_with_what_goose_applied() {
     };
     let outbox = format!("{OUTBOX}_outbox.sql");
     let inbox = format!("{INBOX}_inbox.sql");
+    let failures = format!("{FAILURES}_listener_failures.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         tools.files(),
-        [outbox.as_str(), inbox.as_str(), orders.as_str()]
+        [
+            outbox.as_str(),
+            inbox.as_str(),
+            failures.as_str(),
+            orders.as_str()
+        ]
     );
 
     let applied: Vec<GooseResult> = tools.goose(&["up"]);
@@ -311,12 +320,20 @@ fn migrate_agrees_with_what_goose_applied() {
         .iter()
         .map(|r| (r.version, r.direction.as_str()))
         .collect();
-    assert_eq!(applied, [(OUTBOX, "up"), (INBOX, "up"), (ORDERS, "up")]);
+    assert_eq!(
+        applied,
+        [
+            (OUTBOX, "up"),
+            (INBOX, "up"),
+            (FAILURES, "up"),
+            (ORDERS, "up")
+        ]
+    );
     assert!(
         exists(&db, "outbox_events") && exists(&db, "inbox_processed") && exists(&db, "orders")
     );
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, ORDERS]);
-    tools.assert_both_report(&[&outbox, &inbox, &orders], ORDERS);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, ORDERS]);
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &orders], ORDERS);
     // Nothing left for migrate to do.
     let log = tools.migrate(&["up"]);
     assert!(
@@ -325,7 +342,7 @@ fn migrate_agrees_with_what_goose_applied() {
         )),
         "{log}"
     );
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, ORDERS]);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, ORDERS]);
 }
 
 /// `migrate down` and `migrate up` on a database goose migrated: goose sees
@@ -341,26 +358,30 @@ fn goose_agrees_with_migrate_down_and_up() {
     };
     let outbox = format!("{OUTBOX}_outbox.sql");
     let inbox = format!("{INBOX}_inbox.sql");
+    let failures = format!("{FAILURES}_listener_failures.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX]);
-    tools.assert_both_report(&[&outbox, &inbox], INBOX);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES]);
+    tools.assert_both_report(&[&outbox, &inbox, &failures], FAILURES);
 
     let log = tools.migrate(&["up"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(exists(&db, "orders"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, ORDERS]);
-    tools.assert_both_report(&[&outbox, &inbox, &orders], ORDERS);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, ORDERS]);
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &orders], ORDERS);
 
     // The other way round: goose rolls back what migrate applied.
     let rolled_back: Vec<GooseResult> = tools.goose(&["down"]);
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
-    tools.assert_both_report(&[&outbox, &inbox], INBOX);
+    tools.assert_both_report(&[&outbox, &inbox, &failures], FAILURES);
+    let log = tools.migrate(&["down"]);
+    assert_eq!(migrate_ran(&log), [failures.as_str()]);
+    assert!(!exists(&db, "listener_failures") && exists(&db, "inbox_processed"));
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [inbox.as_str()]);
     assert!(!exists(&db, "inbox_processed") && exists(&db, "outbox_events"));
@@ -387,7 +408,7 @@ fn both_report_the_applied_at_time_of_the_row() {
 
     let goose: Vec<GooseStatus> = tools.goose(&["status"]);
     let migrate = migrate_status_lines(&tools.migrate(&["status"]));
-    assert!(goose.len() == 3 && migrate.len() == 3);
+    assert!(goose.len() == 4 && migrate.len() == 4);
     for (i, version) in [OUTBOX, INBOX].into_iter().enumerate() {
         // goose: RFC 3339 of the row read as UTC; migrate: Go's ANSIC layout.
         let (rfc3339, ansic) = row_time(&db, version);
@@ -575,7 +596,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, INBOX, ORDERS, SLOW, CONCURRENT],
+            [0, OUTBOX, INBOX, FAILURES, ORDERS, SLOW, CONCURRENT],
             "round {round}"
         );
         for relation in ["outbox_events", "orders", "order_audit", "orders_total_idx"] {
@@ -608,7 +629,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
             return;
         };
         tools.migrate(&["up"]);
-        let last_two = tools.files().split_off(3);
+        let last_two = tools.files().split_off(4);
 
         let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["down"]));
@@ -637,7 +658,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, INBOX, ORDERS],
+            [0, OUTBOX, INBOX, FAILURES, ORDERS],
             "round {round}"
         );
         assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
@@ -867,11 +888,18 @@ fn a_schema_qualified_version_table_is_shared() {
     assert_eq!(applied[0].version, OUTBOX);
     let log = tools.migrate(&["up"]);
     let inbox = format!("{INBOX}_inbox.sql");
+    let failures = format!("{FAILURES}_listener_failures.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
-    assert_eq!(migrate_ran(&log), [inbox.as_str(), orders.as_str()]);
+    assert_eq!(
+        migrate_ran(&log),
+        [inbox.as_str(), failures.as_str(), orders.as_str()]
+    );
 
-    assert_eq!(version_rows_of(&db, table), [0, OUTBOX, INBOX, ORDERS]);
+    assert_eq!(
+        version_rows_of(&db, table),
+        [0, OUTBOX, INBOX, FAILURES, ORDERS]
+    );
     assert!(!exists(&db, "goose_db_version"));
     let outbox = format!("{OUTBOX}_outbox.sql");
-    tools.assert_both_report(&[&outbox, &inbox, &orders], ORDERS);
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &orders], ORDERS);
 }

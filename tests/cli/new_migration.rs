@@ -60,6 +60,7 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
         [
             "20200101000100_outbox.sql",
             "20261130000000_inbox.sql",
+            "20261205130000_listener_failures.sql",
             "20270115080000_first.sql",
             "20270115080001_second.sql"
         ]
@@ -69,13 +70,13 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
 #[test]
 fn a_clock_behind_the_newest_migration_still_gets_a_later_version() {
     let dir = project();
-    // 2023-11-14, before the kit's inbox migration of 2026-11-30.
+    // 2023-11-14, before the kit's newest migration, of 2026-12-05.
     gpkit(&dir.path().join("shop"))
         .env("SOURCE_DATE_EPOCH", "1700000000")
         .args(["new", "migration", "late"])
         .assert()
         .success()
-        .stderr(contains("Created migrations/20261130000001_late.sql"));
+        .stderr(contains("Created migrations/20261205130001_late.sql"));
 }
 
 #[test]
@@ -93,7 +94,8 @@ fn sequential_numbering_counts_up() {
             "00001_a.sql",
             "00002_b.sql",
             "20200101000100_outbox.sql",
-            "20261130000000_inbox.sql"
+            "20261130000000_inbox.sql",
+            "20261205130000_listener_failures.sql"
         ]
     );
 }

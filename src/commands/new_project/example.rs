@@ -15,7 +15,9 @@ use anyhow::{Context as _, Result, ensure};
 
 use crate::domain::events;
 use crate::domain::migration::{self, Numbering};
-use crate::engine::blueprint::{INBOX_MIGRATION, OUTBOX_MIGRATION, Tree};
+use crate::engine::blueprint::{
+    INBOX_MIGRATION, LISTENER_FAILURES_MIGRATION, OUTBOX_MIGRATION, Tree,
+};
 use crate::engine::manifest::{DataLayer, EventSpec};
 use crate::engine::templates::{Renderer, template_set};
 
@@ -136,15 +138,19 @@ fn blueprint_text(tree: &Tree, path: &str) -> Result<String> {
 /// Where `gpkit new migration orders` would write, in a project whose only
 /// migrations are the kit's.
 fn migration_path() -> Result<String> {
-    let existing = [OUTBOX_MIGRATION, INBOX_MIGRATION]
-        .iter()
-        .map(|path| {
-            path.trim_start_matches("migrations/")
-                .split_once('_')
-                .and_then(|(version, name)| Some((version.parse::<i64>().ok()?, name.to_string())))
-                .context("a kit migration has a version (this is a bug in gpkit)")
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let existing = [
+        OUTBOX_MIGRATION,
+        INBOX_MIGRATION,
+        LISTENER_FAILURES_MIGRATION,
+    ]
+    .iter()
+    .map(|path| {
+        path.trim_start_matches("migrations/")
+            .split_once('_')
+            .and_then(|(version, name)| Some((version.parse::<i64>().ok()?, name.to_string())))
+            .context("a kit migration has a version (this is a bug in gpkit)")
+    })
+    .collect::<Result<Vec<_>>>()?;
     let version = migration::next_version(
         &existing,
         Numbering::Timestamp,

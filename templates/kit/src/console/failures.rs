@@ -77,6 +77,15 @@ async fn failed(console: &Console) -> anyhow::Result<Vec<Failed>> {
     Ok(failed)
 }
 
+/// The ids of the failed listener tasks the queue holds.
+pub(crate) async fn failed_ids(console: &Console) -> anyhow::Result<Vec<String>> {
+    Ok(failed(console)
+        .await?
+        .into_iter()
+        .map(|task| task.id)
+        .collect())
+}
+
 /// The failed tasks by listener (task type) and error.
 fn groups(failed: Vec<Failed>) -> BTreeMap<(String, String), Vec<Failed>> {
     let mut groups: BTreeMap<(String, String), Vec<Failed>> = BTreeMap::new();
@@ -96,6 +105,10 @@ pub(crate) struct Done {
     retried: Option<usize>,
     #[serde(default)]
     replayed: Option<usize>,
+    #[serde(default)]
+    sent: Option<usize>,
+    #[serde(default)]
+    past_retention: Option<usize>,
 }
 
 /// `GET failures`.
@@ -110,6 +123,8 @@ pub(crate) async fn page(
         }
     };
     let total = failed.len();
+    let ids: Vec<String> = failed.iter().map(|task| task.id.clone()).collect();
+    let recorded = super::recorded::groups(&console, &ids).await;
     let groups = groups(failed);
     let actions = !console.options.read_only;
     let body = html! {
@@ -118,6 +133,14 @@ pub(crate) async fn page(
         }
         @if let Some(n) = done.replayed {
             p.done role="status" { (n) " event(s) replayed: their tasks are queued." }
+        }
+        @if let Some(n) = done.sent {
+            p.done role="status" {
+                (n) " recorded task(s) sent back to their queue: they run again now."
+                @if let Some(past) = done.past_retention.filter(|past| *past > 0) {
+                    " " (past) " could not be: their events are past the outbox's retention."
+                }
+            }
         }
         @if groups.is_empty() {
             p { "No listener task is failing: none waits for a retry, none is archived." }
@@ -165,6 +188,10 @@ pub(crate) async fn page(
     };
     let body = html! {
         (body)
+        @match &recorded {
+            Ok(recorded) => (super::recorded::section(&console, recorded)),
+            Err(err) => p.error role="alert" { "Postgres: the recorded failures cannot be read: " (err) },
+        }
         @if actions {
             h2 { "Replay events" }
             p { "Deliver published events again, as " code { "outbox replay --name --since" } " does: to every listener, or to one." }

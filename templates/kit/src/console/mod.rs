@@ -29,7 +29,9 @@
 //!   queue and each listener's task and inbox record;
 //! - `failures`: listener tasks waiting for a retry or archived, grouped
 //!   by listener and error, to run again one by one or a group at a time;
-//!   and (`replay`) the events matching a filter, delivered again;
+//!   and (`replay`) the events matching a filter, delivered again; and
+//!   (`recorded`) the failures recorded in Postgres that fell off the
+//!   queue's archive, to send back;
 //! - `queues`: each queue's tasks by state, to pause or resume;
 //! - `schedules`: each schedule's last and next tick, and the replica that
 //!   leads;
@@ -49,6 +51,7 @@ mod guard;
 mod overview;
 mod page;
 mod queues;
+mod recorded;
 mod replay;
 mod schedules;
 mod serve;
@@ -180,6 +183,10 @@ impl Console {
             .route(
                 "/failures/replay",
                 get(replay::confirm).post(replay::replay),
+            )
+            .route(
+                "/failures/send-back",
+                get(recorded::confirm).post(recorded::send_back),
             )
             .route(
                 "/failures/retry",
