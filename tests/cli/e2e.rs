@@ -964,7 +964,8 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     );
     assert_eq!(
         indexes,
-        "CREATE UNIQUE INDEX outbox_events_event_id_key ON public.outbox_events USING btree (event_id)\n\
+        "CREATE INDEX outbox_events_created_at_idx ON public.outbox_events USING brin (created_at)\n\
+         CREATE UNIQUE INDEX outbox_events_event_id_key ON public.outbox_events USING btree (event_id)\n\
          CREATE UNIQUE INDEX outbox_events_pkey ON public.outbox_events USING btree (id)\n\
          CREATE INDEX outbox_events_unpublished_idx ON public.outbox_events USING btree (id) WHERE (published_at IS NULL)"
     );
@@ -974,7 +975,7 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     );
     assert_eq!(
         versions,
-        "0|t\n20200101000100|t\n20261130000000|t\n20261205130000|t"
+        "0|t\n20200101000100|t\n20261130000000|t\n20261205130000|t\n20261205140000|t"
     );
     let status = String::from_utf8(migrate(project, &db, &["status"]).stderr).unwrap();
     assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
@@ -985,12 +986,20 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     );
     let version = String::from_utf8(migrate(project, &db, &["version"]).stderr).unwrap();
     assert!(
-        version.contains("goose: version 20261205130000"),
+        version.contains("goose: version 20261205140000"),
         "{version}"
     );
 
-    // migrate down, three times, removes the failures, the inbox and the
-    // outbox again and keeps the version-0 row.
+    // migrate down, four times, removes the time index, the failures, the
+    // inbox and the outbox again and keeps the version-0 row.
+    migrate(project, &db, &["down"]);
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT to_regclass('outbox_events_created_at_idx') IS NULL"
+        ),
+        "t"
+    );
     migrate(project, &db, &["down"]);
     assert_eq!(
         psql(&db.url(), "SELECT to_regclass('listener_failures') IS NULL"),

@@ -31,6 +31,8 @@ const INBOX: i64 = 20261130000000;
 /// The kit's record of listener failures, in every project since template
 /// set 18.
 const FAILURES: i64 = 20261205130000;
+/// The kit's index on the outbox's creation time (set 18).
+const CREATED_AT: i64 = 20261205140000;
 /// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
 const ORDERS: i64 = 20270115080000;
 
@@ -303,6 +305,7 @@ fn migrate_agrees_with_what_goose_applied() {
     let outbox = format!("{OUTBOX}_outbox.sql");
     let inbox = format!("{INBOX}_inbox.sql");
     let failures = format!("{FAILURES}_listener_failures.sql");
+    let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         tools.files(),
@@ -310,6 +313,7 @@ fn migrate_agrees_with_what_goose_applied() {
             outbox.as_str(),
             inbox.as_str(),
             failures.as_str(),
+            created_at.as_str(),
             orders.as_str()
         ]
     );
@@ -326,14 +330,18 @@ fn migrate_agrees_with_what_goose_applied() {
             (OUTBOX, "up"),
             (INBOX, "up"),
             (FAILURES, "up"),
+            (CREATED_AT, "up"),
             (ORDERS, "up")
         ]
     );
     assert!(
         exists(&db, "outbox_events") && exists(&db, "inbox_processed") && exists(&db, "orders")
     );
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, ORDERS]);
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &orders], ORDERS);
+    assert_eq!(
+        version_rows(&db),
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+    );
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at, &orders], ORDERS);
     // Nothing left for migrate to do.
     let log = tools.migrate(&["up"]);
     assert!(
@@ -342,7 +350,10 @@ fn migrate_agrees_with_what_goose_applied() {
         )),
         "{log}"
     );
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, ORDERS]);
+    assert_eq!(
+        version_rows(&db),
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+    );
 }
 
 /// `migrate down` and `migrate up` on a database goose migrated: goose sees
@@ -359,26 +370,32 @@ fn goose_agrees_with_migrate_down_and_up() {
     let outbox = format!("{OUTBOX}_outbox.sql");
     let inbox = format!("{INBOX}_inbox.sql");
     let failures = format!("{FAILURES}_listener_failures.sql");
+    let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES]);
-    tools.assert_both_report(&[&outbox, &inbox, &failures], FAILURES);
+    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, CREATED_AT]);
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at], CREATED_AT);
 
     let log = tools.migrate(&["up"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(exists(&db, "orders"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, ORDERS]);
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &orders], ORDERS);
+    assert_eq!(
+        version_rows(&db),
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+    );
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at, &orders], ORDERS);
 
     // The other way round: goose rolls back what migrate applied.
     let rolled_back: Vec<GooseResult> = tools.goose(&["down"]);
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
-    tools.assert_both_report(&[&outbox, &inbox, &failures], FAILURES);
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at], CREATED_AT);
+    let log = tools.migrate(&["down"]);
+    assert_eq!(migrate_ran(&log), [created_at.as_str()]);
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [failures.as_str()]);
     assert!(!exists(&db, "listener_failures") && exists(&db, "inbox_processed"));
@@ -408,7 +425,7 @@ fn both_report_the_applied_at_time_of_the_row() {
 
     let goose: Vec<GooseStatus> = tools.goose(&["status"]);
     let migrate = migrate_status_lines(&tools.migrate(&["status"]));
-    assert!(goose.len() == 4 && migrate.len() == 4);
+    assert!(goose.len() == 5 && migrate.len() == 5);
     for (i, version) in [OUTBOX, INBOX].into_iter().enumerate() {
         // goose: RFC 3339 of the row read as UTC; migrate: Go's ANSIC layout.
         let (rfc3339, ansic) = row_time(&db, version);
@@ -596,7 +613,9 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, INBOX, FAILURES, ORDERS, SLOW, CONCURRENT],
+            [
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS, SLOW, CONCURRENT
+            ],
             "round {round}"
         );
         for relation in ["outbox_events", "orders", "order_audit", "orders_total_idx"] {
@@ -629,7 +648,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
             return;
         };
         tools.migrate(&["up"]);
-        let last_two = tools.files().split_off(4);
+        let last_two = tools.files().split_off(5);
 
         let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["down"]));
@@ -658,7 +677,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, INBOX, FAILURES, ORDERS],
+            [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS],
             "round {round}"
         );
         assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
@@ -889,17 +908,23 @@ fn a_schema_qualified_version_table_is_shared() {
     let log = tools.migrate(&["up"]);
     let inbox = format!("{INBOX}_inbox.sql");
     let failures = format!("{FAILURES}_listener_failures.sql");
+    let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         migrate_ran(&log),
-        [inbox.as_str(), failures.as_str(), orders.as_str()]
+        [
+            inbox.as_str(),
+            failures.as_str(),
+            created_at.as_str(),
+            orders.as_str()
+        ]
     );
 
     assert_eq!(
         version_rows_of(&db, table),
-        [0, OUTBOX, INBOX, FAILURES, ORDERS]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
     );
     assert!(!exists(&db, "goose_db_version"));
     let outbox = format!("{OUTBOX}_outbox.sql");
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &orders], ORDERS);
+    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at, &orders], ORDERS);
 }

@@ -35,4 +35,9 @@ pub use runner::Error;
 /// migration first instead of refusing it as missing, as goose's
 /// `--allow-missing` would do for every file (the goose CLI itself needs
 /// that flag for it).
-pub(crate) const KIT_VERSIONS: &[i64] = &[20200101000100, 20261130000000, 20261205130000];
+pub(crate) const KIT_VERSIONS: &[i64] = &[
+    20200101000100,
+    20261130000000,
+    20261205130000,
+    20261205140000,
+];
