@@ -93,29 +93,29 @@ impl Browser {
         )
     }
 
-    /// Clicks the first element `css` selects, which must exist.
-    pub fn click(&self, css: &str) {
+    /// The WebDriver id of the first element `css` selects, which must
+    /// exist.
+    fn find(&self, css: &str) -> String {
         let found = self.command(
             "POST",
             "element",
             json!({ "using": "css selector", "value": css }),
         );
-        let id = found[ELEMENT]
+        found[ELEMENT]
             .as_str()
-            .unwrap_or_else(|| panic!("no element {css}: {found}"));
+            .unwrap_or_else(|| panic!("no element {css}: {found}"))
+            .to_string()
+    }
+
+    /// Clicks the first element `css` selects, which must exist.
+    pub fn click(&self, css: &str) {
+        let id = self.find(css);
         self.command("POST", &format!("element/{id}/click"), json!({}));
     }
 
     /// Types `text` into the first element `css` selects (an input).
     pub fn type_into(&self, css: &str, text: &str) {
-        let found = self.command(
-            "POST",
-            "element",
-            json!({ "using": "css selector", "value": css }),
-        );
-        let id = found[ELEMENT]
-            .as_str()
-            .unwrap_or_else(|| panic!("no element {css}: {found}"));
+        let id = self.find(css);
         self.command(
             "POST",
             &format!("element/{id}/value"),
