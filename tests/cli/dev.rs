@@ -445,6 +445,18 @@ fn dev_runs_the_example_end_to_end_stops_cleanly_and_keeps_its_data() {
         );
         browser.screenshot(&crate::browser::screenshot_path("dev-trace-waterfall"));
     }
+    // The worker listens for commits' wake-ups (OUTBOX_WAKE=valkey), so an
+    // event does not wait for the relay's next poll.
+    let valkey_port = valkey_addr.rsplit(':').next().unwrap();
+    let subscribers = Command::new("redis-cli")
+        .args(["-p", valkey_port, "PUBSUB", "NUMSUB", "outbox:wake"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&subscribers.stdout).trim(),
+        "outbox:wake\n1",
+        "the worker does not listen for wake-ups"
+    );
     let out = std::fs::read_to_string(&dev.out).unwrap();
     for prefix in [" server | ", " worker | ", "console | ", "migrate | "] {
         assert!(out.contains(prefix), "no `{prefix}` line:\n{}", dev.log());

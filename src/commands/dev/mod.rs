@@ -48,6 +48,7 @@ const SETTINGS: &[&str] = &[
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_BSP_SCHEDULE_DELAY",
+    "OUTBOX_WAKE",
 ];
 
 /// An orderly stop was asked for (Ctrl-C or SIGTERM) during start-up.
@@ -293,6 +294,11 @@ pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
             "OUTBOX_CONSOLE_ADDR".into(),
             format!("127.0.0.1:{}", services::free_port()?),
         ));
+    }
+    // A commit wakes the worker's relay at once, through Valkey, rather
+    // than at its next poll (up to a second later), unless set.
+    if run.worker && settings.get("OUTBOX_WAKE").is_none() {
+        env.push(("OUTBOX_WAKE".into(), "valkey".into()));
     }
     // Their spans: to gpkit's own receiver, unless the project names a
     // collector.
