@@ -29,16 +29,6 @@ pub const GENERATED_RUST_VERSION: &str = "1.89";
 /// The outbox migration, which the relay cannot work without.
 pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
 
-/// The listeners' inbox migration. Every project has it, with or without the
-/// worker, so its version is never older than a migration already applied
-/// (goose refuses those): set 3 added it, dated the day set 3 was made.
-pub const INBOX_MIGRATION: &str = "migrations/20261130000000_inbox.sql";
-
-/// The record of listener tasks that failed for good (template set 18).
-/// An upgrade can add it older than the project's own migrations: the
-/// kit's `migrate` applies its own migrations out of order.
-pub const LISTENER_FAILURES_MIGRATION: &str = "migrations/20261205130000_listener_failures.sql";
-
 /// Files outside `src/` and `tests/` that are the user's from the moment
 /// they are written. Every file under `src/` and `tests/` (the service's
 /// tests) is the user's too; gpkit never rewrites them, it only edits

@@ -466,3 +466,26 @@ fn wake_ups_survive_a_valkey_outage(bins: &std::path::Path, dir: &std::path::Pat
         worker.log()
     );
 }
+
+/// The example's `orders` migration comes after every migration of the
+/// kit, even with a clock before the newest of them (goose would refuse
+/// it as missing otherwise).
+#[test]
+fn the_examples_migration_is_newer_than_every_kit_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    gpkit(dir.path())
+        // 2023-11-14, before every kit migration but the outbox's.
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .args(["new", "project", "shop", "--example", "--no-input"])
+        .assert()
+        .success();
+    let mut migrations: Vec<String> = std::fs::read_dir(dir.path().join("shop/migrations"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    migrations.sort();
+    assert!(
+        migrations.len() > 1 && migrations.last().unwrap().ends_with("_orders.sql"),
+        "{migrations:?}"
+    );
+}

@@ -15,9 +15,7 @@ use anyhow::{Context as _, Result, ensure};
 
 use crate::domain::events;
 use crate::domain::migration::{self, Numbering};
-use crate::engine::blueprint::{
-    INBOX_MIGRATION, LISTENER_FAILURES_MIGRATION, OUTBOX_MIGRATION, Tree,
-};
+use crate::engine::blueprint::Tree;
 use crate::engine::manifest::{DataLayer, EventSpec};
 use crate::engine::templates::{Renderer, template_set};
 
@@ -61,7 +59,7 @@ pub fn files(tree: &Tree, db: DataLayer, crate_name: &str) -> Result<BTreeMap<St
             let contents =
                 renderer.render(&template, &minijinja::context! { crate_name => crate_name })?;
             let path = match template.output {
-                "migrations/orders.sql" => migration_path()?,
+                "migrations/orders.sql" => migration_path(tree)?,
                 other => other.to_string(),
             };
             files.insert(path, contents);
@@ -136,21 +134,23 @@ fn blueprint_text(tree: &Tree, path: &str) -> Result<String> {
 }
 
 /// Where `gpkit new migration orders` would write, in a project whose only
-/// migrations are the kit's.
-fn migration_path() -> Result<String> {
-    let existing = [
-        OUTBOX_MIGRATION,
-        INBOX_MIGRATION,
-        LISTENER_FAILURES_MIGRATION,
-    ]
-    .iter()
-    .map(|path| {
-        path.trim_start_matches("migrations/")
-            .split_once('_')
-            .and_then(|(version, name)| Some((version.parse::<i64>().ok()?, name.to_string())))
-            .context("a kit migration has a version (this is a bug in gpkit)")
-    })
-    .collect::<Result<Vec<_>>>()?;
+/// migrations are the kit's: those of the blueprint `tree`.
+fn migration_path(tree: &Tree) -> Result<String> {
+    let existing = tree
+        .keys()
+        .filter_map(|path| path.strip_prefix("migrations/"))
+        .map(|file| {
+            file.split_once('_')
+                .and_then(|(version, name)| Some((version.parse::<i64>().ok()?, name.to_string())))
+                .with_context(|| {
+                    format!("the kit's migration `{file}` has no version (this is a bug in gpkit)")
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(
+        !existing.is_empty(),
+        "the blueprint has no migrations (this is a bug in gpkit)"
+    );
     let version = migration::next_version(
         &existing,
         Numbering::Timestamp,
