@@ -73,3 +73,34 @@ fn rendered_output_changes_only_with_a_new_template_set_version() {
          {recorded_version:?}: run the tests with GPKIT_UPDATE_SNAPSHOTS=1 to record the new set"
     );
 }
+
+/// The kit's `migrate` applies its own migrations out of order
+/// (`KIT_VERSIONS` in `templates/kit/src/migrate/mod.rs`): that list must
+/// name every migration the project template has, and nothing else.
+#[test]
+fn the_kit_lists_each_migration_of_the_template_as_its_own() {
+    let source = std::fs::read_to_string(repo().join("templates/kit/src/migrate/mod.rs")).unwrap();
+    let list = source
+        .split_once("KIT_VERSIONS: &[i64] = &[")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .expect("templates/kit/src/migrate/mod.rs declares KIT_VERSIONS")
+        .0;
+    let listed: std::collections::BTreeSet<i64> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let files: std::collections::BTreeSet<i64> =
+        std::fs::read_dir(repo().join("templates/project/migrations"))
+            .unwrap()
+            .map(|entry| {
+                let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+                name.split_once('_').unwrap().0.parse().unwrap()
+            })
+            .collect();
+    assert_eq!(
+        listed, files,
+        "KIT_VERSIONS and templates/project/migrations differ"
+    );
+}
