@@ -109,4 +109,6 @@ pub use crate::scheduler::Schedules;
 #[cfg(all(feature = "worker", feature = "seaorm"))]
 pub use crate::worker::listeners::OrmListenerContext;
 #[cfg(feature = "worker")]
-pub use crate::worker::listeners::{ListenerContext, ListenerError, Listeners, SkipRetry};
+pub use crate::worker::listeners::{
+    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure, Rate, SkipRetry,
+};

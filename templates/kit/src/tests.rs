@@ -6,7 +6,9 @@
 
 mod config;
 mod inbox;
+mod limits;
 mod migrate;
+mod ordering;
 mod outbox;
 mod outbox_seaorm;
 mod queue;

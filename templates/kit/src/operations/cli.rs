@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use super::output::Format;
-use super::{USAGE, console, list, purge, replay, retry_archived, show, status};
+use super::{USAGE, console, list, purge, replay, retry_archived, show, skip, status};
 
 /// Operates the outbox: follow an event from its commit to every listener,
 /// replay it, run archived listener tasks again, purge published rows.
@@ -35,6 +35,9 @@ pub(crate) enum Command {
     Replay(replay::Args),
     /// Puts archived listener tasks back to pending, as asynq's "run" does
     RetryArchived(retry_archived::Args),
+    /// Moves an ordered listener's key past its first run, which failed for
+    /// good: the key's next event runs; the failed task stays archived
+    Skip(skip::Args),
     /// Deletes published rows in bounded batches
     Purge(purge::Args),
     /// Serves the web console: the outbox at work, one event from its

@@ -7,7 +7,7 @@
 //! - [`cli`]: the arguments, and [`run`], which connects and runs one
 //!   subcommand;
 //! - one module per subcommand (internal to the kit): `status`, `show`,
-//!   `list`, `replay`, `retry_archived`, `purge`, and `console`, which
+//!   `list`, `replay`, `retry_archived`, `skip`, `purge`, and `console`, which
 //!   serves [`crate::console`];
 //! - `output`: text for people, JSON (`--format json`) for scripts.
 //!
@@ -26,6 +26,7 @@ pub(crate) mod purge;
 pub(crate) mod replay;
 pub(crate) mod retry_archived;
 pub(crate) mod show;
+pub(crate) mod skip;
 pub(crate) mod status;
 
 use std::process::ExitCode;
@@ -63,6 +64,7 @@ async fn dispatch(context: Context, command: Command, format: Format) -> anyhow:
         Command::List(args) => list::run(&context, &args, format).await,
         Command::Replay(args) => replay::run(&context, &args, format).await,
         Command::RetryArchived(args) => retry_archived::run(&context, &args, format).await,
+        Command::Skip(args) => skip::run(&context, &args, format).await,
         Command::Purge(args) => purge::run(&context, &args, format).await,
     };
     context.pool.close().await;

@@ -1,6 +1,7 @@
 //! `outbox show <event_id>`: one event on one screen: its row (name,
 //! times, payload, metadata, trace id), its task in each outbox queue and
-//! each listener's task, with state, retries and last error.
+//! each listener's task, with state, retries and last error; for an ordered
+//! listener's run still in its key's order, the runs it waits for.
 
 use std::process::ExitCode;
 
@@ -13,6 +14,7 @@ use crate::follow::Context;
 use crate::follow::rows::EventRow;
 use crate::follow::tasks::{self, EventTasks};
 use crate::queue::TaskInfo;
+use crate::worker::ordering::{self, Standing};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -27,15 +29,19 @@ pub(crate) struct Shown {
     pub trace_id: Option<String>,
     #[serde(flatten)]
     pub tasks: EventTasks,
+    /// Its runs of ordered listeners not done yet.
+    pub ordered_runs: Vec<Standing>,
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let event = context.event(args.id).await?;
     let tasks = tasks::of_event(context, &event).await?;
+    let ordered_runs = ordering::standing(&context.pool, event.id).await?;
     let shown = Shown {
         trace_id: event.trace_id().map(str::to_string),
         event,
         tasks,
+        ordered_runs,
     };
     match format {
         Format::Json => output::print_json(&shown)?,
@@ -69,6 +75,19 @@ fn print_text(shown: &Shown) {
     }
     for listener in &shown.tasks.listener_tasks {
         print_task(&format!("listener {}", listener.listener), &listener.task);
+    }
+    for run in &shown.ordered_runs {
+        let what = format!("ordered {}", run.listener);
+        match &run.waits_for {
+            Some(head) if run.after > 0 => println!(
+                "{what:<24} waits for {} earlier run(s) of key {} (the first: task {head}); task {}",
+                run.after, run.key, run.task_id
+            ),
+            _ => println!(
+                "{what:<24} the first of key {} to run; task {}",
+                run.key, run.task_id
+            ),
+        }
     }
 }
 

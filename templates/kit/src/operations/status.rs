@@ -1,6 +1,7 @@
 //! `outbox status`: the relay's lag (unpublished events and the age of the
 //! oldest), events published in the last minute and hour, rows due for
-//! cleanup, the table's size, and each queue's tasks by state. With
+//! cleanup, the table's size, each queue's tasks by state, and what the
+//! order of ordered listeners holds back (blocked keys, waiting runs). With
 //! `--max-lag 30s` it exits 2 when the lag is larger, for cron jobs and
 //! probes.
 
@@ -14,6 +15,7 @@ use super::output::{self, Format};
 use crate::follow::rows::{self, TableStats};
 use crate::follow::{Context, time};
 use crate::queue::QueueCounts;
+use crate::worker::ordering::{self, Held};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -38,6 +40,8 @@ pub struct Status {
     /// `OUTBOX_RETENTION`, which `due_for_cleanup` counts against.
     pub retention_seconds: u64,
     pub queues: Vec<QueueStatus>,
+    /// What ordered listeners hold back.
+    pub ordering: Held,
     pub max_lag_seconds: Option<f64>,
     /// Whether the lag is above `--max-lag` (false without it).
     pub lag_exceeded: bool,
@@ -52,12 +56,14 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         let counts = client.queue_counts(&queue).await?;
         queues.push(QueueStatus { queue, counts });
     }
+    let ordering = ordering::held(&context.pool).await?;
     let lag = outbox.oldest_unpublished_age_seconds.unwrap_or(0.0);
     let lag_exceeded = args.max_lag.is_some_and(|max| lag > max.as_secs_f64());
     let status = Status {
         outbox,
         retention_seconds: retention.as_secs(),
         queues,
+        ordering,
         max_lag_seconds: args.max_lag.map(|max| max.as_secs_f64()),
         lag_exceeded,
     };
@@ -101,6 +107,21 @@ fn print_text(status: &Status) {
             queue.queue, c.pending, c.active, c.scheduled, c.retry, c.archived, c.completed
         );
     }
+    let held = &status.ordering;
+    println!();
+    println!("ordered listeners");
+    println!(
+        "  blocked keys           {} (a run failed for good: `outbox retry-archived` or `outbox skip`)",
+        held.blocked_keys
+    );
+    println!(
+        "  waiting runs           {} (behind an earlier run of their key)",
+        held.waiting_runs
+    );
+    println!(
+        "  waiting events         {} (behind the fan-out of an earlier event of their key)",
+        held.waiting_events
+    );
     if let Some(max) = status.max_lag_seconds {
         let verdict = if status.lag_exceeded {
             "exceeded"

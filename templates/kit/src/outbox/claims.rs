@@ -131,6 +131,7 @@ impl Store {
             "DELETE FROM outbox_events WHERE id IN ( \
                SELECT id FROM outbox_events \
                WHERE published_at < now() - make_interval(secs => $1) \
+                 AND NOT EXISTS (SELECT 1 FROM ordered_runs r WHERE r.event_id = outbox_events.event_id) \
                ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
         )
         .bind(retention.as_secs_f64())

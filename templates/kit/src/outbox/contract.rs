@@ -14,6 +14,38 @@ use super::envelope::Envelope;
 pub trait Event: Serialize + Send + Sync {
     /// The wire name, in lowerCamelCase (`orderPlaced`), shared with Go services.
     const NAME: &'static str;
+
+    /// The key whose events an ordered listener sees one at a time, in the
+    /// order their transactions committed (`ListenerOptions::ordered` in
+    /// `kit::worker::listeners`): an aggregate's id, such as the order's.
+    /// Events of different types that return the same key share one order,
+    /// so give each kind of aggregate its own form (`order:42`). `None`,
+    /// the default: the event has no place in any order.
+    ///
+    /// Dispatching a keyed event takes the key's next sequence number in the
+    /// dispatching transaction, under a lock on the key's row
+    /// (`outbox_keys`): a second transaction that dispatches an event of the
+    /// same key waits for the first to commit or roll back.
+    ///
+    /// ```
+    /// use kit::dispatch::Event;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct OrderCancelled {
+    ///     order_id: i64,
+    /// }
+    ///
+    /// impl Event for OrderCancelled {
+    ///     const NAME: &'static str = "orderCancelled";
+    ///
+    ///     fn order_key(&self) -> Option<String> {
+    ///         Some(format!("order:{}", self.order_id))
+    ///     }
+    /// }
+    /// ```
+    fn order_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Why an event could not be dispatched.

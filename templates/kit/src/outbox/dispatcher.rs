@@ -9,6 +9,7 @@ use tracing::{Instrument as _, Span};
 
 #[cfg(feature = "seaorm")]
 use super::Executor;
+use super::order::ORDER_KEY;
 use super::{DispatchError, Dispatcher, Event};
 use super::{Envelope, Store};
 use crate::{spans, trace_context};
@@ -34,6 +35,9 @@ impl OutboxDispatcher {
             source,
         })?;
         let mut envelope = Envelope::new(E::NAME, payload);
+        if let Some(key) = event.order_key() {
+            envelope.metadata.insert(ORDER_KEY.into(), key);
+        }
         let span = spans::create(E::NAME, &envelope.id);
         let parent = trace_context::current();
         // Without a current trace, only an exported span starts one.
@@ -72,9 +76,9 @@ impl Dispatcher for OutboxDispatcher {
         E: Event,
         X: PgExecutor<'e>,
     {
-        let (envelope, span) = Self::envelope(event)?;
+        let (mut envelope, span) = Self::envelope(event)?;
         self.store
-            .insert(executor, &envelope)
+            .insert(executor, &mut envelope)
             .instrument(span)
             .await
             .map_err(|source| DispatchError::Store {

@@ -14,6 +14,7 @@ use sea_orm::{
 };
 use sqlx::{PgConnection, PgPool};
 
+use super::order::{INSERT_KEYED, ORDER_KEY};
 use super::{Envelope, Store};
 
 /// Something an event row can be inserted on: `&DatabaseTransaction` (in
@@ -38,35 +39,52 @@ impl Executor for &DatabaseConnection {
 
 impl Executor for &mut PgConnection {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
-        Store.insert(self, envelope).await.map_err(sqlx_error)?;
+        Store
+            .insert(self, &mut envelope.clone())
+            .await
+            .map_err(sqlx_error)?;
         Ok(())
     }
 }
 
 impl Executor for &PgPool {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
-        Store.insert(self, envelope).await.map_err(sqlx_error)?;
+        Store
+            .insert(self, &mut envelope.clone())
+            .await
+            .map_err(sqlx_error)?;
         Ok(())
     }
 }
 
-/// The [`Store`]'s insert, as a SeaORM statement.
+/// The [`Store`]'s insert, as a SeaORM statement (a keyed event's takes its
+/// sequence number as the store's does, `super::order`).
 async fn execute_insert(db: &impl ConnectionTrait, envelope: &Envelope) -> Result<(), DbErr> {
     let metadata =
         serde_json::to_value(&envelope.metadata).map_err(|err| DbErr::Json(err.to_string()))?;
-    let statement = Statement::from_sql_and_values(
+    let mut values: Vec<sea_orm::Value> = vec![
+        envelope.id.into(),
+        envelope.name.clone().into(),
+        envelope.payload.clone().into(),
+        metadata.into(),
+        envelope.occurred_at.into(),
+    ];
+    let sql = match envelope.metadata.get(ORDER_KEY) {
+        Some(key) => {
+            values.push(key.clone().into());
+            INSERT_KEYED
+        }
+        None => {
+            "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
+             VALUES ($1, $2, $3, $4, $5)"
+        }
+    };
+    db.execute(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-         VALUES ($1, $2, $3, $4, $5)",
-        [
-            envelope.id.into(),
-            envelope.name.clone().into(),
-            envelope.payload.clone().into(),
-            metadata.into(),
-            envelope.occurred_at.into(),
-        ],
-    );
-    db.execute(statement).await?;
+        sql,
+        values,
+    ))
+    .await?;
     Ok(())
 }
 

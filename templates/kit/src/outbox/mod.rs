@@ -24,6 +24,7 @@ pub(crate) mod dispatcher;
 mod envelope;
 #[cfg(feature = "seaorm")]
 mod executor;
+pub(crate) mod order;
 #[cfg(feature = "worker")]
 pub(crate) mod relay;
 mod store;

@@ -7,6 +7,7 @@ use sqlx::PgExecutor;
 use sqlx::types::Json;
 
 use super::Envelope;
+use super::order::{INSERT_KEYED, ORDER_KEY, ORDER_SEQ};
 
 /// Access to the `outbox_events` table.
 #[derive(Debug, Clone, Copy, Default)]
@@ -14,23 +15,39 @@ pub struct Store;
 
 impl Store {
     /// Inserts `envelope` as an unpublished row and returns the row id. On a
-    /// transaction, the row is visible to the relay only after commit.
+    /// transaction, the row is visible to the relay only after commit. An
+    /// envelope with an `order_key` in its metadata takes the key's next
+    /// sequence number (`super::order`), which is written into the row's
+    /// metadata and into `envelope`'s.
     pub async fn insert<'e>(
         &self,
         executor: impl PgExecutor<'e>,
-        envelope: &Envelope,
+        envelope: &mut Envelope,
     ) -> Result<i64, sqlx::Error> {
-        let (id,): (i64,) = sqlx::query_as(
-            "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-             VALUES ($1, $2, $3, $4, $5) RETURNING id",
-        )
-        .bind(envelope.id)
-        .bind(&envelope.name)
-        .bind(Json(&envelope.payload))
-        .bind(Json(&envelope.metadata))
-        .bind(envelope.occurred_at)
-        .fetch_one(executor)
-        .await?;
+        let Some(key) = envelope.metadata.get(ORDER_KEY).cloned() else {
+            let (id,): (i64,) = sqlx::query_as(
+                "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
+            )
+            .bind(envelope.id)
+            .bind(&envelope.name)
+            .bind(Json(&envelope.payload))
+            .bind(Json(&envelope.metadata))
+            .bind(envelope.occurred_at)
+            .fetch_one(executor)
+            .await?;
+            return Ok(id);
+        };
+        let (id, seq): (i64, i64) = sqlx::query_as(INSERT_KEYED)
+            .bind(envelope.id)
+            .bind(&envelope.name)
+            .bind(Json(&envelope.payload))
+            .bind(Json(&envelope.metadata))
+            .bind(envelope.occurred_at)
+            .bind(key)
+            .fetch_one(executor)
+            .await?;
+        envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
         Ok(id)
     }
 }

@@ -53,13 +53,27 @@
 //!   enqueued by its own process wakes it at once, and with
 //!   `wake_on_published` so does one another process enqueued (see
 //!   [`super::wakeup`]).
+//! - Deferral: a handler that returns [`HandlerError::defer`] (a limit on
+//!   its listener is reached, `crate::worker::limits`) has not failed: its
+//!   task moves from active to `:scheduled`, due at the time given, with
+//!   its retry count and error unchanged, and its slot is free at once.
+//!   To Go asynq it is an ordinary scheduled task, which any forwarder
+//!   moves to pending once due; but the forwarder runs every
+//!   `forward_interval` (5 s) on whole seconds, so the consumer that
+//!   deferred the task also moves it back to pending itself when it is due
+//!   (`Wakeups`), to the millisecond. Should that consumer stop first, the
+//!   forwarders of the others take over. [`Client::promote`] moves a
+//!   deferred task back before it is due (a limit's slot freed); one asked
+//!   for while the task is still active (its deferral on its way) sends it
+//!   straight back to pending when the deferral is written.
 //! - In the background, as Go asynq: due retries and scheduled tasks are
 //!   forwarded to pending, expired leases recovered (one task that cannot
 //!   be recovered is logged and skipped, not the rest of the round; one
 //!   that another worker took since its lease was read is left to it), and
 //!   completed tasks past their retention deleted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -68,12 +82,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use futures_util::StreamExt as _;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::broker::{Dequeued, is_leased, is_not_found};
+use super::broker::{Dequeued, due_score, is_leased, is_not_found};
 use super::completions::Completions;
 use super::message::{ServerInfo, TaskMessage, WorkerInfo};
 use super::{Client, QueueError, QueueWeights, default_retry_delay, keys, wakeup};
@@ -102,6 +116,8 @@ const RESUBSCRIBE_DELAY: Duration = Duration::from_secs(5);
 /// The most tasks one dequeue takes (as many as there are free takes, up
 /// to this).
 const MAX_DEQUEUE_BATCH: usize = 32;
+/// The most deferred tasks one promote moves back to pending.
+const MAX_WAKE_BATCH: usize = 100;
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,9 +160,14 @@ impl From<&TaskMessage> for Task {
 /// Why a handler failed. Any error converts into it with `?`; the task is
 /// retried, unless [`SkipRetry`] is in the error's chain (or the error was
 /// made with [`HandlerError::skip_retry`]): then it is archived at once.
+/// One made with `HandlerError::defer` is no failure: the task runs again
+/// later.
 pub struct HandlerError {
     error: anyhow::Error,
     skip_retry: bool,
+    /// Set by [`HandlerError::defer`]: run again at this time, no retry
+    /// counted.
+    defer_until: Option<DateTime<Utc>>,
 }
 
 impl HandlerError {
@@ -156,7 +177,27 @@ impl HandlerError {
         Self {
             error: error.into(),
             skip_retry: true,
+            defer_until: None,
         }
+    }
+
+    /// Not a failure: the task waits in `:scheduled` until `until` (or
+    /// until [`Client::promote`] moves it back) and runs again then, with
+    /// no retry counted and its error and retry count unchanged; its slot
+    /// is free at once. What a listener's limit returns when it is reached
+    /// (`crate::worker::limits`).
+    pub(crate) fn defer(until: DateTime<Utc>) -> Self {
+        Self {
+            error: anyhow::anyhow!("deferred until {}", until.to_rfc3339()),
+            skip_retry: false,
+            defer_until: Some(until),
+        }
+    }
+
+    /// When a deferred task runs again: `Some` for an error made with
+    /// `HandlerError::defer`.
+    pub(crate) fn deferred_until(&self) -> Option<DateTime<Utc>> {
+        self.defer_until
     }
 
     /// Whether the task is archived at once rather than retried.
@@ -170,7 +211,11 @@ impl<E: Into<anyhow::Error>> From<E> for HandlerError {
     fn from(error: E) -> Self {
         let error = error.into();
         let skip_retry = error.chain().any(|cause| cause.is::<SkipRetry>());
-        Self { error, skip_retry }
+        Self {
+            error,
+            skip_retry,
+            defer_until: None,
+        }
     }
 }
 
@@ -194,6 +239,7 @@ impl fmt::Debug for HandlerError {
         f.debug_struct("HandlerError")
             .field("error", &self.error)
             .field("skip_retry", &self.skip_retry)
+            .field("defer_until", &self.defer_until)
             .finish()
     }
 }
@@ -347,6 +393,7 @@ impl Consumer {
             before_archive: self.before_archive,
             options: self.options,
             active: ActiveTasks::default(),
+            wakeups: Wakeups::default(),
             abort: CancellationToken::new(),
         });
         let options = &worker.options;
@@ -363,6 +410,9 @@ impl Consumer {
         background.spawn(worker.clone().heartbeat(heartbeat.clone()));
         background.spawn(worker.clone().maintain(maintenance.clone()));
         background.spawn(worker.clone().listen_for_cancellations(heartbeat.clone()));
+        // Until the last handler has returned: a task deferred during the
+        // shutdown's drain still wakes on time.
+        background.spawn(worker.clone().wake_deferred(heartbeat.clone()));
         if options.wake_on_published {
             background.spawn(worker.clone().listen_for_enqueues(heartbeat.clone()));
         }
@@ -507,6 +557,8 @@ struct Worker {
     before_archive: Option<ArchiveHook>,
     options: ConsumerOptions,
     active: ActiveTasks,
+    /// The tasks this consumer deferred, to move back to pending when due.
+    wakeups: Wakeups,
     /// Cancelled when the shutdown timeout is reached.
     abort: CancellationToken,
     /// This worker as asynqmon shows it; `active_worker_count` is filled
@@ -520,6 +572,10 @@ enum Outcome {
     Failed {
         error: String,
         skip_retry: bool,
+    },
+    /// The handler deferred the task to `until` (not a failure).
+    Deferred {
+        until: DateTime<Utc>,
     },
     /// The lease ran out (Valkey unreachable): the recoverer owns the task.
     LeaseLost,
@@ -537,6 +593,9 @@ enum Settlement {
     },
     Archive {
         error: String,
+    },
+    Defer {
+        until: DateTime<Utc>,
     },
     Requeue,
 }
@@ -665,9 +724,12 @@ impl Worker {
         let outcome = tokio::select! {
             joined = &mut run => match joined {
                 Ok(Ok(())) => Outcome::Succeeded,
-                Ok(Err(err)) => Outcome::Failed {
-                    error: err.to_string(),
-                    skip_retry: err.skip_retry,
+                Ok(Err(err)) => match err.deferred_until() {
+                    Some(until) => Outcome::Deferred { until },
+                    None => Outcome::Failed {
+                        error: err.to_string(),
+                        skip_retry: err.skip_retry,
+                    },
                 },
                 Err(err) => Outcome::Failed { error: panic_message(err), skip_retry: false },
             },
@@ -687,6 +749,7 @@ impl Worker {
         match &outcome {
             Outcome::Succeeded => spans::record_outcome(&span, "succeeded", None),
             Outcome::Failed { error, .. } => spans::record_outcome(&span, "failed", Some(error)),
+            Outcome::Deferred { .. } => spans::record_outcome(&span, "deferred", None),
             Outcome::LeaseLost => spans::record_outcome(&span, "lease_lost", Some("lease lost")),
             Outcome::Interrupted => {
                 spans::record_outcome(&span, "interrupted", Some("interrupted by shutdown"));
@@ -723,6 +786,10 @@ impl Worker {
                         Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
                     Settlement::Retry { retry_at, error }
                 }
+            }
+            Outcome::Deferred { until } => {
+                tracing::debug!(%id, %task_type, %until, "task deferred");
+                Settlement::Defer { until }
             }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
@@ -812,6 +879,21 @@ impl Worker {
                 self.client.retry(message, *retry_at, error, None).await
             }
             Settlement::Archive { error } => self.client.archive(message, error, None).await,
+            Settlement::Defer { until } => match self.client.defer(message, *until).await {
+                // Woken meanwhile: back in pending already.
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    let due = due_score(*until);
+                    let wakeup = Wakeup {
+                        queue: message.queue.clone(),
+                        id: message.id.clone(),
+                        due,
+                    };
+                    self.wakeups.add(instant_at(*until), wakeup);
+                    Ok(())
+                }
+                Err(err) => Err(err),
+            },
             Settlement::Requeue => self.client.requeue(message).await,
         };
         match written {
@@ -858,6 +940,34 @@ impl Worker {
         match self.client.extend_leases(&leased, until_utc).await {
             Ok(()) => self.active.extend(&leased, until),
             Err(err) => tracing::warn!(error = %err, "could not extend task leases"),
+        }
+    }
+
+    /// Moves the tasks this consumer deferred back to pending as they come
+    /// due (ahead of the forwarder, which works on whole seconds every
+    /// `forward_interval`), until `stop`. A task no longer in `:scheduled`
+    /// (woken by a limit, run by asynqmon, deleted) is left as it is. A
+    /// failed move is logged: the forwarder moves the task anyway.
+    async fn wake_deferred(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            for (queue, tasks) in self.wakeups.take_due(Instant::now()) {
+                for chunk in tasks.chunks(MAX_WAKE_BATCH) {
+                    if let Err(err) = self.client.wake_due(&queue, chunk).await {
+                        tracing::warn!(%queue, tasks = chunk.len(), error = %err, "could not wake deferred tasks; the forwarder will");
+                    }
+                }
+            }
+            let next = self.wakeups.next();
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.wakeups.changed.notified() => {}
+                () = async {
+                    match next {
+                        Some(at) => sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
         }
     }
 
@@ -1135,6 +1245,57 @@ impl ActiveTasks {
     }
 }
 
+/// The tasks a consumer deferred, by when they are due: each is moved back
+/// to pending at its time by `Worker::wake_deferred`.
+#[derive(Default)]
+struct Wakeups {
+    due: Mutex<BinaryHeap<Reverse<(Instant, Wakeup)>>>,
+    /// Notified when a task due before the others is added.
+    changed: Notify,
+}
+
+/// One deferred task: its queue, its id, and its score in `:scheduled`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Wakeup {
+    queue: String,
+    id: String,
+    due: i64,
+}
+
+impl Wakeups {
+    /// Wakes `task` at `at`.
+    fn add(&self, at: Instant, task: Wakeup) {
+        let mut due = self.due.lock().expect("wake-ups");
+        let earliest = due.peek().is_none_or(|Reverse((next, _))| at < *next);
+        due.push(Reverse((at, task)));
+        drop(due);
+        if earliest {
+            // Stored when the loop is not waiting: it looks again anyway.
+            self.changed.notify_one();
+        }
+    }
+
+    /// Removes the tasks due by `now`, as (id, score) grouped by queue.
+    fn take_due(&self, now: Instant) -> Vec<(String, Vec<(String, i64)>)> {
+        let mut due = self.due.lock().expect("wake-ups");
+        let mut grouped: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
+        while due.peek().is_some_and(|Reverse((at, _))| *at <= now) {
+            let Reverse((_, task)) = due.pop().expect("peeked");
+            grouped
+                .entry(task.queue)
+                .or_default()
+                .push((task.id, task.due));
+        }
+        grouped.into_iter().collect()
+    }
+
+    /// When the next task is due.
+    fn next(&self) -> Option<Instant> {
+        let due = self.due.lock().expect("wake-ups");
+        due.peek().map(|Reverse((at, _))| *at)
+    }
+}
+
 /// Completes once the lease is past its (possibly extended) expiry.
 async fn lease_lost(mut lease: watch::Receiver<Instant>) {
     loop {
@@ -1259,6 +1420,44 @@ mod tests {
         });
         consumer.run(shutdown.cancelled_owned()).await?;
         Ok(())
+    }
+
+    #[test]
+    fn wake_ups_come_due_in_time_order_grouped_by_queue() {
+        let wakeups = Wakeups::default();
+        let now = Instant::now();
+        let task = |queue: &str, id: &str| Wakeup {
+            queue: queue.into(),
+            id: id.into(),
+            due: 7,
+        };
+        wakeups.add(now + Duration::from_millis(30), task("b", "3"));
+        wakeups.add(now + Duration::from_millis(10), task("a", "1"));
+        wakeups.add(now + Duration::from_millis(20), task("a", "2"));
+        wakeups.add(now + Duration::from_secs(60), task("a", "later"));
+        assert_eq!(wakeups.next(), Some(now + Duration::from_millis(10)));
+        assert!(wakeups.take_due(now).is_empty());
+        assert_eq!(
+            wakeups.take_due(now + Duration::from_millis(30)),
+            vec![
+                (
+                    "a".to_string(),
+                    vec![("1".to_string(), 7), ("2".to_string(), 7)]
+                ),
+                ("b".to_string(), vec![("3".to_string(), 7)]),
+            ]
+        );
+        assert_eq!(wakeups.next(), Some(now + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_deferral_is_no_failure() {
+        let until = Utc::now() + TimeDelta::seconds(1);
+        let deferred = HandlerError::defer(until);
+        assert_eq!(deferred.deferred_until(), Some(until));
+        assert!(!deferred.skip_retry);
+        let failed = HandlerError::from(anyhow::anyhow!("boom"));
+        assert_eq!(failed.deferred_until(), None);
     }
 
     #[test]

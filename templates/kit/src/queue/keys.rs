@@ -102,6 +102,15 @@ pub fn group(queue: &str, group: &str) -> String {
     format!("asynq:{{{queue}}}:g:{group}")
 }
 
+/// `deferred:{<queue>}:woken`, the kit's own (not Go asynq's): a sorted
+/// set of the ids of active tasks woken before their deferral was written,
+/// scored by when (Unix s), so that the deferral sends them straight back
+/// to pending. It shares the queue's hash tag, so scripts may touch it
+/// with the queue's keys.
+pub(crate) fn woken(queue: &str) -> String {
+    format!("deferred:{{{queue}}}:woken")
+}
+
 /// Count of tasks processed on a day (UTC), as asynqmon charts them.
 pub(crate) fn processed_on(queue: &str, day: DateTime<Utc>) -> String {
     format!("asynq:{{{queue}}}:processed:{}", day.format("%Y-%m-%d"))
@@ -162,6 +171,7 @@ mod tests {
             archived("shop"),
             completed("shop"),
             paused("shop"),
+            woken("shop"),
             processed_on("shop", day),
             failed_on("shop", day),
             processed_total("shop"),

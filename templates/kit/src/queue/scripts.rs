@@ -4,7 +4,9 @@
 //! crate 0.1.8 carries the same text in `backend/rdb/redis_scripts.rs`),
 //! so that a task moves between states exactly as a Go worker moves it,
 //! with the same keys and fields. Copyright 2020 Kentaro Hibino, MIT
-//! licence. Scripts run with EVALSHA; [`redis::Script`] falls back to
+//! licence. Two are the kit's own, for the limits on listeners: [`DEFER`]
+//! and [`PROMOTE`], which leave tasks in the states Go's scripts leave
+//! them in. Scripts run with EVALSHA; [`redis::Script`] falls back to
 //! loading the script when the server does not know it yet.
 //!
 //! # Every key through KEYS
@@ -330,6 +332,85 @@ return redis.status_reply("OK")
     )
 });
 
+/// The kit's own: defers an active task (not a failure; a listener's limit
+/// is reached) to `:scheduled`, due at the given time, exactly as Go
+/// asynq's schedule leaves a task there (`state` scheduled, the message
+/// unchanged), off active and its lease, no counter touched. A task woken
+/// while it was still active (its id in the woken set, see [`PROMOTE`])
+/// goes to the head of pending instead, as [`FORWARD`] leaves a task, and
+/// the script returns 1; else 0.
+///
+/// KEYS: task hash, active, lease, scheduled, pending, woken. ARGV: task
+/// id, due (Unix s), now (ns).
+pub(crate) static DEFER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
+  return redis.error_reply("NOT FOUND")
+end
+if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
+  return redis.error_reply("NOT FOUND")
+end
+if redis.call("ZREM", KEYS[6], ARGV[1]) == 1 then
+    redis.call("RPUSH", KEYS[5], ARGV[1])
+    redis.call("HSET", KEYS[1], "state", "pending", "pending_since", ARGV[3])
+    return 1
+end
+redis.call("ZADD", KEYS[4], ARGV[2], ARGV[1])
+redis.call("HSET", KEYS[1], "state", "scheduled")
+return 0
+"#,
+    )
+});
+
+/// The kit's own: wakes deferred tasks. Each task still in `:scheduled`,
+/// in no group and scored at most its bound (when it has one), moves to
+/// the head of pending (as `REQUEUE` puts a task back: the next dequeue
+/// takes it), its hash left as [`FORWARD`] leaves one: 1. A task still
+/// active is, when marking is asked for, added to the woken set (its
+/// deferral, on its way, then sends it to pending): 2. One pending, or
+/// scheduled in a group (the forwarder's) or past its bound (deferred
+/// again, later), is left alone: 3. Anything else (no such task, or
+/// retried, archived, completed meanwhile): 0. Woken marks older than the
+/// cutoff are dropped first.
+///
+/// KEYS: scheduled, pending, woken, then the hash of each task. ARGV: now
+/// (Unix s), now (ns), woken cutoff (Unix s), mark active tasks (1/0),
+/// then per task its id and its bound (Unix s; "" for none).
+pub(crate) static PROMOTE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", ARGV[3])
+local results, marked = {}, false
+for j = 0, (#ARGV - 4) / 2 - 1 do
+    local id, bound = ARGV[5 + 2 * j], ARGV[6 + 2 * j]
+    local state, group = unpack(redis.call("HMGET", KEYS[4 + j], "state", "group"))
+    local score = redis.call("ZSCORE", KEYS[1], id)
+    if state == "scheduled" and (group or "") == "" and score
+        and (bound == "" or tonumber(score) <= tonumber(bound)) then
+        redis.call("ZREM", KEYS[1], id)
+        redis.call("RPUSH", KEYS[2], id)
+        redis.call("HSET", KEYS[4 + j], "state", "pending", "pending_since", ARGV[2])
+        table.insert(results, 1)
+    elseif state == "active" and ARGV[4] == "1" then
+        redis.call("ZADD", KEYS[3], ARGV[1], id)
+        marked = true
+        table.insert(results, 2)
+    elseif state == "active" or state == "pending" or state == "scheduled"
+        or state == "aggregating" then
+        table.insert(results, 3)
+    else
+        table.insert(results, 0)
+    end
+end
+if marked then
+    redis.call("EXPIRE", KEYS[3], 3600)
+end
+return results
+"#,
+    )
+});
+
 /// Go asynq's `RunTask` (asynqmon's and the CLI's "run"): moves a task
 /// waiting in `:scheduled`, `:retry`, `:archived` (or a group) to pending,
 /// keeping its message (so its retry count) as it is, provided its state
@@ -470,6 +551,8 @@ mod tests {
             ("ARCHIVE", &ARCHIVE),
             ("TRIM_ARCHIVED", &TRIM_ARCHIVED),
             ("REQUEUE", &REQUEUE),
+            ("DEFER", &DEFER),
+            ("PROMOTE", &PROMOTE),
             ("RUN_TASK", &RUN_TASK),
             ("FORWARD", &FORWARD),
             ("DELETE_EXPIRED", &DELETE_EXPIRED),

@@ -1658,6 +1658,7 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
         Arc::new(listeners),
         Duration::ZERO,
         ListenerMetrics::default(),
+        Default::default(),
     );
     (consumer, runs)
 }
@@ -1801,6 +1802,7 @@ fn failure_recording_consumer(
         &mut consumer,
         db.pool.clone(),
         listeners.failure_hook(),
+        None,
     );
     handle_events(
         &mut consumer,
@@ -1809,6 +1811,7 @@ fn failure_recording_consumer(
         listeners,
         Duration::from_secs(60),
         ListenerMetrics::default(),
+        Default::default(),
     );
     consumer
 }
@@ -1993,6 +1996,7 @@ async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
         Arc::new(listeners),
         Duration::from_secs(60),
         metrics.clone(),
+        Default::default(),
     );
     let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
     queue.enqueue(&[event_task(&queue, &envelope)]).await;

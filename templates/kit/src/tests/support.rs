@@ -66,6 +66,13 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
+    /// The URL of the database, for a process of its own.
+    pub fn url(&self) -> String {
+        let mut url = url::Url::parse(&std::env::var("DATABASE_URL").unwrap()).unwrap();
+        url.set_path(&self.name);
+        url.to_string()
+    }
+
     /// Creates an empty database on the server `DATABASE_URL` points at.
     pub async fn empty() -> Self {
         let url = std::env::var("DATABASE_URL").expect(

@@ -12,6 +12,7 @@
 //! queue (`outbox retry-archived`, the console) or when the task, run
 //! again after a failure (asynqmon's "run"), succeeds.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::ordering::{ORDERED_HEADER, Ordering};
 use crate::queue::Consumer;
 use crate::queue::message::TaskMessage;
 
@@ -113,16 +115,53 @@ pub(crate) async fn record(
     Ok(())
 }
 
+/// The ordered listeners whose key moves on past a run that failed for
+/// good (`OnFailure::MoveOn`).
+#[derive(Debug, Clone)]
+pub(crate) struct MoveOn {
+    /// Their task types.
+    pub task_types: HashSet<String>,
+    /// Their chains.
+    pub ordering: Ordering,
+}
+
+impl MoveOn {
+    /// Moves the chain of `message` on, if it is a run of such a listener.
+    async fn past(&self, message: &TaskMessage) -> Result<(), String> {
+        let (Some((_, listener)), Some(key)) = (
+            listener_of(&message.r#type),
+            message.headers.get(ORDERED_HEADER),
+        ) else {
+            return Ok(());
+        };
+        if !self.task_types.contains(&message.r#type) {
+            return Ok(());
+        }
+        self.ordering
+            .advance(listener, key, &message.id)
+            .await
+            .map_err(|err| format!("cannot move the key `{key}` on past the failed run: {err}"))
+    }
+}
+
 /// Makes `consumer` archive a listener task only once its failure is
-/// recorded in `pool`'s `listener_failures` (and `hook` called).
+/// recorded in `pool`'s `listener_failures` (and `hook` called), and, for
+/// a run of an ordered listener in `move_on`, its key moved on.
 pub(crate) fn record_before_archive(
     consumer: &mut Consumer,
     pool: PgPool,
     hook: Option<FailureHook>,
+    move_on: Option<MoveOn>,
 ) {
     consumer.before_archive(Arc::new(move |message, error| {
-        let (pool, hook) = (pool.clone(), hook.clone());
-        Box::pin(async move { record(&pool, hook.as_ref(), &message, &error).await })
+        let (pool, hook, move_on) = (pool.clone(), hook.clone(), move_on.clone());
+        Box::pin(async move {
+            record(&pool, hook.as_ref(), &message, &error).await?;
+            match &move_on {
+                Some(move_on) => move_on.past(&message).await,
+                None => Ok(()),
+            }
+        })
     }));
 }
 

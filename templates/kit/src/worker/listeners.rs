@@ -36,7 +36,11 @@ use uuid::Uuid;
 
 use super::failures::FailureHook;
 pub use super::failures::ListenerFailure;
+use super::limits::Limits;
+pub use super::limits::{InvalidLimit, Rate};
 pub use super::listener_error::{ListenerError, SkipRetry};
+use super::listener_options::Partition;
+pub use super::listener_options::{ListenerOptions, OnFailure};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
 use crate::database::Transactor;
@@ -156,6 +160,12 @@ pub(crate) struct Listener {
     event: &'static str,
     name: String,
     run: Run,
+    /// Ordered, and what a failure for good does to the key; `None`: not
+    /// ordered.
+    ordered: Option<OnFailure>,
+    /// Its limits (`WORKER_LIMITS` applied), and the partition they apply to.
+    limits: Limits,
+    partition: Option<Partition>,
 }
 
 impl Listener {
@@ -167,6 +177,27 @@ impl Listener {
     /// The listener's name, unique among the event's listeners.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether it is ordered, and what a failure for good does to its key.
+    pub fn ordered(&self) -> Option<OnFailure> {
+        self.ordered
+    }
+
+    /// Its limits across every worker.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The partition its limits apply to for the event in `payload` (a
+    /// task's envelope); empty without one.
+    pub fn partition_of(&self, payload: &[u8]) -> String {
+        let Some(partition) = &self.partition else {
+            return String::new();
+        };
+        serde_json::from_slice::<crate::outbox::Envelope>(payload)
+            .map(|envelope| partition(&envelope.payload))
+            .unwrap_or_default()
     }
 
     /// `listener:<event>:<listener>`.
@@ -252,6 +283,51 @@ impl Listeners {
         F: Fn(E, C) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), ListenerError>> + Send + 'static,
     {
+        self.listen_with(name, ListenerOptions::new(), handler)
+    }
+
+    /// Registers `handler` as the listener `name` of the event `E`, run as
+    /// `options` say: for example in the order of the events' keys.
+    ///
+    /// # Panics
+    /// As [`Self::listen`].
+    ///
+    /// ```
+    /// use kit::dispatch::Event;
+    /// use kit::worker::listeners::{ListenerContext, ListenerError, ListenerOptions, Listeners};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct OrderCancelled {
+    ///     order_id: i64,
+    /// }
+    ///
+    /// impl Event for OrderCancelled {
+    ///     const NAME: &'static str = "orderCancelled";
+    ///
+    ///     fn order_key(&self) -> Option<String> {
+    ///         Some(format!("order:{}", self.order_id))
+    ///     }
+    /// }
+    ///
+    /// async fn stop_shipping(_: OrderCancelled, _: ListenerContext) -> Result<(), ListenerError> {
+    ///     Ok(())
+    /// }
+    ///
+    /// let mut listeners = Listeners::new();
+    /// listeners.listen_with("shipping", ListenerOptions::new().ordered(), stop_shipping);
+    /// ```
+    pub fn listen_with<E, C, F, Fut>(
+        &mut self,
+        name: &str,
+        options: ListenerOptions<E>,
+        handler: F,
+    ) -> &mut Self
+    where
+        E: Event + DeserializeOwned + 'static,
+        C: From<ListenerContext> + Send + 'static,
+        F: Fn(E, C) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), ListenerError>> + Send + 'static,
+    {
         let listeners = self.by_event.entry(E::NAME).or_default();
         assert!(
             listeners.iter().all(|l| l.name != name),
@@ -278,6 +354,9 @@ impl Listeners {
             event: E::NAME,
             name: name.to_string(),
             run,
+            ordered: options.ordered,
+            limits: options.limits,
+            partition: options.partition,
         });
         self
     }
@@ -312,6 +391,38 @@ impl Listeners {
             Box::pin(async move { hook(failure).await })
         }));
         self
+    }
+
+    /// Sets the limits of the listeners `overrides` names (`WORKER_LIMITS`),
+    /// replacing those their registration gave. An override of a listener
+    /// the service does not have is an error that names it and lists them.
+    pub(crate) fn override_limits(
+        &mut self,
+        overrides: &super::limits::LimitOverrides,
+    ) -> anyhow::Result<()> {
+        for ((event, name), limits) in overrides {
+            let found = self
+                .by_event
+                .get_mut(event.as_str())
+                .and_then(|listeners| listeners.iter_mut().find(|l| &l.name == name));
+            let Some(listener) = found else {
+                let known: Vec<String> = self
+                    .all()
+                    .map(|l| format!("{}.{}", l.event, l.name))
+                    .collect();
+                anyhow::bail!(
+                    "WORKER_LIMITS names `{event}.{name}`, which is no listener of this service \
+                     (its listeners: {})",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                );
+            };
+            listener.limits = *limits;
+        }
+        Ok(())
     }
 
     /// The hook of [`Self::on_failure`], if any.

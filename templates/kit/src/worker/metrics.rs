@@ -23,11 +23,13 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::limits::LimitMetrics;
 use super::queue_metrics::QueueMetrics;
 use crate::outbox::Store;
 pub(crate) use crate::outbox::relay::RelayMetrics;
@@ -148,7 +150,23 @@ pub struct Metrics {
     pub scheduler: SchedulerMetrics,
     /// The queues' state, as Go asynq exports it.
     pub(crate) queues: QueueMetrics,
+    /// What ordered listeners hold back.
+    pub(crate) ordering: OrderingMetrics,
+    /// Runs that waited for a listener's limits.
+    pub(crate) limits: LimitMetrics,
     registry: Arc<Registry>,
+}
+
+/// What ordered listeners hold back (`worker::ordering`), read with the
+/// backlog.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OrderingMetrics {
+    /// Keys whose first run failed for good.
+    pub blocked_keys: Gauge,
+    /// Runs waiting for an earlier run of their key.
+    pub waiting_runs: Gauge,
+    /// Event tasks waiting for the fan-out of an earlier event of their key.
+    pub waiting_events: Gauge,
 }
 
 impl Metrics {
@@ -159,6 +177,8 @@ impl Metrics {
         let listeners = ListenerMetrics::default();
         let scheduler = SchedulerMetrics::default();
         let queues = QueueMetrics::default();
+        let ordering = OrderingMetrics::default();
+        let limits = LimitMetrics::default();
         let mut root = Registry::default();
         root.sub_registry_with_prefix("asynq")
             .register_collector(Box::new(queues.clone()));
@@ -225,11 +245,29 @@ impl Metrics {
             "1 while this replica leads the scheduler, else 0",
             scheduler.leader.clone(),
         );
+        registry.register(
+            "ordered_blocked_keys",
+            "Keys of ordered listeners held by a run that failed for good (outbox retry-archived or outbox skip releases them)",
+            ordering.blocked_keys.clone(),
+        );
+        registry.register(
+            "ordered_waiting_runs",
+            "Runs of ordered listeners waiting for an earlier run of their key",
+            ordering.waiting_runs.clone(),
+        );
+        registry.register(
+            "ordered_waiting_events",
+            "Keyed events waiting for the fan-out of an earlier event of their key",
+            ordering.waiting_events.clone(),
+        );
+        limits.register(registry);
         Self {
             relay,
             listeners,
             scheduler,
             queues,
+            ordering,
+            limits,
             registry: Arc::new(root),
         }
     }
@@ -274,7 +312,7 @@ pub(crate) async fn watch_backlog(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    let (relay, gauges) = (metrics.relay, metrics.queues);
+    let (relay, gauges, ordering) = (metrics.relay, metrics.queues, metrics.ordering);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -292,6 +330,18 @@ pub(crate) async fn watch_backlog(
                     .set(backlog.oldest_age.map_or(0.0, |age| age.as_secs_f64()));
             }
             Err(err) => tracing::debug!(error = %err, "cannot read the outbox backlog"),
+        }
+        let held = tokio::select! {
+            () = shutdown.cancelled() => break,
+            held = super::ordering::held(&pool) => held,
+        };
+        match held {
+            Ok(held) => {
+                ordering.blocked_keys.set(held.blocked_keys);
+                ordering.waiting_runs.set(held.waiting_runs);
+                ordering.waiting_events.set(held.waiting_events);
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot read what ordered listeners hold"),
         }
         tokio::select! {
             () = shutdown.cancelled() => break,

@@ -25,14 +25,18 @@
 pub(crate) mod failures;
 pub(crate) mod health;
 pub(crate) mod inbox;
+pub(crate) mod limits;
 mod listener_error;
+mod listener_options;
 pub mod listeners;
 pub(crate) mod metrics;
+pub(crate) mod ordering;
 #[cfg(feature = "seaorm")]
 mod orm_context;
 pub(crate) mod persistence;
 pub(crate) mod queue_metrics;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,10 +49,13 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::health::Readiness;
-use self::listeners::{Listener, Listeners, listener_task_id};
+use self::limits::{Acquired, LimitMetrics, Limiter};
+use self::listeners::{Listener, Listeners, OnFailure, listener_task_id};
 use self::metrics::{ListenerMetrics, Metrics};
+use self::ordering::{ChainRun, EventRuns, ORDERED_HEADER, Ordering, Turn};
 use crate::config::{Config, WakeMode};
 use crate::database;
+use crate::outbox::order::Place;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
 use crate::outbox::{Envelope, cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
@@ -104,12 +111,15 @@ pub async fn run(
         move || wake.signal()
     });
 
+    let mut listeners = listeners;
+    listeners
+        .override_limits(&limits::overrides_from_env().context("WORKER_LIMITS cannot be read")?)?;
     let mut consumer = consumer(
         config,
         queue.clone(),
         transactor,
         Arc::new(listeners),
-        metrics.listeners.clone(),
+        &metrics,
     );
     schedules.handle_jobs(&mut consumer, &pool);
     let scheduler = (config.scheduler.enabled && !schedules.all().is_empty())
@@ -186,6 +196,18 @@ pub async fn run(
         config.outbox.cleanup_interval,
         stop.clone(),
     ));
+    tasks.spawn({
+        let (pool, retention) = (pool.clone(), config.outbox.retention);
+        cleanup::every(
+            "idle order keys",
+            config.outbox.cleanup_interval,
+            stop.clone(),
+            move || {
+                let pool = pool.clone();
+                async move { ordering::delete_idle(&pool, retention).await }
+            },
+        )
+    });
     tasks.spawn(inbox::run_cleanup(
         pool.clone(),
         config.worker.inbox_retention,
@@ -257,7 +279,7 @@ fn consumer(
     queue: Client,
     transactor: database::Transactor,
     listeners: Arc<Listeners>,
-    metrics: ListenerMetrics,
+    metrics: &Metrics,
 ) -> Consumer {
     let options = ConsumerOptions {
         queues: config.worker.queues.clone(),
@@ -272,6 +294,12 @@ fn consumer(
         &mut consumer,
         transactor.pool().clone(),
         listeners.failure_hook(),
+        moving_on(
+            &listeners,
+            &queue,
+            transactor.pool(),
+            config.outbox.task_retention,
+        ),
     );
     handle_events(
         &mut consumer,
@@ -279,9 +307,29 @@ fn consumer(
         transactor,
         listeners,
         config.outbox.task_retention,
-        metrics,
+        metrics.listeners.clone(),
+        metrics.limits.clone(),
     );
     consumer
+}
+
+/// The ordered listeners whose key moves on past a run that failed for
+/// good ([`OnFailure::MoveOn`]), by task type, with the chains to move on.
+fn moving_on(
+    listeners: &Listeners,
+    queue: &Client,
+    pool: &sqlx::PgPool,
+    task_retention: Duration,
+) -> Option<failures::MoveOn> {
+    let task_types: HashSet<String> = listeners
+        .all()
+        .filter(|listener| listener.ordered() == Some(OnFailure::MoveOn))
+        .map(Listener::task_type)
+        .collect();
+    (!task_types.is_empty()).then(|| failures::MoveOn {
+        task_types,
+        ordering: Ordering::new(pool.clone(), queue.clone(), task_retention),
+    })
 }
 
 /// Registers on `consumer` the fan-out handler for every `event:` task and
@@ -295,35 +343,92 @@ pub(crate) fn handle_events(
     listeners: Arc<Listeners>,
     task_retention: std::time::Duration,
     metrics: ListenerMetrics,
+    limit_metrics: LimitMetrics,
 ) {
+    let ordering = Ordering::new(transactor.pool().clone(), queue.clone(), task_retention);
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
     consumer.handle(EVENT_TASK_PREFIX, {
-        let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
+        let (queue, listeners, ordering) =
+            (queue.clone(), Arc::clone(&listeners), ordering.clone());
         move |task| {
-            let (queue, listeners) = (queue.clone(), Arc::clone(&listeners));
-            async move { fan_out(&queue, &listeners, task, task_retention).await }
+            let (queue, listeners, ordering) =
+                (queue.clone(), Arc::clone(&listeners), ordering.clone());
+            async move { fan_out(&queue, &ordering, &listeners, task, task_retention).await }
         }
     });
     for listener in listeners.all() {
         metrics.register(listener.event(), listener.name());
         let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
-        let (listener, transactor, metrics) =
-            (listener.clone(), transactor.clone(), metrics.clone());
+        // Listeners without limits ask no limiter (and Valkey nothing).
+        let limiter = (!listener.limits().is_none()).then(|| {
+            Limiter::new(
+                queue.clone(),
+                listener.event(),
+                listener.name(),
+                listener.limits(),
+            )
+            .with_metrics(limit_metrics.clone())
+        });
+        let (listener, transactor, metrics, ordering) = (
+            listener.clone(),
+            transactor.clone(),
+            metrics.clone(),
+            ordering.clone(),
+        );
         consumer.handle(listener.task_type(), move |task| {
-            let (listener, transactor, metrics, duplicates) = (
+            let (listener, transactor, metrics, duplicates, ordering, limiter) = (
                 listener.clone(),
                 transactor.clone(),
                 metrics.clone(),
                 duplicates.clone(),
+                ordering.clone(),
+                limiter.clone(),
             );
             async move {
+                // A run of an ordered listener's chain (module `ordering`).
+                let key = listener
+                    .ordered()
+                    .and_then(|_| task.headers.get(ORDERED_HEADER).cloned());
+                if let Some(key) = &key {
+                    match ordering.turn(&task.id).await? {
+                        Turn::Now => {}
+                        Turn::Done => {
+                            return ordering.advance(listener.name(), key, &task.id).await;
+                        }
+                        Turn::After(runs) => {
+                            return Err(anyhow::anyhow!(
+                                "{runs} earlier run(s) of key `{key}` have not finished; this one waits for them"
+                            )
+                            .into());
+                        }
+                    }
+                }
+                // A limit reached: the task waits in `scheduled`, its
+                // worker slot freed (module `limits`).
+                let permit = match &limiter {
+                    Some(limiter) => {
+                        let partition = listener.partition_of(&task.payload);
+                        match limiter.acquire(&partition, &task).await? {
+                            Acquired::Granted(permit) => Some(permit),
+                            Acquired::Wait { until, limit } => {
+                                tracing::debug!(task = %task.id, limit = limit.as_str(), %until, "listener run waits for its limit");
+                                return Err(HandlerError::defer(until));
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                let task_id = task.id.clone();
                 let started = std::time::Instant::now();
                 // A task that failed before and now succeeds has no failure
                 // left to keep (asynqmon's "run" of an archived task).
                 let failed_before = task.failed_before.then(|| task.id.clone());
                 let pool = transactor.pool().clone();
                 let result = run_listener(&listener, transactor, task, duplicates).await;
+                if let Some(permit) = permit {
+                    permit.release().await;
+                }
                 if let (Ok(()), Some(task_id)) = (&result, failed_before) {
                     // Beside the task's completion, not before it.
                     tokio::spawn(async move {
@@ -338,15 +443,19 @@ pub(crate) fn handle_events(
                     result.is_ok(),
                     started.elapsed(),
                 );
-                result
+                result?;
+                match &key {
+                    Some(key) => ordering.advance(listener.name(), key, &task_id).await,
+                    None => Ok(()),
+                }
             }
         });
     }
 }
 
-/// What the fan-out reads of an [`Envelope`]: its id and name, with the
-/// other fields checked for presence (and the time for its form) but not
-/// built, since each listener task decodes the envelope again.
+/// What the fan-out reads of an [`Envelope`]: its id, name and metadata,
+/// with the other fields checked for presence (and the time for its form)
+/// but not built, since each listener task decodes the envelope again.
 #[derive(serde::Deserialize)]
 struct EnvelopeHead {
     id: Uuid,
@@ -355,6 +464,24 @@ struct EnvelopeHead {
     _payload: serde::de::IgnoredAny,
     #[serde(rename = "occurred_at")]
     _occurred_at: chrono::DateTime<chrono::Utc>,
+    #[serde(default)]
+    metadata: crate::outbox::Metadata,
+}
+
+impl EnvelopeHead {
+    /// The envelope of the event task `id` with `payload`; an error that
+    /// skips retries when it is not one.
+    fn of(id: &str, payload: &[u8]) -> Result<Self, HandlerError> {
+        serde_json::from_slice(payload).map_err(|err| {
+            HandlerError::skip_retry(anyhow::anyhow!("task {id} is not an event envelope: {err}"))
+        })
+    }
+
+    /// The namespace of its listener task ids: the event task's id, or for
+    /// a task id that is not a UUID (a foreign producer's) the event id.
+    fn namespace(&self, task_id: &str) -> Uuid {
+        task_id.parse::<Uuid>().unwrap_or(self.id)
+    }
 }
 
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
@@ -363,25 +490,22 @@ struct EnvelopeHead {
 /// done). The relay's event task has the event id as its id; a replay
 /// (`outbox replay`) queues the same envelope under a new task id, and so
 /// gets new listener tasks. Each listener task carries the event task's
-/// headers.
+/// headers. The runs of ordered listeners of a keyed event join their
+/// chains instead, in the key's order (module `ordering`).
 pub(crate) async fn fan_out(
     queue: &Client,
+    ordering: &Ordering,
     listeners: &Listeners,
     task: Task,
     retention: std::time::Duration,
 ) -> Result<(), HandlerError> {
-    let envelope: EnvelopeHead = serde_json::from_slice(&task.payload).map_err(|err| {
-        HandlerError::skip_retry(anyhow::anyhow!(
-            "task {} is not an event envelope: {err}",
-            task.id
-        ))
-    })?;
-    // A task id that is not a UUID (a foreign producer's) falls back to the
-    // event id.
-    let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
+    let envelope = EnvelopeHead::of(&task.id, &task.payload)?;
+    let namespace = envelope.namespace(&task.id);
+    let place = Place::of(&envelope.metadata);
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
+        .filter(|listener| place.is_none() || listener.ordered().is_none())
         .map(|listener| {
             NewTask::new(
                 listener.task_type(),
@@ -398,7 +522,30 @@ pub(crate) async fn fan_out(
     for result in queue.enqueue(&tasks).await? {
         result?;
     }
-    Ok(())
+    let Some(place) = place else {
+        return Ok(());
+    };
+    // Every keyed event takes its turn, with ordered listeners or not, so
+    // that the next event of its key does not wait for it.
+    let replay = task.id != envelope.id.to_string();
+    let runs = listeners
+        .of(&envelope.name)
+        .iter()
+        .filter(|listener| listener.ordered().is_some())
+        .map(|listener| ChainRun {
+            listener: listener.name().to_string(),
+            task_type: listener.task_type(),
+            task_id: listener_task_id(namespace, listener.name()).to_string(),
+        })
+        .collect();
+    let event = EventRuns {
+        event_id: envelope.id,
+        queue: task.queue,
+        payload: task.payload,
+        headers: task.headers,
+        runs,
+    };
+    ordering.fan_out(&place, &event, replay).await
 }
 
 /// A `listener:<name>:<listener>` handler: decodes the event and runs the

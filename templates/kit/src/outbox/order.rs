@@ -1,0 +1,74 @@
+//! The place of a keyed event in its key's order (`Event::order_key`):
+//! the key and the sequence number its dispatch took, carried in the
+//! envelope's metadata as `order_key` and `order_seq` (strings, as every
+//! metadata value; a Go service passes them on untouched).
+
+#[cfg(feature = "worker")]
+use super::Metadata;
+
+/// The metadata entry of an event's key.
+pub(crate) const ORDER_KEY: &str = "order_key";
+/// The metadata entry of an event's sequence number in its key.
+pub(crate) const ORDER_SEQ: &str = "order_seq";
+
+/// Where a keyed event stands in its key's order.
+#[cfg(feature = "worker")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Place {
+    /// The event's key.
+    pub key: String,
+    /// Its sequence number: 1 for the key's first event, then one more
+    /// per event, in the order their transactions committed.
+    pub seq: i64,
+}
+
+#[cfg(feature = "worker")]
+impl Place {
+    /// The place recorded in `metadata`; `None` for an event without a key
+    /// (or dispatched before template set 19, or by a Go service).
+    pub(crate) fn of(metadata: &Metadata) -> Option<Self> {
+        let key = metadata.get(ORDER_KEY)?;
+        let seq = metadata.get(ORDER_SEQ)?.parse().ok()?;
+        Some(Self {
+            key: key.clone(),
+            seq,
+        })
+    }
+}
+
+/// The statement that stores a keyed event: takes the key's next sequence
+/// number under the lock of its `outbox_keys` row (so the numbers follow
+/// the order of the commits), and inserts the row with the number in its
+/// metadata. Binds: event id, name, payload, metadata, time, key. Returns
+/// the row id and the number.
+pub(crate) const INSERT_KEYED: &str = "\
+WITH next AS ( \
+  INSERT INTO outbox_keys AS k (key, seq) VALUES ($6, 1) \
+  ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1, updated_at = now() \
+  RETURNING seq) \
+INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
+SELECT $1, $2, $3, $4 || jsonb_build_object('order_seq', next.seq::text), $5 FROM next \
+RETURNING id, (metadata ->> 'order_seq')::bigint";
+
+#[cfg(all(test, feature = "worker"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_place_needs_a_key_and_a_number() {
+        let mut metadata = Metadata::new();
+        assert_eq!(Place::of(&metadata), None);
+        metadata.insert(ORDER_KEY.into(), "order:7".into());
+        assert_eq!(Place::of(&metadata), None, "no number yet");
+        metadata.insert(ORDER_SEQ.into(), "3".into());
+        assert_eq!(
+            Place::of(&metadata),
+            Some(Place {
+                key: "order:7".into(),
+                seq: 3
+            })
+        );
+        metadata.insert(ORDER_SEQ.into(), "three".into());
+        assert_eq!(Place::of(&metadata), None);
+    }
+}

@@ -1,0 +1,823 @@
+//! Ordered listeners against real Postgres and Valkey: the runs of a key
+//! come in commit order whatever order the event tasks reach the workers in
+//! and whatever fails on the way, a run that fails for good holds its key
+//! (or moves on, when told), and keys do not wait for each other.
+
+#![cfg(feature = "worker")]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::support::{TestDatabase, TestQueue};
+use crate::database::Transactor;
+use crate::dispatch::Event;
+use crate::outbox::dispatch;
+use crate::queue::{Client, Consumer, ConsumerOptions, NewTask, SkipRetry};
+use crate::worker::listeners::{
+    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure,
+};
+use crate::worker::metrics::ListenerMetrics;
+use crate::worker::ordering::{self, Held};
+use crate::worker::{failures, handle_events};
+
+/// A step of an aggregate: its key and its number in the key, which the
+/// test gives in the order the steps commit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Placed {
+    key: u32,
+    n: u32,
+}
+
+impl Event for Placed {
+    const NAME: &'static str = "testOrderPlaced";
+
+    fn order_key(&self) -> Option<String> {
+        Some(format!("order:{}", self.key))
+    }
+}
+
+/// Another event type of the same keys: an ordered listener of both sees
+/// them in one order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Cancelled {
+    key: u32,
+    n: u32,
+}
+
+impl Event for Cancelled {
+    const NAME: &'static str = "testOrderCancelled";
+
+    fn order_key(&self) -> Option<String> {
+        Some(format!("order:{}", self.key))
+    }
+}
+
+/// The table the listener writes each run it does into, in `ctx.once`.
+const SEEN: &str = "CREATE TABLE seen (id bigserial PRIMARY KEY, key int NOT NULL, n int NOT NULL)";
+
+/// Records the step in `seen`, once per event.
+async fn record(context: &ListenerContext, key: u32, n: u32) -> Result<(), ListenerError> {
+    context
+        .once(async |tx| {
+            sqlx::query("INSERT INTO seen (key, n) VALUES ($1, $2)")
+                .bind(key as i32)
+                .bind(n as i32)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// A worker of the test: a consumer of `queue` with the worker's event
+/// handlers, failure records and `listeners`.
+fn worker(
+    client: Client,
+    queue: &TestQueue,
+    pool: &PgPool,
+    listeners: Listeners,
+    move_on: bool,
+) -> Consumer {
+    let listeners = Arc::new(listeners);
+    let options = ConsumerOptions {
+        queues: queue.name.parse().unwrap(),
+        concurrency: 10,
+        shutdown_timeout: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(50),
+        forward_interval: Duration::from_millis(50),
+        retry_delay: |_| Duration::from_millis(20),
+        ..ConsumerOptions::default()
+    };
+    let mut consumer = Consumer::new(client.clone(), options);
+    let move_on = move_on.then(|| failures::MoveOn {
+        task_types: listeners
+            .all()
+            .filter(|listener| listener.ordered() == Some(OnFailure::MoveOn))
+            .map(|listener| listener.task_type())
+            .collect(),
+        ordering: ordering::Ordering::new(pool.clone(), client.clone(), Duration::from_secs(60)),
+    });
+    failures::record_before_archive(
+        &mut consumer,
+        pool.clone(),
+        listeners.failure_hook(),
+        move_on,
+    );
+    handle_events(
+        &mut consumer,
+        client,
+        Transactor::new(pool.clone()),
+        listeners,
+        Duration::from_secs(60),
+        ListenerMetrics::default(),
+        Default::default(),
+    );
+    consumer
+}
+
+/// Queues the event task of every outbox row, in a random order (as
+/// several relays and the queue may deliver them), as the relay does.
+async fn publish_shuffled(pool: &PgPool, queue: &TestQueue, rng: &mut fastrand::Rng) {
+    let rows: Vec<(
+        uuid::Uuid,
+        String,
+        serde_json::Value,
+        serde_json::Value,
+        chrono::DateTime<chrono::Utc>,
+    )> = sqlx::query_as(
+        "UPDATE outbox_events SET published_at = now() WHERE published_at IS NULL \
+             RETURNING event_id, event_name, payload, metadata, created_at",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut tasks: Vec<NewTask> = rows
+        .into_iter()
+        .map(|(id, name, payload, metadata, occurred_at)| {
+            let envelope = crate::outbox::Envelope {
+                id,
+                name: name.clone(),
+                payload,
+                metadata: serde_json::from_value(metadata).unwrap(),
+                occurred_at,
+            };
+            NewTask::new(
+                format!("event:{name}"),
+                id.to_string(),
+                serde_json::to_vec(&envelope).unwrap(),
+            )
+            .queue(&queue.name)
+        })
+        .collect();
+    rng.shuffle(&mut tasks);
+    for chunk in tasks.chunks(200) {
+        for result in queue.client.enqueue(chunk).await.unwrap() {
+            result.unwrap();
+        }
+    }
+}
+
+/// The steps the listener saw, by key, in the order it saw them.
+async fn seen(pool: &PgPool) -> BTreeMap<u32, Vec<u32>> {
+    let rows: Vec<(i32, i32)> = sqlx::query_as("SELECT key, n FROM seen ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let mut by_key: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (key, n) in rows {
+        by_key.entry(key as u32).or_default().push(n as u32);
+    }
+    by_key
+}
+
+/// Polls `check` every 50 ms until it holds, failing after `limit`.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Dispatches `Placed` or `Cancelled` (by `n`'s parity) for `key` in a
+/// transaction of its own.
+async fn dispatch_step(pool: &PgPool, key: u32, n: u32) {
+    let mut tx = pool.begin().await.unwrap();
+    if n.is_multiple_of(2) {
+        dispatch(&mut *tx, &Cancelled { key, n }).await.unwrap();
+    } else {
+        dispatch(&mut *tx, &Placed { key, n }).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_ordered_listener_sees_each_key_in_commit_order_whatever_arrives_first_or_fails() {
+    // Arrange: 300 keys of 1 to 6 steps, dispatched interleaved, in
+    // transactions of their own; every twentieth key's first step commits late,
+    // behind rows of other keys dispatched after it (lower row id, later
+    // commit). Three workers; the listener fails a quarter of its runs at
+    // random, some after its work committed (a retry then finds it done).
+    let seed = fastrand::u64(..);
+    eprintln!("seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    // Room for the transactions held open and those waiting behind them.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(40)
+        .connect_with(db.options.clone())
+        .await
+        .unwrap();
+    let queue = TestQueue::new().await;
+    let steps: Vec<u32> = (0..300).map(|_| rng.u32(1..=6)).collect();
+    let total: u32 = steps.iter().sum();
+
+    let late: Vec<_> = (0..steps.len() as u32).step_by(20).collect();
+    let mut held_open = Vec::new();
+    for &key in &late {
+        let mut tx = pool.begin().await.unwrap();
+        dispatch(&mut *tx, &Placed { key, n: 1 }).await.unwrap();
+        held_open.push(tx);
+    }
+    let mut next: Vec<u32> = steps.iter().map(|_| 1).collect();
+    for &key in &late {
+        next[key as usize] = 2;
+    }
+    let mut later_steps_of_late_keys = Vec::new();
+    loop {
+        let open: Vec<u32> = (0..steps.len() as u32)
+            .filter(|&key| next[key as usize] <= steps[key as usize])
+            .collect();
+        if open.is_empty() {
+            break;
+        }
+        let key = open[rng.usize(..open.len())];
+        let n = next[key as usize];
+        next[key as usize] += 1;
+        if late.contains(&key) {
+            // Waits for the lock of the key's row, held by the open
+            // transaction of its first step.
+            later_steps_of_late_keys.push((key, n));
+        } else {
+            dispatch_step(&pool, key, n).await;
+        }
+    }
+    let waiting: Vec<_> = {
+        let pool = pool.clone();
+        let mut by_key: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (key, n) in later_steps_of_late_keys {
+            by_key.entry(key).or_default().push(n);
+        }
+        by_key
+            .into_iter()
+            .map(|(key, ns)| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    for n in ns {
+                        dispatch_step(&pool, key, n).await;
+                    }
+                })
+            })
+            .collect()
+    };
+    // The late ones commit now, behind every row above.
+    for tx in held_open {
+        tx.commit().await.unwrap();
+    }
+    for dispatching in waiting {
+        dispatching.await.unwrap();
+    }
+
+    let mut listeners = Listeners::new();
+    let fails = Arc::new(std::sync::Mutex::new(fastrand::Rng::with_seed(seed ^ 1)));
+    let fails_placed = fails.clone();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        move |event: Placed, context: ListenerContext| {
+            let roll = fails_placed.lock().unwrap().u32(0..8);
+            async move { run_step(roll, &context, event.key, event.n).await }
+        },
+    );
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        move |event: Cancelled, context: ListenerContext| {
+            let roll = fails.lock().unwrap().u32(0..8);
+            async move { run_step(roll, &context, event.key, event.n).await }
+        },
+    );
+    let stop = CancellationToken::new();
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let client = Client::connect(&queue_addr(), None, 0).await.unwrap();
+        let consumer = worker(client, &queue, &pool, listeners.clone(), false);
+        workers.push(tokio::spawn(consumer.run(stop.clone().cancelled_owned())));
+    }
+
+    // Act
+    publish_shuffled(&db.pool, &queue, &mut rng).await;
+    eventually(Duration::from_secs(90), "every step to be seen", || async {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM seen")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        count >= i64::from(total)
+    })
+    .await;
+    stop.cancel();
+    for worker in workers {
+        worker.await.unwrap().unwrap();
+    }
+
+    // Assert
+    let seen = seen(&db.pool).await;
+    for (key, &count) in steps.iter().enumerate() {
+        let expected: Vec<u32> = (1..=count).collect();
+        assert_eq!(
+            seen.get(&(key as u32)),
+            Some(&expected),
+            "key {key}: the steps in the order the listener saw them (seed {seed})"
+        );
+    }
+    let held = ordering::held(&db.pool).await.unwrap();
+    assert_eq!(held, Held::default(), "nothing is left waiting");
+    let waits: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_key_waits")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(waits, 0);
+}
+
+/// A run of the test's listener: fails before its work when `roll` is 0,
+/// after it when `roll` is 1 (a retry finds it done), else succeeds.
+async fn run_step(
+    roll: u32,
+    context: &ListenerContext,
+    key: u32,
+    n: u32,
+) -> Result<(), ListenerError> {
+    if roll == 0 {
+        return Err(anyhow::anyhow!("failed before the work of {key}/{n}"));
+    }
+    record(context, key, n).await?;
+    if roll == 1 {
+        return Err(anyhow::anyhow!("failed after the work of {key}/{n}"));
+    }
+    Ok(())
+}
+
+fn queue_addr() -> String {
+    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".to_string())
+}
+
+/// A listener that gives up on step 2 of key 1: `SkipRetry`.
+fn giving_up_on_key_1_step_2(on_failure: OnFailure) -> Listeners {
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered().on_failure(on_failure),
+        |event: Placed, context: ListenerContext| async move {
+            if (event.key, event.n) == (1, 2) {
+                return Err(
+                    SkipRetry(format!("step {} of key {} is refused", event.n, event.key)).into(),
+                );
+            }
+            record(&context, event.key, event.n).await
+        },
+    );
+    listeners
+}
+
+/// Dispatches steps 1 to 3 of keys 1 and 2 (all `Placed`).
+async fn three_steps_of_two_keys(pool: &PgPool) {
+    for n in 1..=3 {
+        for key in 1..=2 {
+            let mut tx = pool.begin().await.unwrap();
+            dispatch(&mut *tx, &Placed { key, n }).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
+    // Arrange
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    three_steps_of_two_keys(&db.pool).await;
+    let consumer = worker(
+        queue.client.clone(),
+        &queue,
+        &db.pool,
+        giving_up_on_key_1_step_2(OnFailure::HoldKey),
+        false,
+    );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+
+    // Act
+    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(7)).await;
+    eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
+        ordering::held(&db.pool).await.unwrap().blocked_keys == 1
+            && seen(&db.pool).await.get(&2).map(Vec::len) == Some(3)
+    })
+    .await;
+    let blocked = ordering::held(&db.pool).await.unwrap();
+    let seen_while_blocked = seen(&db.pool).await;
+    crate::outbox::cleanup::delete_expired(&db.pool, Duration::ZERO)
+        .await
+        .unwrap();
+    let kept: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT payload FROM outbox_events WHERE payload ->> 'key' = '1' ORDER BY payload ->> 'n'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let (head,): (String,) = sqlx::query_as("SELECT task_id FROM listener_failures")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // What `outbox skip` does.
+    let ordering = ordering::Ordering::new(
+        db.pool.clone(),
+        queue.client.clone(),
+        Duration::from_secs(60),
+    );
+    ordering.advance("ledger", "order:1", &head).await.unwrap();
+    eventually(Duration::from_secs(20), "key 1 to move on", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // Assert
+    assert_eq!(
+        blocked,
+        Held {
+            blocked_keys: 1,
+            waiting_runs: 1,
+            waiting_events: 0
+        }
+    );
+    assert_eq!(seen_while_blocked.get(&1), Some(&vec![1]), "step 3 waited");
+    assert_eq!(
+        kept,
+        [
+            serde_json::json!({"key": 1, "n": 2}),
+            serde_json::json!({"key": 1, "n": 3})
+        ],
+        "the cleanup keeps the events a held key holds"
+    );
+    assert_eq!(
+        seen_while_blocked.get(&2),
+        Some(&vec![1, 2, 3]),
+        "key 2 did not wait"
+    );
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
+    assert_eq!(ordering::held(&db.pool).await.unwrap(), Held::default());
+}
+
+#[tokio::test]
+async fn a_listener_told_to_move_on_moves_past_a_run_that_failed_for_good() {
+    // Arrange
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    three_steps_of_two_keys(&db.pool).await;
+    let consumer = worker(
+        queue.client.clone(),
+        &queue,
+        &db.pool,
+        giving_up_on_key_1_step_2(OnFailure::MoveOn),
+        true,
+    );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+
+    // Act
+    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(7)).await;
+    eventually(Duration::from_secs(20), "both keys to be done", || async {
+        let seen = seen(&db.pool).await;
+        seen.get(&1).map(Vec::len) == Some(2) && seen.get(&2).map(Vec::len) == Some(3)
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // Assert
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM listener_failures")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(failures, 1, "the failure is recorded all the same");
+    assert_eq!(ordering::held(&db.pool).await.unwrap(), Held::default());
+}
+
+/// Names the database and queue of the kill test's worker processes: the
+/// test binary runs the test again as a worker when it is set.
+const WORKER_OF: &str = "KIT_TEST_ORDERED_WORKER";
+/// The kill test, which its worker processes run.
+const KILL_TEST: &str =
+    "tests::ordering::ordered_runs_keep_their_order_when_a_worker_is_killed_midway";
+
+/// A worker process of the kill test: a relay and a consumer of `queue` on
+/// the database at `url`, with the random listener, until it is killed. Its
+/// leases are short, so that what a killed worker held runs again soon.
+async fn act_as_worker(url: &str, queue: &str) {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect(url)
+        .await
+        .unwrap();
+    let client = Client::connect(&queue_addr(), None, 0).await.unwrap();
+    let mut config = crate::testing::config(url);
+    config.outbox.poll_interval = Duration::from_millis(50);
+    let relay = crate::outbox::relay::Relay::new(
+        pool.clone(),
+        client.clone(),
+        &config.outbox,
+        crate::worker::metrics::Metrics::new().relay,
+    )
+    .with_queue(queue.to_string());
+    let stop = CancellationToken::new();
+    tokio::spawn(relay.run(stop.clone()));
+    let mut listeners = Listeners::new();
+    let rng = Arc::new(std::sync::Mutex::new(fastrand::Rng::new()));
+    let placed = rng.clone();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        move |event: Placed, context: ListenerContext| {
+            let roll = placed.lock().unwrap().u32(0..8);
+            async move { run_step(roll, &context, event.key, event.n).await }
+        },
+    );
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        move |event: Cancelled, context: ListenerContext| {
+            let roll = rng.lock().unwrap().u32(0..8);
+            async move { run_step(roll, &context, event.key, event.n).await }
+        },
+    );
+    let listeners = Arc::new(listeners);
+    let options = ConsumerOptions {
+        queues: queue.parse().unwrap(),
+        concurrency: 10,
+        poll_interval: Duration::from_millis(50),
+        forward_interval: Duration::from_millis(50),
+        lease_duration: Duration::from_secs(2),
+        heartbeat_interval: Duration::from_millis(300),
+        recover_interval: Duration::from_millis(300),
+        retry_delay: |_| Duration::from_millis(20),
+        ..ConsumerOptions::default()
+    };
+    let mut consumer = Consumer::new(client.clone(), options);
+    failures::record_before_archive(&mut consumer, pool.clone(), None, None);
+    handle_events(
+        &mut consumer,
+        client,
+        Transactor::new(pool),
+        listeners,
+        Duration::from_secs(60),
+        ListenerMetrics::default(),
+        Default::default(),
+    );
+    consumer
+        .run(std::future::pending::<()>())
+        .await
+        .expect("the consumer runs until the worker is killed");
+}
+
+#[tokio::test]
+async fn ordered_runs_keep_their_order_when_a_worker_is_killed_midway() {
+    if let Ok(worker) = std::env::var(WORKER_OF) {
+        let (url, queue) = worker.split_once(' ').unwrap();
+        return act_as_worker(url, queue).await;
+    }
+    // Arrange: 1,000 keys of 1 to 5 steps; half dispatched before the
+    // workers start, half while they run; every fortieth key's first step
+    // commits late (behind rows of other keys). Three worker processes
+    // relay and run the listener, which fails a quarter of its runs.
+    let seed = fastrand::u64(..);
+    eprintln!("seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(60)
+        .connect_with(db.options.clone())
+        .await
+        .unwrap();
+    let queue = TestQueue::new().await;
+    let steps: Vec<u32> = (0..1000).map(|_| rng.u32(1..=5)).collect();
+    let total: u32 = steps.iter().sum();
+    let mut order: Vec<(u32, u32)> = Vec::new();
+    let mut next: Vec<u32> = steps.iter().map(|_| 1).collect();
+    loop {
+        let open: Vec<u32> = (0..steps.len() as u32)
+            .filter(|&key| next[key as usize] <= steps[key as usize])
+            .collect();
+        if open.is_empty() {
+            break;
+        }
+        let key = open[rng.usize(..open.len())];
+        order.push((key, next[key as usize]));
+        next[key as usize] += 1;
+    }
+    let (before, during) = order.split_at(order.len() / 2);
+    let late: Vec<u32> = (0..steps.len() as u32).step_by(40).collect();
+    let mut held_open = Vec::new();
+    for &key in &late {
+        let mut tx = pool.begin().await.unwrap();
+        dispatch(&mut *tx, &Placed { key, n: 1 }).await.unwrap();
+        held_open.push(tx);
+    }
+    let mut behind_late: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for &(key, n) in before {
+        if late.contains(&key) {
+            if n > 1 {
+                behind_late.entry(key).or_default().push(n);
+            }
+        } else {
+            dispatch_step(&pool, key, n).await;
+        }
+    }
+    let waiting: Vec<_> = behind_late
+        .into_iter()
+        .map(|(key, ns)| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                for n in ns {
+                    dispatch_step(&pool, key, n).await;
+                }
+            })
+        })
+        .collect();
+    let mut workers: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([KILL_TEST, "--exact", "--nocapture", "--test-threads=1"])
+                .env(WORKER_OF, format!("{} {}", db.url(), queue.name))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for tx in held_open {
+        tx.commit().await.unwrap();
+    }
+    for dispatching in waiting {
+        dispatching.await.unwrap();
+    }
+
+    // Act: the second half while the workers run; a worker is SIGKILLed
+    // once a third of the steps were seen.
+    for &(key, n) in during {
+        if late.contains(&key) && n == 1 {
+            continue;
+        }
+        dispatch_step(&pool, key, n).await;
+    }
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM seen")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    eventually(Duration::from_secs(60), "a third of the steps", || async {
+        count().await >= i64::from(total / 3)
+    })
+    .await;
+    workers[0].kill().unwrap();
+    workers[0].wait().unwrap();
+    let seen_at_kill = count().await;
+    let done = tokio::time::timeout(Duration::from_secs(90), async {
+        while count().await < i64::from(total) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    for worker in &mut workers[1..] {
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+    }
+    eprintln!(
+        "killed a worker with {seen_at_kill} of {total} steps seen; {} seen in the end",
+        count().await
+    );
+    assert!(done.is_ok(), "not every step was seen (seed {seed})");
+
+    // Assert: each key's steps in commit order, none skipped, none twice.
+    let seen = seen(&pool).await;
+    for (key, &count) in steps.iter().enumerate() {
+        let expected: Vec<u32> = (1..=count).collect();
+        assert_eq!(
+            seen.get(&(key as u32)),
+            Some(&expected),
+            "key {key}: the steps in the order the listener saw them (seed {seed})"
+        );
+    }
+}
+
+/// What the benchmark's listener counts: its runs.
+static BENCH_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A no-op event of the benchmark, keyed (`key` is `Some`) or not.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Tick {
+    key: Option<u32>,
+}
+
+impl Event for Tick {
+    const NAME: &'static str = "benchTick";
+
+    fn order_key(&self) -> Option<String> {
+        self.key.map(|key| format!("tick:{key}"))
+    }
+}
+
+/// One round of the benchmark: `events` `Tick`s (keyed over `keys` keys
+/// when `ordered`, and run by an ordered listener; else neither) committed
+/// in the outbox; then one worker (its relay, and its consumer at
+/// concurrency 10) publishes them and runs the no-op listener on every one,
+/// as `scripts/bench-outbox`'s end-to-end step does. Runs per second, from
+/// the worker's start to the last run.
+async fn bench_round(ordered: bool, events: u32, keys: u32) -> f64 {
+    let db = TestDatabase::migrated().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect_with(db.options.clone())
+        .await
+        .unwrap();
+    let queue = TestQueue::new().await;
+    for chunk in (0..events).collect::<Vec<_>>().chunks(500) {
+        let mut tx = pool.begin().await.unwrap();
+        for &i in chunk {
+            let key = ordered.then_some(i % keys);
+            dispatch(&mut *tx, &Tick { key }).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    let mut config = crate::testing::config("postgres://unused@localhost/unused");
+    config.outbox.poll_interval = Duration::from_millis(50);
+    let relay = crate::outbox::relay::Relay::new(
+        pool.clone(),
+        queue.client.clone(),
+        &config.outbox,
+        crate::worker::metrics::Metrics::new().relay,
+    )
+    .with_queue(queue.name.clone());
+    let mut listeners = Listeners::new();
+    let options = if ordered {
+        ListenerOptions::new().ordered()
+    } else {
+        ListenerOptions::new()
+    };
+    listeners.listen_with("noop", options, |_: Tick, _: ListenerContext| async {
+        BENCH_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    });
+    BENCH_RUNS.store(0, std::sync::atomic::Ordering::Relaxed);
+    let consumer = worker(queue.client.clone(), &queue, &pool, listeners, false);
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let relaying = tokio::spawn(relay.run(stop.clone()));
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    while BENCH_RUNS.load(std::sync::atomic::Ordering::Relaxed) < events as usize {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    relaying.await.unwrap();
+    f64::from(events) / took.as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark of about a minute: scripts/bench/ordering"]
+async fn bench_ordered_runs_against_unordered_ones() {
+    let events = 6_000;
+    let keys = 1_000;
+    let rounds = 5;
+    let (mut unordered, mut ordered) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        unordered.push(bench_round(false, events, keys).await);
+        ordered.push(bench_round(true, events, keys).await);
+        eprintln!(
+            "round {round}: unordered {:.0}/s, ordered over {keys} keys {:.0}/s",
+            unordered[round - 1],
+            ordered[round - 1]
+        );
+    }
+    let median = |runs: &mut Vec<f64>| {
+        runs.sort_by(f64::total_cmp);
+        (runs[runs.len() / 2], runs[0], runs[runs.len() - 1])
+    };
+    let (u, u_min, u_max) = median(&mut unordered);
+    let (o, o_min, o_max) = median(&mut ordered);
+    println!(
+        "{events} events from a committed backlog, one worker (relay and consumer at concurrency 10), \
+         {rounds} alternating rounds:\n\
+         unordered no-op listener: median {u:.0} runs/s (min {u_min:.0}, max {u_max:.0})\n\
+         ordered, {keys} keys:       median {o:.0} runs/s (min {o_min:.0}, max {o_max:.0})\n\
+         ordered / unordered: {:.2}",
+        o / u
+    );
+}
