@@ -251,7 +251,9 @@ Examples:
 Examples:
   gpkit add event orderPlaced --field order_id:uuid --field total_cents:i64
   gpkit add event order_placed --field note:Option<string> --listener audit --listener email
-  gpkit add event orderPlaced --listener shipping")]
+  gpkit add event orderPlaced --listener shipping
+  gpkit add event order_cancelled --field order_id:i64 --listener shipping --ordered-by order_id
+  gpkit add event orderPlaced --listener email --concurrency 5 --rate 10/s")]
     Event(AddEventArgs),
     /// Add a schedule: an event dispatched, or a job run, on every tick
     ///
@@ -319,6 +321,25 @@ pub struct AddEventArgs {
     /// A listener to add, run by the worker for each event (repeatable)
     #[arg(long = "listener", value_name = "NAME")]
     pub listeners: Vec<String>,
+
+    /// Run the listeners given here one event of each value of this field
+    /// at a time, in the order their transactions committed (the event's
+    /// `order_key`); a field of type string, i32, i64 or uuid
+    #[arg(long, value_name = "FIELD")]
+    pub ordered_by: Option<String>,
+
+    /// Run at most N of the listeners' runs at once, across every worker
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<u32>,
+
+    /// Start at most this many of the listeners' runs per second, minute or
+    /// hour, across every worker: N/s, N/m or N/h
+    #[arg(long, value_name = "RATE")]
+    pub rate: Option<String>,
+
+    /// The burst `--rate` allows: runs that may start at once (default 1)
+    #[arg(long, value_name = "N")]
+    pub burst: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]

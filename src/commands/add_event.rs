@@ -3,11 +3,14 @@
 
 use std::process::ExitCode;
 
+use std::collections::BTreeMap;
+
 use anyhow::{Result, bail};
 
 use super::Context;
 use crate::cli::AddEventArgs;
 use crate::domain::events::{self, EventNames};
+use crate::domain::listener_options::ListenerRun;
 use crate::engine::manifest::{DataLayer, EventSpec, FieldSpec};
 use crate::engine::reconcile::Options;
 
@@ -16,6 +19,24 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let names = EventNames::parse(&args.name)?;
     let fields = parse_fields(&args.fields)?;
     let listeners = parse_listeners(&args.listeners)?;
+    let run = ListenerRun::from_flags(
+        args.ordered_by.is_some(),
+        args.concurrency,
+        args.rate.as_deref(),
+        args.burst,
+    )?;
+    if run.is_some() && listeners.is_empty() {
+        bail!(
+            "`--ordered-by`, `--concurrency`, `--rate` and `--burst` say how the listeners given \
+             with them run, and none is given; nothing was changed\n\
+             help: add `--listener <name>`"
+        );
+    }
+    let options = |listeners: &[String]| -> BTreeMap<String, ListenerRun> {
+        run.iter()
+            .flat_map(|run| listeners.iter().map(|l| (l.clone(), run.clone())))
+            .collect()
+    };
     if !listeners.is_empty() && !project.manifest.components.worker {
         bail!(
             "listeners run in the worker, and this project has none; nothing was changed\n\
@@ -53,6 +74,22 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
                     event.name
                 );
             }
+            if let Some(field) = &args.ordered_by {
+                if event.ordered_by.as_ref() != Some(field) {
+                    let now = match &event.ordered_by {
+                        Some(key) => format!("its order is keyed by `{key}`"),
+                        None => "it has no order key".to_string(),
+                    };
+                    bail!(
+                        "`{}` cannot order listeners by `{field}`: {now}; nothing was changed\n\
+                         help: an event has one order key, given when it is added; its file \
+                         `{path}` is yours: write its `order_key` there and register the \
+                         listener with `ListenerOptions::new().ordered()` yourself",
+                        event.name
+                    );
+                }
+            }
+            event.listener_options.extend(options(&listeners));
             event.listeners.extend(listeners.iter().cloned());
             format!(
                 "listener{} of `{}`",
@@ -61,10 +98,15 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
             )
         }
         None => {
+            if let Some(field) = &args.ordered_by {
+                events::check_ordered_by(field, &fields)?;
+            }
             components.events.push(EventSpec {
                 name: names.wire.clone(),
                 fields,
                 listeners: listeners.clone(),
+                ordered_by: args.ordered_by.clone(),
+                listener_options: options(&listeners),
             });
             format!("event `{}`", names.wire)
         }

@@ -5,6 +5,9 @@
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
+use crate::domain::listener_options::{ListenerRun, wrap};
 use crate::domain::names::{self, is_rust_keyword};
 
 /// An event as `gpkit add event` recorded it.
@@ -16,6 +19,43 @@ pub struct EventSpec {
     pub fields: Vec<FieldSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<String>,
+    /// The field whose value keys the event's order (`Event::order_key`),
+    /// from `--ordered-by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordered_by: Option<String>,
+    /// How its listeners run where flags said (ordered, limits), by listener.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub listener_options: BTreeMap<String, ListenerRun>,
+}
+
+/// The field types that can key an event's order: a value that is always
+/// there and compares exactly.
+const KEY_TYPES: &[&str] = &["string", "i32", "i64", "uuid"];
+
+/// Checks that `field` (from `--ordered-by`) is one of `fields` and can key
+/// an order.
+pub fn check_ordered_by(field: &str, fields: &[FieldSpec]) -> Result<()> {
+    let Some(spec) = fields.iter().find(|f| f.name == field) else {
+        let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+        bail!(
+            "`--ordered-by {field}` names no field of the event (its fields: {})\n\
+             help: order by one of its fields, or add it with `--field {field}:i64`",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
+    };
+    if !KEY_TYPES.contains(&spec.ty.as_str()) {
+        bail!(
+            "`--ordered-by {field}`: a field of type `{}` cannot key an order\n\
+             help: order by a field of type {}",
+            spec.ty,
+            KEY_TYPES.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// One field of an event: its name and its gpkit type (`i64`, `Option<uuid>`).
@@ -208,6 +248,43 @@ pub struct EventView {
     pub listeners: Vec<String>,
     /// Whether the struct can derive `Eq` (no `f64` or `json` inside).
     pub eq: bool,
+    /// The field that keys its order, if any.
+    pub ordered_by: Option<String>,
+    /// How its listeners with options run, by listener.
+    pub options: BTreeMap<String, OptionsView>,
+}
+
+/// A listener's `options()`, as the templates print it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OptionsView {
+    /// The doc comment's lines, after `/// `.
+    pub doc: Vec<String>,
+    /// The body's lines, indented as rustfmt leaves them.
+    pub body: Vec<String>,
+}
+
+impl OptionsView {
+    fn new(run: &ListenerRun, ordered_by: Option<&str>) -> Self {
+        let mut summary = format!("How the worker runs it: {}.", run.summary(ordered_by));
+        if run.concurrency.is_some() || run.rate.is_some() {
+            summary.push_str(" `WORKER_LIMITS` overrides its limits at deploy time.");
+        }
+        let calls = run.calls();
+        let body = if run.fits_one_line() {
+            vec![format!(
+                "    ListenerOptions::new(){}",
+                calls.iter().map(|c| format!(".{c}")).collect::<String>()
+            )]
+        } else {
+            std::iter::once("    ListenerOptions::new()".to_string())
+                .chain(calls.iter().map(|c| format!("        .{c}")))
+                .collect()
+        };
+        Self {
+            doc: wrap(&summary, 76),
+            body,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -237,6 +314,17 @@ impl EventView {
             fields,
             listeners: spec.listeners.clone(),
             eq,
+            ordered_by: spec.ordered_by.clone(),
+            options: spec
+                .listener_options
+                .iter()
+                .map(|(listener, run)| {
+                    (
+                        listener.clone(),
+                        OptionsView::new(run, spec.ordered_by.as_deref()),
+                    )
+                })
+                .collect(),
         })
     }
 }
@@ -244,6 +332,27 @@ impl EventView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_order_is_keyed_by_a_field_that_is_always_there_and_compares_exactly() {
+        let fields: Vec<FieldSpec> = ["order_id:i64", "note:Option<string>", "total:f64"]
+            .iter()
+            .map(|f| parse_field(f).unwrap())
+            .collect();
+        assert!(check_ordered_by("order_id", &fields).is_ok());
+        let missing = check_ordered_by("customer", &fields)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("names no field of the event (its fields: order_id, note, total)"),
+            "{missing}"
+        );
+        for field in ["note", "total"] {
+            let wrong = check_ordered_by(field, &fields).unwrap_err().to_string();
+            assert!(wrong.contains("cannot key an order"), "{wrong}");
+            assert!(wrong.contains("string, i32, i64, uuid"), "{wrong}");
+        }
+    }
 
     #[test]
     fn any_spelling_gives_the_same_three_names() {

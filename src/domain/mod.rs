@@ -1,6 +1,6 @@
 //! The naming and domain rules gpkit's answers follow, independent of
 //! files: project and identifier names ([`names`]), events, their fields
-//! and listeners ([`events`]), goose migration file names and versions
+//! and listeners ([`events`]) and how listeners run ([`listener_options`]), goose migration file names and versions
 //! ([`migration`]), schedules with their timing specs ([`schedule`]), and
 //! the kit's API changes that an upgrade carries user code across
 //! ([`api_changes`] for set 6's, [`kit_api`] for those `scripts/kit-api`
@@ -12,6 +12,7 @@ pub mod api_changes;
 pub mod code_uses;
 pub mod events;
 pub mod kit_api;
+pub mod listener_options;
 pub mod migration;
 pub mod names;
 pub mod schedule;

@@ -481,6 +481,8 @@ mod tests {
             name: name.to_string(),
             fields: fields.iter().map(|f| parse_field(f).unwrap()).collect(),
             listeners: vec!["notify".to_string()],
+            ordered_by: None,
+            listener_options: Default::default(),
         };
         let event_sets = [
             Vec::new(),

@@ -227,6 +227,8 @@ mod tests {
                         ty: "i64".into(),
                     }],
                     listeners: vec!["audit".into()],
+                    ordered_by: None,
+                    listener_options: Default::default(),
                 }],
                 schedules: vec![ScheduleRecord {
                     name: "nightly_report".into(),

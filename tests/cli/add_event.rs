@@ -113,6 +113,105 @@ fn adding_a_listener_to_an_existing_event_adds_just_the_listener() {
     );
 }
 
+#[test]
+fn ordered_listeners_are_registered_in_order_of_the_events_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = new_project(dir.path(), &[]);
+    gpkit(&project)
+        .args(["add", "event", "orderCancelled", "--field", "order_id:uuid"])
+        .args(["--listener", "shipping", "--ordered-by", "order_id"])
+        .assert()
+        .success();
+    gpkit(&project)
+        .args(["add", "event", "orderCancelled", "--listener", "refund"])
+        .args(["--ordered-by", "order_id"])
+        .assert()
+        .success();
+    gpkit(&project)
+        .args(["add", "event", "orderCancelled", "--listener", "audit"])
+        .assert()
+        .success();
+
+    let event = std::fs::read_to_string(project.join("src/events/order_cancelled.rs")).unwrap();
+    assert!(
+        event.contains(
+            "    fn order_key(&self) -> Option<String> {\n        \
+             Some(format!(\"order_id:{}\", self.order_id))\n    }"
+        ),
+        "{event}"
+    );
+    let registry = std::fs::read_to_string(project.join("src/listeners/mod.rs")).unwrap();
+    for ordered in ["shipping", "refund"] {
+        assert!(
+            registry.contains(&format!(
+                "    listeners.listen_with(\n        \"{ordered}\",\n        \
+                 order_cancelled::{ordered}::options(),\n        \
+                 order_cancelled::{ordered}::handle,\n    );"
+            )),
+            "{registry}"
+        );
+        let listener = std::fs::read_to_string(
+            project.join(format!("src/listeners/order_cancelled/{ordered}.rs")),
+        )
+        .unwrap();
+        assert!(
+            listener.contains(
+                "pub fn options() -> ListenerOptions<OrderCancelled> {\n    \
+                 ListenerOptions::new().ordered()\n}"
+            ),
+            "{listener}"
+        );
+    }
+    assert!(
+        registry.contains("    listeners.listen(\"audit\", order_cancelled::audit::handle);"),
+        "{registry}"
+    );
+    // Limits: in the listener's own `options()`, formatted as rustfmt would.
+    gpkit(&project)
+        .args(["add", "event", "orderCancelled", "--listener", "email"])
+        .args(["--concurrency", "5", "--rate", "10/s", "--burst", "20"])
+        .assert()
+        .success();
+    let email =
+        std::fs::read_to_string(project.join("src/listeners/order_cancelled/email.rs")).unwrap();
+    assert!(
+        email.contains(
+            "pub fn options() -> ListenerOptions<OrderCancelled> {\n    \
+             ListenerOptions::new()\n        .concurrency(5)\n        \
+             .rate(Rate::per_second(10).with_burst(20))\n}"
+        ),
+        "{email}"
+    );
+    assert_refused(
+        &project,
+        &[
+            "add",
+            "event",
+            "orderCancelled",
+            "--listener",
+            "sms",
+            "--rate",
+            "10/d",
+        ],
+        "`--rate 10/d`: `d` is not a period",
+    );
+    assert_refused(
+        &project,
+        &[
+            "add",
+            "event",
+            "orderCancelled",
+            "--listener",
+            "sms",
+            "--concurrency",
+            "0",
+        ],
+        "`--concurrency 0` would never run the listener",
+    );
+    let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
+    assert!(manifest.contains("ordered_by = \"order_id\""), "{manifest}");
+}
+
 /// Runs `args` in `project` and checks it fails with `message` (and a
 /// `help:` line) and changes nothing.
 fn assert_refused(project: &Path, args: &[&str], message: &str) {
@@ -186,6 +285,51 @@ fn bad_input_is_refused_and_changes_nothing() {
             "x",
         ],
         "its fields are yours to edit",
+    );
+    let ordered = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["add", "event", "shipped", "--field", "order_id:i64"];
+        args.extend_from_slice(extra);
+        args
+    };
+    assert_refused(
+        &project,
+        &ordered(&["--ordered-by", "order_id"]),
+        "say how the listeners given with them run, and none is given",
+    );
+    assert_refused(
+        &project,
+        &ordered(&["--listener", "x", "--ordered-by", "orderid"]),
+        "`--ordered-by orderid` names no field of the event (its fields: order_id)",
+    );
+    assert_refused(
+        &project,
+        &[
+            "add",
+            "event",
+            "shipped",
+            "--field",
+            "at:Option<i64>",
+            "--listener",
+            "x",
+            "--ordered-by",
+            "at",
+        ],
+        "a field of type `Option<i64>` cannot key an order",
+    );
+    // `orderPlaced` exists without an order key: a listener cannot be
+    // ordered by one now (the event's file is the user's).
+    assert_refused(
+        &project,
+        &[
+            "add",
+            "event",
+            "orderPlaced",
+            "--listener",
+            "x",
+            "--ordered-by",
+            "id",
+        ],
+        "`orderPlaced` cannot order listeners by `id`: it has no order key",
     );
     // A module of the user's where the event's module would go.
     std::fs::write(project.join("src/events/refunded.rs"), "//! Ours.\n").unwrap();

@@ -1,8 +1,9 @@
 //! The whole path of an event, end to end: generate a project, add the
-//! worker, add an event with two listeners, migrate, dispatch the event
-//! inside a transaction through the generated code, run the worker, and see
-//! each listener run exactly once with the typed payload and the envelope
-//! id; a rolled-back dispatch runs no listener.
+//! worker, add an event with two listeners ordered by its order id,
+//! migrate, dispatch the event inside a transaction through the generated
+//! code, run the worker, and see each listener run exactly once with the
+//! typed payload and the envelope id; a rolled-back dispatch runs no
+//! listener.
 
 use std::path::Path;
 use std::process::Command;
@@ -88,6 +89,7 @@ fn an_event_reaches_each_listener_exactly_once() {
             "note:string",
         ])
         .args(["--listener", "audit", "--listener", "email"])
+        .args(["--ordered-by", "order_id"])
         .assert()
         .success();
     build_binaries(&project);
@@ -107,10 +109,17 @@ fn an_event_reaches_each_listener_exactly_once() {
          order_id bigint NOT NULL, note text NOT NULL);\n\n-- +goose Down\nDROP TABLE listener_runs;\n",
     );
     for listener in ["audit", "email"] {
+        // Ordered, as gpkit registered them.
+        let body = listener_body(listener).replace(
+            "/// Records the run",
+            "/// Ordered by the order id.\n\
+             pub fn options() -> kit::worker::listeners::ListenerOptions<OrderPlaced> {\n    \
+             kit::worker::listeners::ListenerOptions::new().ordered()\n}\n\n/// Records the run",
+        );
         write(
             &project,
             &format!("src/listeners/order_placed/{listener}.rs"),
-            &listener_body(listener),
+            &body,
         );
     }
     write(&project, "src/bin/dispatch_demo.rs", DISPATCH_DEMO);
@@ -175,6 +184,14 @@ fn an_event_reaches_each_listener_exactly_once() {
         "{}",
         worker.log()
     );
+
+    // The event took its key's first number, fanned out in order, and its
+    // ordered runs left nothing waiting.
+    assert_eq!(
+        psql(&db.url(), "SELECT key, seq, fanned_out FROM outbox_keys"),
+        "order_id:42|1|1"
+    );
+    assert_eq!(psql(&db.url(), "SELECT count(*) FROM ordered_runs"), "0");
 
     // Each listener exactly once, with the typed payload and the envelope id.
     assert_eq!(

@@ -33,6 +33,8 @@ const INBOX: i64 = 20261130000000;
 const FAILURES: i64 = 20261205130000;
 /// The kit's index on the outbox's creation time (set 18).
 const CREATED_AT: i64 = 20261205140000;
+/// The kit's tables of ordered listeners (set 19).
+const ORDERING: i64 = 20261205180000;
 /// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
 const ORDERS: i64 = 20270115080000;
 
@@ -306,6 +308,7 @@ fn migrate_agrees_with_what_goose_applied() {
     let inbox = format!("{INBOX}_inbox.sql");
     let failures = format!("{FAILURES}_listener_failures.sql");
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
+    let ordering = format!("{ORDERING}_ordered_listeners.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         tools.files(),
@@ -314,6 +317,7 @@ fn migrate_agrees_with_what_goose_applied() {
             inbox.as_str(),
             failures.as_str(),
             created_at.as_str(),
+            ordering.as_str(),
             orders.as_str()
         ]
     );
@@ -331,6 +335,7 @@ fn migrate_agrees_with_what_goose_applied() {
             (INBOX, "up"),
             (FAILURES, "up"),
             (CREATED_AT, "up"),
+            (ORDERING, "up"),
             (ORDERS, "up")
         ]
     );
@@ -339,9 +344,12 @@ fn migrate_agrees_with_what_goose_applied() {
     );
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
     );
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at, &orders], ORDERS);
+    tools.assert_both_report(
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &orders],
+        ORDERS,
+    );
     // Nothing left for migrate to do.
     let log = tools.migrate(&["up"]);
     assert!(
@@ -352,7 +360,7 @@ fn migrate_agrees_with_what_goose_applied() {
     );
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
     );
 }
 
@@ -371,29 +379,44 @@ fn goose_agrees_with_migrate_down_and_up() {
     let inbox = format!("{INBOX}_inbox.sql");
     let failures = format!("{FAILURES}_listener_failures.sql");
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
+    let ordering = format!("{ORDERING}_ordered_listeners.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
-    assert_eq!(version_rows(&db), [0, OUTBOX, INBOX, FAILURES, CREATED_AT]);
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at], CREATED_AT);
+    assert_eq!(
+        version_rows(&db),
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING]
+    );
+    tools.assert_both_report(
+        &[&outbox, &inbox, &failures, &created_at, &ordering],
+        ORDERING,
+    );
 
     let log = tools.migrate(&["up"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(exists(&db, "orders"));
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
     );
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at, &orders], ORDERS);
+    tools.assert_both_report(
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &orders],
+        ORDERS,
+    );
 
     // The other way round: goose rolls back what migrate applied.
     let rolled_back: Vec<GooseResult> = tools.goose(&["down"]);
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at], CREATED_AT);
+    tools.assert_both_report(
+        &[&outbox, &inbox, &failures, &created_at, &ordering],
+        ORDERING,
+    );
+    let log = tools.migrate(&["down"]);
+    assert_eq!(migrate_ran(&log), [ordering.as_str()]);
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [created_at.as_str()]);
     let log = tools.migrate(&["down"]);
@@ -677,7 +700,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS],
+            [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS],
             "round {round}"
         );
         assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
@@ -910,6 +933,7 @@ fn a_schema_qualified_version_table_is_shared() {
     let inbox = format!("{INBOX}_inbox.sql");
     let failures = format!("{FAILURES}_listener_failures.sql");
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
+    let ordering = format!("{ORDERING}_ordered_listeners.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         migrate_ran(&log),
@@ -917,15 +941,19 @@ fn a_schema_qualified_version_table_is_shared() {
             inbox.as_str(),
             failures.as_str(),
             created_at.as_str(),
+            ordering.as_str(),
             orders.as_str()
         ]
     );
 
     assert_eq!(
         version_rows_of(&db, table),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
     );
     assert!(!exists(&db, "goose_db_version"));
     let outbox = format!("{OUTBOX}_outbox.sql");
-    tools.assert_both_report(&[&outbox, &inbox, &failures, &created_at, &orders], ORDERS);
+    tools.assert_both_report(
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &orders],
+        ORDERS,
+    );
 }

@@ -62,6 +62,7 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
             "20261130000000_inbox.sql",
             "20261205130000_listener_failures.sql",
             "20261205140000_outbox_created_at.sql",
+            "20261205180000_ordered_listeners.sql",
             "20270115080000_first.sql",
             "20270115080001_second.sql"
         ]
@@ -77,7 +78,7 @@ fn a_clock_behind_the_newest_migration_still_gets_a_later_version() {
         .args(["new", "migration", "late"])
         .assert()
         .success()
-        .stderr(contains("Created migrations/20261205140001_late.sql"));
+        .stderr(contains("Created migrations/20261205180001_late.sql"));
 }
 
 #[test]
@@ -97,7 +98,8 @@ fn sequential_numbering_counts_up() {
             "20200101000100_outbox.sql",
             "20261130000000_inbox.sql",
             "20261205130000_listener_failures.sql",
-            "20261205140000_outbox_created_at.sql"
+            "20261205140000_outbox_created_at.sql",
+            "20261205180000_ordered_listeners.sql"
         ]
     );
 }

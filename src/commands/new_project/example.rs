@@ -39,6 +39,8 @@ pub fn event() -> Result<EventSpec> {
             .map(events::parse_field)
             .collect::<Result<_>>()?,
         listeners: vec!["confirm".to_string()],
+        ordered_by: None,
+        listener_options: Default::default(),
     })
 }
 

@@ -1,0 +1,272 @@
+//! How a listener runs, as `gpkit add event`'s flags say (`--ordered-by`,
+//! `--concurrency`, `--rate`, `--burst`): the rules those flags follow, and
+//! the kit's `ListenerOptions` the listener's `options()` returns.
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// How one listener runs besides its handler, as recorded in `gpkit.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerRun {
+    /// One event of each key at a time, in commit order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ordered: bool,
+    /// At most this many runs at once, across every worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// At most this many runs started per period (`10/s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// The burst the rate allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+}
+
+/// A rate as `--rate` takes it: `N/s`, `N/m` or `N/h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u32,
+    pub per: Period,
+}
+
+/// The period of a [`Rate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    Second,
+    Minute,
+    Hour,
+}
+
+impl Rate {
+    /// `10/s`, `100/m`, `5000/h`.
+    pub fn parse(raw: &str) -> Result<Self> {
+        let form = "expected N/s, N/m or N/h with N of at least 1, such as `--rate 10/s`";
+        let Some((count, per)) = raw.split_once('/') else {
+            bail!("`--rate {raw}` is not a rate\nhelp: {form}");
+        };
+        let per = match per {
+            "s" => Period::Second,
+            "m" => Period::Minute,
+            "h" => Period::Hour,
+            _ => bail!("`--rate {raw}`: `{per}` is not a period\nhelp: {form}"),
+        };
+        match count.parse::<u32>() {
+            Ok(count) if count > 0 => Ok(Self { count, per }),
+            _ => bail!("`--rate {raw}`: `{count}` is not a number of runs\nhelp: {form}"),
+        }
+    }
+
+    /// The kit's `Rate` of it, as code.
+    fn code(self) -> String {
+        let per = match self.per {
+            Period::Second => "per_second",
+            Period::Minute => "per_minute",
+            Period::Hour => "per_hour",
+        };
+        format!("Rate::{per}({})", self.count)
+    }
+
+    /// In words: `10 a second`.
+    fn words(self) -> String {
+        let per = match self.per {
+            Period::Second => "second",
+            Period::Minute => "minute",
+            Period::Hour => "hour",
+        };
+        format!("{} a {per}", self.count)
+    }
+}
+
+impl ListenerRun {
+    /// The run `gpkit add event`'s flags ask for: ordered or not, and the
+    /// limits, checked; `None` when they ask for nothing.
+    pub fn from_flags(
+        ordered: bool,
+        concurrency: Option<u32>,
+        rate: Option<&str>,
+        burst: Option<u32>,
+    ) -> Result<Option<Self>> {
+        if concurrency == Some(0) {
+            bail!(
+                "`--concurrency 0` would never run the listener\n\
+                 help: give at least 1, or leave the flag out for no limit"
+            );
+        }
+        if let Some(rate) = rate {
+            Rate::parse(rate)?;
+        }
+        match (rate, burst) {
+            (None, Some(_)) => bail!(
+                "`--burst` is the burst of a rate, and no `--rate` is given\n\
+                 help: add `--rate 10/s`, or leave out `--burst`"
+            ),
+            (_, Some(0)) => bail!("`--burst 0` allows no run at all\nhelp: give at least 1"),
+            _ => {}
+        }
+        let run = Self {
+            ordered,
+            concurrency,
+            rate: rate.map(str::to_string),
+            burst,
+        };
+        Ok((run != Self::default()).then_some(run))
+    }
+
+    /// The calls on `ListenerOptions::new()` that make it:
+    /// `["ordered()", "concurrency(5)", "rate(Rate::per_second(10))"]`.
+    pub fn calls(&self) -> Vec<String> {
+        let mut calls = Vec::new();
+        if self.ordered {
+            calls.push("ordered()".to_string());
+        }
+        if let Some(concurrency) = self.concurrency {
+            calls.push(format!("concurrency({concurrency})"));
+        }
+        if let Some(rate) = self.rate.as_deref().and_then(|r| Rate::parse(r).ok()) {
+            let burst = self
+                .burst
+                .map(|b| format!(".with_burst({b})"))
+                .unwrap_or_default();
+            calls.push(format!("rate({}{burst})", rate.code()));
+        }
+        calls
+    }
+
+    /// Whether rustfmt keeps `ListenerOptions::new()` and [`Self::calls`]
+    /// on one line: a chain of one call always (while the line fits), a
+    /// longer one while it takes at most 60 columns.
+    pub fn fits_one_line(&self) -> bool {
+        let calls = self.calls();
+        let width =
+            "ListenerOptions::new()".len() + calls.iter().map(|c| c.len() + 1).sum::<usize>();
+        calls.len() <= 1 || width <= 60
+    }
+
+    /// What it does, in words, for the doc comment of `options()`:
+    /// `one event of each order_id at a time, in commit order; at most 5 at
+    /// once and 10 a second, across every worker`.
+    pub fn summary(&self, ordered_by: Option<&str>) -> String {
+        let mut parts = Vec::new();
+        if self.ordered {
+            parts.push(format!(
+                "one event of each `{}` at a time, in the order their transactions committed",
+                ordered_by.unwrap_or("key")
+            ));
+        }
+        let mut limits = Vec::new();
+        if let Some(concurrency) = self.concurrency {
+            limits.push(format!("at most {concurrency} at once"));
+        }
+        if let Some(rate) = self.rate.as_deref().and_then(|r| Rate::parse(r).ok()) {
+            let burst = self
+                .burst
+                .map(|b| format!(" (bursts of {b})"))
+                .unwrap_or_default();
+            limits.push(format!("{}{burst}", rate.words()));
+        }
+        if !limits.is_empty() {
+            parts.push(format!("{}, across every worker", limits.join(" and ")));
+        }
+        parts.join("; ")
+    }
+}
+
+/// `text` as lines of at most `width` characters, broken between words.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_read_per_second_minute_or_hour() {
+        assert_eq!(
+            Rate::parse("10/s").unwrap(),
+            Rate {
+                count: 10,
+                per: Period::Second
+            }
+        );
+        assert_eq!(Rate::parse("5/h").unwrap().per, Period::Hour);
+        for bad in ["10", "10/d", "0/s", "x/s", "-1/m", "/s"] {
+            let err = Rate::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(&format!("`--rate {bad}`")), "{err}");
+            assert!(err.contains("help: expected N/s, N/m or N/h"), "{err}");
+        }
+    }
+
+    #[test]
+    fn flags_are_checked_and_nothing_asked_is_none() {
+        assert_eq!(
+            ListenerRun::from_flags(false, None, None, None).unwrap(),
+            None
+        );
+        let run = ListenerRun::from_flags(true, Some(5), Some("10/s"), Some(20))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            run.calls(),
+            [
+                "ordered()",
+                "concurrency(5)",
+                "rate(Rate::per_second(10).with_burst(20))"
+            ]
+        );
+        assert!(!run.fits_one_line());
+        assert_eq!(
+            run.summary(Some("order_id")),
+            "one event of each `order_id` at a time, in the order their transactions \
+             committed; at most 5 at once and 10 a second (bursts of 20), across every worker"
+        );
+        for (flags, message) in [
+            ((None, None, Some(3)), "no `--rate` is given"),
+            ((Some(0), None, None), "`--concurrency 0` would never run"),
+            ((None, Some("1/s"), Some(0)), "`--burst 0` allows no run"),
+            ((None, Some("1/x"), None), "`x` is not a period"),
+        ] {
+            let (concurrency, rate, burst) = flags;
+            let err = ListenerRun::from_flags(false, concurrency, rate, burst)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(message), "{err}");
+            assert!(err.contains("help:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_chain_fits_one_line_as_rustfmt_keeps_it() {
+        let run = |ordered, concurrency, rate: Option<&str>| ListenerRun {
+            ordered,
+            concurrency,
+            rate: rate.map(str::to_string),
+            burst: None,
+        };
+        // Checked against rustfmt (edition 2024).
+        assert!(run(true, None, None).fits_one_line());
+        assert!(run(true, Some(5), None).fits_one_line());
+        assert!(run(false, None, Some("10/s")).fits_one_line());
+        assert!(!run(false, Some(5), Some("10/s")).fits_one_line());
+        assert!(!run(true, None, Some("1000/m")).fits_one_line());
+    }
+
+    #[test]
+    fn text_wraps_between_words() {
+        assert_eq!(wrap("one two three four", 9), ["one two", "three", "four"]);
+    }
+}
