@@ -74,20 +74,20 @@ pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
                     event.name
                 );
             }
-            if let Some(field) = &args.ordered_by {
-                if event.ordered_by.as_ref() != Some(field) {
-                    let now = match &event.ordered_by {
-                        Some(key) => format!("its order is keyed by `{key}`"),
-                        None => "it has no order key".to_string(),
-                    };
-                    bail!(
-                        "`{}` cannot order listeners by `{field}`: {now}; nothing was changed\n\
-                         help: an event has one order key, given when it is added; its file \
-                         `{path}` is yours: write its `order_key` there and register the \
-                         listener with `ListenerOptions::new().ordered()` yourself",
-                        event.name
-                    );
-                }
+            if let Some(field) = &args.ordered_by
+                && event.ordered_by.as_ref() != Some(field)
+            {
+                let now = match &event.ordered_by {
+                    Some(key) => format!("its order is keyed by `{key}`"),
+                    None => "it has no order key".to_string(),
+                };
+                bail!(
+                    "`{}` cannot order listeners by `{field}`: {now}; nothing was changed\n\
+                     help: an event has one order key, given when it is added; its file \
+                     `{path}` is yours: write its `order_key` there and register the \
+                     listener with `ListenerOptions::new().ordered()` yourself",
+                    event.name
+                );
             }
             event.listener_options.extend(options(&listeners));
             event.listeners.extend(listeners.iter().cloned());
