@@ -448,7 +448,7 @@ fn both_report_the_applied_at_time_of_the_row() {
 
     let goose: Vec<GooseStatus> = tools.goose(&["status"]);
     let migrate = migrate_status_lines(&tools.migrate(&["status"]));
-    assert!(goose.len() == 5 && migrate.len() == 5);
+    assert!(goose.len() == 6 && migrate.len() == 6);
     for (i, version) in [OUTBOX, INBOX].into_iter().enumerate() {
         // goose: RFC 3339 of the row read as UTC; migrate: Go's ANSIC layout.
         let (rfc3339, ansic) = row_time(&db, version);
@@ -637,7 +637,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_eq!(
             version_rows(&db),
             [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERS, SLOW, CONCURRENT
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS, SLOW, CONCURRENT
             ],
             "round {round}"
         );
@@ -671,7 +671,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
             return;
         };
         tools.migrate(&["up"]);
-        let last_two = tools.files().split_off(5);
+        let last_two = tools.files().split_off(6);
 
         let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["down"]));
@@ -753,11 +753,11 @@ fn either_tool_creates_the_same_version_table_for_the_other() {
     }
 
     // Each tool migrates on the table the other made.
-    // The project's five: the kit's four and `orders`.
+    // The project's six: the kit's five and `orders`.
     let applied: Vec<GooseResult> = on_migrate_table.goose(&["up"]);
-    assert_eq!(applied.len(), 5);
+    assert_eq!(applied.len(), 6);
     let log = on_goose_table.migrate(&["up"]);
-    assert_eq!(migrate_ran(&log).len(), 5);
+    assert_eq!(migrate_ran(&log).len(), 6);
     let all: Vec<String> = on_migrate_table.files();
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     on_migrate_table.assert_both_report(&all, ORDERS);

@@ -189,6 +189,12 @@ fn the_server_and_worker_export_every_metric_the_readme_and_dashboard_name() {
         ("WORKER_QUEUES", "default=1"),
         ("WORKER_METRICS_ADDR", metrics_addr.as_str()),
         ("SCHEDULER_ENABLED", "true"),
+        // A limit set at deploy time exports the limits' metrics; one too
+        // wide to make any run wait.
+        (
+            "WORKER_LIMITS",
+            "orderPlaced.email=concurrency:1000,rate:100000/s",
+        ),
     ]);
     let _worker = Process::start("worker", &worker_env);
     let mut server_env = common.to_vec();

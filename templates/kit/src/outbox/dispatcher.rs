@@ -10,6 +10,8 @@ use tracing::{Instrument as _, Span};
 #[cfg(feature = "seaorm")]
 use super::Executor;
 use super::order::ORDER_KEY;
+#[cfg(feature = "seaorm")]
+use super::order::ORDER_SEQ;
 use super::{DispatchError, Dispatcher, Event};
 use super::{Envelope, Store};
 use crate::{spans, trace_context};
@@ -55,15 +57,18 @@ impl Dispatcher for OutboxDispatcher {
         E: Event,
         X: Executor,
     {
-        let (envelope, span) = Self::envelope(event)?;
-        executor
-            .insert_event(&envelope)
+        let (mut envelope, span) = Self::envelope(event)?;
+        let seq = executor
+            .insert_numbered_event(&envelope)
             .instrument(span)
             .await
             .map_err(|source| DispatchError::Store {
                 name: E::NAME,
                 source,
             })?;
+        if let Some(seq) = seq {
+            envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
+        }
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }

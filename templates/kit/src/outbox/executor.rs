@@ -14,7 +14,7 @@ use sea_orm::{
 };
 use sqlx::{PgConnection, PgPool};
 
-use super::order::{INSERT_KEYED, ORDER_KEY};
+use super::order::{INSERT_KEYED, ORDER_KEY, ORDER_SEQ};
 use super::{Envelope, Store};
 
 /// Something an event row can be inserted on: `&DatabaseTransaction` (in
@@ -23,43 +23,84 @@ use super::{Envelope, Store};
 pub trait Executor: Send {
     /// Inserts `envelope` as an unpublished row.
     fn insert_event(self, envelope: &Envelope) -> impl Future<Output = Result<(), DbErr>> + Send;
+
+    /// Inserts `envelope` as [`Self::insert_event`] does, and returns the
+    /// sequence number its key took, for an event with an order key
+    /// (`Event::order_key`); what the dispatcher writes into the envelope
+    /// it returns.
+    fn insert_numbered_event(
+        self,
+        envelope: &Envelope,
+    ) -> impl Future<Output = Result<Option<i64>, DbErr>> + Send
+    where
+        Self: Sized,
+    {
+        async move { self.insert_event(envelope).await.map(|()| None) }
+    }
 }
 
 impl Executor for &DatabaseTransaction {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
+        execute_insert(self, envelope).await.map(|_| ())
+    }
+
+    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
         execute_insert(self, envelope).await
     }
 }
 
 impl Executor for &DatabaseConnection {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
+        execute_insert(self, envelope).await.map(|_| ())
+    }
+
+    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
         execute_insert(self, envelope).await
     }
 }
 
 impl Executor for &mut PgConnection {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
-        Store
-            .insert(self, &mut envelope.clone())
-            .await
-            .map_err(sqlx_error)?;
-        Ok(())
+        self.insert_numbered_event(envelope).await.map(|_| ())
+    }
+
+    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
+        store_insert(self, envelope).await
     }
 }
 
 impl Executor for &PgPool {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
-        Store
-            .insert(self, &mut envelope.clone())
-            .await
-            .map_err(sqlx_error)?;
-        Ok(())
+        self.insert_numbered_event(envelope).await.map(|_| ())
+    }
+
+    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
+        store_insert(self, envelope).await
     }
 }
 
+/// The [`Store`]'s insert of `envelope`, and the sequence number of its key.
+async fn store_insert<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    envelope: &Envelope,
+) -> Result<Option<i64>, DbErr> {
+    let mut stored = envelope.clone();
+    Store
+        .insert(executor, &mut stored)
+        .await
+        .map_err(sqlx_error)?;
+    Ok(stored
+        .metadata
+        .get(ORDER_SEQ)
+        .and_then(|seq| seq.parse().ok()))
+}
+
 /// The [`Store`]'s insert, as a SeaORM statement (a keyed event's takes its
-/// sequence number as the store's does, `super::order`).
-async fn execute_insert(db: &impl ConnectionTrait, envelope: &Envelope) -> Result<(), DbErr> {
+/// sequence number as the store's does, `super::order`, and returns it).
+async fn execute_insert(
+    db: &impl ConnectionTrait,
+    envelope: &Envelope,
+) -> Result<Option<i64>, DbErr> {
     let metadata =
         serde_json::to_value(&envelope.metadata).map_err(|err| DbErr::Json(err.to_string()))?;
     let mut values: Vec<sea_orm::Value> = vec![
@@ -69,23 +110,26 @@ async fn execute_insert(db: &impl ConnectionTrait, envelope: &Envelope) -> Resul
         metadata.into(),
         envelope.occurred_at.into(),
     ];
-    let sql = match envelope.metadata.get(ORDER_KEY) {
-        Some(key) => {
-            values.push(key.clone().into());
-            INSERT_KEYED
-        }
-        None => {
+    let Some(key) = envelope.metadata.get(ORDER_KEY) else {
+        let statement = Statement::from_sql_and_values(
+            DbBackend::Postgres,
             "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-             VALUES ($1, $2, $3, $4, $5)"
-        }
+             VALUES ($1, $2, $3, $4, $5)",
+            values,
+        );
+        db.execute(statement).await?;
+        return Ok(None);
     };
-    db.execute(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        sql,
-        values,
-    ))
-    .await?;
-    Ok(())
+    values.push(key.clone().into());
+    let row = db
+        .query_one(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            INSERT_KEYED,
+            values,
+        ))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotInserted)?;
+    Ok(Some(row.try_get_by_index::<i64>(1)?))
 }
 
 /// A sqlx error as SeaORM reports the errors of its own statements.

@@ -821,3 +821,136 @@ async fn bench_ordered_runs_against_unordered_ones() {
         o / u
     );
 }
+
+/// Deletes every key of `queue` from Valkey, as a restart without the
+/// append-only file loses them.
+async fn lose(queue: &TestQueue) {
+    let mut conn = queue.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!(
+            "{}*",
+            crate::queue::keys::queue_prefix(&queue.name)
+        ))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_head_whose_task_valkey_lost_is_queued_again() {
+    // Arrange: key 1 held by its failed step 2, then moved past it (what
+    // `outbox skip` does), which queues step 3; then Valkey loses the queue.
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    three_steps_of_two_keys(&db.pool).await;
+    let listeners = giving_up_on_key_1_step_2(OnFailure::HoldKey);
+    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(1)).await;
+    let stop = CancellationToken::new();
+    let consumer = worker(
+        queue.client.clone(),
+        &queue,
+        &db.pool,
+        listeners.clone(),
+        false,
+    );
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
+        ordering::held(&db.pool).await.unwrap().blocked_keys == 1
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let (head,): (String,) = sqlx::query_as("SELECT task_id FROM listener_failures")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let ordering = ordering::Ordering::new(
+        db.pool.clone(),
+        queue.client.clone(),
+        Duration::from_secs(60),
+    );
+    ordering.advance("ledger", "order:1", &head).await.unwrap();
+    lose(&queue).await;
+
+    // Act: step 3 is the head, and not in the queue; queue old heads again.
+    let requeued = ordering.requeue_old_heads(Duration::ZERO).await.unwrap();
+    let stop = CancellationToken::new();
+    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    eventually(Duration::from_secs(20), "step 3 to run", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // Assert
+    assert_eq!(requeued, 1);
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
+    assert_eq!(
+        ordering.requeue_old_heads(Duration::ZERO).await.unwrap(),
+        0,
+        "no head is left"
+    );
+}
+
+#[tokio::test]
+async fn a_replay_of_an_event_never_fanned_out_takes_its_turn() {
+    // Arrange: steps 1 to 3 of key 1; Valkey lost step 2's event task, and
+    // the recovery replays it (a new task id), before step 1 was fanned out.
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    let mut steps = Vec::new();
+    for n in 1..=3 {
+        steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
+    }
+    eprintln!(
+        "{:?}",
+        steps.iter().map(|e| e.metadata.clone()).collect::<Vec<_>>()
+    );
+    let task = |envelope: &crate::outbox::Envelope, id: String| {
+        NewTask::new(
+            format!("event:{}", envelope.name),
+            id,
+            serde_json::to_vec(envelope).unwrap(),
+        )
+        .queue(&queue.name)
+    };
+    let tasks = [
+        task(&steps[2], steps[2].id.to_string()),
+        task(&steps[1], uuid::Uuid::now_v7().to_string()),
+        task(&steps[0], steps[0].id.to_string()),
+    ];
+    for result in queue.client.enqueue(&tasks).await.unwrap() {
+        result.unwrap();
+    }
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        |event: Placed, context: ListenerContext| async move {
+            record(&context, event.key, event.n).await
+        },
+    );
+
+    // Act
+    let stop = CancellationToken::new();
+    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    eventually(Duration::from_secs(20), "three steps", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(3)
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // Assert
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
+}

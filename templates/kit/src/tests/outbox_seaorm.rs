@@ -198,3 +198,60 @@ async fn an_uncommitted_event_is_invisible_to_other_connections() {
     assert_eq!(seen_inside, 0);
     assert_eq!(outbox_rows(&db).await.len(), 1);
 }
+
+/// An event with an order key (`Event::order_key`).
+#[derive(Debug, Serialize)]
+struct OrderCancelled {
+    order_id: i64,
+}
+
+impl Event for OrderCancelled {
+    const NAME: &'static str = "orderCancelled";
+
+    fn order_key(&self) -> Option<String> {
+        Some(format!("order:{}", self.order_id))
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_event_takes_its_keys_next_number_in_a_seaorm_transaction() {
+    // Arrange
+    let (db, transactor, dispatcher) = setup().await;
+
+    // Act: two events of one key, one of another, in SeaORM transactions.
+    let mut numbers = Vec::new();
+    for order_id in [7, 7, 8] {
+        let envelope = transactor
+            .run(async |tx| {
+                Ok::<_, anyhow::Error>(
+                    dispatcher
+                        .dispatch(tx, &OrderCancelled { order_id })
+                        .await?,
+                )
+            })
+            .await
+            .expect("the transaction commits");
+        numbers.push((
+            envelope.metadata["order_key"].clone(),
+            envelope.metadata["order_seq"].clone(),
+        ));
+    }
+
+    // Assert: the envelopes and the rows carry the same numbers.
+    let pairs = |key: &str, seq: &str| (key.to_string(), seq.to_string());
+    assert_eq!(
+        numbers,
+        [
+            pairs("order:7", "1"),
+            pairs("order:7", "2"),
+            pairs("order:8", "1")
+        ]
+    );
+    let stored: Vec<(String, String)> = sqlx::query_as(
+        "SELECT metadata ->> 'order_key', metadata ->> 'order_seq' FROM outbox_events ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, numbers);
+}

@@ -490,6 +490,24 @@ impl Default for LimitMetrics {
 }
 
 impl LimitMetrics {
+    /// Exports the series of `listener` of `event` for each limit it has,
+    /// at 0, before its first wait.
+    pub(crate) fn register_listener(&self, event: &str, listener: &str, limits: Limits) {
+        let kinds = [
+            limits.concurrency.map(|_| LimitKind::Concurrency),
+            limits.rate.map(|_| LimitKind::Rate),
+        ];
+        for kind in kinds.into_iter().flatten() {
+            let labels = LimitLabels {
+                event: event.to_string(),
+                listener: listener.to_string(),
+                limit: kind.as_str().to_string(),
+            };
+            drop(self.deferred.get_or_create(&labels));
+            drop(self.waited.get_or_create(&labels));
+        }
+    }
+
     /// Registers both families in `registry` (the worker's `outbox_`
     /// prefix: `outbox_listener_limit_deferred_total` and
     /// `outbox_listener_limit_wait_seconds`).

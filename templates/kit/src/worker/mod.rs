@@ -208,6 +208,10 @@ pub async fn run(
             },
         )
     });
+    tasks.spawn(ordering::requeue_old_heads(
+        Ordering::new(pool.clone(), queue.clone(), config.outbox.task_retention),
+        stop.clone(),
+    ));
     tasks.spawn(inbox::run_cleanup(
         pool.clone(),
         config.worker.inbox_retention,
@@ -362,6 +366,7 @@ pub(crate) fn handle_events(
         let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
         // Listeners without limits ask no limiter (and Valkey nothing).
         let limiter = (!listener.limits().is_none()).then(|| {
+            limit_metrics.register_listener(listener.event(), listener.name(), listener.limits());
             Limiter::new(
                 queue.clone(),
                 listener.event(),

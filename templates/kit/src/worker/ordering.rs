@@ -31,9 +31,15 @@
 //!   queuing the heads queues them when its task runs again; a run that
 //!   moved its chain on but died before queuing the next queues it when it
 //!   runs again (its listener is not called twice: its run is gone).
-//! - **Replays**: `outbox replay` of a keyed event adds a run to the end of
-//!   each ordered listener's chain: it runs after the runs of its key that
-//!   wait already, and before the later ones.
+//! - **Valkey losing a head's task** (a restart without its append-only
+//!   file, a failover before replication): every 10 s the worker queues
+//!   again the heads that have waited 10 s or more; the queue takes a head
+//!   it has as a duplicate, and gives back one it lost.
+//! - **Replays**: `outbox replay` of a keyed event that was fanned out
+//!   already adds a run to the end of each ordered listener's chain: it runs
+//!   after the runs of its key that wait already, and before the later ones.
+//!   A replay of one that was not (its task lost with Valkey's data, as the
+//!   README's recovery replays them) takes its turn as the event would.
 //!
 //! Keys do not wait for each other: the heads of different keys run in
 //! parallel, up to the workers' concurrency. Each step is one statement:
@@ -95,6 +101,15 @@ type Head = (
     Vec<u8>,
     Json<BTreeMap<String, String>>,
 );
+/// A [`Head`] after its key.
+type KeyedHead = (
+    String,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    Json<BTreeMap<String, String>>,
+);
 
 /// Where a run of a chain stands, when its task runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,9 +156,9 @@ impl Ordering {
     /// (`event`), in its key's sequence, in one statement (the migration's
     /// `outbox_fan_out`): added to their chains now if the event before it
     /// was fanned out, else kept in `outbox_key_waits` until it is, and then
-    /// each waiting event that is next. `replay`: the task is a replay,
-    /// whose runs join the end of the chains. The heads this makes go to the
-    /// queue after the commit.
+    /// each waiting event that is next. `replay`: the task is a replay, whose
+    /// runs join the end of the chains if the event was fanned out already.
+    /// The heads this makes go to the queue after the commit.
     pub(crate) async fn fan_out(
         &self,
         place: &Place,
@@ -210,28 +225,99 @@ impl Ordering {
         self.enqueue(key, heads).await
     }
 
-    /// Queues `heads`, runs of `key`, each marked as a run of its chain; a
-    /// task the queue has already is left as it is.
+    /// Queues again the heads that have waited longer than `older_than`
+    /// since they joined their chain, at most [`REQUEUE_BATCH`] a call: a
+    /// head whose task Valkey lost (a restart without its append-only file,
+    /// a failover before replication) would hold its key for ever, and
+    /// `outbox replay` adds runs at the chains' ends, behind it. A head the
+    /// queue has (waiting, running, retried or archived) is a duplicate and
+    /// left as it is. How many heads it looked at.
+    pub(crate) async fn requeue_old_heads(
+        &self,
+        older_than: Duration,
+    ) -> Result<usize, HandlerError> {
+        let heads: Vec<KeyedHead> = sqlx::query_as(
+            "SELECT r.key, r.task_type, r.task_id, r.queue, r.payload, r.headers \
+                 FROM ordered_keys k JOIN ordered_runs r \
+                   ON r.listener = k.listener AND r.key = k.key AND r.position = k.head \
+                 WHERE r.added_at < now() - make_interval(secs => $1) \
+                 ORDER BY r.added_at LIMIT $2",
+        )
+        .bind(older_than.as_secs_f64())
+        .bind(REQUEUE_BATCH)
+        .fetch_all(&self.pool)
+        .await?;
+        let count = heads.len();
+        let tasks: Vec<NewTask> = heads
+            .into_iter()
+            .map(|(key, task_type, task_id, queue, payload, headers)| {
+                self.run_task(&key, (task_type, task_id, queue, payload, headers))
+            })
+            .collect();
+        for result in self.queue.enqueue(&tasks).await? {
+            result?;
+        }
+        Ok(count)
+    }
+
+    /// Queues `heads`, runs of `key`; a task the queue has already is left
+    /// as it is.
     async fn enqueue(&self, key: &str, heads: Vec<Head>) -> Result<(), HandlerError> {
         if heads.is_empty() {
             return Ok(());
         }
         let tasks: Vec<NewTask> = heads
             .into_iter()
-            .map(|(task_type, task_id, queue, payload, Json(mut headers))| {
-                headers.insert(ORDERED_HEADER.into(), key.to_string());
-                NewTask::new(task_type, task_id, payload)
-                    .queue(queue)
-                    .headers(headers)
-                    .max_retry(MAX_RETRY)
-                    .timeout(TASK_TIMEOUT)
-                    .retention(self.retention)
-            })
+            .map(|head| self.run_task(key, head))
             .collect();
         for result in self.queue.enqueue(&tasks).await? {
             result?;
         }
         Ok(())
+    }
+
+    /// The task of `head`, a run of `key`, marked as a run of its chain.
+    fn run_task(&self, key: &str, head: Head) -> NewTask {
+        let (task_type, task_id, queue, payload, Json(mut headers)) = head;
+        headers.insert(ORDERED_HEADER.into(), key.to_string());
+        NewTask::new(task_type, task_id, payload)
+            .queue(queue)
+            .headers(headers)
+            .max_retry(MAX_RETRY)
+            .timeout(TASK_TIMEOUT)
+            .retention(self.retention)
+    }
+}
+
+/// The most heads [`Ordering::requeue_old_heads`] queues again a call.
+pub(crate) const REQUEUE_BATCH: i64 = 1_000;
+/// How long a head waits before the worker queues it again, in case Valkey
+/// lost its task, and how often it looks. A head the queue has is a
+/// duplicate: one cheap round trip for all of them.
+pub(crate) const REQUEUE_AFTER: Duration = Duration::from_secs(10);
+
+/// Every [`REQUEUE_AFTER`] until `stop`: queues again the heads that have
+/// waited longer than that ([`Ordering::requeue_old_heads`]).
+pub(crate) async fn requeue_old_heads(
+    ordering: Ordering,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(REQUEUE_AFTER) => {}
+        }
+        let requeued = tokio::select! {
+            () = stop.cancelled() => break,
+            requeued = ordering.requeue_old_heads(REQUEUE_AFTER) => requeued,
+        };
+        match requeued {
+            Ok(0) => {}
+            Ok(heads) => tracing::debug!(heads, "queued old heads of ordered keys again"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not queue the old heads of ordered keys again")
+            }
+        }
     }
 }
 
