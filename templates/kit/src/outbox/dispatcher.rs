@@ -10,8 +10,6 @@ use tracing::{Instrument as _, Span};
 #[cfg(feature = "seaorm")]
 use super::Executor;
 use super::order::ORDER_KEY;
-#[cfg(feature = "seaorm")]
-use super::order::ORDER_SEQ;
 use super::{DispatchError, Dispatcher, Event};
 use super::{Envelope, Store};
 use crate::{spans, trace_context};
@@ -58,17 +56,14 @@ impl Dispatcher for OutboxDispatcher {
         X: Executor,
     {
         let (mut envelope, span) = Self::envelope(event)?;
-        let seq = executor
-            .insert_numbered_event(&envelope)
+        executor
+            .insert_numbered_event(&mut envelope)
             .instrument(span)
             .await
             .map_err(|source| DispatchError::Store {
                 name: E::NAME,
                 source,
             })?;
-        if let Some(seq) = seq {
-            envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
-        }
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }

@@ -24,18 +24,18 @@ pub trait Executor: Send {
     /// Inserts `envelope` as an unpublished row.
     fn insert_event(self, envelope: &Envelope) -> impl Future<Output = Result<(), DbErr>> + Send;
 
-    /// Inserts `envelope` as [`Self::insert_event`] does, and returns the
-    /// sequence number its key took, for an event with an order key
-    /// (`Event::order_key`); what the dispatcher writes into the envelope
-    /// it returns.
+    /// Inserts `envelope` as [`Self::insert_event`] does, and writes into
+    /// its metadata the sequence number its key took (`order_seq`), for an
+    /// event with an order key (`Event::order_key`): the envelope the
+    /// dispatcher returns.
     fn insert_numbered_event(
         self,
-        envelope: &Envelope,
-    ) -> impl Future<Output = Result<Option<i64>, DbErr>> + Send
+        envelope: &mut Envelope,
+    ) -> impl Future<Output = Result<(), DbErr>> + Send
     where
         Self: Sized,
     {
-        async move { self.insert_event(envelope).await.map(|()| None) }
+        async move { self.insert_event(envelope).await }
     }
 }
 
@@ -44,8 +44,10 @@ impl Executor for &DatabaseTransaction {
         execute_insert(self, envelope).await.map(|_| ())
     }
 
-    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
-        execute_insert(self, envelope).await
+    async fn insert_numbered_event(self, envelope: &mut Envelope) -> Result<(), DbErr> {
+        let seq = execute_insert(self, envelope).await?;
+        number(envelope, seq);
+        Ok(())
     }
 }
 
@@ -54,45 +56,40 @@ impl Executor for &DatabaseConnection {
         execute_insert(self, envelope).await.map(|_| ())
     }
 
-    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
-        execute_insert(self, envelope).await
+    async fn insert_numbered_event(self, envelope: &mut Envelope) -> Result<(), DbErr> {
+        let seq = execute_insert(self, envelope).await?;
+        number(envelope, seq);
+        Ok(())
     }
 }
 
 impl Executor for &mut PgConnection {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
-        self.insert_numbered_event(envelope).await.map(|_| ())
+        self.insert_numbered_event(&mut envelope.clone()).await
     }
 
-    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
-        store_insert(self, envelope).await
+    async fn insert_numbered_event(self, envelope: &mut Envelope) -> Result<(), DbErr> {
+        Store.insert(self, envelope).await.map_err(sqlx_error)?;
+        Ok(())
     }
 }
 
 impl Executor for &PgPool {
     async fn insert_event(self, envelope: &Envelope) -> Result<(), DbErr> {
-        self.insert_numbered_event(envelope).await.map(|_| ())
+        self.insert_numbered_event(&mut envelope.clone()).await
     }
 
-    async fn insert_numbered_event(self, envelope: &Envelope) -> Result<Option<i64>, DbErr> {
-        store_insert(self, envelope).await
+    async fn insert_numbered_event(self, envelope: &mut Envelope) -> Result<(), DbErr> {
+        Store.insert(self, envelope).await.map_err(sqlx_error)?;
+        Ok(())
     }
 }
 
-/// The [`Store`]'s insert of `envelope`, and the sequence number of its key.
-async fn store_insert<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
-    envelope: &Envelope,
-) -> Result<Option<i64>, DbErr> {
-    let mut stored = envelope.clone();
-    Store
-        .insert(executor, &mut stored)
-        .await
-        .map_err(sqlx_error)?;
-    Ok(stored
-        .metadata
-        .get(ORDER_SEQ)
-        .and_then(|seq| seq.parse().ok()))
+/// Writes `seq`, the number its key took, into `envelope`'s metadata.
+fn number(envelope: &mut Envelope, seq: Option<i64>) {
+    if let Some(seq) = seq {
+        envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
+    }
 }
 
 /// The [`Store`]'s insert, as a SeaORM statement (a keyed event's takes its

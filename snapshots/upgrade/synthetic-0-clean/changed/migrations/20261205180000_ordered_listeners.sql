@@ -99,9 +99,9 @@ $$;
 -- The fan-out of a keyed event (`p_seq` in `p_key`) to its ordered
 -- listeners, in one statement under the lock of the key's row: added to
 -- their chains if the event before it was fanned out (then the waiting
--- events that follow it too), else kept in `outbox_key_waits`. A replay
--- joins the chains' ends; a retry of a fan-out done already returns its
--- heads again. Returns the runs to queue.
+-- events that follow it too), else kept in `outbox_key_waits`. Once the
+-- event was fanned out, a replay of it joins the chains' ends, and a retry
+-- of its fan-out returns their heads again. Returns the runs to queue.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_fan_out(
     p_key text, p_seq bigint, p_replay boolean, p_queue text, p_event_id uuid,
@@ -116,14 +116,19 @@ DECLARE
 BEGIN
     SELECT k.fanned_out INTO v_fanned FROM outbox_keys k WHERE k.key = p_key FOR UPDATE;
     v_next := coalesce(v_fanned + 1, p_seq);
-    IF p_seq < v_next AND NOT p_replay THEN
+    IF p_seq < v_next AND p_replay THEN
+        RETURN QUERY SELECT * FROM ordered_append(p_key, p_listeners, p_task_types, p_task_ids,
+            p_queue, p_event_id, p_payload, p_headers);
+        RETURN;
+    END IF;
+    IF p_seq < v_next THEN
         RETURN QUERY SELECT r.task_type, r.task_id, r.queue, r.payload, r.headers
             FROM ordered_keys k JOIN ordered_runs r
               ON r.listener = k.listener AND r.key = k.key AND r.position = k.head
             WHERE k.key = p_key AND k.listener = ANY (p_listeners);
         RETURN;
     END IF;
-    IF p_seq > v_next AND NOT p_replay THEN
+    IF p_seq > v_next THEN
         INSERT INTO outbox_key_waits
             (key, seq, queue, event_id, payload, headers, listeners, task_types, task_ids)
         VALUES (p_key, p_seq, p_queue, p_event_id, p_payload, p_headers, p_listeners,
@@ -133,7 +138,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM ordered_append(p_key, p_listeners, p_task_types, p_task_ids,
         p_queue, p_event_id, p_payload, p_headers);
-    IF p_seq = v_next AND v_fanned IS NOT NULL THEN
+    IF v_fanned IS NOT NULL THEN
         v_fanned := p_seq;
         LOOP
             DELETE FROM outbox_key_waits w WHERE w.key = p_key AND w.seq = v_fanned + 1
