@@ -40,6 +40,8 @@
 //!   after the runs of its key that wait already, and before the later ones.
 //!   A replay of one that was not (its task lost with Valkey's data, as the
 //!   README's recovery replays them) takes its turn as the event would.
+//!   `outbox replay --listener` queues the listener's task alone, without
+//!   the chain's mark: it runs at once, outside the order.
 //!
 //! Keys do not wait for each other: the heads of different keys run in
 //! parallel, up to the workers' concurrency. Each step is one statement:
