@@ -16,7 +16,6 @@
 
 #![cfg(feature = "worker")]
 
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,7 +27,7 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::support::{TestDatabase, TestQueue};
+use super::support::{TestDatabase, TestQueue, eventually, valkey_addr};
 use crate::queue::message::TaskMessage;
 use crate::queue::{
     Client, Consumer, ConsumerOptions, HandlerError, NewTask, QueueError, Task, keys,
@@ -41,14 +40,10 @@ use crate::worker::limits::{
 /// its own.
 const EVENT: &str = "limitTested";
 
-fn server_addr() -> String {
-    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
-}
-
 /// A client of its own, as a worker process has, whose enqueues and wake-ups
 /// are published to the other workers (`OUTBOX_WAKE=valkey`).
 async fn worker_client() -> Client {
-    let client = Client::connect(&server_addr(), None, 0)
+    let client = Client::connect(&valkey_addr(), None, 0)
         .await
         .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
     client.enqueued().set_publish(true);
@@ -134,7 +129,7 @@ impl TestListener {
 
 impl Drop for TestListener {
     fn drop(&mut self) {
-        let Ok(mut conn) = redis::Client::open(format!("redis://{}/", server_addr()))
+        let Ok(mut conn) = redis::Client::open(format!("redis://{}/", valkey_addr()))
             .and_then(|c| c.get_connection())
         else {
             return;
@@ -161,19 +156,6 @@ async fn enqueue(client: &Client, tasks: &[NewTask]) {
         .expect("the round trip succeeds")
     {
         outcome.expect("each task is accepted");
-    }
-}
-
-/// Polls `check` every 50 ms until it holds, failing after `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::support::{TestDatabase, TestQueue};
+use super::support::{TestDatabase, TestQueue, eventually, valkey_addr};
 use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::dispatch;
@@ -176,19 +176,6 @@ async fn seen(pool: &PgPool) -> BTreeMap<u32, Vec<u32>> {
     by_key
 }
 
-/// Polls `check` every 50 ms until it holds, failing after `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Dispatches `Placed` or `Cancelled` (by `n`'s parity) for `key` in a
 /// transaction of its own.
 async fn dispatch_step(pool: &PgPool, key: u32, n: u32) {
@@ -301,7 +288,7 @@ async fn an_ordered_listener_sees_each_key_in_commit_order_whatever_arrives_firs
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
     for _ in 0..3 {
-        let client = Client::connect(&queue_addr(), None, 0).await.unwrap();
+        let client = Client::connect(&valkey_addr(), None, 0).await.unwrap();
         let consumer = worker(client, &queue, &pool, listeners.clone(), false);
         workers.push(tokio::spawn(consumer.run(stop.clone().cancelled_owned())));
     }
@@ -358,10 +345,6 @@ async fn run_step(
     Ok(())
 }
 
-fn queue_addr() -> String {
-    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".to_string())
-}
-
 /// A listener that gives up on step 2 of key 1: `SkipRetry`.
 fn giving_up_on_key_1_step_2(on_failure: OnFailure) -> Listeners {
     let mut listeners = Listeners::new();
@@ -391,30 +374,78 @@ async fn three_steps_of_two_keys(pool: &PgPool) {
     }
 }
 
+/// Key 1 held by its step 2, which failed for good (`giving_up_on_key_1_step_2`):
+/// steps 1 to 3 of keys 1 and 2, their event tasks queued in the order of
+/// `seed`, and a worker running until key 1 is blocked and key 2 done.
+struct HeldKey {
+    db: TestDatabase,
+    queue: TestQueue,
+    listeners: Listeners,
+    stop: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), crate::queue::QueueError>>,
+    /// The task id of key 1's failed step 2, its chain's head.
+    head: String,
+}
+
+impl HeldKey {
+    async fn new(on_failure: OnFailure, seed: u64) -> Self {
+        let db = TestDatabase::migrated().await;
+        sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+        let queue = TestQueue::new().await;
+        three_steps_of_two_keys(&db.pool).await;
+        let listeners = giving_up_on_key_1_step_2(on_failure);
+        let consumer = worker(
+            queue.client.clone(),
+            &queue,
+            &db.pool,
+            listeners.clone(),
+            false,
+        );
+        let stop = CancellationToken::new();
+        let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+        publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(seed)).await;
+        eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
+            ordering::held(&db.pool).await.unwrap().blocked_keys == 1
+                && seen(&db.pool).await.get(&2).map(Vec::len) == Some(3)
+        })
+        .await;
+        let (head,): (String,) = sqlx::query_as("SELECT task_id FROM listener_failures")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        Self {
+            db,
+            queue,
+            listeners,
+            stop,
+            running,
+            head,
+        }
+    }
+
+    /// The chains of its database, whose heads go to its queue.
+    fn ordering(&self) -> ordering::Ordering {
+        ordering::Ordering::new(
+            self.db.pool.clone(),
+            self.queue.client.clone(),
+            Duration::from_secs(60),
+        )
+    }
+
+    /// Stops its worker.
+    async fn stop(&mut self) {
+        self.stop.cancel();
+        (&mut self.running).await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
     // Arrange
-    let db = TestDatabase::migrated().await;
-    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
-    let queue = TestQueue::new().await;
-    three_steps_of_two_keys(&db.pool).await;
-    let consumer = worker(
-        queue.client.clone(),
-        &queue,
-        &db.pool,
-        giving_up_on_key_1_step_2(OnFailure::HoldKey),
-        false,
-    );
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let mut held = HeldKey::new(OnFailure::HoldKey, 7).await;
+    let db = &held.db;
 
     // Act
-    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(7)).await;
-    eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
-        ordering::held(&db.pool).await.unwrap().blocked_keys == 1
-            && seen(&db.pool).await.get(&2).map(Vec::len) == Some(3)
-    })
-    .await;
     let blocked = ordering::held(&db.pool).await.unwrap();
     let seen_while_blocked = seen(&db.pool).await;
     crate::outbox::cleanup::delete_expired(&db.pool, Duration::ZERO)
@@ -426,23 +457,17 @@ async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    let (head,): (String,) = sqlx::query_as("SELECT task_id FROM listener_failures")
-        .fetch_one(&db.pool)
+    // What `outbox skip` does.
+    held.ordering()
+        .advance("ledger", "order:1", &held.head)
         .await
         .unwrap();
-    // What `outbox skip` does.
-    let ordering = ordering::Ordering::new(
-        db.pool.clone(),
-        queue.client.clone(),
-        Duration::from_secs(60),
-    );
-    ordering.advance("ledger", "order:1", &head).await.unwrap();
     eventually(Duration::from_secs(20), "key 1 to move on", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    held.stop().await;
+    let db = &held.db;
 
     // Assert
     assert_eq!(
@@ -547,7 +572,7 @@ async fn act_as_worker(url: &str, queue: &str) {
         .connect(url)
         .await
         .unwrap();
-    let client = Client::connect(&queue_addr(), None, 0).await.unwrap();
+    let client = Client::connect(&valkey_addr(), None, 0).await.unwrap();
     let mut config = crate::testing::config(url);
     config.outbox.poll_interval = Duration::from_millis(50);
     let relay = crate::outbox::relay::Relay::new(
@@ -872,43 +897,29 @@ async fn lose(queue: &TestQueue) {
 async fn a_head_whose_task_valkey_lost_is_queued_again() {
     // Arrange: key 1 held by its failed step 2, then moved past it (what
     // `outbox skip` does), which queues step 3; then Valkey loses the queue.
-    let db = TestDatabase::migrated().await;
-    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
-    let queue = TestQueue::new().await;
-    three_steps_of_two_keys(&db.pool).await;
-    let listeners = giving_up_on_key_1_step_2(OnFailure::HoldKey);
-    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(1)).await;
-    let stop = CancellationToken::new();
-    let consumer = worker(
-        queue.client.clone(),
-        &queue,
-        &db.pool,
-        listeners.clone(),
-        false,
-    );
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
-    eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
-        ordering::held(&db.pool).await.unwrap().blocked_keys == 1
-    })
-    .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
-    let (head,): (String,) = sqlx::query_as("SELECT task_id FROM listener_failures")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    let ordering = ordering::Ordering::new(
-        db.pool.clone(),
-        queue.client.clone(),
-        Duration::from_secs(60),
-    );
-    ordering.advance("ledger", "order:1", &head).await.unwrap();
-    lose(&queue).await;
+    let mut held = HeldKey::new(OnFailure::HoldKey, 1).await;
+    held.stop().await;
+    let HeldKey {
+        db,
+        queue,
+        listeners,
+        head,
+        ..
+    } = &held;
+    let ordering = held.ordering();
+    ordering.advance("ledger", "order:1", head).await.unwrap();
+    lose(queue).await;
 
     // Act: step 3 is the head, and not in the queue; queue old heads again.
     let requeued = ordering.requeue_old_heads(Duration::ZERO).await.unwrap();
     let stop = CancellationToken::new();
-    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
+    let consumer = worker(
+        queue.client.clone(),
+        queue,
+        &db.pool,
+        listeners.clone(),
+        false,
+    );
     let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
     eventually(Duration::from_secs(20), "step 3 to run", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
@@ -985,37 +996,18 @@ async fn a_replay_of_an_event_never_fanned_out_takes_its_turn() {
 #[tokio::test]
 async fn outbox_skip_releases_a_held_key_and_refuses_any_other_run() {
     // Arrange: key 1 held by its failed step 2, step 3 waiting behind it.
-    let db = TestDatabase::migrated().await;
-    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
-    let queue = TestQueue::new().await;
-    three_steps_of_two_keys(&db.pool).await;
-    let listeners = giving_up_on_key_1_step_2(OnFailure::HoldKey);
-    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(3)).await;
-    let stop = CancellationToken::new();
-    let consumer = worker(
-        queue.client.clone(),
-        &queue,
-        &db.pool,
-        listeners.clone(),
-        false,
-    );
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
-    eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
-        ordering::held(&db.pool).await.unwrap().blocked_keys == 1
-    })
-    .await;
-    let (head,): (String,) = sqlx::query_as("SELECT task_id FROM listener_failures")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let mut held = HeldKey::new(OnFailure::HoldKey, 3).await;
+    let HeldKey {
+        db, queue, head, ..
+    } = &held;
     let (waiting,): (String,) =
         sqlx::query_as("SELECT task_id FROM ordered_runs WHERE task_id <> $1")
-            .bind(&head)
+            .bind(head)
             .fetch_one(&db.pool)
             .await
             .unwrap();
     let mut config = crate::testing::config(&db.url());
-    config.valkey.addr = Some(queue_addr());
+    config.valkey.addr = Some(valkey_addr());
     config.outbox.queues = queue.name.parse().unwrap();
     let context = crate::follow::Context::new(config, Listeners::new());
     let skip = |task_id: &str| crate::operations::skip::Args {
@@ -1026,13 +1018,13 @@ async fn outbox_skip_releases_a_held_key_and_refuses_any_other_run() {
     // Act
     let unknown = crate::operations::skip::run(&context, &skip("no-such-task"), text).await;
     let not_first = crate::operations::skip::run(&context, &skip(&waiting), text).await;
-    let skipped = crate::operations::skip::run(&context, &skip(&head), text).await;
+    let skipped = crate::operations::skip::run(&context, &skip(head), text).await;
     eventually(Duration::from_secs(20), "key 1 to move on", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    held.stop().await;
+    let db = &held.db;
 
     // Assert
     let unknown = unknown.unwrap_err().to_string();

@@ -45,11 +45,7 @@ use crate::worker::listeners::SkipRetry;
 use crate::worker::listeners::listener_task_id;
 use crate::worker::metrics::{ListenerLabels, ListenerMetrics};
 
-use super::support;
-
-fn server_addr() -> String {
-    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
-}
+use super::support::{self, eventually, valkey_addr};
 
 /// A queue of its own for one test. Dropping it deletes the queue's keys.
 struct TestQueue {
@@ -61,10 +57,10 @@ struct TestQueue {
 impl TestQueue {
     async fn new() -> Self {
         let name = format!("test_{}", uuid::Uuid::now_v7().simple());
-        let client = Client::connect(&server_addr(), None, 0)
+        let client = Client::connect(&valkey_addr(), None, 0)
             .await
             .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
-        let redis = redis::Client::open(format!("redis://{}/", server_addr()))
+        let redis = redis::Client::open(format!("redis://{}/", valkey_addr()))
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -147,7 +143,7 @@ impl TestQueue {
 
 impl Drop for TestQueue {
     fn drop(&mut self) {
-        let Ok(mut conn) = redis::Client::open(format!("redis://{}/", server_addr()))
+        let Ok(mut conn) = redis::Client::open(format!("redis://{}/", valkey_addr()))
             .and_then(|client| client.get_connection())
         else {
             return;
@@ -183,19 +179,6 @@ impl Running {
             .await
             .expect("the consumer does not panic")
             .expect("the consumer stops cleanly");
-    }
-}
-
-/// Polls `check` every 50 ms until it holds, failing after `limit`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -250,7 +233,7 @@ fn slow_proxy(delay: Duration) -> (String, Arc<AtomicUsize>) {
         for client in listener.incoming() {
             let Ok(client) = client else { return };
             counter.fetch_add(1, Ordering::SeqCst);
-            let server = TcpStream::connect(server_addr()).unwrap();
+            let server = TcpStream::connect(valkey_addr()).unwrap();
             let (client_read, server_write) =
                 (client.try_clone().unwrap(), server.try_clone().unwrap());
             std::thread::spawn(move || pipe_bytes(client_read, server_write, delay));
@@ -342,7 +325,7 @@ async fn twenty_concurrent_enqueues_of_one_id_enqueue_it_once() {
     let queue = TestQueue::new().await;
     let mut clients = Vec::new();
     for _ in 0..20 {
-        clients.push(Client::connect(&server_addr(), None, 0).await.unwrap());
+        clients.push(Client::connect(&valkey_addr(), None, 0).await.unwrap());
     }
 
     // Act
@@ -526,7 +509,7 @@ async fn an_idle_consumer_wakes_when_another_process_publishes_its_enqueue() {
     let queue = TestQueue::new().await;
     let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), true);
     // Another process: a client of its own, publishing its enqueues.
-    let other = Client::connect(&server_addr(), None, 0).await.unwrap();
+    let other = Client::connect(&valkey_addr(), None, 0).await.unwrap();
     other.enqueued().set_publish(true);
     // Let the consumer go to sleep and subscribe.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -808,7 +791,7 @@ async fn a_wrong_password_fails_at_connect_without_showing_it() {
     let password = secrecy::SecretString::from("hunter2-not-the-password");
 
     // Act
-    let err = match Client::connect(&server_addr(), Some(&password), 0).await {
+    let err = match Client::connect(&valkey_addr(), Some(&password), 0).await {
         Ok(_) => panic!("the server requires no password or a different one"),
         Err(err) => err,
     };
@@ -2092,7 +2075,7 @@ async fn consumers_sharing_a_queue_each_keep_taking_tasks_and_run_each_once() {
     options.poll_interval = Duration::from_secs(1);
     let mut ready = Vec::new();
     for name in ["first", "second"] {
-        let client = Client::connect(&server_addr(), None, 0).await.unwrap();
+        let client = Client::connect(&valkey_addr(), None, 0).await.unwrap();
         ready.push(recording_consumer(
             client,
             options.clone(),

@@ -7,17 +7,14 @@
 
 use std::time::Duration;
 
+use super::support::valkey_addr;
 use crate::queue::Client;
 use crate::scheduler::lease::{self, Acquired, Lease};
-
-fn server_addr() -> String {
-    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
-}
 
 /// Two handles on the lease of a service of the test's own, as two
 /// replicas have.
 async fn two_replicas(ttl: Duration) -> (Lease, Lease, String) {
-    let client = Client::connect(&server_addr(), None, 0)
+    let client = Client::connect(&valkey_addr(), None, 0)
         .await
         .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
     let service = format!("test_{}", uuid::Uuid::now_v7().simple());
@@ -29,7 +26,7 @@ async fn two_replicas(ttl: Duration) -> (Lease, Lease, String) {
 }
 
 async fn delete_key(service: &str) {
-    let mut conn = redis::Client::open(format!("redis://{}/", server_addr()))
+    let mut conn = redis::Client::open(format!("redis://{}/", valkey_addr()))
         .unwrap()
         .get_multiplexed_async_connection()
         .await

@@ -42,6 +42,26 @@ pub fn require(what: &str, available: bool, how: &str) -> bool {
     false
 }
 
+/// The Valkey (or Redis) the tests use: `VALKEY_ADDR`, by default
+/// 127.0.0.1:6379.
+pub fn valkey_addr() -> String {
+    std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".into())
+}
+
+/// Polls `check` every 50 ms until it holds, failing after `limit`: the
+/// tests wait on conditions, not on clocks.
+pub async fn eventually<F, Fut>(limit: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// The project's migrations, which hold the kit's (goose reads one
 /// folder): `migrations/` next to `kit/` in a generated project, and in
 /// gpkit's repository, where the kit is `templates/kit`, the project
@@ -150,7 +170,7 @@ pub struct TestQueue {
 #[cfg(feature = "worker")]
 impl TestQueue {
     pub async fn new() -> Self {
-        let addr = std::env::var("VALKEY_ADDR").unwrap_or_else(|_| "127.0.0.1:6379".to_string());
+        let addr = valkey_addr();
         let name = format!("test_{}", uuid::Uuid::now_v7().simple());
         let client = queue::Client::connect(&addr, None, 0)
             .await
