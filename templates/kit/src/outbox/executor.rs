@@ -15,6 +15,7 @@ use sea_orm::{
 use sqlx::{PgConnection, PgPool};
 
 use super::order::{INSERT_KEYED, ORDER_KEY, ORDER_SEQ};
+use super::store::INSERT;
 use super::{Envelope, Store};
 
 /// Something an event row can be inserted on: `&DatabaseTransaction` (in
@@ -107,26 +108,22 @@ async fn execute_insert(
         metadata.into(),
         envelope.occurred_at.into(),
     ];
-    let Some(key) = envelope.metadata.get(ORDER_KEY) else {
-        let statement = Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-             VALUES ($1, $2, $3, $4, $5)",
-            values,
-        );
-        db.execute(statement).await?;
-        return Ok(None);
+    let statement = match envelope.metadata.get(ORDER_KEY) {
+        Some(key) => {
+            values.push(key.clone().into());
+            INSERT_KEYED
+        }
+        None => INSERT,
     };
-    values.push(key.clone().into());
     let row = db
         .query_one(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            INSERT_KEYED,
+            statement,
             values,
         ))
         .await?
         .ok_or_else(|| DbErr::RecordNotInserted)?;
-    Ok(Some(row.try_get_by_index::<i64>(1)?))
+    row.try_get_by_index::<Option<i64>>(1)
 }
 
 /// A sqlx error as SeaORM reports the errors of its own statements.

@@ -9,6 +9,13 @@ use sqlx::types::Json;
 use super::Envelope;
 use super::order::{INSERT_KEYED, ORDER_KEY, ORDER_SEQ};
 
+/// The statement that stores an event without a key: binds event id, name,
+/// payload, metadata, time; returns the row id, and no sequence number (a
+/// keyed event's is `super::order::INSERT_KEYED`, which returns both).
+pub(super) const INSERT: &str = "\
+INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
+VALUES ($1, $2, $3, $4, $5) RETURNING id, NULL::bigint";
+
 /// Access to the `outbox_events` table.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Store;
@@ -24,30 +31,21 @@ impl Store {
         executor: impl PgExecutor<'e>,
         envelope: &mut Envelope,
     ) -> Result<i64, sqlx::Error> {
-        let Some(key) = envelope.metadata.get(ORDER_KEY).cloned() else {
-            let (id,): (i64,) = sqlx::query_as(
-                "INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
-            )
+        let key = envelope.metadata.get(ORDER_KEY).cloned();
+        let statement = if key.is_some() { INSERT_KEYED } else { INSERT };
+        let mut query = sqlx::query_as(statement)
             .bind(envelope.id)
             .bind(&envelope.name)
             .bind(Json(&envelope.payload))
             .bind(Json(&envelope.metadata))
-            .bind(envelope.occurred_at)
-            .fetch_one(executor)
-            .await?;
-            return Ok(id);
-        };
-        let (id, seq): (i64, i64) = sqlx::query_as(INSERT_KEYED)
-            .bind(envelope.id)
-            .bind(&envelope.name)
-            .bind(Json(&envelope.payload))
-            .bind(Json(&envelope.metadata))
-            .bind(envelope.occurred_at)
-            .bind(key)
-            .fetch_one(executor)
-            .await?;
-        envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
+            .bind(envelope.occurred_at);
+        if let Some(key) = key {
+            query = query.bind(key);
+        }
+        let (id, seq): (i64, Option<i64>) = query.fetch_one(executor).await?;
+        if let Some(seq) = seq {
+            envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
+        }
         Ok(id)
     }
 }

@@ -473,22 +473,6 @@ struct EnvelopeHead {
     metadata: crate::outbox::Metadata,
 }
 
-impl EnvelopeHead {
-    /// The envelope of the event task `id` with `payload`; an error that
-    /// skips retries when it is not one.
-    fn of(id: &str, payload: &[u8]) -> Result<Self, HandlerError> {
-        serde_json::from_slice(payload).map_err(|err| {
-            HandlerError::skip_retry(anyhow::anyhow!("task {id} is not an event envelope: {err}"))
-        })
-    }
-
-    /// The namespace of its listener task ids: the event task's id, or for
-    /// a task id that is not a UUID (a foreign producer's) the event id.
-    fn namespace(&self, task_id: &str) -> Uuid {
-        task_id.parse::<Uuid>().unwrap_or(self.id)
-    }
-}
-
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event
 /// task's id, so a retried fan-out queues nothing twice (duplicates count as
@@ -504,8 +488,15 @@ pub(crate) async fn fan_out(
     task: Task,
     retention: std::time::Duration,
 ) -> Result<(), HandlerError> {
-    let envelope = EnvelopeHead::of(&task.id, &task.payload)?;
-    let namespace = envelope.namespace(&task.id);
+    let envelope: EnvelopeHead = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    // A task id that is not a UUID (a foreign producer's) falls back to the
+    // event id.
+    let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
     let place = Place::of(&envelope.metadata);
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
