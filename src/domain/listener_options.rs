@@ -112,6 +112,11 @@ impl ListenerRun {
         Ok((run != Self::default()).then_some(run))
     }
 
+    /// Its rate, read (`from_flags` checked it).
+    fn parsed_rate(&self) -> Option<Rate> {
+        self.rate.as_deref().and_then(|r| Rate::parse(r).ok())
+    }
+
     /// The calls on `ListenerOptions::new()` that make it:
     /// `["ordered()", "concurrency(5)", "rate(Rate::per_second(10))"]`.
     pub fn calls(&self) -> Vec<String> {
@@ -122,7 +127,7 @@ impl ListenerRun {
         if let Some(concurrency) = self.concurrency {
             calls.push(format!("concurrency({concurrency})"));
         }
-        if let Some(rate) = self.rate.as_deref().and_then(|r| Rate::parse(r).ok()) {
+        if let Some(rate) = self.parsed_rate() {
             let burst = self
                 .burst
                 .map(|b| format!(".with_burst({b})"))
@@ -157,7 +162,7 @@ impl ListenerRun {
         if let Some(concurrency) = self.concurrency {
             limits.push(format!("at most {concurrency} at once"));
         }
-        if let Some(rate) = self.rate.as_deref().and_then(|r| Rate::parse(r).ok()) {
+        if let Some(rate) = self.parsed_rate() {
             let burst = self
                 .burst
                 .map(|b| format!(" (bursts of {b})"))
