@@ -15,7 +15,7 @@ use crate::valkey_infra::{bin, commit_events, database, project, wait_for_listen
 use crate::worker_e2e::{RedisServer, free_port, wait_until};
 
 /// One sample of the Prometheus text format: its labels and value.
-type Samples = BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>;
+pub(crate) type Samples = BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>;
 
 /// Parses the Prometheus text format: sample name to its label sets and
 /// values. Panics on a line that is not a comment or a sample.
@@ -66,7 +66,7 @@ fn parse(text: &str) -> Samples {
 }
 
 /// The value of `name`'s sample whose labels include `labels`.
-fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     samples.get(name)?.iter().find_map(|(have, value)| {
         labels
             .iter()
@@ -76,7 +76,7 @@ fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<f64> 
 }
 
 /// `GET /metrics` on 127.0.0.1:`port`, parsed.
-fn scrape(port: u16) -> Samples {
+pub(crate) fn scrape(port: u16) -> Samples {
     let (status, body) = http_get(port, "/metrics");
     assert_eq!(status, 200, "{body}");
     parse(&body)

@@ -94,6 +94,10 @@ pub(crate) fn project() -> &'static Path {
     })
 }
 
+/// `email` limited to 3 runs at once (`WORKER_LIMITS`), so that its runs
+/// take slots from the limiter's scripts and some are deferred.
+const LIMITED_EMAIL: &str = "orderPlaced.email=concurrency:3";
+
 /// The setting that runs the scheduler of `pulse` in a test's worker.
 const SCHEDULER_ON: (&str, &str) = ("SCHEDULER_ENABLED", "true");
 
@@ -426,8 +430,9 @@ fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
     wait_until(Duration::from_secs(10), "redis-server answers", || {
         cli(&["-p", &port, "PING"]).as_deref() == Some("PONG")
     });
-    // Keys under asynq:, the two channels the worker uses, no admin
-    // commands; the default user is switched off.
+    // The keys the README's ACL names (asynq:, the scheduler's, and the
+    // limits' slots and woken marks), the two channels the worker uses, no
+    // admin commands; the default user is switched off.
     let acl = |args: &[&str]| {
         let mut all = vec![
             "-p",
@@ -454,6 +459,8 @@ fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
         "resetkeys",
         "~asynq:*",
         "~scheduler:*",
+        "~limits:*",
+        "~deferred:*",
         "resetchannels",
         "&outbox:*",
         "&asynq:cancel",
@@ -474,6 +481,8 @@ fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
                 &format!("redis://relay:{PASSWORD}@127.0.0.1:{port}"),
             ),
             ("OUTBOX_WAKE", "valkey"),
+            // A limited listener: its limiter's keys (`limits:*`) too.
+            ("WORKER_LIMITS", LIMITED_EMAIL),
             SCHEDULER_ON,
         ],
     );
@@ -966,6 +975,7 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
     let db = database();
     let events = commit_events(&db, EVENTS);
     let cluster_addrs = addrs.join(",");
+    let metrics = free_port();
     let start = Instant::now();
     let worker = Worker::start(
         &db,
@@ -974,12 +984,27 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
             ("VALKEY_CLUSTER_ADDRS", &cluster_addrs),
             ("OUTBOX_WAKE", "valkey"),
             ("OUTBOX_POLL_INTERVAL", "30s"),
+            // `email` limited: the limiter's scripts, the deferral and the
+            // promotion of its runs, on the cluster too.
+            ("WORKER_LIMITS", LIMITED_EMAIL),
+            ("WORKER_METRICS_ADDR", &format!("127.0.0.1:{metrics}")),
         ],
     );
     wait_for_listeners(&db, events.len(), Duration::from_secs(600));
     eprintln!(
         "cluster: {EVENTS} events relayed and both listeners run in {:.1?}",
         start.elapsed()
+    );
+    let deferred = crate::metrics::value(
+        &crate::metrics::scrape(metrics),
+        "outbox_listener_limit_deferred_total",
+        &[("listener", "email"), ("limit", "concurrency")],
+    )
+    .expect("the limit's deferrals are exported");
+    eprintln!("cluster: {deferred} runs of `email` deferred by its limit of 3 at once");
+    assert!(
+        deferred > 0.0,
+        "no run of `email` was deferred: the limit was not exercised on the cluster"
     );
 
     // A wake-up published on any node reaches the relay (it polls only
