@@ -3,7 +3,8 @@
 //! and paged by the row's id (keyset: the next page starts below the last
 //! row shown, however many rows there are); and one event's page, with
 //! its times, envelope, task in the queue and each listener's task and
-//! inbox record.
+//! inbox record, and for an ordered listener's run that waits for the
+//! earlier runs of its key, how many and the first of them.
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use super::State as Console;
 use super::page::{self, Depth, Section};
 use crate::follow::{tasks, time};
 use crate::queue::TaskInfo;
+use crate::worker::ordering::{self, Standing};
 
 /// Events on a page.
 const PAGE: i64 = 50;
@@ -307,8 +309,9 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         }
         Err(err) => return nested(StatusCode::NOT_FOUND, format!("{err:#}")),
     };
-    let records = match inbox(&console, id).await {
-        Ok(records) => records,
+    let read = tokio::try_join!(inbox(&console, id), ordering::standing(&context.pool, id));
+    let (records, ordered) = match read {
+        Ok(read) => read,
         Err(err) => {
             let err = anyhow::anyhow!("Postgres: {err}");
             return page::unavailable(Depth::Nested, Section::Events, &err);
@@ -359,9 +362,15 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
                         tbody {
                             @for listener in &tasks.listener_tasks {
                                 @let record = records.iter().find(|(name, _)| *name == listener.listener);
+                                @let waiting = ordered.iter().find(|run| run.task_id == listener.task.id && run.after > 0);
                                 tr data-listener=(listener.listener) {
                                     td { (listener.listener) }
-                                    td { (state(&listener.task)) }
+                                    td {
+                                        @match waiting {
+                                            Some(run) => (waits(run)),
+                                            None => (state(&listener.task)),
+                                        }
+                                    }
                                     td { (listener.task.retried) " failed of " (listener.task.max_retry + 1) " allowed" }
                                     td { @if let Some(error) = &listener.task.last_error { code.error { (error) } } @else { "-" } }
                                     td { @match record { Some((_, at)) => { "recorded " (page::time(*at)) }, None => "-" } }
@@ -391,6 +400,18 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         body,
     )
     .into_response()
+}
+
+/// An ordered listener's run that is not in the queue yet: it waits for
+/// the earlier runs of its key (`outbox show` says the same).
+fn waits(run: &Standing) -> Markup {
+    html! {
+        span class="state state-waiting" { "waiting" }
+        " for " (run.after) " earlier run(s) of key " code { (run.key) }
+        @if let Some(head) = &run.waits_for {
+            " (the first: task " code { (head) } ")"
+        }
+    }
 }
 
 /// A task's state, with what comes next for one that waits.

@@ -88,9 +88,10 @@ pub enum QueueError {
         #[source]
         source: std::io::Error,
     },
-    /// A command failed.
-    #[error("Valkey command failed")]
-    Redis(#[from] redis::RedisError),
+    /// A command failed. Its message includes Valkey's (a refused key
+    /// says so): the error is logged on one line, so it has no source.
+    #[error("Valkey command failed: {0}")]
+    Redis(redis::RedisError),
     /// Valkey's reply has an unexpected shape.
     #[error("Valkey sent an unexpected reply: {0}")]
     UnexpectedReply(String),
@@ -109,4 +110,10 @@ pub enum QueueError {
     /// The consumer's options contradict each other.
     #[error("invalid consumer options: {0}")]
     Options(String),
+}
+
+impl From<redis::RedisError> for QueueError {
+    fn from(err: redis::RedisError) -> Self {
+        Self::Redis(err)
+    }
 }

@@ -949,10 +949,6 @@ async fn a_replay_of_an_event_never_fanned_out_takes_its_turn() {
     for n in 1..=3 {
         steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
     }
-    eprintln!(
-        "{:?}",
-        steps.iter().map(|e| e.metadata.clone()).collect::<Vec<_>>()
-    );
     let task = |envelope: &crate::outbox::Envelope, id: String| {
         NewTask::new(
             format!("event:{}", envelope.name),
@@ -991,6 +987,48 @@ async fn a_replay_of_an_event_never_fanned_out_takes_its_turn() {
 
     // Assert
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
+}
+
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn the_console_shows_a_run_that_waits_for_its_keys_earlier_one() {
+    // Arrange: key 1 held by its failed step 2, step 3 waiting behind it;
+    // the console of the service, whose listener task of step 3 is in no
+    // queue yet.
+    let mut held = HeldKey::new(OnFailure::HoldKey, 5).await;
+    held.stop().await;
+    let event_id: uuid::Uuid =
+        sqlx::query_scalar("SELECT event_id FROM ordered_runs WHERE task_id <> $1")
+            .bind(&held.head)
+            .fetch_one(&held.db.pool)
+            .await
+            .unwrap();
+    let mut config = crate::testing::config(&held.db.url());
+    config.valkey.addr = Some(valkey_addr());
+    config.outbox.queues = held.queue.name.parse().unwrap();
+    let console = crate::console::Console::new(config, held.listeners.clone()).router();
+    let client = crate::testing::TestClient::new(console);
+
+    // Act
+    let page = client.get(&format!("/events/{event_id}")).await;
+
+    // Assert: its row says it waits, for how many runs and for which one.
+    assert_eq!(page.status(), 200, "{}", page.text());
+    let text = page.text();
+    let row = text
+        .split("<tr data-listener=\"ledger\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no row for the listener `ledger`: {text}"));
+    assert!(
+        row.contains(&format!(
+            "<span class=\"state state-waiting\">waiting</span> for 1 earlier run(s) of key \
+             <code>order:1</code> (the first: task <code>{}</code>)",
+            held.head
+        )),
+        "{row}"
+    );
+    assert!(!row.contains("missing"), "{row}");
 }
 
 #[tokio::test]
