@@ -117,3 +117,27 @@ impl From<redis::RedisError> for QueueError {
         Self::Redis(err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_command_says_what_valkey_answered_once() {
+        let refused = redis::RedisError::from((
+            redis::ErrorKind::Extension,
+            "NOPERM",
+            "this user has no permissions to access the 'deferred:{default}:woken' key".to_string(),
+        ));
+
+        let err = QueueError::from(refused);
+
+        let text = err.to_string();
+        assert!(text.starts_with("Valkey command failed: "), "{text}");
+        assert!(text.contains("'deferred:{default}:woken' key"), "{text}");
+        assert!(
+            std::error::Error::source(&err).is_none(),
+            "a chain printed with `{{:#}}` would repeat Valkey's answer"
+        );
+    }
+}
