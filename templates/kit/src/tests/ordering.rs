@@ -432,6 +432,15 @@ impl HeldKey {
         )
     }
 
+    /// The service's configuration, on its database and queue (what the
+    /// `outbox` commands and the console read).
+    fn config(&self) -> crate::config::Config {
+        let mut config = crate::testing::config(&self.db.url());
+        config.valkey.addr = Some(valkey_addr());
+        config.outbox.queues = self.queue.name.parse().unwrap();
+        config
+    }
+
     /// Stops its worker.
     async fn stop(&mut self) {
         self.stop.cancel();
@@ -874,25 +883,6 @@ async fn bench_ordered_runs_against_unordered_ones() {
     );
 }
 
-/// Deletes every key of `queue` from Valkey, as a restart without the
-/// append-only file loses them.
-async fn lose(queue: &TestQueue) {
-    let mut conn = queue.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!(
-            "{}*",
-            crate::queue::keys::queue_prefix(&queue.name)
-        ))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn a_head_whose_task_valkey_lost_is_queued_again() {
     // Arrange: key 1 held by its failed step 2, then moved past it (what
@@ -908,7 +898,7 @@ async fn a_head_whose_task_valkey_lost_is_queued_again() {
     } = &held;
     let ordering = held.ordering();
     ordering.advance("ledger", "order:1", head).await.unwrap();
-    lose(queue).await;
+    queue.delete_keys();
 
     // Act: step 3 is the head, and not in the queue; queue old heads again.
     let requeued = ordering.requeue_old_heads(Duration::ZERO).await.unwrap();
@@ -1003,10 +993,7 @@ async fn the_console_shows_a_run_that_waits_for_its_keys_earlier_one() {
             .fetch_one(&held.db.pool)
             .await
             .unwrap();
-    let mut config = crate::testing::config(&held.db.url());
-    config.valkey.addr = Some(valkey_addr());
-    config.outbox.queues = held.queue.name.parse().unwrap();
-    let console = crate::console::Console::new(config, held.listeners.clone()).router();
+    let console = crate::console::Console::new(held.config(), held.listeners.clone()).router();
     let client = crate::testing::TestClient::new(console);
 
     // Act
@@ -1035,19 +1022,14 @@ async fn the_console_shows_a_run_that_waits_for_its_keys_earlier_one() {
 async fn outbox_skip_releases_a_held_key_and_refuses_any_other_run() {
     // Arrange: key 1 held by its failed step 2, step 3 waiting behind it.
     let mut held = HeldKey::new(OnFailure::HoldKey, 3).await;
-    let HeldKey {
-        db, queue, head, ..
-    } = &held;
+    let HeldKey { db, head, .. } = &held;
     let (waiting,): (String,) =
         sqlx::query_as("SELECT task_id FROM ordered_runs WHERE task_id <> $1")
             .bind(head)
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    let mut config = crate::testing::config(&db.url());
-    config.valkey.addr = Some(valkey_addr());
-    config.outbox.queues = queue.name.parse().unwrap();
-    let context = crate::follow::Context::new(config, Listeners::new());
+    let context = crate::follow::Context::new(held.config(), Listeners::new());
     let skip = |task_id: &str| crate::operations::skip::Args {
         task_id: task_id.to_string(),
     };

@@ -205,8 +205,10 @@ impl TestQueue {
 }
 
 #[cfg(feature = "worker")]
-impl Drop for TestQueue {
-    fn drop(&mut self) {
+impl TestQueue {
+    /// Deletes every key of the queue, and its name from `asynq:queues`:
+    /// what a Valkey restart without its append-only file loses of it.
+    pub fn delete_keys(&self) {
         let Ok(mut conn) = self.redis.get_connection() else {
             return;
         };
@@ -222,5 +224,12 @@ impl Drop for TestQueue {
             .arg("asynq:queues")
             .arg(&self.name)
             .query(&mut conn);
+    }
+}
+
+#[cfg(feature = "worker")]
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        self.delete_keys();
     }
 }

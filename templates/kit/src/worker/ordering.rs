@@ -256,23 +256,26 @@ impl Ordering {
                 self.run_task(&key, (task_type, task_id, queue, payload, headers))
             })
             .collect();
-        for result in self.queue.enqueue(&tasks).await? {
-            result?;
-        }
+        self.send(&tasks).await?;
         Ok(count)
     }
 
-    /// Queues `heads`, runs of `key`; a task the queue has already is left
-    /// as it is.
+    /// Queues `heads`, runs of `key`.
     async fn enqueue(&self, key: &str, heads: Vec<Head>) -> Result<(), HandlerError> {
-        if heads.is_empty() {
-            return Ok(());
-        }
         let tasks: Vec<NewTask> = heads
             .into_iter()
             .map(|head| self.run_task(key, head))
             .collect();
-        for result in self.queue.enqueue(&tasks).await? {
+        self.send(&tasks).await
+    }
+
+    /// Queues `tasks` (none: no call); a task the queue has already is left
+    /// as it is.
+    async fn send(&self, tasks: &[NewTask]) -> Result<(), HandlerError> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        for result in self.queue.enqueue(tasks).await? {
             result?;
         }
         Ok(())
