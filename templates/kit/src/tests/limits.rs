@@ -733,12 +733,13 @@ async fn a_listener_without_limits_is_granted_without_writing_to_valkey() {
 
 #[tokio::test]
 async fn a_rate_tells_each_waiting_run_its_own_turn() {
-    // Arrange: 10/s, evenly spaced, and five runs at once.
+    // Arrange: 5/s, evenly spaced (turns 200 ms apart, further off than
+    // the 100 ms a run sleeps rather than waits), and five runs at once.
     let queue = TestQueue::new().await;
     let listener = TestListener::new(&queue);
     let limits = Limits {
         concurrency: None,
-        rate: Some(Rate::per_second(10)),
+        rate: Some(Rate::per_second(5)),
     };
     let metrics = LimitMetrics::default();
     let limiter = Limiter::new(queue.client.clone(), EVENT, &listener.name, limits)
@@ -768,10 +769,10 @@ async fn a_rate_tells_each_waiting_run_its_own_turn() {
     let again = limiter.acquire("", &task(&queue, "t4")).await.unwrap();
     took.push(called.elapsed());
 
-    // Assert: the first runs, the others 100 ms apart. A turn told to the
+    // Assert: the first runs, the others 200 ms apart. A turn told to the
     // run is off its place on Valkey's clock by at most the time its call
     // took (Valkey's `TIME` and the reply both fall within it), so two
-    // turns are 100 ms apart give or take the time their two calls took.
+    // turns are 200 ms apart give or take the time their two calls took.
     assert!(waits[0].is_none(), "{waits:?}");
     let turns: Vec<DateTime<Utc>> = waits[1..].iter().map(|w| w.unwrap()).collect();
     let slack = |a: usize, b: usize| (took[a] + took[b]).as_millis() as i64 + 1;
@@ -779,7 +780,7 @@ async fn a_rate_tells_each_waiting_run_its_own_turn() {
         let gap = (pair[1] - pair[0]).num_milliseconds();
         let slack = slack(n + 1, n + 2);
         assert!(
-            (gap - 100).abs() <= slack,
+            (gap - 200).abs() <= slack,
             "turns {gap} ms apart, calls taking {took:?}: {turns:?}"
         );
     }

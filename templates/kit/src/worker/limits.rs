@@ -8,9 +8,9 @@
 //!
 //! # Waiting holds no worker slot, and no one polls
 //!
-//! A run that may not start yet (but for the last [`SHORT_WAIT`] of a rate
-//! turn, slept in the handler) is not slept on: [`Limiter::acquire`]
-//! answers [`Acquired::Wait`] and the handler returns
+//! A run that may not start yet (but for the last moments before a rate
+//! turn, its rate's short wait, slept in the handler) is not slept on:
+//! [`Limiter::acquire`] answers [`Acquired::Wait`] and the handler returns
 //! `HandlerError::defer(until)`; the consumer moves the task from active to
 //! `:scheduled` (no retry counted, its error and retry count unchanged) and
 //! frees its worker slot at once. The task comes back when its turn comes,
@@ -19,11 +19,13 @@
 //! - **rate**: one script (GCRA on Valkey's clock, `TIME`, as a queue)
 //!   gives every run a turn: now, or the first turn free, turns spaced by
 //!   the rate's interval (`per / count`), bursts as the burst allows. A
-//!   run whose turn is further off than [`SHORT_WAIT`] is deferred to just
-//!   before it (the consumer that deferred the task moves it back to
-//!   pending then, to the millisecond, see `crate::queue::consumer`), so
-//!   waiting runs wake one by one, never as a herd. A run back at its turn
-//!   (or whose turn is within [`SHORT_WAIT`]) sleeps what is left of it in
+//!   run whose turn is further off than the short wait is deferred to just
+//!   before it, by its rate's wake lead (two intervals, within 15-90 ms;
+//!   the consumer that deferred the task moves it back to pending then, to
+//!   the millisecond, see `crate::queue::consumer`), so waiting runs wake
+//!   one by one, never as a herd, and a loaded worker slow to run them
+//!   still has them back before their turns. A run back at its turn
+//!   (or whose turn is within the short wait) sleeps what is left of it in
 //!   the handler and starts on the turn; one back more than a quarter of
 //!   an interval late has lost its turn and takes a new one (the turn is
 //!   wasted, never given twice). So starts are the turns, late by less than
@@ -105,13 +107,13 @@ pub(crate) const LIMITS_VAR: &str = "WORKER_LIMITS";
 pub(crate) const SLOT_LEASE: Duration = Duration::from_secs(30);
 /// How long an idle limit's keys (and a waiter who never came back) live.
 const IDLE_TTL: Duration = Duration::from_secs(24 * 3600);
-/// A run whose rate turn is at most this far off sleeps until it in the
-/// handler rather than be deferred: a deferral and its wake-up cost about
-/// as much.
-pub(crate) const SHORT_WAIT: Duration = Duration::from_millis(50);
-/// How long before its rate turn a deferred run is woken, to be back in
-/// time: it sleeps what is left of the turn in the handler.
-const WAKE_LEAD: Duration = Duration::from_millis(15);
+/// The least and the most a deferred run is woken before its rate turn
+/// ([`Rate::wake_lead`]).
+const WAKE_LEAD_RANGE: (Duration, Duration) =
+    (Duration::from_millis(15), Duration::from_millis(90));
+/// How much earlier than its rate's wake lead a run may be back and still
+/// sleep until its turn rather than wait again ([`Rate::short_wait`]).
+const WAKE_MARGIN: Duration = Duration::from_millis(10);
 /// How many times a release passes a slot on to the next waiter when the
 /// one it was handed to no longer waits.
 const MAX_HAND_OVERS: usize = 8;
@@ -291,6 +293,26 @@ impl Rate {
     /// How far ahead of the steady rate a burst may run, in µs.
     fn tolerance_micros(&self) -> f64 {
         self.interval_micros() * f64::from(self.burst.max(1) - 1)
+    }
+
+    /// How long before its turn a deferred run is woken: two intervals,
+    /// within [`WAKE_LEAD_RANGE`]. A run late back by more than the lead
+    /// and a quarter of an interval loses its turn, and a worker starved of
+    /// CPU wakes runs late by tens of milliseconds (15 ms ahead, a 20/s
+    /// limit ran at 6/s on a loaded machine, scripts/bench/README.md); a
+    /// woken run sleeps the lead in its handler, holding its worker slot, so
+    /// about two runs of a listener sleep at once, whatever its rate.
+    fn wake_lead(&self) -> Duration {
+        let (least, most) = WAKE_LEAD_RANGE;
+        Duration::from_secs_f64(2.0 * self.interval_micros() / 1e6).clamp(least, most)
+    }
+
+    /// How far off a turn may be for its run to sleep until it in the
+    /// handler rather than be deferred: the wake lead and a margin, so that
+    /// a woken run finds its turn within it. A deferral and its wake-up
+    /// cost about as much as such a sleep.
+    fn short_wait(&self) -> Duration {
+        self.wake_lead() + WAKE_MARGIN
     }
 
     /// How late a run may come back for its turn and still have it, in µs:
@@ -633,8 +655,8 @@ impl Limiter {
                 slot.release().await;
             }
             // Back a little early: it sleeps the rest in the handler.
-            let wait =
-                TimeDelta::from_std(wait.saturating_sub(WAKE_LEAD)).unwrap_or(TimeDelta::MAX);
+            let wait = TimeDelta::from_std(wait.saturating_sub(rate.wake_lead()))
+                .unwrap_or(TimeDelta::MAX);
             return Ok(self.wait(LimitKind::Rate, Utc::now() + wait));
         }
         Ok(Acquired::Granted(Permit { slot }))
@@ -709,7 +731,7 @@ impl Limiter {
     }
 
     /// Takes `member`'s turn of `rate` in `partition`: `None` once the run
-    /// may start (after sleeping until a turn at most [`SHORT_WAIT`] off),
+    /// may start (after sleeping until a turn at most its short wait off),
     /// else how long until its turn.
     async fn take_turn(
         &self,
@@ -725,7 +747,7 @@ impl Limiter {
             .arg(rate.interval_micros())
             .arg(rate.tolerance_micros())
             .arg(rate.grace_micros())
-            .arg(micros(SHORT_WAIT))
+            .arg(micros(rate.short_wait()))
             .arg(millis(IDLE_TTL))
             .invoke_async(&mut self.inner.client.connection())
             .await?;
@@ -1141,6 +1163,18 @@ mod tests {
         assert_eq!(rate.interval_micros(), 20_000.0);
         assert_eq!(rate.tolerance_micros(), 80_000.0);
         assert_eq!(Rate::per_minute(3).tolerance_micros(), 0.0);
+    }
+
+    #[test]
+    fn a_deferred_run_is_woken_two_intervals_early_within_15_to_90_ms_and_sleeps_the_rest() {
+        let lead = |rate: Rate| rate.wake_lead().as_millis();
+        assert_eq!(lead(Rate::per_second(50)), 40);
+        assert_eq!(lead(Rate::per_second(20)), 90);
+        assert_eq!(lead(Rate::per_minute(1)), 90);
+        assert_eq!(lead(Rate::per_second(1_000)), 15);
+        // A run woken early finds its turn within its short wait.
+        let rate = Rate::per_second(20);
+        assert_eq!(rate.short_wait(), rate.wake_lead() + WAKE_MARGIN);
     }
 
     #[test]
