@@ -422,7 +422,7 @@ fn over_tls_with_a_private_ca_the_relay_and_the_listeners_run_and_a_wrong_ca_is_
 
 #[test]
 #[ignore = "builds a generated project"]
-fn an_acl_user_limited_to_asynq_keys_works_and_a_wrong_password_is_refused() {
+fn an_acl_user_limited_to_the_readmes_keys_works_and_a_wrong_password_is_refused() {
     const PASSWORD: &str = "relay-secret-7f3a";
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().to_string();
@@ -640,6 +640,7 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     // and tasks active on the master.
     let db = database();
     let first = commit_events(&db, 1000);
+    let metrics = free_port();
     let worker = Worker::start(
         &db,
         dir.path(),
@@ -648,6 +649,11 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
             ("VALKEY_SENTINEL_MASTER", "m1"),
             ("OUTBOX_WAKE", "valkey"),
             ("WORKER_CONCURRENCY", &SENTINEL_CONCURRENCY.to_string()),
+            // `email` limited to one run at once (the worker runs two): its
+            // slots, waiters and deferred runs are on the master that dies,
+            // and must not keep it from running.
+            ("WORKER_LIMITS", "orderPlaced.email=concurrency:1"),
+            ("WORKER_METRICS_ADDR", &format!("127.0.0.1:{metrics}")),
         ],
     );
     // Every event's task on the replica first: an enqueue the master had
@@ -695,6 +701,17 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     });
     let promoted = unix_now() - killed_at;
     wait_for_listeners(&db, all.len(), Duration::from_secs(120));
+    let deferred = crate::metrics::value(
+        &crate::metrics::scrape(metrics),
+        "outbox_listener_limit_deferred_total",
+        &[("listener", "email"), ("limit", "concurrency")],
+    )
+    .expect("the limit's deferrals are exported");
+    eprintln!("sentinel: {deferred} runs of `email` deferred by its limit of 1 at once");
+    assert!(
+        deferred > 0.0,
+        "no run of `email` was deferred: the limit was not exercised under Sentinel"
+    );
     // Every task settled on the new master: a task whose completion the
     // replica never had is run again once its lease runs out.
     wait_until(
