@@ -301,7 +301,8 @@ impl Rate {
     /// CPU wakes runs late by tens of milliseconds (15 ms ahead, a 20/s
     /// limit ran at 6/s on a loaded machine, scripts/bench/README.md); a
     /// woken run sleeps the lead in its handler, holding its worker slot, so
-    /// about two runs of a listener sleep at once, whatever its rate.
+    /// about two runs of a listener sleep at once (fewer below 22/s, where
+    /// the lead is its most; more above 133/s, where it is its least).
     fn wake_lead(&self) -> Duration {
         let (least, most) = WAKE_LEAD_RANGE;
         Duration::from_secs_f64(2.0 * self.interval_micros() / 1e6).clamp(least, most)
