@@ -98,6 +98,24 @@ pub(crate) fn project() -> &'static Path {
 /// take slots from the limiter's scripts and some are deferred.
 const LIMITED_EMAIL: &str = "orderPlaced.email=concurrency:3";
 
+/// Asserts that the concurrency limit of `email` (`WORKER_LIMITS`) deferred
+/// some of its runs, read from the worker's metrics on 127.0.0.1:`metrics`,
+/// so that the test exercised the limiter on its setup (`setup`, for the
+/// messages).
+fn assert_the_limit_deferred_email(metrics: u16, setup: &str) {
+    let deferred = crate::metrics::value(
+        &crate::metrics::scrape(metrics),
+        "outbox_listener_limit_deferred_total",
+        &[("listener", "email"), ("limit", "concurrency")],
+    )
+    .expect("the limit's deferrals are exported");
+    eprintln!("{setup}: {deferred} runs of `email` deferred by its concurrency limit");
+    assert!(
+        deferred > 0.0,
+        "no run of `email` was deferred: the limit was not exercised ({setup})"
+    );
+}
+
 /// The setting that runs the scheduler of `pulse` in a test's worker.
 const SCHEDULER_ON: (&str, &str) = ("SCHEDULER_ENABLED", "true");
 
@@ -701,17 +719,7 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     });
     let promoted = unix_now() - killed_at;
     wait_for_listeners(&db, all.len(), Duration::from_secs(120));
-    let deferred = crate::metrics::value(
-        &crate::metrics::scrape(metrics),
-        "outbox_listener_limit_deferred_total",
-        &[("listener", "email"), ("limit", "concurrency")],
-    )
-    .expect("the limit's deferrals are exported");
-    eprintln!("sentinel: {deferred} runs of `email` deferred by its limit of 1 at once");
-    assert!(
-        deferred > 0.0,
-        "no run of `email` was deferred: the limit was not exercised under Sentinel"
-    );
+    assert_the_limit_deferred_email(metrics, "sentinel");
     // Every task settled on the new master: a task whose completion the
     // replica never had is run again once its lease runs out.
     wait_until(
@@ -1012,17 +1020,7 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
         "cluster: {EVENTS} events relayed and both listeners run in {:.1?}",
         start.elapsed()
     );
-    let deferred = crate::metrics::value(
-        &crate::metrics::scrape(metrics),
-        "outbox_listener_limit_deferred_total",
-        &[("listener", "email"), ("limit", "concurrency")],
-    )
-    .expect("the limit's deferrals are exported");
-    eprintln!("cluster: {deferred} runs of `email` deferred by its limit of 3 at once");
-    assert!(
-        deferred > 0.0,
-        "no run of `email` was deferred: the limit was not exercised on the cluster"
-    );
+    assert_the_limit_deferred_email(metrics, "cluster");
 
     // A wake-up published on any node reaches the relay (it polls only
     // every 30 s).
