@@ -19,9 +19,10 @@ use uuid::Uuid;
 
 use super::State as Console;
 use super::page::{self, Depth, Section};
-use crate::follow::{tasks, time};
+use crate::follow::rows::EventRow;
+use crate::follow::{Context, tasks, time};
 use crate::queue::TaskInfo;
-use crate::worker::ordering::{self, Standing};
+use crate::worker::ordering::Standing;
 
 /// Events on a page.
 const PAGE: i64 = 50;
@@ -309,15 +310,21 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         }
         Err(err) => return nested(StatusCode::NOT_FOUND, format!("{err:#}")),
     };
-    let read = tokio::try_join!(inbox(&console, id), ordering::standing(&context.pool, id));
-    let (records, ordered) = match read {
-        Ok(read) => read,
+    let records = match inbox(&console, id).await {
+        Ok(records) => records,
         Err(err) => {
             let err = anyhow::anyhow!("Postgres: {err}");
             return page::unavailable(Depth::Nested, Section::Events, &err);
         }
     };
-    let queued = tasks::of_event(context, &event).await;
+    let (queued, ordered) = match tasks::of_event(context, &event).await {
+        // Ordered runs wait in Valkey, beside the queue.
+        Ok(tasks) => match standing(context, &event).await {
+            Ok(ordered) => (Ok(tasks), ordered),
+            Err(err) => (Err(err), Vec::new()),
+        },
+        Err(err) => (Err(err), Vec::new()),
+    };
     let options = &console.options;
     let trace = event.trace_id().map(|trace_id| {
         let link = options
@@ -400,6 +407,12 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         body,
     )
     .into_response()
+}
+
+/// The runs of `event` still in their keys' order.
+async fn standing(context: &Context, event: &EventRow) -> anyhow::Result<Vec<Standing>> {
+    let ordering = context.ordering().await?;
+    Ok(ordering.standing_of(event.id, &event.metadata).await?)
 }
 
 /// An ordered listener's run that is not in the queue yet: it waits for

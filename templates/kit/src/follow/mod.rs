@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::database;
 use crate::queue::Client;
 use crate::worker::listeners::Listeners;
+use crate::worker::ordering::Ordering;
 
 /// What the `outbox` command's subcommands and the console work with.
 pub(crate) struct Context {
@@ -54,6 +55,15 @@ impl Context {
             .await
             .context("this command needs Valkey")?;
         Ok(self.queue.get_or_init(|| client))
+    }
+
+    /// The chains of ordered listeners (in Valkey, connected at first use).
+    pub(crate) async fn ordering(&self) -> anyhow::Result<Ordering> {
+        Ok(Ordering::new(
+            self.pool.clone(),
+            self.queue().await?.clone(),
+            self.config.outbox.task_retention,
+        ))
     }
 
     /// The queues events go to (`OUTBOX_QUEUES`): where their event tasks

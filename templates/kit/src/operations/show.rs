@@ -14,7 +14,7 @@ use crate::follow::Context;
 use crate::follow::rows::EventRow;
 use crate::follow::tasks::{self, EventTasks};
 use crate::queue::TaskInfo;
-use crate::worker::ordering::{self, Standing};
+use crate::worker::ordering::Standing;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -36,7 +36,11 @@ pub(crate) struct Shown {
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let event = context.event(args.id).await?;
     let tasks = tasks::of_event(context, &event).await?;
-    let ordered_runs = ordering::standing(&context.pool, event.id).await?;
+    let ordered_runs = context
+        .ordering()
+        .await?
+        .standing_of(event.id, &event.metadata)
+        .await?;
     let shown = Shown {
         trace_id: event.trace_id().map(str::to_string),
         event,

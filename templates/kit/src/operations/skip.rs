@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::output::{self, Format};
 use crate::follow::Context;
-use crate::worker::ordering::{self, Ordering, Turn};
+use crate::worker::ordering::Turn;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -29,19 +29,15 @@ struct Skipped {
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
-    let Some(run) = ordering::run_of(&context.pool, &args.task_id).await? else {
+    let ordering = context.ordering().await?;
+    let Some(run) = ordering.run_of(&args.task_id).await? else {
         anyhow::bail!(
             "task {} is not a run of an ordered listener waiting in its key's order; nothing was changed\n\
              help: `outbox show <event id>` lists an event's ordered runs",
             args.task_id
         );
     };
-    let ordering = Ordering::new(
-        context.pool.clone(),
-        context.queue().await?.clone(),
-        context.config.outbox.task_retention,
-    );
-    if let Turn::After(runs) = ordering.turn(&args.task_id).await? {
+    if let Turn::After(runs) = ordering.turn(&run.listener, &run.key, &args.task_id).await? {
         anyhow::bail!(
             "task {} is not the first of key `{}`: {runs} earlier run(s) come before it; nothing was changed\n\
              help: skip the first one, which holds the key",

@@ -15,7 +15,7 @@ use super::output::{self, Format};
 use crate::follow::rows::{self, TableStats};
 use crate::follow::{Context, time};
 use crate::queue::QueueCounts;
-use crate::worker::ordering::{self, Held};
+use crate::worker::ordering::Held;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -56,7 +56,7 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         let counts = client.queue_counts(&queue).await?;
         queues.push(QueueStatus { queue, counts });
     }
-    let ordering = ordering::held(&context.pool).await?;
+    let ordering = context.ordering().await?.held().await?;
     let lag = outbox.oldest_unpublished_age_seconds.unwrap_or(0.0);
     let lag_exceeded = args.max_lag.is_some_and(|max| lag > max.as_secs_f64());
     let status = Status {

@@ -120,7 +120,11 @@ impl Store {
     }
 
     /// Deletes up to `limit` rows published longer than `retention` ago and
-    /// returns how many it deleted. Rows another cleaner holds are skipped.
+    /// returns how many it deleted. Rows another cleaner holds are skipped,
+    /// and so are a keyed event with a run that failed for good (in
+    /// `listener_failures`) and the later events of its key: an ordered
+    /// listener's key may be held by it, and they wait until `outbox`
+    /// releases it.
     pub async fn delete_published<'e>(
         &self,
         executor: impl PgExecutor<'e>,
@@ -131,7 +135,13 @@ impl Store {
             "DELETE FROM outbox_events WHERE id IN ( \
                SELECT id FROM outbox_events \
                WHERE published_at < now() - make_interval(secs => $1) \
-                 AND NOT EXISTS (SELECT 1 FROM ordered_runs r WHERE r.event_id = outbox_events.event_id) \
+                 AND NOT EXISTS ( \
+                   SELECT 1 FROM listener_failures f JOIN outbox_events e ON e.event_id = f.event_id \
+                   WHERE e.metadata ->> 'order_key' = outbox_events.metadata ->> 'order_key' \
+                     AND (coalesce((outbox_events.metadata ->> 'order_epoch')::bigint, 0), \
+                          (outbox_events.metadata ->> 'order_seq')::bigint) \
+                      >= (coalesce((e.metadata ->> 'order_epoch')::bigint, 0), \
+                          (e.metadata ->> 'order_seq')::bigint)) \
                ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
         )
         .bind(retention.as_secs_f64())

@@ -14,7 +14,7 @@ use sea_orm::{
 };
 use sqlx::{PgConnection, PgPool};
 
-use super::order::{INSERT_KEYED, ORDER_KEY, ORDER_SEQ};
+use super::order::{INSERT_KEYED, ORDER_EPOCH, ORDER_KEY, ORDER_SEQ};
 use super::store::INSERT;
 use super::{Envelope, Store};
 
@@ -46,8 +46,8 @@ impl Executor for &DatabaseTransaction {
     }
 
     async fn insert_numbered_event(self, envelope: &mut Envelope) -> Result<(), DbErr> {
-        let seq = execute_insert(self, envelope).await?;
-        number(envelope, seq);
+        let place = execute_insert(self, envelope).await?;
+        number(envelope, place);
         Ok(())
     }
 }
@@ -58,8 +58,8 @@ impl Executor for &DatabaseConnection {
     }
 
     async fn insert_numbered_event(self, envelope: &mut Envelope) -> Result<(), DbErr> {
-        let seq = execute_insert(self, envelope).await?;
-        number(envelope, seq);
+        let place = execute_insert(self, envelope).await?;
+        number(envelope, place);
         Ok(())
     }
 }
@@ -87,18 +87,20 @@ impl Executor for &PgPool {
 }
 
 /// Writes `seq`, the number its key took, into `envelope`'s metadata.
-fn number(envelope: &mut Envelope, seq: Option<i64>) {
-    if let Some(seq) = seq {
+fn number(envelope: &mut Envelope, place: Option<(i64, i64)>) {
+    if let Some((seq, epoch)) = place {
         envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
+        envelope.metadata.insert(ORDER_EPOCH.into(), epoch.to_string());
     }
 }
 
 /// The [`Store`]'s insert, as a SeaORM statement (a keyed event's takes its
-/// sequence number as the store's does, `super::order`, and returns it).
+/// sequence number as the store's does, `super::order`, and returns it with
+/// its epoch).
 async fn execute_insert(
     db: &impl ConnectionTrait,
     envelope: &Envelope,
-) -> Result<Option<i64>, DbErr> {
+) -> Result<Option<(i64, i64)>, DbErr> {
     let metadata =
         serde_json::to_value(&envelope.metadata).map_err(|err| DbErr::Json(err.to_string()))?;
     let mut values: Vec<sea_orm::Value> = vec![
@@ -123,7 +125,9 @@ async fn execute_insert(
         ))
         .await?
         .ok_or_else(|| DbErr::RecordNotInserted)?;
-    row.try_get_by_index::<Option<i64>>(1)
+    let seq = row.try_get_by_index::<Option<i64>>(1)?;
+    let epoch = row.try_get_by_index::<Option<i64>>(2)?;
+    Ok(seq.zip(epoch))
 }
 
 /// A sqlx error as SeaORM reports the errors of its own statements.

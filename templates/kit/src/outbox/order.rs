@@ -1,7 +1,8 @@
 //! The place of a keyed event in its key's order (`Event::order_key`):
-//! the key and the sequence number its dispatch took, carried in the
-//! envelope's metadata as `order_key` and `order_seq` (strings, as every
-//! metadata value; a Go service passes them on untouched).
+//! the key, the sequence number its dispatch took and the numbering's
+//! epoch, carried in the envelope's metadata as `order_key`, `order_seq`
+//! and `order_epoch` (strings, as every metadata value; a Go service passes
+//! them on untouched).
 
 #[cfg(feature = "worker")]
 use super::Metadata;
@@ -10,6 +11,8 @@ use super::Metadata;
 pub(crate) const ORDER_KEY: &str = "order_key";
 /// The metadata entry of an event's sequence number in its key.
 pub(crate) const ORDER_SEQ: &str = "order_seq";
+/// The metadata entry of the epoch of its key's numbering.
+pub(crate) const ORDER_EPOCH: &str = "order_epoch";
 
 /// Where a keyed event stands in its key's order.
 #[cfg(feature = "worker")]
@@ -20,6 +23,10 @@ pub(crate) struct Place {
     /// Its sequence number: 1 for the key's first event, then one more
     /// per event, in the order their transactions committed.
     pub seq: i64,
+    /// The numbering's epoch: the key's row in `outbox_keys` is deleted
+    /// once idle, and a new row numbers from 1 again in a new epoch. 0 for
+    /// an event dispatched before template set 22.
+    pub epoch: i64,
 }
 
 #[cfg(feature = "worker")]
@@ -29,26 +36,32 @@ impl Place {
     pub(crate) fn of(metadata: &Metadata) -> Option<Self> {
         let key = metadata.get(ORDER_KEY)?;
         let seq = metadata.get(ORDER_SEQ)?.parse().ok()?;
+        let epoch = match metadata.get(ORDER_EPOCH) {
+            Some(epoch) => epoch.parse().ok()?,
+            None => 0,
+        };
         Some(Self {
             key: key.clone(),
             seq,
+            epoch,
         })
     }
 }
 
 /// The statement that stores a keyed event: takes the key's next sequence
 /// number under the lock of its `outbox_keys` row (so the numbers follow
-/// the order of the commits), and inserts the row with the number in its
-/// metadata. Binds: event id, name, payload, metadata, time, key. Returns
-/// the row id and the number.
+/// the order of the commits), and inserts the row with the number and the
+/// row's epoch in its metadata. Binds: event id, name, payload, metadata,
+/// time, key. Returns the row id, the number and the epoch.
 pub(crate) const INSERT_KEYED: &str = "\
 WITH next AS ( \
   INSERT INTO outbox_keys AS k (key, seq) VALUES ($6, 1) \
   ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1, updated_at = now() \
-  RETURNING seq) \
+  RETURNING seq, epoch) \
 INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-SELECT $1, $2, $3, $4 || jsonb_build_object('order_seq', next.seq::text), $5 FROM next \
-RETURNING id, (metadata ->> 'order_seq')::bigint";
+SELECT $1, $2, $3, $4 || jsonb_build_object('order_seq', next.seq::text, \
+  'order_epoch', next.epoch::text), $5 FROM next \
+RETURNING id, (metadata ->> 'order_seq')::bigint, (metadata ->> 'order_epoch')::bigint";
 
 #[cfg(all(test, feature = "worker"))]
 mod tests {
@@ -65,9 +78,13 @@ mod tests {
             Place::of(&metadata),
             Some(Place {
                 key: "order:7".into(),
-                seq: 3
-            })
+                seq: 3,
+                epoch: 0,
+            }),
+            "dispatched before epochs"
         );
+        metadata.insert(ORDER_EPOCH.into(), "1765000000000000".into());
+        assert_eq!(Place::of(&metadata).map(|place| place.epoch), Some(1_765_000_000_000_000));
         metadata.insert(ORDER_SEQ.into(), "three".into());
         assert_eq!(Place::of(&metadata), None);
     }

@@ -7,14 +7,14 @@ use sqlx::PgExecutor;
 use sqlx::types::Json;
 
 use super::Envelope;
-use super::order::{INSERT_KEYED, ORDER_KEY, ORDER_SEQ};
+use super::order::{INSERT_KEYED, ORDER_EPOCH, ORDER_KEY, ORDER_SEQ};
 
 /// The statement that stores an event without a key: binds event id, name,
 /// payload, metadata, time; returns the row id, and no sequence number (a
 /// keyed event's is `super::order::INSERT_KEYED`, which returns both).
 pub(super) const INSERT: &str = "\
 INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
-VALUES ($1, $2, $3, $4, $5) RETURNING id, NULL::bigint";
+VALUES ($1, $2, $3, $4, $5) RETURNING id, NULL::bigint, NULL::bigint";
 
 /// Access to the `outbox_events` table.
 #[derive(Debug, Clone, Copy, Default)]
@@ -24,8 +24,8 @@ impl Store {
     /// Inserts `envelope` as an unpublished row and returns the row id. On a
     /// transaction, the row is visible to the relay only after commit. An
     /// envelope with an `order_key` in its metadata takes the key's next
-    /// sequence number (`super::order`), which is written into the row's
-    /// metadata and into `envelope`'s.
+    /// sequence number (`super::order`), which is written, with its
+    /// numbering's epoch, into the row's metadata and into `envelope`'s.
     pub async fn insert<'e>(
         &self,
         executor: impl PgExecutor<'e>,
@@ -42,9 +42,10 @@ impl Store {
         if let Some(key) = key {
             query = query.bind(key);
         }
-        let (id, seq): (i64, Option<i64>) = query.fetch_one(executor).await?;
-        if let Some(seq) = seq {
+        let (id, seq, epoch): (i64, Option<i64>, Option<i64>) = query.fetch_one(executor).await?;
+        if let (Some(seq), Some(epoch)) = (seq, epoch) {
             envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
+            envelope.metadata.insert(ORDER_EPOCH.into(), epoch.to_string());
         }
         Ok(id)
     }

@@ -121,6 +121,11 @@ fn worker(
     consumer
 }
 
+/// The chains of `pool`'s database, whose heads go to `queue`.
+fn chains(pool: &PgPool, queue: &TestQueue) -> ordering::Ordering {
+    ordering::Ordering::new(pool.clone(), queue.client.clone(), Duration::from_secs(60))
+}
+
 /// Queues the event task of every outbox row, in a random order (as
 /// several relays and the queue may deliver them), as the relay does.
 async fn publish_shuffled(pool: &PgPool, queue: &TestQueue, rng: &mut fastrand::Rng) {
@@ -318,13 +323,8 @@ async fn an_ordered_listener_sees_each_key_in_commit_order_whatever_arrives_firs
             "key {key}: the steps in the order the listener saw them (seed {seed})"
         );
     }
-    let held = ordering::held(&db.pool).await.unwrap();
+    let held = chains(&db.pool, &queue).held().await.unwrap();
     assert_eq!(held, Held::default(), "nothing is left waiting");
-    let waits: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_key_waits")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(waits, 0);
 }
 
 /// A run of the test's listener: fails before its work when `roll` is 0,
@@ -405,7 +405,7 @@ impl HeldKey {
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
         publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(seed)).await;
         eventually(Duration::from_secs(20), "key 1 to be blocked", || async {
-            ordering::held(&db.pool).await.unwrap().blocked_keys == 1
+            chains(&db.pool, &queue).held().await.unwrap().blocked_keys == 1
                 && seen(&db.pool).await.get(&2).map(Vec::len) == Some(3)
         })
         .await;
@@ -432,6 +432,22 @@ impl HeldKey {
         )
     }
 
+    /// The event of key 1's step 3, waiting behind the failed step 2, and
+    /// its run's task id, as the chain tells.
+    async fn waiting_step_3(&self) -> (uuid::Uuid, String) {
+        let event_id: uuid::Uuid = sqlx::query_scalar(
+            "SELECT event_id FROM outbox_events WHERE payload ->> 'key' = '1' AND payload ->> 'n' = '3'",
+        )
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap();
+        let standing = self.ordering().standing(event_id, "order:1").await.unwrap();
+        assert_eq!(standing.len(), 1, "{standing:?}");
+        assert_eq!(standing[0].after, 1);
+        assert_eq!(standing[0].waits_for.as_ref(), Some(&self.head));
+        (event_id, standing[0].task_id.clone())
+    }
+
     /// The service's configuration, on its database and queue (what the
     /// `outbox` commands and the console read).
     fn config(&self) -> crate::config::Config {
@@ -455,7 +471,7 @@ async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
     let db = &held.db;
 
     // Act
-    let blocked = ordering::held(&db.pool).await.unwrap();
+    let blocked = held.ordering().held().await.unwrap();
     let seen_while_blocked = seen(&db.pool).await;
     crate::outbox::cleanup::delete_expired(&db.pool, Duration::ZERO)
         .await
@@ -502,7 +518,7 @@ async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
         "key 2 did not wait"
     );
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
-    assert_eq!(ordering::held(&db.pool).await.unwrap(), Held::default());
+    assert_eq!(held.ordering().held().await.unwrap(), Held::default());
 }
 
 #[tokio::test]
@@ -539,7 +555,10 @@ async fn a_listener_told_to_move_on_moves_past_a_run_that_failed_for_good() {
         .await
         .unwrap();
     assert_eq!(failures, 1, "the failure is recorded all the same");
-    assert_eq!(ordering::held(&db.pool).await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&db.pool, &queue).held().await.unwrap(),
+        Held::default()
+    );
 }
 
 /// Dispatches `steps` (key, n) in transactions of their own, 16 at a time,
@@ -987,12 +1006,7 @@ async fn the_console_shows_a_run_that_waits_for_its_keys_earlier_one() {
     // queue yet.
     let mut held = HeldKey::new(OnFailure::HoldKey, 5).await;
     held.stop().await;
-    let event_id: uuid::Uuid =
-        sqlx::query_scalar("SELECT event_id FROM ordered_runs WHERE task_id <> $1")
-            .bind(&held.head)
-            .fetch_one(&held.db.pool)
-            .await
-            .unwrap();
+    let (event_id, _) = held.waiting_step_3().await;
     let console = crate::console::Console::new(held.config(), held.listeners.clone()).router();
     let client = crate::testing::TestClient::new(console);
 
@@ -1022,13 +1036,8 @@ async fn the_console_shows_a_run_that_waits_for_its_keys_earlier_one() {
 async fn outbox_skip_releases_a_held_key_and_refuses_any_other_run() {
     // Arrange: key 1 held by its failed step 2, step 3 waiting behind it.
     let mut held = HeldKey::new(OnFailure::HoldKey, 3).await;
+    let (_, waiting) = held.waiting_step_3().await;
     let HeldKey { db, head, .. } = &held;
-    let (waiting,): (String,) =
-        sqlx::query_as("SELECT task_id FROM ordered_runs WHERE task_id <> $1")
-            .bind(head)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
     let context = crate::follow::Context::new(held.config(), Listeners::new());
     let skip = |task_id: &str| crate::operations::skip::Args {
         task_id: task_id.to_string(),
@@ -1061,7 +1070,7 @@ async fn outbox_skip_releases_a_held_key_and_refuses_any_other_run() {
     );
     assert!(skipped.is_ok(), "{skipped:?}");
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
-    assert_eq!(ordering::held(&db.pool).await.unwrap(), Held::default());
+    assert_eq!(held.ordering().held().await.unwrap(), Held::default());
     let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM listener_failures")
         .fetch_one(&db.pool)
         .await

@@ -312,6 +312,7 @@ pub(crate) async fn watch_backlog(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
+    let ordering_chains = super::ordering::Ordering::new(pool.clone(), queue.clone(), Duration::ZERO);
     let (relay, gauges, ordering) = (metrics.relay, metrics.queues, metrics.ordering);
     loop {
         tokio::select! {
@@ -333,7 +334,7 @@ pub(crate) async fn watch_backlog(
         }
         let held = tokio::select! {
             () = shutdown.cancelled() => break,
-            held = super::ordering::held(&pool) => held,
+            held = ordering_chains.held() => held,
         };
         match held {
             Ok(held) => {

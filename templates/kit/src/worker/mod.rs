@@ -208,10 +208,13 @@ pub async fn run(
             },
         )
     });
-    tasks.spawn(ordering::requeue_old_heads(
-        Ordering::new(pool.clone(), queue.clone(), config.outbox.task_retention),
-        stop.clone(),
-    ));
+    // Before the consumer runs: a head in the queue must find its chain.
+    let chains = Ordering::new(pool.clone(), queue.clone(), config.outbox.task_retention);
+    chains
+        .move_from_postgres()
+        .await
+        .context("cannot move the chains of ordered listeners from Postgres to Valkey")?;
+    tasks.spawn(ordering::requeue_old_heads(chains, stop.clone()));
     tasks.spawn(inbox::run_cleanup(
         pool.clone(),
         config.worker.inbox_retention,
@@ -396,7 +399,7 @@ pub(crate) fn handle_events(
                     .ordered()
                     .and_then(|_| task.headers.get(ORDERED_HEADER).cloned());
                 if let Some(key) = &key {
-                    match ordering.turn(&task.id).await? {
+                    match ordering.turn(listener.name(), key, &task.id).await? {
                         Turn::Now => {}
                         Turn::Done => {
                             return ordering.advance(listener.name(), key, &task.id).await;
