@@ -37,7 +37,10 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             args.task_id
         );
     };
-    if let Turn::After(runs) = ordering.turn(&run.listener, &run.key, &args.task_id).await? {
+    if let Turn::After(runs) = ordering
+        .turn(&run.listener, &run.key, &args.task_id)
+        .await?
+    {
         anyhow::bail!(
             "task {} is not the first of key `{}`: {runs} earlier run(s) come before it; nothing was changed\n\
              help: skip the first one, which holds the key",

@@ -90,7 +90,9 @@ impl Executor for &PgPool {
 fn number(envelope: &mut Envelope, place: Option<(i64, i64)>) {
     if let Some((seq, epoch)) = place {
         envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
-        envelope.metadata.insert(ORDER_EPOCH.into(), epoch.to_string());
+        envelope
+            .metadata
+            .insert(ORDER_EPOCH.into(), epoch.to_string());
     }
 }
 

@@ -84,7 +84,10 @@ mod tests {
             "dispatched before epochs"
         );
         metadata.insert(ORDER_EPOCH.into(), "1765000000000000".into());
-        assert_eq!(Place::of(&metadata).map(|place| place.epoch), Some(1_765_000_000_000_000));
+        assert_eq!(
+            Place::of(&metadata).map(|place| place.epoch),
+            Some(1_765_000_000_000_000)
+        );
         metadata.insert(ORDER_SEQ.into(), "three".into());
         assert_eq!(Place::of(&metadata), None);
     }

@@ -45,7 +45,9 @@ impl Store {
         let (id, seq, epoch): (i64, Option<i64>, Option<i64>) = query.fetch_one(executor).await?;
         if let (Some(seq), Some(epoch)) = (seq, epoch) {
             envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
-            envelope.metadata.insert(ORDER_EPOCH.into(), epoch.to_string());
+            envelope
+                .metadata
+                .insert(ORDER_EPOCH.into(), epoch.to_string());
         }
         Ok(id)
     }

@@ -19,7 +19,8 @@ use crate::dispatch::Event;
 use crate::outbox::dispatch;
 use crate::queue::{Client, Consumer, ConsumerOptions, NewTask, SkipRetry};
 use crate::worker::listeners::{
-    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure,
+    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure, listener_task_id,
+    listener_task_type,
 };
 use crate::worker::metrics::ListenerMetrics;
 use crate::worker::ordering::{self, Held};
@@ -292,8 +293,14 @@ async fn an_ordered_listener_sees_each_key_in_commit_order_whatever_arrives_firs
     );
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
-    for _ in 0..3 {
+    for worker_number in 0..3 {
         let client = Client::connect(&valkey_addr(), None, 0).await.unwrap();
+        // The third enqueues the heads itself, as on a Valkey cluster.
+        let client = if worker_number == 2 {
+            client.without_script_enqueues()
+        } else {
+            client
+        };
         let consumer = worker(client, &queue, &pool, listeners.clone(), false);
         workers.push(tokio::spawn(consumer.run(stop.clone().cancelled_owned())));
     }
@@ -1076,4 +1083,146 @@ async fn outbox_skip_releases_a_held_key_and_refuses_any_other_run() {
         .await
         .unwrap();
     assert_eq!(failures, 1, "the failure record stays");
+}
+
+#[tokio::test]
+async fn chains_left_in_postgres_by_template_set_21_move_to_valkey_in_their_order() {
+    // Arrange: key 1's steps 1 to 5, dispatched as template set 21 did (no
+    // epoch); a worker of that set fanned out steps 1, 2 and 4 into Postgres
+    // (the migration's `outbox_fan_out`: step 1 the head, its task queued;
+    // step 2 behind it; step 4 waiting for step 3) and stopped.
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    let mut steps = Vec::new();
+    for n in 1..=5 {
+        steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
+    }
+    sqlx::query("UPDATE outbox_keys SET epoch = 0")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    for step in &mut steps {
+        step.metadata.remove(crate::outbox::order::ORDER_EPOCH);
+    }
+    let task_type = listener_task_type(&steps[0].name, "ledger");
+    let run_id = |step: &crate::outbox::Envelope| listener_task_id(step.id, "ledger").to_string();
+    for (seq, step) in [(1, &steps[0]), (2, &steps[1]), (4, &steps[3])] {
+        sqlx::query("SELECT * FROM outbox_fan_out($1, $2, false, $3, $4, $5, '{}', $6, $7, $8)")
+            .bind("order:1")
+            .bind(seq)
+            .bind(&queue.name)
+            .bind(step.id)
+            .bind(serde_json::to_vec(step).unwrap())
+            .bind(vec!["ledger"])
+            .bind(vec![&task_type])
+            .bind(vec![run_id(step)])
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let head = NewTask::new(
+        task_type.clone(),
+        run_id(&steps[0]),
+        serde_json::to_vec(&steps[0]).unwrap(),
+    )
+    .queue(&queue.name)
+    .headers([(ordering::ORDERED_HEADER.to_string(), "order:1".to_string())].into());
+    let event_task = |step: &crate::outbox::Envelope| {
+        NewTask::new(
+            format!("event:{}", step.name),
+            step.id.to_string(),
+            serde_json::to_vec(step).unwrap(),
+        )
+        .queue(&queue.name)
+    };
+    let later = [head, event_task(&steps[4]), event_task(&steps[2])];
+    for result in queue.client.enqueue(&later).await.unwrap() {
+        result.unwrap();
+    }
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        |event: Placed, context: ListenerContext| async move {
+            record(&context, event.key, event.n).await
+        },
+    );
+    let chains = chains(&db.pool, &queue);
+
+    // Act: the worker of set 22 moves them before it consumes.
+    let moved = chains.move_from_postgres().await.unwrap();
+    let stop = CancellationToken::new();
+    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    eventually(Duration::from_secs(20), "five steps", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(5)
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // Assert
+    assert_eq!(moved, 4, "one key's number, one waiting event, two runs");
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3, 4, 5]));
+    let left: (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM ordered_runs) + (SELECT count(*) FROM ordered_keys), \
+           (SELECT count(*) FROM outbox_key_waits), (SELECT max(fanned_out) FROM outbox_keys)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, (0, 0, 0), "nothing is left in Postgres");
+    assert_eq!(chains.move_from_postgres().await.unwrap(), 0);
+    assert_eq!(chains.held().await.unwrap(), Held::default());
+}
+
+#[tokio::test]
+async fn a_key_idle_for_the_retention_numbers_its_events_again_in_a_new_epoch() {
+    // Arrange: key 1's steps 1 and 2 run; then the key is idle for the
+    // retention, and its row in Postgres goes.
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        |event: Placed, context: ListenerContext| async move {
+            record(&context, event.key, event.n).await
+        },
+    );
+    let stop = CancellationToken::new();
+    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
+    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let mut steps = Vec::new();
+    for n in 1..=2 {
+        steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
+    }
+    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(2)).await;
+    eventually(Duration::from_secs(20), "steps 1 and 2", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
+    })
+    .await;
+    let idle = ordering::delete_idle(&db.pool, Duration::ZERO)
+        .await
+        .unwrap();
+
+    // Act: its next event numbers from 1 again.
+    steps.push(dispatch(&db.pool, &Placed { key: 1, n: 3 }).await.unwrap());
+    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(3)).await;
+    eventually(Duration::from_secs(20), "step 3", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(3)
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // Assert
+    assert_eq!(idle, 1);
+    let place =
+        |step: &crate::outbox::Envelope| crate::outbox::order::Place::of(&step.metadata).unwrap();
+    assert_eq!((place(&steps[1]).seq, place(&steps[2]).seq), (2, 1));
+    assert!(place(&steps[2]).epoch > place(&steps[1]).epoch, "{steps:?}");
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
 }

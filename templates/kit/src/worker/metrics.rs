@@ -312,7 +312,8 @@ pub(crate) async fn watch_backlog(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    let ordering_chains = super::ordering::Ordering::new(pool.clone(), queue.clone(), Duration::ZERO);
+    let ordering_chains =
+        super::ordering::Ordering::new(pool.clone(), queue.clone(), Duration::ZERO);
     let (relay, gauges, ordering) = (metrics.relay, metrics.queues, metrics.ordering);
     loop {
         tokio::select! {

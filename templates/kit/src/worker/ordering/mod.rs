@@ -50,13 +50,11 @@
 //! run costs three round trips to Postgres more than an unordered one.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message as _;
-use redis::Script;
 use sqlx::PgPool;
-use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::outbox::Metadata;
@@ -64,6 +62,13 @@ use crate::outbox::order::{ORDER_KEY, Place};
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
 use crate::queue::message::TaskMessage;
 use crate::queue::{Client, HandlerError, NewTask, QueueError};
+
+use keys::Namespace;
+use scripts::{FAN_OUT, MOVE_ON, REQUEUE};
+
+mod from_postgres;
+mod keys;
+mod scripts;
 
 /// The header that marks a listener task as a run of a chain (its value is
 /// the key). A listener task without it (queued before its listener was
@@ -132,86 +137,6 @@ impl std::fmt::Debug for Ordering {
     }
 }
 
-/// The names of one service's ordering keys in Valkey: all under
-/// `ordered:{<database>}:`, one hash slot per service (a Valkey cluster
-/// keeps a service's chains on one master, so that each step is one
-/// script), apart from another service's sharing the Valkey.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Namespace {
-    prefix: String,
-}
-
-impl Namespace {
-    /// The namespace of the database `database` (braces, which would end
-    /// the hash tag, and `%` are percent-encoded).
-    pub(crate) fn of_database(database: &str) -> Self {
-        let mut tag = String::with_capacity(database.len());
-        for c in database.chars() {
-            match c {
-                '{' => tag.push_str("%7B"),
-                '}' => tag.push_str("%7D"),
-                '%' => tag.push_str("%25"),
-                c => tag.push(c),
-            }
-        }
-        Self {
-            prefix: format!("ordered:{{{tag}}}:"),
-        }
-    }
-
-    /// The namespace of `pool`'s database (its user's name when the URL
-    /// names none, as Postgres does).
-    pub(crate) fn of_pool(pool: &PgPool) -> Self {
-        let options = pool.connect_options();
-        Self::of_database(
-            options
-                .get_database()
-                .unwrap_or_else(|| options.get_username()),
-        )
-    }
-
-    /// The runs not done yet, by task id: each run's task message.
-    fn runs(&self) -> String {
-        format!("{}runs", self.prefix)
-    }
-
-    /// The chains' heads, by task id, scored by when each became its
-    /// chain's head (Unix milliseconds).
-    fn heads(&self) -> String {
-        format!("{}heads", self.prefix)
-    }
-
-    /// The events waiting for the fan-out of an earlier event of their key,
-    /// by their lists' names, scored by when they began to wait.
-    fn waiting(&self) -> String {
-        format!("{}waiting", self.prefix)
-    }
-
-    /// The chain of `listener` for `key`: a list of task ids, the head
-    /// first. (The listener's name is length-prefixed: no listener and key
-    /// make another's name.)
-    fn chain(&self, listener: &str, key: &str) -> String {
-        format!("{}chain:{}:{listener}:{key}", self.prefix, listener.len())
-    }
-
-    /// The listeners with a chain for `key`.
-    fn listeners(&self, key: &str) -> String {
-        format!("{}listeners:{key}", self.prefix)
-    }
-
-    /// The last sequence number of `key` fanned out, in its numbering
-    /// `epoch`.
-    fn fanned(&self, key: &str, epoch: i64) -> String {
-        format!("{}fan:{epoch}:{key}", self.prefix)
-    }
-
-    /// The name of the list of the event `seq` of `key` in `epoch` that
-    /// waits, as `<before><seq><after>`.
-    fn wait_parts(&self, key: &str, epoch: i64) -> (String, String) {
-        (format!("{}wait:{epoch}:", self.prefix), format!(":{key}"))
-    }
-}
-
 impl Ordering {
     /// Chains in Valkey whose heads go to `queue`, named after `pool`'s
     /// database ([`Namespace`]), kept `retention` after they succeed.
@@ -240,13 +165,12 @@ impl Ordering {
     ) -> Result<(), HandlerError> {
         let (wait_before, wait_after) = self.keys.wait_parts(&place.key, place.epoch);
         let mut script = FAN_OUT.prepare_invoke();
+        self.delivery(&mut script);
         script
             .key(self.keys.runs())
             .key(self.keys.heads())
             .key(self.keys.fanned(&place.key, place.epoch))
             .key(self.keys.waiting())
-            .arg(&self.keys.prefix)
-            .arg(&place.key)
             .arg(place.seq)
             .arg(i32::from(replay))
             .arg(millis(FANNED_KEPT.max(self.retention)))
@@ -257,25 +181,22 @@ impl Ordering {
         let mut headers = event.headers.clone();
         headers.insert(ORDERED_HEADER.into(), place.key.clone());
         for run in &event.runs {
-            let task = run_message(
+            let task = self.run_message(
                 &run.task_type,
                 &run.task_id,
                 &event.queue,
                 &event.payload,
                 &headers,
-            );
+            )?;
             script
                 .arg(self.keys.chain(&run.listener, &place.key))
                 .arg(self.keys.listeners(&place.key))
                 .arg(&run.listener)
                 .arg(&run.task_id)
-                .arg(task.encode_to_vec());
+                .arg(&event.queue)
+                .arg(task);
         }
-        let heads: Vec<Vec<u8>> = script
-            .invoke_async(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?;
-        self.enqueue(&heads).await
+        self.deliver(&script).await
     }
 
     /// Where the run of the task `task_id`, of `listener`'s chain for
@@ -310,18 +231,44 @@ impl Ordering {
         key: &str,
         task_id: &str,
     ) -> Result<(), HandlerError> {
-        let heads: Vec<Vec<u8>> = MOVE_ON
+        let mut script = MOVE_ON.prepare_invoke();
+        self.delivery(&mut script);
+        script
             .key(self.keys.chain(listener, key))
             .key(self.keys.runs())
             .key(self.keys.heads())
             .key(self.keys.listeners(key))
             .arg(task_id)
             .arg(now_millis())
-            .arg(listener)
+            .arg(listener);
+        self.deliver(&script).await
+    }
+
+    /// Starts `script`, one that delivers heads (`scripts`' module doc):
+    /// its first key and arguments.
+    fn delivery(&self, script: &mut redis::ScriptInvocation<'_>) {
+        script
+            .key(self.keys.queues())
+            .arg(i32::from(self.queue.enqueues_in_scripts()))
+            .arg(chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default())
+            .arg(self.queue.wake_channel());
+    }
+
+    /// Runs `script`, one that delivers heads: on a single server it
+    /// enqueued them (this process's consumers are woken), else the worker
+    /// enqueues the task messages it returns.
+    async fn deliver(&self, script: &redis::ScriptInvocation<'_>) -> Result<(), HandlerError> {
+        let delivered: Vec<Vec<u8>> = script
             .invoke_async(&mut self.queue.connection())
             .await
             .map_err(QueueError::from)?;
-        self.enqueue(&heads).await
+        if self.queue.enqueues_in_scripts() {
+            if !delivered.is_empty() {
+                self.queue.enqueued_by_script();
+            }
+            return Ok(());
+        }
+        self.enqueue(&delivered).await
     }
 
     /// Queues again the heads that have been heads longer than
@@ -348,105 +295,6 @@ impl Ordering {
         let count = heads.len();
         self.enqueue(&heads).await?;
         Ok(count)
-    }
-
-    /// Moves what the chains in Postgres still hold (template sets 19-21
-    /// kept them there: `outbox_keys.fanned_out`, `outbox_key_waits`,
-    /// `ordered_runs`) into Valkey, under a lock of the database's, in
-    /// their order; the rows go once Valkey has them. A run already in
-    /// Valkey is not added twice. Returns how many rows it moved. The
-    /// worker calls it before it consumes (a head in the queue must find
-    /// its chain) and with its loop of old heads.
-    pub(crate) async fn move_from_postgres(&self) -> anyhow::Result<u64> {
-        type Wait = (String, i64, String, Uuid, Vec<u8>, Json<BTreeMap<String, String>>, Vec<String>, Vec<String>, Vec<String>);
-        type Run = (String, String, String, String, String, Vec<u8>, Json<BTreeMap<String, String>>);
-        let mut tx = self.pool.begin().await?;
-        let held: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox_keys WHERE fanned_out > 0) \
-             OR EXISTS (SELECT 1 FROM outbox_key_waits) OR EXISTS (SELECT 1 FROM ordered_runs)",
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        if !held {
-            return Ok(0);
-        }
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('gpkit ordered chains to Valkey'))")
-            .execute(&mut *tx)
-            .await?;
-        let fanned: Vec<(String, i64)> =
-            sqlx::query_as("SELECT key, fanned_out FROM outbox_keys WHERE fanned_out > 0 FOR UPDATE")
-                .fetch_all(&mut *tx)
-                .await?;
-        let waits: Vec<Wait> = sqlx::query_as(
-            "DELETE FROM outbox_key_waits RETURNING key, seq, queue, event_id, payload, headers, \
-             listeners, task_types, task_ids",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        let runs: Vec<Run> = sqlx::query_as(
-            "WITH gone AS (DELETE FROM ordered_runs RETURNING *) \
-             SELECT listener, key, task_id, task_type, queue, payload, headers FROM gone \
-             ORDER BY listener, key, position",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        sqlx::query("DELETE FROM ordered_keys").execute(&mut *tx).await?;
-        sqlx::query("UPDATE outbox_keys SET fanned_out = 0 WHERE fanned_out > 0")
-            .execute(&mut *tx)
-            .await?;
-        let mut conn = self.queue.connection();
-        let kept = millis(FANNED_KEPT.max(self.retention));
-        for (key, number) in &fanned {
-            let () = KEEP_LATER
-                .key(self.keys.fanned(key, 0))
-                .arg(number)
-                .arg(kept)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(QueueError::from)?;
-        }
-        for (key, seq, queue, event_id, payload, Json(headers), listeners, task_types, task_ids) in &waits {
-            let (before, after) = self.keys.wait_parts(key, 0);
-            let mut headers = headers.clone();
-            headers.insert(ORDERED_HEADER.into(), key.clone());
-            let mut script = WAIT.prepare_invoke();
-            script
-                .key(format!("{before}{seq}{after}"))
-                .key(self.keys.waiting())
-                .arg(now_millis())
-                .arg(event_id.to_string());
-            for ((listener, task_type), task_id) in listeners.iter().zip(task_types).zip(task_ids) {
-                let task = run_message(task_type, task_id, queue, payload, &headers);
-                script
-                    .arg(self.keys.chain(listener, key))
-                    .arg(self.keys.listeners(key))
-                    .arg(listener)
-                    .arg(task_id)
-                    .arg(task.encode_to_vec());
-            }
-            let () = script.invoke_async(&mut conn).await.map_err(QueueError::from)?;
-        }
-        for (listener, key, task_id, task_type, queue, payload, Json(headers)) in &runs {
-            let mut headers = headers.clone();
-            headers.insert(ORDERED_HEADER.into(), key.clone());
-            let task = run_message(task_type, task_id, queue, payload, &headers);
-            let _: Vec<Vec<u8>> = APPEND
-                .key(self.keys.runs())
-                .key(self.keys.heads())
-                .arg(now_millis())
-                .arg(self.keys.chain(listener, key))
-                .arg(self.keys.listeners(key))
-                .arg(listener)
-                .arg(task_id)
-                .arg(task.encode_to_vec())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(QueueError::from)?;
-        }
-        tx.commit().await?;
-        let moved = fanned.len() + waits.len() + runs.len();
-        tracing::info!(keys = fanned.len(), waiting_events = waits.len(), runs = runs.len(), "moved the chains of ordered listeners from Postgres to Valkey");
-        Ok(u64::try_from(moved).unwrap_or(u64::MAX))
     }
 
     /// The chain of the run of `task_id`, if it is in one.
@@ -560,7 +408,13 @@ impl Ordering {
         let tasks: Vec<NewTask> = heads
             .iter()
             .filter_map(|head| TaskMessage::decode(head.as_slice()).ok())
-            .map(|head| self.run_task(head))
+            .map(|head| {
+                self.run_task(
+                    NewTask::new(head.r#type, head.id, head.payload)
+                        .queue(head.queue)
+                        .headers(head.headers),
+                )
+            })
             .collect();
         if tasks.is_empty() {
             return Ok(());
@@ -571,33 +425,27 @@ impl Ordering {
         Ok(())
     }
 
+    /// The task message of a run, as its chain keeps it and as the queue
+    /// writes it (`headers` with the key, [`ORDERED_HEADER`]).
+    fn run_message(
+        &self,
+        task_type: &str,
+        task_id: &str,
+        queue: &str,
+        payload: &[u8],
+        headers: &BTreeMap<String, String>,
+    ) -> Result<Vec<u8>, QueueError> {
+        let task = NewTask::new(task_type, task_id, payload.to_vec())
+            .queue(queue)
+            .headers(headers.clone());
+        Ok(self.run_task(task).to_message()?.encode_to_vec())
+    }
+
     /// The task of the run `head`, marked as a run of its chain.
-    fn run_task(&self, head: TaskMessage) -> NewTask {
-        NewTask::new(head.r#type, head.id, head.payload)
-            .queue(head.queue)
-            .headers(head.headers)
-            .max_retry(MAX_RETRY)
+    fn run_task(&self, head: NewTask) -> NewTask {
+        head.max_retry(MAX_RETRY)
             .timeout(TASK_TIMEOUT)
             .retention(self.retention)
-    }
-}
-
-/// The task message of a run, as its chain keeps it (`headers` with the
-/// key, [`ORDERED_HEADER`]).
-fn run_message(
-    task_type: &str,
-    task_id: &str,
-    queue: &str,
-    payload: &[u8],
-    headers: &BTreeMap<String, String>,
-) -> TaskMessage {
-    TaskMessage {
-        r#type: task_type.to_string(),
-        payload: payload.to_vec(),
-        headers: headers.clone(),
-        id: task_id.to_string(),
-        queue: queue.to_string(),
-        ..TaskMessage::default()
     }
 }
 
@@ -647,171 +495,6 @@ pub(crate) const REQUEUE_AFTER: Duration = Duration::from_secs(10);
 /// which gives the numbers, is deleted once idle that long, and a new row
 /// starts a new numbering (its epoch).
 const FANNED_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// The fan-out of a keyed event. KEYS: runs, heads, the key's fanned-out
-/// number, waiting. ARGV: prefix, key, seq, replay (0/1), how long the
-/// number is kept (ms), now (ms), the waiting list's name before and after
-/// the seq, the event id, then per run: its chain, the key's listeners
-/// set, listener, task id, task message. Returns the task messages of the
-/// runs that became heads (or, for a retried fan-out, of the chains'
-/// heads).
-static FAN_OUT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local runs, heads, fanned_key, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local seq, replay = tonumber(ARGV[3]), ARGV[4] == '1'
-local kept, now = tonumber(ARGV[5]), tonumber(ARGV[6])
-local wait_before, wait_after = ARGV[7], ARGV[8]
-local made = {}
--- Appends the runs of `args` from `from` on (5 values each) to their
--- chains, unless a run of that task is there already.
-local function append(args, from)
-  for i = from, #args, 5 do
-    local chain, listeners, listener, id, task = args[i], args[i + 1], args[i + 2], args[i + 3], args[i + 4]
-    if redis.call('HSETNX', runs, id, task) == 1 then
-      if redis.call('RPUSH', chain, id) == 1 then
-        redis.call('ZADD', heads, now, id)
-        redis.call('SADD', listeners, listener)
-        made[#made + 1] = task
-      end
-    end
-  end
-end
-local fanned = tonumber(redis.call('GET', fanned_key) or '0')
-if seq <= fanned then
-  if replay then
-    append(ARGV, 10)
-  else
-    for i = 10, #ARGV, 5 do
-      local head = redis.call('LINDEX', ARGV[i], 0)
-      if head then made[#made + 1] = redis.call('HGET', runs, head) end
-    end
-  end
-  return made
-end
-if seq > fanned + 1 then
-  local wait = wait_before .. seq .. wait_after
-  if redis.call('EXISTS', wait) == 0 then
-    redis.call('RPUSH', wait, ARGV[9], unpack(ARGV, 10))
-    redis.call('ZADD', waiting, now, wait)
-  end
-  return made
-end
-append(ARGV, 10)
-while true do
-  local wait = wait_before .. (fanned + 2) .. wait_after
-  local args = redis.call('LRANGE', wait, 0, -1)
-  if #args == 0 then break end
-  append(args, 2)
-  redis.call('DEL', wait)
-  redis.call('ZREM', waiting, wait)
-  fanned = fanned + 1
-end
-redis.call('SET', fanned_key, fanned + 1, 'PX', kept)
-return made
-",
-    )
-});
-
-/// Appends runs to their chains, unless there already (moved from
-/// Postgres). KEYS: runs, heads. ARGV: now (ms), then per run: its chain,
-/// the key's listeners set, listener, task id, task message. Returns the
-/// task messages of the runs that became heads.
-static APPEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local made = {}
-for i = 2, #ARGV, 5 do
-  local chain, listeners, listener, id, task = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  if redis.call('HSETNX', KEYS[1], id, task) == 1 then
-    if redis.call('RPUSH', chain, id) == 1 then
-      redis.call('ZADD', KEYS[2], ARGV[1], id)
-      redis.call('SADD', listeners, listener)
-      made[#made + 1] = task
-    end
-  end
-end
-return made
-",
-    )
-});
-
-/// Keeps an event waiting (moved from Postgres), as [`FAN_OUT`] does.
-/// KEYS: its list, waiting. ARGV: now (ms), the event id, then its runs
-/// as [`APPEND`]'s.
-static WAIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
-  redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
-end
-",
-    )
-});
-
-/// Sets a key's last fanned-out number, unless it is later already
-/// (moved from Postgres). KEYS: the number. ARGV: the number, how long it
-/// is kept (ms).
-static KEEP_LATER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-",
-    )
-});
-
-/// A run is over. KEYS: its chain, runs, heads, the key's listeners.
-/// ARGV: task id, now (ms), listener. Returns the task message of the
-/// chain's head to queue (none if the chain is empty, or the run was not
-/// the head but in the chain).
-static MOVE_ON: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local chain, runs, heads, listeners = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local id = ARGV[1]
-local head = redis.call('LINDEX', chain, 0)
-if not head then return {} end
-if head ~= id then
-  if redis.call('LREM', chain, 1, id) == 1 then
-    redis.call('HDEL', runs, id)
-    return {}
-  end
-  return {redis.call('HGET', runs, head)}
-end
-redis.call('LPOP', chain)
-redis.call('HDEL', runs, id)
-redis.call('ZREM', heads, id)
-local next = redis.call('LINDEX', chain, 0)
-if not next then
-  redis.call('SREM', listeners, ARGV[3])
-  return {}
-end
-redis.call('ZADD', heads, ARGV[2], next)
-return {redis.call('HGET', runs, next)}
-",
-    )
-});
-
-/// The heads older than a time. KEYS: heads, runs. ARGV: the time (ms),
-/// now (ms), how many at most. Returns their task messages, and counts
-/// them as heads from now on.
-static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-local tasks = {}
-for _, id in ipairs(ids) do
-  local task = redis.call('HGET', KEYS[2], id)
-  if task then tasks[#tasks + 1] = task end
-  redis.call('ZADD', KEYS[1], ARGV[2], id)
-end
-return tasks
-",
-    )
-});
 
 /// Every [`REQUEUE_AFTER`] until `stop`: queues again the heads that have
 /// waited longer than that ([`Ordering::requeue_old_heads`]), after moving
@@ -897,27 +580,4 @@ pub(crate) struct Standing {
     pub after: i64,
     /// The task id of the head it waits for, when it waits.
     pub waits_for: Option<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_namespace_is_one_hash_slot_per_database_whatever_its_name() {
-        assert_eq!(
-            Namespace::of_database("shop").chain("email", "order:7"),
-            "ordered:{shop}:chain:5:email:order:7"
-        );
-        assert_eq!(
-            Namespace::of_database("a}b{c%").runs(),
-            "ordered:{a%7Db%7Bc%25}:runs"
-        );
-    }
-
-    #[test]
-    fn no_listener_and_key_name_another_pairs_chain() {
-        let keys = Namespace::of_database("shop");
-        assert_ne!(keys.chain("a", "b:c"), keys.chain("a:b", "c"));
-    }
 }

@@ -1,0 +1,155 @@
+//! The move of what the chains in Postgres still hold into Valkey: template
+//! sets 19-21 kept the chains of ordered listeners in Postgres
+//! (`outbox_keys.fanned_out`, `outbox_key_waits`, `ordered_runs`); a worker
+//! of set 22 or later moves them before it consumes, and again with its
+//! loop of old heads (after a worker of an earlier set left some).
+
+use std::collections::BTreeMap;
+
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::scripts::{APPEND, KEEP_LATER, WAIT};
+use super::{FANNED_KEPT, ORDERED_HEADER, Ordering, millis, now_millis};
+use crate::queue::QueueError;
+
+/// An event waiting in `outbox_key_waits`: key, seq, queue, event id,
+/// payload, headers, and its runs' listeners, task types and task ids.
+type Wait = (
+    String,
+    i64,
+    String,
+    Uuid,
+    Vec<u8>,
+    Json<BTreeMap<String, String>>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+);
+/// A run in `ordered_runs`: listener, key, task id, task type, queue,
+/// payload, headers.
+type Run = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    Json<BTreeMap<String, String>>,
+);
+
+impl Ordering {
+    /// Moves what the chains in Postgres still hold (template sets 19-21
+    /// kept them there: `outbox_keys.fanned_out`, `outbox_key_waits`,
+    /// `ordered_runs`) into Valkey, under a lock of the database's, in
+    /// their order; the rows go once Valkey has them. A run already in
+    /// Valkey is not added twice. Returns how many rows it moved. The
+    /// worker calls it before it consumes (a head in the queue must find
+    /// its chain) and with its loop of old heads.
+    pub(crate) async fn move_from_postgres(&self) -> anyhow::Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let held: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_keys WHERE fanned_out > 0) \
+             OR EXISTS (SELECT 1 FROM outbox_key_waits) OR EXISTS (SELECT 1 FROM ordered_runs)",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if !held {
+            return Ok(0);
+        }
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('gpkit ordered chains to Valkey'))")
+            .execute(&mut *tx)
+            .await?;
+        let fanned: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT key, fanned_out FROM outbox_keys WHERE fanned_out > 0 FOR UPDATE",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let waits: Vec<Wait> = sqlx::query_as(
+            "DELETE FROM outbox_key_waits RETURNING key, seq, queue, event_id, payload, headers, \
+             listeners, task_types, task_ids",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let runs: Vec<Run> = sqlx::query_as(
+            "WITH gone AS (DELETE FROM ordered_runs RETURNING *) \
+             SELECT listener, key, task_id, task_type, queue, payload, headers FROM gone \
+             ORDER BY listener, key, position",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM ordered_keys")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE outbox_keys SET fanned_out = 0 WHERE fanned_out > 0")
+            .execute(&mut *tx)
+            .await?;
+        let mut conn = self.queue.connection();
+        let kept = millis(FANNED_KEPT.max(self.retention));
+        for (key, number) in &fanned {
+            let () = KEEP_LATER
+                .key(self.keys.fanned(key, 0))
+                .arg(number)
+                .arg(kept)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+        }
+        for (key, seq, queue, event_id, payload, Json(headers), listeners, task_types, task_ids) in
+            &waits
+        {
+            let (before, after) = self.keys.wait_parts(key, 0);
+            let mut headers = headers.clone();
+            headers.insert(ORDERED_HEADER.into(), key.clone());
+            let mut script = WAIT.prepare_invoke();
+            script
+                .key(format!("{before}{seq}{after}"))
+                .key(self.keys.waiting())
+                .arg(now_millis())
+                .arg(event_id.to_string());
+            for ((listener, task_type), task_id) in listeners.iter().zip(task_types).zip(task_ids) {
+                let task = self.run_message(task_type, task_id, queue, payload, &headers)?;
+                script
+                    .arg(self.keys.chain(listener, key))
+                    .arg(self.keys.listeners(key))
+                    .arg(listener)
+                    .arg(task_id)
+                    .arg(queue)
+                    .arg(task);
+            }
+            let () = script
+                .invoke_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+        }
+        for (listener, key, task_id, task_type, queue, payload, Json(headers)) in &runs {
+            let mut headers = headers.clone();
+            headers.insert(ORDERED_HEADER.into(), key.clone());
+            let task = self.run_message(task_type, task_id, queue, payload, &headers)?;
+            let mut script = APPEND.prepare_invoke();
+            self.delivery(&mut script);
+            script
+                .key(self.keys.runs())
+                .key(self.keys.heads())
+                .arg(now_millis())
+                .arg(self.keys.chain(listener, key))
+                .arg(self.keys.listeners(key))
+                .arg(listener)
+                .arg(task_id)
+                .arg(queue)
+                .arg(task);
+            self.deliver(&script)
+                .await
+                .map_err(|err| anyhow::anyhow!("{err}"))?;
+        }
+        tx.commit().await?;
+        let moved = fanned.len() + waits.len() + runs.len();
+        tracing::info!(
+            keys = fanned.len(),
+            waiting_events = waits.len(),
+            runs = runs.len(),
+            "moved the chains of ordered listeners from Postgres to Valkey"
+        );
+        Ok(u64::try_from(moved).unwrap_or(u64::MAX))
+    }
+}
