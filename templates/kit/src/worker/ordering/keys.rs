@@ -80,6 +80,15 @@ impl Namespace {
         format!("{}fan:{epoch}:{key}", self.prefix)
     }
 
+    /// The key, epoch and seq of the waiting event whose list is `name`
+    /// (one of [`Namespace::waiting`]'s members).
+    pub(super) fn waiting_event(&self, name: &str) -> Option<(String, i64, i64)> {
+        let rest = name.strip_prefix(&self.prefix)?.strip_prefix("wait:")?;
+        let (epoch, rest) = rest.split_once(':')?;
+        let (seq, key) = rest.split_once(':')?;
+        Some((key.to_string(), epoch.parse().ok()?, seq.parse().ok()?))
+    }
+
     /// The name of the list of the event `seq` of `key` in `epoch` that
     /// waits, as `<before><seq><after>`.
     pub(super) fn wait_parts(&self, key: &str, epoch: i64) -> (String, String) {
@@ -101,6 +110,18 @@ mod tests {
             Namespace::of_database("a}b{c%").runs(),
             "ordered:{a%7Db%7Bc%25}:runs"
         );
+    }
+
+    #[test]
+    fn a_waiting_events_list_names_its_key_epoch_and_seq() {
+        let keys = Namespace::of_database("shop");
+        let (before, after) = keys.wait_parts("order:7:a", 1_765);
+        let name = format!("{before}12{after}");
+        assert_eq!(
+            keys.waiting_event(&name),
+            Some(("order:7:a".to_string(), 1_765, 12))
+        );
+        assert_eq!(keys.waiting_event("ordered:{other}:wait:1:2:k"), None);
     }
 
     #[test]

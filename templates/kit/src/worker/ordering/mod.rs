@@ -2,52 +2,60 @@
 //! [`ListenerOptions::ordered`](super::listeners::ListenerOptions::ordered)
 //! runs the events that share a key ([`Event::order_key`](crate::dispatch::Event::order_key))
 //! one at a time, in the order their transactions committed, on whichever
-//! worker, retries included.
+//! worker, retries included. The chains live in Valkey, beside the queue
+//! (template set 22; they were in Postgres before, [`from_postgres`]), each
+//! step one script ([`scripts`]), under `ordered:{<database>}:` ([`keys`]).
 //!
 //! - **Commit order**: dispatching a keyed event takes the key's next
 //!   sequence number in its own transaction, under the lock of the key's
 //!   `outbox_keys` row (`crate::outbox::order`). The outbox's row id is
 //!   taken at insert, so a transaction that commits late can have a lower id
 //!   than rows already published; its sequence number is still the later one.
+//!   A key's row goes once idle for the outbox's retention; a later event
+//!   of the key numbers from 1 again, in a new epoch (the row's).
 //! - **Fan-out in sequence**: the fan-out of a keyed event adds a run per
-//!   ordered listener to that listener's chain for the key (`ordered_runs`),
-//!   in sequence order: an event task that reaches a worker before the one
-//!   that precedes it waits in `outbox_key_waits` (its task completes) and is
-//!   fanned out right after that one, by whichever worker fans it out.
+//!   ordered listener to that listener's chain for the key, in sequence
+//!   order: an event task that reaches a worker before the one that
+//!   precedes it waits in Valkey (its task completes) and is fanned out
+//!   right after that one, by the script that fans that one out.
 //! - **One run at a time**: only a chain's head is in the queue. When it
-//!   succeeds, the worker moves the head on and queues the next run; while it
-//!   is retried, the runs behind it wait in Postgres, not in the queue. So a Go
-//!   asynq server sharing the queue never sees them; it must not register a
+//!   succeeds, the worker moves the head on and the next run goes to the
+//!   queue, in the same script on a single server; while it is retried, the
+//!   runs behind it wait in their chain, not in the queue. So a Go asynq
+//!   server sharing the queue never sees them; it must not register a
 //!   handler for an ordered listener's task type, since its runs would not
 //!   move the chain on.
 //! - **A run that keeps failing** holds its key by default: archived (and
 //!   recorded in `listener_failures`), the runs behind it wait until `outbox
 //!   retry-archived` runs it again and it succeeds, or `outbox skip` moves past
-//!   it; nothing releases it by a timeout, and the outbox's cleanup keeps the
-//!   events it holds. With [`OnFailure::MoveOn`](super::listeners::OnFailure::MoveOn),
-//!   its failure is recorded, the task archived, and the key moves on.
+//!   it; nothing releases it by a timeout, and the outbox's cleanup keeps its
+//!   event and the later ones of its key. With
+//!   [`OnFailure::MoveOn`](super::listeners::OnFailure::MoveOn), its failure
+//!   is recorded, the task archived, and the key moves on.
 //! - **Crashes**: every step is idempotent and healed by the rerun of the
-//!   task that was interrupted: a fan-out that committed but died before
-//!   queuing the heads queues them when its task runs again; a run that
-//!   moved its chain on but died before queuing the next queues it when it
-//!   runs again (its listener is not called twice: its run is gone).
-//! - **Valkey losing a head's task** (a restart without its append-only
-//!   file, a failover before replication): every 10 s the worker queues
-//!   again the heads that have waited 10 s or more; the queue takes a head
-//!   it has as a duplicate, and gives back one it lost.
+//!   task that was interrupted: a fan-out whose heads were not queued (a
+//!   cluster, where the worker queues them after the script) queues them
+//!   when its task runs again; a run that moved its chain on but died before
+//!   its next was queued queues it when it runs again (its listener is not
+//!   called twice: its run is gone from the chain, [`Turn::Done`]).
+//! - **Valkey losing writes**: with its append-only file, a restart or a
+//!   failover loses the last writes, in order: a step lost with them is done
+//!   again by its task, which is back in the queue (its completion came after
+//!   it). Every 10 s the worker also queues again the heads that have been
+//!   heads for 10 s or more; the queue takes a head it has as a duplicate.
+//!   Valkey losing all its data loses the chains with the queue; see the
+//!   project's README (the recovery replays the events).
 //! - **Replays**: `outbox replay` of a keyed event that was fanned out
 //!   already adds a run to the end of each ordered listener's chain: it runs
 //!   after the runs of its key that wait already, and before the later ones.
-//!   A replay of one that was not (its task lost with Valkey's data, as the
-//!   README's recovery replays them) takes its turn as the event would.
+//!   A replay of one that was not takes its turn as the event would.
 //!   `outbox replay --listener` queues the listener's task alone, without
 //!   the chain's mark: it runs at once, outside the order.
 //!
 //! Keys do not wait for each other: the heads of different keys run in
-//! parallel, up to the workers' concurrency. Each step is one statement:
-//! a fan-out calls the migration's SQL function `outbox_fan_out`, a run
-//! reads its turn and, once over, calls `ordered_move_on`; so an ordered
-//! run costs three round trips to Postgres more than an unordered one.
+//! parallel, up to the workers' concurrency. An ordered run costs three
+//! Valkey calls more than an unordered one (the fan-out's script, the run's
+//! turn, the move on) and nothing in Postgres.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,6 +77,7 @@ use scripts::{FAN_OUT, MOVE_ON, REQUEUE};
 mod from_postgres;
 mod keys;
 mod scripts;
+mod stale;
 
 /// The header that marks a listener task as a run of a chain (its value is
 /// the key). A listener task without it (queued before its listener was
@@ -515,6 +524,13 @@ pub(crate) async fn requeue_old_heads(
         };
         if let Err(err) = moved {
             tracing::warn!(error = %err, "could not move the chains of ordered listeners from Postgres to Valkey");
+        }
+        let healed = tokio::select! {
+            () = stop.cancelled() => break,
+            healed = ordering.heal_stale_waits(stale::STALE_AFTER) => healed,
+        };
+        if let Err(err) = healed {
+            tracing::warn!(error = %err, "could not look at the events of ordered keys that waited long");
         }
         let requeued = tokio::select! {
             () = stop.cancelled() => break,

@@ -52,6 +52,19 @@ local function append(runs, heads, now_ms, args, from)
     end
   end
 end
+-- Fans out the waiting events that follow `fanned` (a number), each
+-- right after the one before it; returns the last one fanned out.
+local function drain(runs, heads, waiting, now_ms, wait_before, wait_after, fanned)
+  while true do
+    local wait = wait_before .. (fanned + 1) .. wait_after
+    local args = redis.call('LRANGE', wait, 0, -1)
+    if #args == 0 then return fanned end
+    append(runs, heads, now_ms, args, 2)
+    redis.call('DEL', wait)
+    redis.call('ZREM', waiting, wait)
+    fanned = fanned + 1
+  end
+end
 ";
 
 /// A script of [`DELIVER`]'s kind: the enqueue function, the delivery, and
@@ -97,16 +110,8 @@ if seq > fanned + 1 then
   return delivered
 end
 append(runs, heads, now_ms, ARGV, 11)
-while true do
-  local wait = wait_before .. (fanned + 2) .. wait_after
-  local args = redis.call('LRANGE', wait, 0, -1)
-  if #args == 0 then break end
-  append(runs, heads, now_ms, args, 2)
-  redis.call('DEL', wait)
-  redis.call('ZREM', waiting, wait)
-  fanned = fanned + 1
-end
-redis.call('SET', fanned_key, fanned + 1, 'PX', kept)
+fanned = drain(runs, heads, waiting, now_ms, wait_before, wait_after, seq)
+redis.call('SET', fanned_key, fanned, 'PX', kept)
 return delivered
 ",
     )
@@ -144,6 +149,23 @@ if not next then
 end
 redis.call('ZADD', heads, now_ms, next)
 deliver(next, redis.call('HGET', runs, next))
+return delivered
+",
+    )
+});
+
+/// Moves a key's last fanned-out number on to a later one and fans out
+/// the waiting events that follow it (a waiting event whose earlier ones
+/// will not come, `super::stale`). KEYS: queues, runs, heads, the number,
+/// waiting. ARGV: the delivery's three, the number, how long it is kept
+/// (ms), now (ms), the waiting list's name before and after the seq.
+pub(super) static MOVE_PAST: LazyLock<Script> = LazyLock::new(|| {
+    delivering(
+        r"
+local runs, heads, fanned_key, waiting = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local fanned = math.max(tonumber(redis.call('GET', fanned_key) or '0'), tonumber(ARGV[4]))
+fanned = drain(runs, heads, waiting, ARGV[6], ARGV[7], ARGV[8], fanned)
+redis.call('SET', fanned_key, fanned, 'PX', ARGV[5])
 return delivered
 ",
     )
