@@ -264,7 +264,7 @@ fn a_project_passes_once_its_database_exists_and_is_migrated() {
     let (status, detail, _) = finding(&json, "migrations");
     assert_eq!(status, "fail");
     assert!(
-        detail.starts_with("1 of 6 migration(s) not applied: ")
+        detail.starts_with("1 of 7 migration(s) not applied: ")
             && detail.contains("_add_orders.sql"),
         "{detail}"
     );
@@ -273,7 +273,7 @@ fn a_project_passes_once_its_database_exists_and_is_migrated() {
             &db.url(),
             "SELECT count(*) FROM goose_db_version WHERE version_id > 0"
         ),
-        "5",
-        "the kit's five migrations, not the new one"
+        "6",
+        "the kit's six migrations, not the new one"
     );
 }

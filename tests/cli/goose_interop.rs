@@ -35,6 +35,8 @@ const FAILURES: i64 = 20261205130000;
 const CREATED_AT: i64 = 20261205140000;
 /// The kit's tables of ordered listeners (set 19).
 const ORDERING: i64 = 20261205180000;
+/// The kit's epoch of a key's numbering, the chains moved to Valkey (set 22).
+const CHAINS: i64 = 20261206120000;
 /// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
 const ORDERS: i64 = 20270115080000;
 
@@ -309,6 +311,7 @@ fn migrate_agrees_with_what_goose_applied() {
     let failures = format!("{FAILURES}_listener_failures.sql");
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let ordering = format!("{ORDERING}_ordered_listeners.sql");
+    let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         tools.files(),
@@ -318,6 +321,7 @@ fn migrate_agrees_with_what_goose_applied() {
             failures.as_str(),
             created_at.as_str(),
             ordering.as_str(),
+            chains.as_str(),
             orders.as_str()
         ]
     );
@@ -336,6 +340,7 @@ fn migrate_agrees_with_what_goose_applied() {
             (FAILURES, "up"),
             (CREATED_AT, "up"),
             (ORDERING, "up"),
+            (CHAINS, "up"),
             (ORDERS, "up")
         ]
     );
@@ -344,10 +349,20 @@ fn migrate_agrees_with_what_goose_applied() {
     );
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
+        [
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+        ]
     );
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &orders],
+        &[
+            &outbox,
+            &inbox,
+            &failures,
+            &created_at,
+            &ordering,
+            &chains,
+            &orders,
+        ],
         ORDERS,
     );
     // Nothing left for migrate to do.
@@ -360,7 +375,9 @@ fn migrate_agrees_with_what_goose_applied() {
     );
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
+        [
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+        ]
     );
 }
 
@@ -380,6 +397,7 @@ fn goose_agrees_with_migrate_down_and_up() {
     let failures = format!("{FAILURES}_listener_failures.sql");
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let ordering = format!("{ORDERING}_ordered_listeners.sql");
+    let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
@@ -388,11 +406,11 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS]
     );
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering],
-        ORDERING,
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains],
+        CHAINS,
     );
 
     let log = tools.migrate(&["up"]);
@@ -400,10 +418,20 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert!(exists(&db, "orders"));
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
+        [
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+        ]
     );
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &orders],
+        &[
+            &outbox,
+            &inbox,
+            &failures,
+            &created_at,
+            &ordering,
+            &chains,
+            &orders,
+        ],
         ORDERS,
     );
 
@@ -412,9 +440,11 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering],
-        ORDERING,
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains],
+        CHAINS,
     );
+    let log = tools.migrate(&["down"]);
+    assert_eq!(migrate_ran(&log), [chains.as_str()]);
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [ordering.as_str()]);
     let log = tools.migrate(&["down"]);
@@ -637,7 +667,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_eq!(
             version_rows(&db),
             [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS, SLOW, CONCURRENT
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS, SLOW, CONCURRENT
             ],
             "round {round}"
         );
@@ -700,7 +730,9 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS],
+            [
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+            ],
             "round {round}"
         );
         assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
@@ -753,11 +785,11 @@ fn either_tool_creates_the_same_version_table_for_the_other() {
     }
 
     // Each tool migrates on the table the other made.
-    // The project's six: the kit's five and `orders`.
+    // The project's seven: the kit's six and `orders`.
     let applied: Vec<GooseResult> = on_migrate_table.goose(&["up"]);
-    assert_eq!(applied.len(), 6);
+    assert_eq!(applied.len(), 7);
     let log = on_goose_table.migrate(&["up"]);
-    assert_eq!(migrate_ran(&log).len(), 6);
+    assert_eq!(migrate_ran(&log).len(), 7);
     let all: Vec<String> = on_migrate_table.files();
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     on_migrate_table.assert_both_report(&all, ORDERS);
@@ -934,6 +966,7 @@ fn a_schema_qualified_version_table_is_shared() {
     let failures = format!("{FAILURES}_listener_failures.sql");
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let ordering = format!("{ORDERING}_ordered_listeners.sql");
+    let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         migrate_ran(&log),
@@ -942,18 +975,29 @@ fn a_schema_qualified_version_table_is_shared() {
             failures.as_str(),
             created_at.as_str(),
             ordering.as_str(),
+            chains.as_str(),
             orders.as_str()
         ]
     );
 
     assert_eq!(
         version_rows_of(&db, table),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, ORDERS]
+        [
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+        ]
     );
     assert!(!exists(&db, "goose_db_version"));
     let outbox = format!("{OUTBOX}_outbox.sql");
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &orders],
+        &[
+            &outbox,
+            &inbox,
+            &failures,
+            &created_at,
+            &ordering,
+            &chains,
+            &orders,
+        ],
         ORDERS,
     );
 }

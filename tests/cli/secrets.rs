@@ -466,8 +466,8 @@ fn every_binary_authenticates_with_every_password_form_and_prints_no_password() 
             &shop,
             "SELECT count(*) FROM goose_db_version WHERE version_id > 0"
         ),
-        "6",
-        "the kit's five migrations and the project's"
+        "7",
+        "the kit's six migrations and the project's"
     );
     let status = ok(
         "migrate",

@@ -479,6 +479,7 @@ fn an_acl_user_limited_to_the_readmes_keys_works_and_a_wrong_password_is_refused
         "~scheduler:*",
         "~limits:*",
         "~deferred:*",
+        "~ordered:*",
         "resetchannels",
         "&outbox:*",
         "&asynq:cancel",
