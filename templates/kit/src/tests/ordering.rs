@@ -1204,7 +1204,29 @@ async fn a_key_idle_for_the_retention_numbers_its_events_again_in_a_new_epoch() 
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
     })
     .await;
-    let idle = ordering::delete_idle(&db.pool, Duration::ZERO)
+    let database = db
+        .pool
+        .connect_options()
+        .get_database()
+        .unwrap()
+        .to_string();
+    let first_epoch = crate::outbox::order::Place::of(&steps[0].metadata)
+        .unwrap()
+        .epoch;
+    let fanned = format!("ordered:{{{database}}}:fan:{first_epoch}:order:1");
+    let mut conn = queue.connection().await;
+    let fanned_before_idle: Option<i64> = redis::cmd("GET")
+        .arg(&fanned)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let idle = chains(&db.pool, &queue)
+        .delete_idle(Duration::ZERO)
+        .await
+        .unwrap();
+    let fanned_after_idle: Option<i64> = redis::cmd("GET")
+        .arg(&fanned)
+        .query_async(&mut conn)
         .await
         .unwrap();
 
@@ -1218,8 +1240,10 @@ async fn a_key_idle_for_the_retention_numbers_its_events_again_in_a_new_epoch() 
     stop.cancel();
     running.await.unwrap().unwrap();
 
-    // Assert
+    // Assert: the old numbering is gone from Valkey too.
     assert_eq!(idle, 1);
+    assert_eq!(fanned_before_idle, Some(2));
+    assert_eq!(fanned_after_idle, None);
     let place =
         |step: &crate::outbox::Envelope| crate::outbox::order::Place::of(&step.metadata).unwrap();
     assert_eq!((place(&steps[1]).seq, place(&steps[2]).seq), (2, 1));

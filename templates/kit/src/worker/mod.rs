@@ -196,20 +196,20 @@ pub async fn run(
         config.outbox.cleanup_interval,
         stop.clone(),
     ));
+    let chains = Ordering::new(pool.clone(), queue.clone(), config.outbox.task_retention);
     tasks.spawn({
-        let (pool, retention) = (pool.clone(), config.outbox.retention);
+        let (chains, retention) = (chains.clone(), config.outbox.retention);
         cleanup::every(
             "idle order keys",
             config.outbox.cleanup_interval,
             stop.clone(),
             move || {
-                let pool = pool.clone();
-                async move { ordering::delete_idle(&pool, retention).await }
+                let chains = chains.clone();
+                async move { chains.delete_idle(retention).await }
             },
         )
     });
     // Before the consumer runs: a head in the queue must find its chain.
-    let chains = Ordering::new(pool.clone(), queue.clone(), config.outbox.task_retention);
     chains
         .move_from_postgres()
         .await

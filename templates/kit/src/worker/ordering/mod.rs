@@ -322,29 +322,29 @@ impl Ordering {
     /// What ordering holds back now: counts from Valkey, and the heads
     /// that failed for good from `listener_failures`.
     pub(crate) async fn held(&self) -> anyhow::Result<Held> {
-        let (heads, runs, waiting_events): (Vec<String>, i64, i64) = redis::pipe()
-            .cmd("ZRANGE")
-            .arg(self.keys.heads())
-            .arg(0)
-            .arg(-1)
-            .cmd("HLEN")
-            .arg(self.keys.runs())
-            .cmd("ZCARD")
-            .arg(self.keys.waiting())
-            .query_async(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?;
-        let blocked_keys: i64 = if heads.is_empty() {
-            0
-        } else {
-            sqlx::query_scalar("SELECT count(*) FROM listener_failures WHERE task_id = ANY($1)")
-                .bind(&heads)
-                .fetch_one(&self.pool)
-                .await?
-        };
-        let heads = i64::try_from(heads.len()).unwrap_or(i64::MAX);
+        let failed: Vec<String> = sqlx::query_scalar("SELECT task_id FROM listener_failures")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut pipe = redis::pipe();
+        pipe.zcard(self.keys.heads())
+            .hlen(self.keys.runs())
+            .zcard(self.keys.waiting());
+        let (heads, runs, waiting_events, failed_heads): (i64, i64, i64, Vec<Option<f64>>) =
+            if failed.is_empty() {
+                let (heads, runs, waiting): (i64, i64, i64) = pipe
+                    .query_async(&mut self.queue.connection())
+                    .await
+                    .map_err(QueueError::from)?;
+                (heads, runs, waiting, Vec::new())
+            } else {
+                pipe.cmd("ZMSCORE").arg(self.keys.heads()).arg(&failed);
+                pipe.query_async(&mut self.queue.connection())
+                    .await
+                    .map_err(QueueError::from)?
+            };
+        let blocked_keys = failed_heads.iter().flatten().count();
         Ok(Held {
-            blocked_keys,
+            blocked_keys: i64::try_from(blocked_keys).unwrap_or(i64::MAX),
             waiting_runs: (runs - heads).max(0),
             waiting_events,
         })
@@ -499,11 +499,14 @@ pub(crate) const REQUEUE_BATCH: i64 = 1_000;
 /// lost its task, and how often it looks. A head the queue has is a
 /// duplicate: one cheap round trip for all of them.
 pub(crate) const REQUEUE_AFTER: Duration = Duration::from_secs(10);
-/// How long a key's last fanned-out number is kept at least after its last
-/// fan-out (the outbox's retention if longer): the key's row in Postgres,
-/// which gives the numbers, is deleted once idle that long, and a new row
-/// starts a new numbering (its epoch).
-const FANNED_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long a key's last fanned-out number is kept after its last fan-out
+/// (or the listener tasks' retention, if longer), in case nothing deletes
+/// it: [`Ordering::delete_idle`] deletes it with the key's row in
+/// Postgres, once the key has been idle for the outbox's retention. (Kept
+/// shorter than that, a key's next event would wait a minute, and then
+/// have the key's earlier events in the outbox published again, module
+/// `stale`.)
+const FANNED_KEPT: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Every [`REQUEUE_AFTER`] until `stop`: queues again the heads that have
 /// waited longer than that ([`Ordering::requeue_old_heads`]), after moving
@@ -546,20 +549,37 @@ pub(crate) async fn requeue_old_heads(
     }
 }
 
-/// Deletes the keys that have been idle for `retention`: no event
-/// dispatched in that time and none left unpublished. A later event of the
-/// key starts a new numbering (a new epoch) at 1.
-pub(crate) async fn delete_idle(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
-    let keys = sqlx::query(
-        "DELETE FROM outbox_keys k WHERE updated_at < now() - make_interval(secs => $1) \
-         AND NOT EXISTS (SELECT 1 FROM outbox_events e WHERE e.published_at IS NULL \
-           AND e.metadata ->> 'order_key' = k.key)",
-    )
-    .bind(retention.as_secs_f64())
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(keys)
+impl Ordering {
+    /// Deletes the keys that have been idle for `retention`: no event
+    /// dispatched in that time and none left unpublished; their rows in
+    /// Postgres, then their last fanned-out numbers in Valkey. A later
+    /// event of the key starts a new numbering (a new epoch) at 1. How
+    /// many keys it deleted. A number Valkey did not delete (logged) goes
+    /// when it expires ([`FANNED_KEPT`]).
+    pub(crate) async fn delete_idle(&self, retention: Duration) -> Result<u64, sqlx::Error> {
+        let idle: Vec<(String, i64)> = sqlx::query_as(
+            "DELETE FROM outbox_keys k WHERE updated_at < now() - make_interval(secs => $1) \
+             AND NOT EXISTS (SELECT 1 FROM outbox_events e WHERE e.published_at IS NULL \
+               AND e.metadata ->> 'order_key' = k.key) \
+             RETURNING key, epoch",
+        )
+        .bind(retention.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        let mut conn = self.queue.connection();
+        for keys in idle.chunks(500) {
+            let names: Vec<String> = keys
+                .iter()
+                .map(|(key, epoch)| self.keys.fanned(key, *epoch))
+                .collect();
+            let deleted: Result<(), _> = redis::cmd("DEL").arg(&names).query_async(&mut conn).await;
+            if let Err(err) = deleted {
+                tracing::warn!(error = %QueueError::from(err), "could not delete the numbers of idle order keys in Valkey; they expire");
+                break;
+            }
+        }
+        Ok(u64::try_from(idle.len()).unwrap_or(u64::MAX))
+    }
 }
 
 /// The chain a run is in: its listener and key.
