@@ -478,7 +478,7 @@ fn both_report_the_applied_at_time_of_the_row() {
 
     let goose: Vec<GooseStatus> = tools.goose(&["status"]);
     let migrate = migrate_status_lines(&tools.migrate(&["status"]));
-    assert!(goose.len() == 6 && migrate.len() == 6);
+    assert!(goose.len() == 7 && migrate.len() == 7);
     for (i, version) in [OUTBOX, INBOX].into_iter().enumerate() {
         // goose: RFC 3339 of the row read as UTC; migrate: Go's ANSIC layout.
         let (rfc3339, ansic) = row_time(&db, version);
@@ -701,7 +701,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
             return;
         };
         tools.migrate(&["up"]);
-        let last_two = tools.files().split_off(6);
+        let last_two = tools.files().split_off(7);
 
         let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["down"]));
