@@ -862,7 +862,14 @@ async fn bench_round(ordered: bool, events: u32, keys: u32) -> f64 {
         Ok(())
     });
     BENCH_RUNS.store(0, std::sync::atomic::Ordering::Relaxed);
-    let consumer = worker(queue.client.clone(), &queue, &pool, listeners, false);
+    // `ORDERING_BENCH_ON_CLUSTER=1`: heads enqueued by the worker after each
+    // script, as on a Valkey cluster.
+    let client = if std::env::var_os("ORDERING_BENCH_ON_CLUSTER").is_some() {
+        queue.client.clone().without_script_enqueues()
+    } else {
+        queue.client.clone()
+    };
+    let consumer = worker(client, &queue, &pool, listeners, false);
     let stop = CancellationToken::new();
     let started = Instant::now();
     let relaying = tokio::spawn(relay.run(stop.clone()));
