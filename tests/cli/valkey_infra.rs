@@ -37,8 +37,19 @@ fn free_port() -> u16 {
     }
 }
 
-/// A project with the event `orderPlaced` and two listeners that record
-/// each run in `listener_runs`, the job schedule `pulse` (every second;
+/// What makes the project's listeners ordered (`gpkit add event
+/// --ordered-by order_id` writes it, and the test's bodies replace it):
+/// events committed with a key ([`commit_keyed_events`]) run one at a time
+/// per key; the others as they come.
+const ORDERED: &str = r#"
+/// One event of each `order_id` at a time, in the order they committed.
+pub fn options() -> kit::prelude::ListenerOptions<OrderPlaced> {
+    kit::prelude::ListenerOptions::new().ordered()
+}
+"#;
+
+/// A project with the event `orderPlaced` (ordered by `order_id`) and two
+/// ordered listeners that record each run in `listener_runs`, the job schedule `pulse` (every second;
 /// its scheduler runs only where a test enables it, see [`SCHEDULER_ON`])
 /// and the route `POST /orders`; built once, its binaries directory.
 ///
@@ -52,6 +63,7 @@ pub(crate) fn project() -> &'static Path {
             .args(["add", "event", "orderPlaced"])
             .args(["--field", "order_id:i64", "--field", "note:string"])
             .args(["--listener", "audit", "--listener", "email"])
+            .args(["--ordered-by", "order_id"])
             .assert()
             .success();
         gpkit(&project)
@@ -69,7 +81,7 @@ pub(crate) fn project() -> &'static Path {
         for listener in ["audit", "email"] {
             std::fs::write(
                 project.join(format!("src/listeners/order_placed/{listener}.rs")),
-                listener_body(listener),
+                format!("{}{ORDERED}", listener_body(listener)),
             )
             .unwrap();
         }
@@ -213,6 +225,56 @@ pub(crate) fn commit_events(db: &Database, count: u32) -> BTreeSet<String> {
         .lines()
         .map(str::to_string)
         .collect()
+}
+
+/// Commits `count` `orderPlaced` events as keyed events of `keys` orders
+/// (`order_id` 0 to `keys - 1`, five events of one order after another, so
+/// that unordered they would run at once), each numbered after the
+/// events of its key already committed, as `Event::order_key`'s dispatch
+/// numbers them (in one epoch, 1); the ids of every event in the outbox,
+/// as [`commit_events`].
+pub(crate) fn commit_keyed_events(db: &Database, count: u32, keys: u32) -> BTreeSet<String> {
+    psql(
+        &db.url(),
+        &format!(
+            "WITH n AS (SELECT g, ((g - 1) / 5) % {keys} AS k FROM generate_series(1, {count}) g), \
+             prior AS (SELECT metadata ->> 'order_key' AS key, count(*) AS c FROM outbox_events \
+               WHERE metadata ? 'order_key' GROUP BY 1) \
+             INSERT INTO outbox_events (event_id, event_name, payload, metadata) \
+             SELECT gen_random_uuid(), 'orderPlaced', jsonb_build_object('order_id', n.k, 'note', 'n'), \
+               jsonb_build_object('order_key', 'order_id:' || n.k, 'order_epoch', '1', 'order_seq', \
+                 (coalesce(p.c, 0) + row_number() OVER (PARTITION BY n.k ORDER BY n.g))::text) \
+             FROM n LEFT JOIN prior p ON p.key = 'order_id:' || n.k ORDER BY n.g"
+        ),
+    );
+    psql(&db.url(), "SELECT event_id FROM outbox_events")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Asserts that each listener ran each key's events in their order: by
+/// the time of its runs, each run is of the key's first event, of the
+/// event its previous run was of (a run again, at least once), or of the
+/// next one.
+fn assert_each_key_ran_in_order(db: &Database, setup: &str) {
+    let out_of_order = psql(
+        &db.url(),
+        "SELECT count(*) FROM ( \
+           SELECT (e.metadata ->> 'order_seq')::int AS seq, \
+             lag((e.metadata ->> 'order_seq')::int) OVER ( \
+               PARTITION BY r.listener, e.metadata ->> 'order_key' ORDER BY r.ran_at) AS prev \
+           FROM listener_runs r JOIN outbox_events e USING (event_id) \
+           WHERE e.metadata ? 'order_key') runs \
+         WHERE (prev IS NULL AND seq <> 1) OR (prev IS NOT NULL AND seq NOT IN (prev, prev + 1))",
+    );
+    assert_eq!(out_of_order, "0", "{setup}: runs out of their key's order");
+    let keyed_runs = psql(
+        &db.url(),
+        "SELECT count(DISTINCT (r.listener, r.event_id)) FROM listener_runs r \
+         JOIN outbox_events e USING (event_id) WHERE e.metadata ? 'order_key'",
+    );
+    eprintln!("{setup}: {keyed_runs} keyed listener runs, each key in its order");
 }
 
 fn count(db: &Database, sql: &str) -> u64 {
@@ -658,7 +720,7 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     // the worker is working through them: some listener runs done, not all,
     // and tasks active on the master.
     let db = database();
-    let first = commit_events(&db, 1000);
+    let first = commit_keyed_events(&db, 1000, 100);
     let metrics = free_port();
     let worker = Worker::start(
         &db,
@@ -714,13 +776,14 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
 
     // More events after the kill: the relay meets the dead master, asks the
     // sentinels, and finds the promoted replica.
-    let all = commit_events(&db, 300);
+    let all = commit_keyed_events(&db, 300, 100);
     wait_until(Duration::from_secs(30), "the replica is promoted", || {
         replication(replica_port, "role").as_deref() == Some("master")
     });
     let promoted = unix_now() - killed_at;
     wait_for_listeners(&db, all.len(), Duration::from_secs(120));
     assert_the_limit_deferred_email(metrics, "sentinel");
+    assert_each_key_ran_in_order(&db, "sentinel");
     // Every task settled on the new master: a task whose completion the
     // replica never had is run again once its lease runs out.
     wait_until(
@@ -997,9 +1060,11 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
         });
     }
 
-    // The relay, the fan-out and both listeners, on the cluster.
+    // The relay, the fan-out and both listeners, ordered over 1,000 keys,
+    // on the cluster (where the worker enqueues each run the chains' scripts
+    // make the head).
     let db = database();
-    let events = commit_events(&db, EVENTS);
+    let events = commit_keyed_events(&db, EVENTS, 1_000);
     let cluster_addrs = addrs.join(",");
     let metrics = free_port();
     let start = Instant::now();
@@ -1022,6 +1087,7 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
         start.elapsed()
     );
     assert_the_limit_deferred_email(metrics, "cluster");
+    assert_each_key_ran_in_order(&db, "cluster");
 
     // A wake-up published on any node reaches the relay (it polls only
     // every 30 s).
