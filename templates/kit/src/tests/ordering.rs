@@ -122,6 +122,52 @@ fn worker(
     consumer
 }
 
+/// The event task of `step` in `queue`, with the id `task_id` (the event
+/// id as the relay queues it, another for a replay).
+fn event_task(queue: &TestQueue, step: &crate::outbox::Envelope, task_id: String) -> NewTask {
+    NewTask::new(
+        format!("event:{}", step.name),
+        task_id,
+        serde_json::to_vec(step).unwrap(),
+    )
+    .queue(&queue.name)
+}
+
+/// Listeners with `ledger`, ordered, recording each [`Placed`] it runs.
+fn ordered_ledger() -> Listeners {
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        |event: Placed, context: ListenerContext| async move {
+            record(&context, event.key, event.n).await
+        },
+    );
+    listeners
+}
+
+/// A [`worker`] of the test running, until [`Running::stop`].
+struct Running {
+    stop: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), crate::queue::QueueError>>,
+}
+
+impl Running {
+    /// Runs a worker of `queue` and `pool` with `listeners`.
+    fn start(queue: &TestQueue, pool: &PgPool, listeners: Listeners) -> Self {
+        let stop = CancellationToken::new();
+        let consumer = worker(queue.client.clone(), queue, pool, listeners, false);
+        let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+        Self { stop, running }
+    }
+
+    /// Stops it, once it has finished its tasks in hand.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+    }
+}
+
 /// The chains of `pool`'s database, whose heads go to `queue`.
 fn chains(pool: &PgPool, queue: &TestQueue) -> ordering::Ordering {
     ordering::Ordering::new(pool.clone(), queue.client.clone(), Duration::from_secs(60))
@@ -972,41 +1018,23 @@ async fn a_replay_of_an_event_never_fanned_out_takes_its_turn() {
     for n in 1..=3 {
         steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
     }
-    let task = |envelope: &crate::outbox::Envelope, id: String| {
-        NewTask::new(
-            format!("event:{}", envelope.name),
-            id,
-            serde_json::to_vec(envelope).unwrap(),
-        )
-        .queue(&queue.name)
-    };
     let tasks = [
-        task(&steps[2], steps[2].id.to_string()),
-        task(&steps[1], uuid::Uuid::now_v7().to_string()),
-        task(&steps[0], steps[0].id.to_string()),
+        event_task(&queue, &steps[2], steps[2].id.to_string()),
+        event_task(&queue, &steps[1], uuid::Uuid::now_v7().to_string()),
+        event_task(&queue, &steps[0], steps[0].id.to_string()),
     ];
     for result in queue.client.enqueue(&tasks).await.unwrap() {
         result.unwrap();
     }
-    let mut listeners = Listeners::new();
-    listeners.listen_with(
-        "ledger",
-        ListenerOptions::new().ordered(),
-        |event: Placed, context: ListenerContext| async move {
-            record(&context, event.key, event.n).await
-        },
-    );
+    let listeners = ordered_ledger();
 
     // Act
-    let stop = CancellationToken::new();
-    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let running = Running::start(&queue, &db.pool, listeners);
     eventually(Duration::from_secs(20), "three steps", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(3)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
 
     // Assert
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
@@ -1135,39 +1163,25 @@ async fn chains_left_in_postgres_by_template_set_21_move_to_valkey_in_their_orde
     )
     .queue(&queue.name)
     .headers([(ordering::ORDERED_HEADER.to_string(), "order:1".to_string())].into());
-    let event_task = |step: &crate::outbox::Envelope| {
-        NewTask::new(
-            format!("event:{}", step.name),
-            step.id.to_string(),
-            serde_json::to_vec(step).unwrap(),
-        )
-        .queue(&queue.name)
-    };
-    let later = [head, event_task(&steps[4]), event_task(&steps[2])];
+    let later = [
+        head,
+        event_task(&queue, &steps[4], steps[4].id.to_string()),
+        event_task(&queue, &steps[2], steps[2].id.to_string()),
+    ];
     for result in queue.client.enqueue(&later).await.unwrap() {
         result.unwrap();
     }
-    let mut listeners = Listeners::new();
-    listeners.listen_with(
-        "ledger",
-        ListenerOptions::new().ordered(),
-        |event: Placed, context: ListenerContext| async move {
-            record(&context, event.key, event.n).await
-        },
-    );
+    let listeners = ordered_ledger();
     let chains = chains(&db.pool, &queue);
 
     // Act: the worker of set 22 moves them before it consumes.
     let moved = chains.move_from_postgres().await.unwrap();
-    let stop = CancellationToken::new();
-    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let running = Running::start(&queue, &db.pool, listeners);
     eventually(Duration::from_secs(20), "five steps", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(5)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
 
     // Assert
     assert_eq!(moved, 4, "one key's number, one waiting event, two runs");
@@ -1191,17 +1205,8 @@ async fn a_key_idle_for_the_retention_numbers_its_events_again_in_a_new_epoch() 
     let db = TestDatabase::migrated().await;
     sqlx::query(SEEN).execute(&db.pool).await.unwrap();
     let queue = TestQueue::new().await;
-    let mut listeners = Listeners::new();
-    listeners.listen_with(
-        "ledger",
-        ListenerOptions::new().ordered(),
-        |event: Placed, context: ListenerContext| async move {
-            record(&context, event.key, event.n).await
-        },
-    );
-    let stop = CancellationToken::new();
-    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let listeners = ordered_ledger();
+    let running = Running::start(&queue, &db.pool, listeners);
     let mut steps = Vec::new();
     for n in 1..=2 {
         steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
@@ -1244,8 +1249,7 @@ async fn a_key_idle_for_the_retention_numbers_its_events_again_in_a_new_epoch() 
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(3)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
 
     // Assert: the old numbering is gone from Valkey too.
     assert_eq!(idle, 1);
@@ -1265,23 +1269,8 @@ async fn after_valkey_loses_its_data_the_replayed_events_of_a_key_run_in_order()
     let db = TestDatabase::migrated().await;
     sqlx::query(SEEN).execute(&db.pool).await.unwrap();
     let queue = TestQueue::new().await;
-    let mut listeners = Listeners::new();
-    listeners.listen_with(
-        "ledger",
-        ListenerOptions::new().ordered(),
-        |event: Placed, context: ListenerContext| async move {
-            record(&context, event.key, event.n).await
-        },
-    );
-    let stop = CancellationToken::new();
-    let consumer = worker(
-        queue.client.clone(),
-        &queue,
-        &db.pool,
-        listeners.clone(),
-        false,
-    );
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let listeners = ordered_ledger();
+    let running = Running::start(&queue, &db.pool, listeners.clone());
     let mut steps = Vec::new();
     for n in 1..=2 {
         steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
@@ -1291,8 +1280,7 @@ async fn after_valkey_loses_its_data_the_replayed_events_of_a_key_run_in_order()
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     for n in 3..=4 {
         steps.push(dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap());
     }
@@ -1321,14 +1309,7 @@ async fn after_valkey_loses_its_data_the_replayed_events_of_a_key_run_in_order()
     // task ids; here the later first), and they wait for the earlier ones,
     // which Valkey no longer knows; the worker looks at them, and the relay
     // publishes again what it was told to.
-    let replay = |step: &crate::outbox::Envelope| {
-        NewTask::new(
-            format!("event:{}", step.name),
-            uuid::Uuid::now_v7().to_string(),
-            serde_json::to_vec(step).unwrap(),
-        )
-        .queue(&queue.name)
-    };
+    let replay = |step| event_task(&queue, step, uuid::Uuid::now_v7().to_string());
     for result in queue
         .client
         .enqueue(&[replay(&steps[3]), replay(&steps[2])])
@@ -1337,9 +1318,7 @@ async fn after_valkey_loses_its_data_the_replayed_events_of_a_key_run_in_order()
     {
         result.unwrap();
     }
-    let stop = CancellationToken::new();
-    let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners, false);
-    let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+    let running = Running::start(&queue, &db.pool, listeners);
     let chains = chains(&db.pool, &queue);
     eventually(Duration::from_secs(20), "steps 3 and 4 to wait", || async {
         chains.held().await.unwrap().waiting_events == 2
@@ -1351,8 +1330,7 @@ async fn after_valkey_loses_its_data_the_replayed_events_of_a_key_run_in_order()
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(4)
     })
     .await;
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    running.stop().await;
 
     // Assert: in order, each step's work once (steps 1 and 2 ran again,
     // `ctx.once` kept their work once).

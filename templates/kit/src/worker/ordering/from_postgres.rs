@@ -109,13 +109,7 @@ impl Ordering {
                 .arg(event_id.to_string());
             for ((listener, task_type), task_id) in listeners.iter().zip(task_types).zip(task_ids) {
                 let task = self.run_message(task_type, task_id, queue, payload, &headers)?;
-                script
-                    .arg(self.keys.chain(listener, key))
-                    .arg(self.keys.listeners(key))
-                    .arg(listener)
-                    .arg(task_id)
-                    .arg(queue)
-                    .arg(task);
+                self.run_args(&mut script, key, listener, task_id, queue, task);
             }
             let () = script
                 .invoke_async(&mut conn)
@@ -131,13 +125,8 @@ impl Ordering {
             script
                 .key(self.keys.runs())
                 .key(self.keys.heads())
-                .arg(now_millis())
-                .arg(self.keys.chain(listener, key))
-                .arg(self.keys.listeners(key))
-                .arg(listener)
-                .arg(task_id)
-                .arg(queue)
-                .arg(task);
+                .arg(now_millis());
+            self.run_args(&mut script, key, listener, task_id, queue, task);
             self.deliver(&script)
                 .await
                 .map_err(|err| anyhow::anyhow!("{err}"))?;

@@ -197,13 +197,14 @@ impl Ordering {
                 &event.payload,
                 &headers,
             )?;
-            script
-                .arg(self.keys.chain(&run.listener, &place.key))
-                .arg(self.keys.listeners(&place.key))
-                .arg(&run.listener)
-                .arg(&run.task_id)
-                .arg(&event.queue)
-                .arg(task);
+            self.run_args(
+                &mut script,
+                &place.key,
+                &run.listener,
+                &run.task_id,
+                &event.queue,
+                task,
+            );
         }
         self.deliver(&script).await
     }
@@ -251,6 +252,27 @@ impl Ordering {
             .arg(now_millis())
             .arg(listener);
         self.deliver(&script).await
+    }
+
+    /// Adds to `script` the arguments of a run that joins its chain (the
+    /// scripts' `append`): of `listener` for `key`, the task `task_id` in
+    /// `queue`, its message `task`.
+    fn run_args(
+        &self,
+        script: &mut redis::ScriptInvocation<'_>,
+        key: &str,
+        listener: &str,
+        task_id: &str,
+        queue: &str,
+        task: Vec<u8>,
+    ) {
+        script
+            .arg(self.keys.chain(listener, key))
+            .arg(self.keys.listeners(key))
+            .arg(listener)
+            .arg(task_id)
+            .arg(queue)
+            .arg(task);
     }
 
     /// Starts `script`, one that delivers heads (`scripts`' module doc):
@@ -499,6 +521,10 @@ pub(crate) const REQUEUE_BATCH: i64 = 1_000;
 /// lost its task, and how often it looks. A head the queue has is a
 /// duplicate: one cheap round trip for all of them.
 pub(crate) const REQUEUE_AFTER: Duration = Duration::from_secs(10);
+/// How long an event waits for the fan-out of the event before it before
+/// the worker asks the outbox about the earlier events of its key, and
+/// again after each look (module `stale`).
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// How long a key's last fanned-out number is kept after its last fan-out
 /// (or the listener tasks' retention, if longer), in case nothing deletes
 /// it: [`Ordering::delete_idle`] deletes it with the key's row in
@@ -530,7 +556,7 @@ pub(crate) async fn requeue_old_heads(
         }
         let healed = tokio::select! {
             () = stop.cancelled() => break,
-            healed = ordering.heal_stale_waits(stale::STALE_AFTER) => healed,
+            healed = ordering.heal_stale_waits(STALE_AFTER) => healed,
         };
         if let Err(err) = healed {
             tracing::warn!(error = %err, "could not look at the events of ordered keys that waited long");

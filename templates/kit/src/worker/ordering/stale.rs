@@ -3,8 +3,8 @@
 //! come if its task was lost (Valkey lost its data: its queue and, with it,
 //! what the chains knew), or if the outbox no longer has it. Every worker
 //! looks, with its loop of old heads, at the events that have waited
-//! [`STALE_AFTER`] or more, and asks the outbox about the earlier events of
-//! their keys (same epoch, not fanned out):
+//! [`super::STALE_AFTER`] or more, and asks the outbox about the earlier
+//! events of their keys (same epoch, not fanned out):
 //!
 //! - none left in the outbox: the key moves on past them, and the waiting
 //!   events that follow are fanned out;
@@ -23,9 +23,6 @@ use super::scripts::MOVE_PAST;
 use super::{FANNED_KEPT, Ordering, millis, now_millis};
 use crate::queue::QueueError;
 
-/// How long an event waits before the worker asks the outbox about the
-/// earlier events of its key, and again after each look.
-pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// The most waiting events looked at a round.
 const STALE_BATCH: isize = 100;
 
