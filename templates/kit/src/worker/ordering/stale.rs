@@ -108,13 +108,23 @@ impl Ordering {
                     .execute(&self.pool)
                     .await?;
             }
-            tracing::info!(
-                key,
-                seq,
-                earlier = earlier.len(),
-                published_again = published.len(),
-                "an event of an ordered key waited long for the earlier ones"
-            );
+            if move_past > 0 || !published.is_empty() {
+                tracing::info!(
+                    key,
+                    seq,
+                    moved_past = move_past,
+                    published_again = published.len(),
+                    "an event of an ordered key waited long for earlier ones that did not come"
+                );
+            } else {
+                // Its earlier events are the relay's still (a backlog).
+                tracing::debug!(
+                    key,
+                    seq,
+                    earlier = earlier.len(),
+                    "an event of an ordered key waits for earlier ones not published yet"
+                );
+            }
         }
         Ok(stale.len())
     }
