@@ -53,9 +53,11 @@
 //!   the chain's mark: it runs at once, outside the order.
 //!
 //! Keys do not wait for each other: the heads of different keys run in
-//! parallel, up to the workers' concurrency. An ordered run costs three
-//! Valkey calls more than an unordered one (the fan-out's script, the run's
-//! turn, the move on) and nothing in Postgres.
+//! parallel, up to the workers' concurrency. An ordered run costs two
+//! Valkey calls more than an unordered one (its turn, and the move on,
+//! whose script enqueues the next run; the fan-out's script takes the place
+//! of the unordered fan-out's enqueue), three on a cluster (where the
+//! worker enqueues each head after its script), and nothing in Postgres.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
