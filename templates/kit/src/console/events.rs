@@ -19,8 +19,7 @@ use uuid::Uuid;
 
 use super::State as Console;
 use super::page::{self, Depth, Section};
-use crate::follow::rows::EventRow;
-use crate::follow::{Context, tasks, time};
+use crate::follow::{tasks, time};
 use crate::queue::TaskInfo;
 use crate::worker::ordering::Standing;
 
@@ -319,7 +318,7 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
     };
     let (queued, ordered) = match tasks::of_event(context, &event).await {
         // Ordered runs wait in Valkey, beside the queue.
-        Ok(tasks) => match standing(context, &event).await {
+        Ok(tasks) => match context.ordered_runs(&event).await {
             Ok(ordered) => (Ok(tasks), ordered),
             Err(err) => (Err(err), Vec::new()),
         },
@@ -407,12 +406,6 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         body,
     )
     .into_response()
-}
-
-/// The runs of `event` still in their keys' order.
-async fn standing(context: &Context, event: &EventRow) -> anyhow::Result<Vec<Standing>> {
-    let ordering = context.ordering().await?;
-    Ok(ordering.standing_of(event.id, &event.metadata).await?)
 }
 
 /// An ordered listener's run that is not in the queue yet: it waits for

@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::database;
 use crate::queue::Client;
 use crate::worker::listeners::Listeners;
-use crate::worker::ordering::Ordering;
+use crate::worker::ordering::{Ordering, Standing};
 
 /// What the `outbox` command's subcommands and the console work with.
 pub(crate) struct Context {
@@ -64,6 +64,13 @@ impl Context {
             self.queue().await?.clone(),
             self.config.outbox.task_retention,
         ))
+    }
+
+    /// The runs of `event` still waiting in their keys' order (`outbox
+    /// show`, the console's event page).
+    pub(crate) async fn ordered_runs(&self, event: &EventRow) -> anyhow::Result<Vec<Standing>> {
+        let ordering = self.ordering().await?;
+        Ok(ordering.standing_of(event.id, &event.metadata).await?)
     }
 
     /// The queues events go to (`OUTBOX_QUEUES`): where their event tasks

@@ -36,11 +36,7 @@ pub(crate) struct Shown {
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let event = context.event(args.id).await?;
     let tasks = tasks::of_event(context, &event).await?;
-    let ordered_runs = context
-        .ordering()
-        .await?
-        .standing_of(event.id, &event.metadata)
-        .await?;
+    let ordered_runs = context.ordered_runs(&event).await?;
     let shown = Shown {
         trace_id: event.trace_id().map(str::to_string),
         event,

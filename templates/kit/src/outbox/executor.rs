@@ -14,7 +14,7 @@ use sea_orm::{
 };
 use sqlx::{PgConnection, PgPool};
 
-use super::order::{INSERT_KEYED, ORDER_EPOCH, ORDER_KEY, ORDER_SEQ};
+use super::order::{INSERT_KEYED, ORDER_KEY, write_place};
 use super::store::INSERT;
 use super::{Envelope, Store};
 
@@ -86,13 +86,11 @@ impl Executor for &PgPool {
     }
 }
 
-/// Writes `seq`, the number its key took, into `envelope`'s metadata.
+/// Writes `place`, the number its key took and the numbering's epoch, into
+/// `envelope`'s metadata.
 fn number(envelope: &mut Envelope, place: Option<(i64, i64)>) {
     if let Some((seq, epoch)) = place {
-        envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
-        envelope
-            .metadata
-            .insert(ORDER_EPOCH.into(), epoch.to_string());
+        write_place(&mut envelope.metadata, seq, epoch);
     }
 }
 

@@ -4,7 +4,6 @@
 //! and `order_epoch` (strings, as every metadata value; a Go service passes
 //! them on untouched).
 
-#[cfg(feature = "worker")]
 use super::Metadata;
 
 /// The metadata entry of an event's key.
@@ -46,6 +45,14 @@ impl Place {
             epoch,
         })
     }
+}
+
+/// Writes the place a keyed event's dispatch took, number `seq` in
+/// `epoch`, into its `metadata` (as [`INSERT_KEYED`] writes it into the
+/// row's).
+pub(crate) fn write_place(metadata: &mut Metadata, seq: i64, epoch: i64) {
+    metadata.insert(ORDER_SEQ.into(), seq.to_string());
+    metadata.insert(ORDER_EPOCH.into(), epoch.to_string());
 }
 
 /// The statement that stores a keyed event: takes the key's next sequence

@@ -7,7 +7,7 @@ use sqlx::PgExecutor;
 use sqlx::types::Json;
 
 use super::Envelope;
-use super::order::{INSERT_KEYED, ORDER_EPOCH, ORDER_KEY, ORDER_SEQ};
+use super::order::{INSERT_KEYED, ORDER_KEY, write_place};
 
 /// The statement that stores an event without a key: binds event id, name,
 /// payload, metadata, time; returns the row id, and no sequence number (a
@@ -44,10 +44,7 @@ impl Store {
         }
         let (id, seq, epoch): (i64, Option<i64>, Option<i64>) = query.fetch_one(executor).await?;
         if let (Some(seq), Some(epoch)) = (seq, epoch) {
-            envelope.metadata.insert(ORDER_SEQ.into(), seq.to_string());
-            envelope
-                .metadata
-                .insert(ORDER_EPOCH.into(), epoch.to_string());
+            write_place(&mut envelope.metadata, seq, epoch);
         }
         Ok(id)
     }

@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::scripts::{APPEND, KEEP_LATER, WAIT};
-use super::{FANNED_KEPT, ORDERED_HEADER, Ordering, millis, now_millis};
-use crate::queue::QueueError;
+use super::scripts::APPEND;
+use super::{ChainRun, EventRuns, ORDERED_HEADER, Ordering, now_millis};
+use crate::outbox::order::Place;
+use crate::queue::HandlerError;
 
 /// An event waiting in `outbox_key_waits`: key, seq, queue, event id,
 /// payload, headers, and its runs' listeners, task types and task ids.
@@ -71,6 +72,7 @@ impl Ordering {
         )
         .fetch_all(&mut *tx)
         .await?;
+        let waiting_events = waits.len();
         let runs: Vec<Run> = sqlx::query_as(
             "WITH gone AS (DELETE FROM ordered_runs RETURNING *) \
              SELECT listener, key, task_id, task_type, queue, payload, headers FROM gone \
@@ -84,37 +86,12 @@ impl Ordering {
         sqlx::query("UPDATE outbox_keys SET fanned_out = 0 WHERE fanned_out > 0")
             .execute(&mut *tx)
             .await?;
-        let mut conn = self.queue.connection();
-        let kept = millis(FANNED_KEPT.max(self.retention));
+        // In their order: the numbers, then the chains, then the events
+        // that wait for earlier ones (fanned out as a worker would, so that
+        // one that is next joins the chains behind their runs).
+        let failed = |err: HandlerError| anyhow::anyhow!("{err}");
         for (key, number) in &fanned {
-            let () = KEEP_LATER
-                .key(self.keys.fanned(key, 0))
-                .arg(number)
-                .arg(kept)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(QueueError::from)?;
-        }
-        for (key, seq, queue, event_id, payload, Json(headers), listeners, task_types, task_ids) in
-            &waits
-        {
-            let (before, after) = self.keys.wait_parts(key, 0);
-            let mut headers = headers.clone();
-            headers.insert(ORDERED_HEADER.into(), key.clone());
-            let mut script = WAIT.prepare_invoke();
-            script
-                .key(format!("{before}{seq}{after}"))
-                .key(self.keys.waiting())
-                .arg(now_millis())
-                .arg(event_id.to_string());
-            for ((listener, task_type), task_id) in listeners.iter().zip(task_types).zip(task_ids) {
-                let task = self.run_message(task_type, task_id, queue, payload, &headers)?;
-                self.run_args(&mut script, key, listener, task_id, queue, task);
-            }
-            let () = script
-                .invoke_async(&mut conn)
-                .await
-                .map_err(QueueError::from)?;
+            self.move_past(key, 0, *number).await.map_err(failed)?;
         }
         for (listener, key, task_id, task_type, queue, payload, Json(headers)) in &runs {
             let mut headers = headers.clone();
@@ -127,15 +104,36 @@ impl Ordering {
                 .key(self.keys.heads())
                 .arg(now_millis());
             self.run_args(&mut script, key, listener, task_id, queue, task);
-            self.deliver(&script)
-                .await
-                .map_err(|err| anyhow::anyhow!("{err}"))?;
+            self.deliver(&script).await.map_err(failed)?;
+        }
+        for (key, seq, queue, event_id, payload, Json(headers), listeners, task_types, task_ids) in
+            waits
+        {
+            let runs = listeners
+                .into_iter()
+                .zip(task_types)
+                .zip(task_ids)
+                .map(|((listener, task_type), task_id)| ChainRun {
+                    listener,
+                    task_type,
+                    task_id,
+                })
+                .collect();
+            let event = EventRuns {
+                event_id,
+                queue,
+                payload,
+                headers,
+                runs,
+            };
+            let place = Place { key, seq, epoch: 0 };
+            self.fan_out(&place, &event, false).await.map_err(failed)?;
         }
         tx.commit().await?;
-        let moved = fanned.len() + waits.len() + runs.len();
+        let moved = fanned.len() + waiting_events + runs.len();
         tracing::info!(
             keys = fanned.len(),
-            waiting_events = waits.len(),
+            waiting_events,
             runs = runs.len(),
             "moved the chains of ordered listeners from Postgres to Valkey"
         );

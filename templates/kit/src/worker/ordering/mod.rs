@@ -74,7 +74,7 @@ use crate::queue::message::TaskMessage;
 use crate::queue::{Client, HandlerError, NewTask, QueueError};
 
 use keys::Namespace;
-use scripts::{FAN_OUT, MOVE_ON, REQUEUE};
+use scripts::{FAN_OUT, MOVE_ON, MOVE_PAST, REQUEUE};
 
 mod from_postgres;
 mod keys;
@@ -253,6 +253,26 @@ impl Ordering {
             .arg(task_id)
             .arg(now_millis())
             .arg(listener);
+        self.deliver(&script).await
+    }
+
+    /// Moves the last fanned-out number of `key` in `epoch` on to `number`
+    /// (unless it is later already) and fans out the waiting events that
+    /// follow it ([`MOVE_PAST`]).
+    async fn move_past(&self, key: &str, epoch: i64, number: i64) -> Result<(), HandlerError> {
+        let (before, after) = self.keys.wait_parts(key, epoch);
+        let mut script = MOVE_PAST.prepare_invoke();
+        self.delivery(&mut script);
+        script
+            .key(self.keys.runs())
+            .key(self.keys.heads())
+            .key(self.keys.fanned(key, epoch))
+            .key(self.keys.waiting())
+            .arg(number)
+            .arg(millis(FANNED_KEPT.max(self.retention)))
+            .arg(now_millis())
+            .arg(before)
+            .arg(after);
         self.deliver(&script).await
     }
 

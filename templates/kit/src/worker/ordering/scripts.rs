@@ -154,9 +154,10 @@ return delivered
     )
 });
 
-/// Moves a key's last fanned-out number on to a later one and fans out
-/// the waiting events that follow it (a waiting event whose earlier ones
-/// will not come, `super::stale`). KEYS: queues, runs, heads, the number,
+/// Moves a key's last fanned-out number on to a later one (unless it is
+/// later already) and fans out the waiting events that follow it: past
+/// earlier events that will not come (`super::stale`), or to a number moved
+/// from Postgres (`super::from_postgres`). KEYS: queues, runs, heads, the number,
 /// waiting. ARGV: the delivery's three, the number, how long it is kept
 /// (ms), now (ms), the waiting list's name before and after the seq.
 pub(super) static MOVE_PAST: LazyLock<Script> = LazyLock::new(|| {
@@ -179,32 +180,6 @@ pub(super) static APPEND: LazyLock<Script> = LazyLock::new(|| {
         r"
 append(KEYS[2], KEYS[3], tonumber(ARGV[4]), ARGV, 5)
 return delivered
-",
-    )
-});
-
-/// Keeps an event waiting (moved from Postgres), as [`FAN_OUT`] does.
-/// KEYS: its list, waiting. ARGV: now (ms), the event id, then its runs.
-pub(super) static WAIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
-  redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
-end
-",
-    )
-});
-
-/// Sets a key's last fanned-out number, unless it is later already
-/// (moved from Postgres). KEYS: the number. ARGV: the number, how long it
-/// is kept (ms).
-pub(super) static KEEP_LATER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
 ",
     )
 });

@@ -19,8 +19,8 @@
 
 use std::time::Duration;
 
-use super::scripts::MOVE_PAST;
-use super::{FANNED_KEPT, Ordering, millis, now_millis};
+use super::{Ordering, millis, now_millis};
+use crate::outbox::Store;
 use crate::queue::QueueError;
 
 /// The most waiting events looked at a round.
@@ -80,20 +80,7 @@ impl Ordering {
                 (Some(_), Some(_)) => 0,
             };
             if move_past > 0 {
-                let (before, after) = self.keys.wait_parts(&key, epoch);
-                let mut script = MOVE_PAST.prepare_invoke();
-                self.delivery(&mut script);
-                script
-                    .key(self.keys.runs())
-                    .key(self.keys.heads())
-                    .key(self.keys.fanned(&key, epoch))
-                    .key(self.keys.waiting())
-                    .arg(move_past)
-                    .arg(millis(FANNED_KEPT.max(self.retention)))
-                    .arg(now)
-                    .arg(before)
-                    .arg(after);
-                self.deliver(&script)
+                self.move_past(&key, epoch, move_past)
                     .await
                     .map_err(|err| anyhow::anyhow!("{err}"))?;
             }
@@ -103,9 +90,8 @@ impl Ordering {
                 .map(|(id, _, _)| *id)
                 .collect();
             if !published.is_empty() {
-                sqlx::query("UPDATE outbox_events SET published_at = NULL WHERE id = ANY($1)")
-                    .bind(&published)
-                    .execute(&self.pool)
+                Store
+                    .unmark(&mut *self.pool.acquire().await?, &published)
                     .await?;
             }
             if move_past > 0 || !published.is_empty() {
