@@ -29,9 +29,9 @@ use crate::worker::{failures, handle_events};
 /// A step of an aggregate: its key and its number in the key, which the
 /// test gives in the order the steps commit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Placed {
-    key: u32,
-    n: u32,
+pub(super) struct Placed {
+    pub(super) key: u32,
+    pub(super) n: u32,
 }
 
 impl Event for Placed {
@@ -45,7 +45,7 @@ impl Event for Placed {
 /// Another event type of the same keys: an ordered listener of both sees
 /// them in one order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Cancelled {
+pub(super) struct Cancelled {
     key: u32,
     n: u32,
 }
@@ -59,10 +59,10 @@ impl Event for Cancelled {
 }
 
 /// The table the listener writes each run it does into, in `ctx.once`.
-const SEEN: &str = "CREATE TABLE seen (id bigserial PRIMARY KEY, key int NOT NULL, n int NOT NULL)";
+pub(super) const SEEN: &str = "CREATE TABLE seen (id bigserial PRIMARY KEY, key int NOT NULL, n int NOT NULL)";
 
 /// Records the step in `seen`, once per event.
-async fn record(context: &ListenerContext, key: u32, n: u32) -> Result<(), ListenerError> {
+pub(super) async fn record(context: &ListenerContext, key: u32, n: u32) -> Result<(), ListenerError> {
     context
         .once(async |tx| {
             sqlx::query("INSERT INTO seen (key, n) VALUES ($1, $2)")
@@ -78,7 +78,7 @@ async fn record(context: &ListenerContext, key: u32, n: u32) -> Result<(), Liste
 
 /// A worker of the test: a consumer of `queue` with the worker's event
 /// handlers, failure records and `listeners`.
-fn worker(
+pub(super) fn worker(
     client: Client,
     queue: &TestQueue,
     pool: &PgPool,
@@ -124,7 +124,7 @@ fn worker(
 
 /// The event task of `step` in `queue`, with the id `task_id` (the event
 /// id as the relay queues it, another for a replay).
-fn event_task(queue: &TestQueue, step: &crate::outbox::Envelope, task_id: String) -> NewTask {
+pub(super) fn event_task(queue: &TestQueue, step: &crate::outbox::Envelope, task_id: String) -> NewTask {
     NewTask::new(
         format!("event:{}", step.name),
         task_id,
@@ -134,7 +134,7 @@ fn event_task(queue: &TestQueue, step: &crate::outbox::Envelope, task_id: String
 }
 
 /// Listeners with `ledger`, ordered, recording each [`Placed`] it runs.
-fn ordered_ledger() -> Listeners {
+pub(super) fn ordered_ledger() -> Listeners {
     let mut listeners = Listeners::new();
     listeners.listen_with(
         "ledger",
@@ -147,14 +147,14 @@ fn ordered_ledger() -> Listeners {
 }
 
 /// A [`worker`] of the test running, until [`Running::stop`].
-struct Running {
+pub(super) struct Running {
     stop: CancellationToken,
     running: tokio::task::JoinHandle<Result<(), crate::queue::QueueError>>,
 }
 
 impl Running {
     /// Runs a worker of `queue` and `pool` with `listeners`.
-    fn start(queue: &TestQueue, pool: &PgPool, listeners: Listeners) -> Self {
+    pub(super) fn start(queue: &TestQueue, pool: &PgPool, listeners: Listeners) -> Self {
         let stop = CancellationToken::new();
         let consumer = worker(queue.client.clone(), queue, pool, listeners, false);
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
@@ -162,20 +162,20 @@ impl Running {
     }
 
     /// Stops it, once it has finished its tasks in hand.
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.stop.cancel();
         self.running.await.unwrap().unwrap();
     }
 }
 
 /// The chains of `pool`'s database, whose heads go to `queue`.
-fn chains(pool: &PgPool, queue: &TestQueue) -> ordering::Ordering {
+pub(super) fn chains(pool: &PgPool, queue: &TestQueue) -> ordering::Ordering {
     ordering::Ordering::new(pool.clone(), queue.client.clone(), Duration::from_secs(60))
 }
 
 /// Queues the event task of every outbox row, in a random order (as
 /// several relays and the queue may deliver them), as the relay does.
-async fn publish_shuffled(pool: &PgPool, queue: &TestQueue, rng: &mut fastrand::Rng) {
+pub(super) async fn publish_shuffled(pool: &PgPool, queue: &TestQueue, rng: &mut fastrand::Rng) {
     let rows: Vec<(
         uuid::Uuid,
         String,
@@ -216,7 +216,7 @@ async fn publish_shuffled(pool: &PgPool, queue: &TestQueue, rng: &mut fastrand::
 }
 
 /// The steps the listener saw, by key, in the order it saw them.
-async fn seen(pool: &PgPool) -> BTreeMap<u32, Vec<u32>> {
+pub(super) async fn seen(pool: &PgPool) -> BTreeMap<u32, Vec<u32>> {
     let rows: Vec<(i32, i32)> = sqlx::query_as("SELECT key, n FROM seen ORDER BY id")
         .fetch_all(pool)
         .await
@@ -230,7 +230,7 @@ async fn seen(pool: &PgPool) -> BTreeMap<u32, Vec<u32>> {
 
 /// Dispatches `Placed` or `Cancelled` (by `n`'s parity) for `key` in a
 /// transaction of its own.
-async fn dispatch_step(pool: &PgPool, key: u32, n: u32) {
+pub(super) async fn dispatch_step(pool: &PgPool, key: u32, n: u32) {
     let mut tx = pool.begin().await.unwrap();
     if n.is_multiple_of(2) {
         dispatch(&mut *tx, &Cancelled { key, n }).await.unwrap();
@@ -417,7 +417,7 @@ fn giving_up_on_key_1_step_2(on_failure: OnFailure) -> Listeners {
 }
 
 /// Dispatches steps 1 to 3 of keys 1 and 2 (all `Placed`).
-async fn three_steps_of_two_keys(pool: &PgPool) {
+pub(super) async fn three_steps_of_two_keys(pool: &PgPool) {
     for n in 1..=3 {
         for key in 1..=2 {
             let mut tx = pool.begin().await.unwrap();
