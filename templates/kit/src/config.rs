@@ -407,6 +407,24 @@ pub struct WorkerConfig {
     /// How long the inbox remembers that a listener handled an event
     #[config(env = "INBOX_RETENTION", default = "168h", deserialize_with = duration::deserialize)]
     pub inbox_retention: Duration,
+    /// How long a listener's failure stays in `listener_failures` once it no
+    /// longer holds its key (default: OUTBOX_RETENTION)
+    #[config(env = "WORKER_FAILURE_RETENTION", deserialize_with = duration::deserialize)]
+    pub failure_retention: Option<Duration>,
+    /// This service's id among those sharing its Valkey (default: the id
+    /// the kit's migration gave its database); set it apart for two copies
+    /// of one database
+    #[config(env = "WORKER_SERVICE_ID")]
+    pub service_id: Option<String>,
+}
+
+#[cfg(feature = "worker")]
+impl WorkerConfig {
+    /// How long a failure that no longer holds its key is kept: the
+    /// setting, or the outbox's retention.
+    pub fn failure_retention(&self, outbox: &OutboxConfig) -> Duration {
+        self.failure_retention.unwrap_or(outbox.retention)
+    }
 }
 
 /// The worker's scheduler (`src/schedules/`): one replica leads at a time.

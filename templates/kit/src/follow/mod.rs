@@ -57,11 +57,13 @@ impl Context {
         Ok(self.queue.get_or_init(|| client))
     }
 
-    /// The chains of ordered listeners (in Valkey, connected at first use).
+    /// The chains of ordered listeners beside the queues this service's
+    /// workers consume (`WORKER_QUEUES`; in Valkey, connected at first use).
     pub(crate) async fn ordering(&self) -> anyhow::Result<Ordering> {
         Ok(Ordering::new(
             self.pool.clone(),
             self.queue().await?.clone(),
+            self.config.worker.queues.names().map(str::to_string).collect(),
             self.config.outbox.task_retention,
         ))
     }

@@ -9,6 +9,8 @@ use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 use uuid::Uuid;
 
+use crate::outbox::NOT_HELD;
+
 use crate::outbox::{Envelope, Metadata};
 
 /// One row of `outbox_events`.
@@ -180,12 +182,14 @@ pub(crate) async fn delete_published_before(
     pool: &PgPool,
     before: DateTime<Utc>,
     limit: u32,
+    include_held: bool,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let held = if include_held { "true" } else { NOT_HELD };
+    let done = sqlx::query(&format!(
         "DELETE FROM outbox_events WHERE id IN ( \
-           SELECT id FROM outbox_events WHERE published_at < $1 \
-           ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
+           SELECT id FROM outbox_events WHERE published_at < $1 AND {held} \
+           ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    ))
     .bind(before)
     .bind(i64::from(limit))
     .execute(pool)
@@ -193,17 +197,19 @@ pub(crate) async fn delete_published_before(
     Ok(done.rows_affected())
 }
 
-/// How many rows were published before `before`.
+/// How many rows were published before `before`, and how many of them a
+/// held key keeps.
 pub(crate) async fn count_published_before(
     pool: &PgPool,
     before: DateTime<Utc>,
-) -> Result<i64, sqlx::Error> {
-    let (count,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM outbox_events WHERE published_at < $1")
-            .bind(before)
-            .fetch_one(pool)
-            .await?;
-    Ok(count)
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT count(*), count(*) FILTER (WHERE NOT {NOT_HELD}) \
+         FROM outbox_events WHERE published_at < $1"
+    ))
+    .bind(before)
+    .fetch_one(pool)
+    .await
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! `outbox purge --published-before 7d`: deletes published rows older than
 //! a time, in bounded batches of short transactions like the cleanup loop,
 //! so it never holds many locks or one long transaction. Unpublished rows
-//! are never deleted. It asks for confirmation on a terminal, `--yes`
-//! otherwise.
+//! are never deleted, nor the events a held key keeps (an ordered
+//! listener's first run of the key failed for good and holds it: `outbox
+//! status`), unless `--include-held`. It asks for confirmation on a
+//! terminal, `--yes` otherwise.
 
 use std::process::ExitCode;
 
@@ -22,6 +24,10 @@ pub struct Args {
     /// Rows deleted per statement
     #[arg(long, default_value_t = CLEANUP_BATCH, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
+    /// Delete the events held keys keep too (their ordered listeners'
+    /// later runs then have no event left to look at)
+    #[arg(long)]
+    pub include_held: bool,
     /// Do not ask for confirmation
     #[arg(long, short)]
     pub yes: bool,
@@ -34,11 +40,16 @@ pub(crate) struct Purged {
     pub deleted: u64,
     /// Statements run, the last one short.
     pub batches: u64,
+    /// Rows published before the time that held keys keep, left (0 with
+    /// `--include-held`).
+    pub kept_held: u64,
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let before = args.published_before;
-    let due = rows::count_published_before(&context.pool, before).await?;
+    let (published, held) = rows::count_published_before(&context.pool, before).await?;
+    let kept_held = if args.include_held { 0 } else { held };
+    let due = published - kept_held;
     let question = format!(
         "delete {due} event(s) published before {}",
         output::time(before)
@@ -51,11 +62,17 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         published_before: before,
         deleted: 0,
         batches: 0,
+        kept_held: u64::try_from(kept_held).unwrap_or(0),
     };
     if due > 0 {
         loop {
-            let deleted =
-                rows::delete_published_before(&context.pool, before, args.batch_size).await?;
+            let deleted = rows::delete_published_before(
+                &context.pool,
+                before,
+                args.batch_size,
+                args.include_held,
+            )
+            .await?;
             purged.deleted += deleted;
             purged.batches += 1;
             if deleted < u64::from(args.batch_size) {
@@ -65,12 +82,21 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     }
     match format {
         Format::Json => output::print_json(&purged)?,
-        Format::Text => println!(
-            "deleted {} event(s) published before {} in {} batch(es)",
-            purged.deleted,
-            output::time(before),
-            purged.batches
-        ),
+        Format::Text => {
+            println!(
+                "deleted {} event(s) published before {} in {} batch(es)",
+                purged.deleted,
+                output::time(before),
+                purged.batches
+            );
+            if purged.kept_held > 0 {
+                println!(
+                    "kept {} event(s) that held keys keep (outbox status counts the blocked keys); \
+                     --include-held deletes them too",
+                    purged.kept_held
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

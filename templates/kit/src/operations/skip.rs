@@ -1,9 +1,12 @@
 //! `outbox skip <task id>`: releases a key that an ordered listener holds
 //! because its first run failed for good (archived, recorded in
 //! `listener_failures`): the run leaves its key's order and the key's next
-//! run goes to the queue. The archived task and its failure record stay, so
-//! the event can still be looked at, or run again by hand (out of order).
-//! Nothing else releases a held key: no timeout does.
+//! run goes to the queue. The archived task and its failure record stay (no
+//! longer holding the key), so the event can still be looked at; sent back
+//! (`outbox retry-archived`), the run joins its key's order at the end and
+//! runs after the runs that wait then. Nothing else releases a held key: no
+//! timeout does. A run that has not failed for good (waiting, running,
+//! retried) is refused: skipping it would start the next run beside it.
 
 use std::process::ExitCode;
 
@@ -11,7 +14,8 @@ use serde::Serialize;
 
 use super::output::{self, Format};
 use crate::follow::Context;
-use crate::worker::ordering::Turn;
+use crate::worker::failures;
+use crate::worker::ordering::Moved;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -37,8 +41,8 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             args.task_id
         );
     };
-    if let Turn::After(runs) = ordering
-        .turn(&run.listener, &run.key, &args.task_id)
+    if let Some(runs @ 1..) = ordering
+        .position(&run.queue, &run.listener, &run.key, &args.task_id)
         .await?
     {
         anyhow::bail!(
@@ -48,10 +52,41 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             run.key
         );
     }
-    ordering
-        .advance(&run.listener, &run.key, &args.task_id)
+    let failed: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM listener_failures WHERE task_id = $1)",
+    )
+    .bind(&args.task_id)
+    .fetch_one(&context.pool)
+    .await?;
+    if !failed {
+        anyhow::bail!(
+            "task {} has not failed for good (it waits, runs or is retried): skipping it would start \
+             key `{}`'s next run beside it; nothing was changed\n\
+             help: `outbox show <event id>` says where it stands",
+            args.task_id,
+            run.key
+        );
+    }
+    let moved = ordering
+        .move_on(
+            &run.queue,
+            &run.listener,
+            &run.key,
+            &args.task_id,
+            None,
+            false,
+            None,
+        )
         .await
         .map_err(|err| anyhow::anyhow!("{err}"))?;
+    if moved == Moved::Superseded {
+        anyhow::bail!(
+            "task {} is no longer the first of key `{}` (it moved on meanwhile); nothing was changed",
+            args.task_id,
+            run.key
+        );
+    }
+    failures::release(&context.pool, &[&args.task_id]).await?;
     let skipped = Skipped {
         task_id: args.task_id.clone(),
         listener: run.listener,

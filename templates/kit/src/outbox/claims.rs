@@ -121,29 +121,19 @@ impl Store {
 
     /// Deletes up to `limit` rows published longer than `retention` ago and
     /// returns how many it deleted. Rows another cleaner holds are skipped,
-    /// and so are a keyed event with a run that failed for good (in
-    /// `listener_failures`) and the later events of its key: an ordered
-    /// listener's key may be held by it, and they wait until `outbox`
-    /// releases it.
+    /// and so are the events a held key keeps ([`NOT_HELD`]).
     pub async fn delete_published<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         retention: Duration,
         limit: u32,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
+        let done = sqlx::query(&format!(
             "DELETE FROM outbox_events WHERE id IN ( \
                SELECT id FROM outbox_events \
-               WHERE published_at < now() - make_interval(secs => $1) \
-                 AND NOT EXISTS ( \
-                   SELECT 1 FROM listener_failures f JOIN outbox_events e ON e.event_id = f.event_id \
-                   WHERE e.metadata ->> 'order_key' = outbox_events.metadata ->> 'order_key' \
-                     AND (coalesce((outbox_events.metadata ->> 'order_epoch')::bigint, 0), \
-                          (outbox_events.metadata ->> 'order_seq')::bigint) \
-                      >= (coalesce((e.metadata ->> 'order_epoch')::bigint, 0), \
-                          (e.metadata ->> 'order_seq')::bigint)) \
-               ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
+               WHERE published_at < now() - make_interval(secs => $1) AND {NOT_HELD} \
+               ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        ))
         .bind(retention.as_secs_f64())
         .bind(i64::from(limit))
         .execute(executor)
@@ -165,3 +155,16 @@ impl Store {
         })
     }
 }
+
+/// The condition on an `outbox_events` row that no held key keeps it: a
+/// key is held by a failure that holds it (`listener_failures.holds_key`:
+/// the first run of an ordered listener's key, failed for good, that
+/// keeps the key), which keeps its event and the later events of its key
+/// (same epoch) until `outbox` releases the key.
+pub(crate) const NOT_HELD: &str = "NOT EXISTS ( \
+    SELECT 1 FROM listener_failures f JOIN outbox_events e ON e.event_id = f.event_id \
+    WHERE f.holds_key AND e.metadata ->> 'order_key' = outbox_events.metadata ->> 'order_key' \
+      AND (coalesce((outbox_events.metadata ->> 'order_epoch')::bigint, 0), \
+           (outbox_events.metadata ->> 'order_seq')::bigint) \
+       >= (coalesce((e.metadata ->> 'order_epoch')::bigint, 0), \
+           (e.metadata ->> 'order_seq')::bigint))";

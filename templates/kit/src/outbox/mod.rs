@@ -32,7 +32,7 @@ mod store;
 pub mod wake;
 
 #[cfg(feature = "worker")]
-pub(crate) use claims::ClaimedEvent;
+pub(crate) use claims::{ClaimedEvent, NOT_HELD};
 pub use contract::{DispatchError, Dispatcher, Event, StoreError};
 pub use dispatcher::dispatch;
 pub use envelope::{Envelope, Metadata};

@@ -76,6 +76,24 @@ pub(crate) fn event_task_type(event_name: &str) -> String {
     format!("{EVENT_TASK_PREFIX}{event_name}")
 }
 
+/// The event task of `envelope` in `queue`, with the id `task_id` (the
+/// event id, as the relay queues it), its headers the trace context of its
+/// dispatch, kept `retention` after it succeeds.
+pub(crate) fn event_task(
+    envelope: &super::Envelope,
+    task_id: String,
+    queue: &str,
+    retention: Duration,
+) -> NewTask {
+    let payload = serde_json::to_vec(envelope).expect("an envelope serialises");
+    NewTask::new(event_task_type(&envelope.name), task_id, payload)
+        .queue(queue)
+        .headers(crate::trace_context::task_headers(&envelope.metadata))
+        .max_retry(MAX_RETRY)
+        .timeout(TASK_TIMEOUT)
+        .retention(retention)
+}
+
 /// What one round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Round {
@@ -397,17 +415,12 @@ impl Relay {
     }
 
     fn task_for(&self, event: &ClaimedEvent, queue: &str) -> NewTask {
-        let payload = serde_json::to_vec(&event.envelope).expect("an envelope serialises");
-        NewTask::new(
-            event_task_type(&event.envelope.name),
+        event_task(
+            &event.envelope,
             event.envelope.id.to_string(),
-            payload,
+            queue,
+            self.task_retention,
         )
-        .queue(queue)
-        .headers(crate::trace_context::task_headers(&event.envelope.metadata))
-        .max_retry(MAX_RETRY)
-        .timeout(TASK_TIMEOUT)
-        .retention(self.task_retention)
     }
 
     /// Runs rounds until `shutdown` is cancelled. The round in hand gets

@@ -697,6 +697,32 @@ impl Client {
         Ok(())
     }
 
+    /// The servers whose state has not expired: asynqmon's Servers page
+    /// (Go's `Inspector.Servers()`).
+    pub(crate) async fn servers(&self) -> Result<Vec<ServerInfo>, QueueError> {
+        let mut conn = self.conn();
+        let names: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(keys::ALL_SERVERS)
+            .arg(Utc::now().timestamp())
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One GET each: the keys are in different cluster slots.
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.get(name);
+        }
+        let infos: Vec<Option<Vec<u8>>> = pipe.query_async(&mut conn).await?;
+        Ok(infos
+            .into_iter()
+            .flatten()
+            .filter_map(|info| ServerInfo::decode(info.as_slice()).ok())
+            .collect())
+    }
+
     /// Removes this worker's server state (at shutdown).
     pub(super) async fn clear_server_state(&self, server: &ServerInfo) -> Result<(), QueueError> {
         let pid = u32::try_from(server.pid).unwrap_or(0);

@@ -36,10 +36,6 @@ pub struct Client {
     /// oldest first, which the next dequeue expects (see
     /// [`scripts::DEQUEUE`]).
     pub(super) oldest_pending: Arc<Mutex<HashMap<String, Vec<Vec<u8>>>>>,
-    /// Whether other modules' scripts enqueue in their own call (see
-    /// [`Client::enqueues_in_scripts`]): on a single server, unless a test
-    /// turned it off.
-    script_enqueues: bool,
 }
 
 /// A task to enqueue. The id is the deduplication key: while a task with
@@ -180,7 +176,6 @@ impl Client {
     pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
         let conn = Target::from_config(config)?.connect().await?;
         Ok(Self {
-            script_enqueues: !conn.is_cluster(),
             conn,
             enqueued: Enqueued::default(),
             oldest_pending: Arc::default(),
@@ -203,21 +198,6 @@ impl Client {
         self.conn.target().subscribe(channel).await
     }
 
-    /// Whether another module's script may enqueue in its own call, with
-    /// [`scripts::ENQUEUE_FUNCTION`]: on a single server, not on a cluster.
-    pub(crate) fn enqueues_in_scripts(&self) -> bool {
-        self.script_enqueues
-    }
-
-    /// This client as on a cluster for other modules' scripts: they return
-    /// what to enqueue, and it is enqueued by [`Client::enqueue`] (the
-    /// kit's tests of that path, on a single server).
-    #[cfg(test)]
-    pub(crate) fn without_script_enqueues(mut self) -> Self {
-        self.script_enqueues = false;
-        self
-    }
-
     /// The channel a script that enqueues publishes its queue on (the
     /// wake-up of consumers in other processes), or `""` when they are
     /// not woken so.
@@ -229,7 +209,8 @@ impl Client {
         }
     }
 
-    /// A script enqueued tasks ([`scripts::ENQUEUE_FUNCTION`]): wakes this
+    /// Another module's script enqueued tasks (the chains of ordered
+    /// listeners put their next runs in the queue themselves): wakes this
     /// process's idle consumers, as [`Client::enqueue`] does.
     pub(crate) fn enqueued_by_script(&self) {
         self.enqueued.signal();

@@ -168,6 +168,8 @@ pub struct HandlerError {
     /// Set by [`HandlerError::defer`]: run again at this time, no retry
     /// counted.
     defer_until: Option<DateTime<Utc>>,
+    /// Set by [`HandlerError::superseded`]: the task is another run's.
+    superseded: bool,
 }
 
 impl HandlerError {
@@ -178,6 +180,7 @@ impl HandlerError {
             error: error.into(),
             skip_retry: true,
             defer_until: None,
+            superseded: false,
         }
     }
 
@@ -191,7 +194,25 @@ impl HandlerError {
             error: anyhow::anyhow!("deferred until {}", until.to_rfc3339()),
             skip_retry: false,
             defer_until: Some(until),
+            superseded: false,
         }
+    }
+
+    /// Not this run's to settle: another run of the task took it over (its
+    /// lease ran out while this one still ran). The task is left as it is,
+    /// as after a lost lease.
+    pub(crate) fn superseded(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            error: error.into(),
+            skip_retry: false,
+            defer_until: None,
+            superseded: true,
+        }
+    }
+
+    /// Whether it was made with [`HandlerError::superseded`].
+    pub(crate) fn is_superseded(&self) -> bool {
+        self.superseded
     }
 
     /// When a deferred task runs again: `Some` for an error made with
@@ -215,6 +236,7 @@ impl<E: Into<anyhow::Error>> From<E> for HandlerError {
             error,
             skip_retry,
             defer_until: None,
+            superseded: false,
         }
     }
 }
@@ -582,6 +604,11 @@ enum Outcome {
     },
     /// The lease ran out (Valkey unreachable): the recoverer owns the task.
     LeaseLost,
+    /// Another run of the task holds it (this one's lease ran out while it
+    /// ran, and another worker took it over): left to that run.
+    Superseded {
+        error: String,
+    },
     /// Cut short by shutdown.
     Interrupted,
 }
@@ -727,6 +754,7 @@ impl Worker {
         let outcome = tokio::select! {
             joined = &mut run => match joined {
                 Ok(Ok(())) => Outcome::Succeeded,
+                Ok(Err(err)) if err.is_superseded() => Outcome::Superseded { error: err.to_string() },
                 Ok(Err(err)) => match err.deferred_until() {
                     Some(until) => Outcome::Deferred { until },
                     None => Outcome::Failed {
@@ -754,6 +782,9 @@ impl Worker {
             Outcome::Failed { error, .. } => spans::record_outcome(&span, "failed", Some(error)),
             Outcome::Deferred { .. } => spans::record_outcome(&span, "deferred", None),
             Outcome::LeaseLost => spans::record_outcome(&span, "lease_lost", Some("lease lost")),
+            Outcome::Superseded { error } => {
+                spans::record_outcome(&span, "superseded", Some(error));
+            }
             Outcome::Interrupted => {
                 spans::record_outcome(&span, "interrupted", Some("interrupted by shutdown"));
             }
@@ -796,6 +827,10 @@ impl Worker {
             }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
+                return;
+            }
+            Outcome::Superseded { error } => {
+                tracing::warn!(%id, %task_type, %error, "another run of the task holds it; left to that run");
                 return;
             }
             Outcome::Interrupted => {
@@ -1367,6 +1402,7 @@ fn server_info(options: &ConsumerOptions) -> ServerInfo {
         status: "active".into(),
         start_time: Some(Utc::now().into()),
         active_worker_count: 0,
+        kit_chains: super::message::CHAINS_LAYOUT,
     }
 }
 

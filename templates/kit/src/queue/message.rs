@@ -123,7 +123,17 @@ pub struct ServerInfo {
     /// Tasks running now.
     #[prost(int32, tag = "9")]
     pub active_worker_count: i32,
+    /// The kit's own, which Go asynq and asynqmon ignore: the layout of
+    /// the ordered listeners' chains this worker keeps
+    /// ([`CHAINS_LAYOUT`]), 0 for a server that keeps none of them (a Go
+    /// asynq server, a worker of the kit's template set 22 or before).
+    #[prost(uint32, tag = "100")]
+    pub kit_chains: u32,
 }
+
+/// The layout of the ordered listeners' chains the kit's workers keep now:
+/// beside each queue, in its hash slot (template set 23).
+pub const CHAINS_LAYOUT: u32 = 2;
 
 /// One running task of a server (`asynq.WorkerInfo`).
 #[derive(Clone, PartialEq, prost::Message)]
@@ -270,6 +280,7 @@ mod tests {
             status: "active".into(),
             start_time: time,
             active_worker_count: 1,
+            kit_chains: 0,
         };
         let mut tags = fields(&server.encode_to_vec());
         tags.sort_unstable();

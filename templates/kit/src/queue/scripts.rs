@@ -45,32 +45,6 @@ return 1
     )
 });
 
-/// A Lua function for another module's script to enqueue a task as
-/// [`ENQUEUE`] does, in the same call: `asynq_enqueue(queue, id, msg,
-/// now_ns, channel)` writes the task's hash and pushes its id as ENQUEUE
-/// does (names as [`super::keys`] makes them), registers the queue in
-/// `asynq:queues` (as [`super::Client::enqueue`] does beside it), publishes
-/// the queue's name on `channel` unless it is empty (the enqueue wake-up),
-/// and returns 1, or 0 for a task that exists (a duplicate). On a single
-/// server only: the task's keys are not declared, and a cluster keeps them
-/// in another slot than the calling script's
-/// ([`super::Client::enqueues_in_scripts`]).
-pub(crate) const ENQUEUE_FUNCTION: &str = r#"
-local function asynq_enqueue(queue, id, msg, now_ns, channel)
-    local task = "asynq:{" .. queue .. "}:t:" .. id
-    if redis.call("EXISTS", task) == 1 then
-        return 0
-    end
-    redis.call("HSET", task, "msg", msg, "state", "pending", "pending_since", now_ns)
-    redis.call("LPUSH", "asynq:{" .. queue .. "}:pending", id)
-    redis.call("SADD", "asynq:queues", queue)
-    if channel ~= "" then
-        redis.call("PUBLISH", channel, queue)
-    end
-    return 1
-end
-"#;
-
 /// Moves the oldest pending tasks to active under a lease, unless the queue
 /// is paused: as many of the `expected` ids (the oldest pending ones, as
 /// the last dequeue saw them, oldest first; their hashes are `KEYS[5..]`)

@@ -250,6 +250,7 @@ pub fn listener_context(pool: &PgPool, listener: &str, event_id: Uuid) -> Listen
         listener,
         Transactor::new(pool.clone()),
         Counter::default(),
+        None,
     )
 }
 
@@ -299,7 +300,7 @@ async fn deliver(
     let (owned, task) = (listener.clone(), listener_task(listener, envelope));
     let (transactor, counted) = (transactor.clone(), duplicates.clone());
     let mut run = tokio::spawn(async move {
-        crate::worker::run_listener(&owned, transactor, task, counted).await
+        crate::worker::run_listener(&owned, transactor, task, counted, None).await
     });
     let outcome = match tokio::time::timeout(timeout, &mut run).await {
         Err(_) => {

@@ -165,6 +165,8 @@ pub fn config(database_url: &str) -> Config {
             shutdown_timeout: Duration::from_secs(30),
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
             inbox_retention: Duration::from_secs(168 * 3600),
+            failure_retention: None,
+            service_id: None,
         },
         #[cfg(feature = "worker")]
         scheduler: config::SchedulerConfig {

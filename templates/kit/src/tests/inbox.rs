@@ -137,7 +137,7 @@ async fn two_deliveries_at_the_same_moment_commit_once_and_neither_fails() {
         let (pool, barrier) = (db.pool.clone(), Arc::clone(&barrier));
         deliveries.push(tokio::spawn(async move {
             barrier.wait().await;
-            inbox::once(&Transactor::new(pool), "ledger", event_id, async |tx| {
+            inbox::once(&Transactor::new(pool), "ledger", event_id, None, async |tx| {
                 // Hold the transaction open, so that the other delivery
                 // arrives while this one is still uncommitted.
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -168,6 +168,7 @@ async fn failed_work_records_nothing_and_the_retry_runs_it() {
         &Transactor::new(db.pool.clone()),
         "ledger",
         event_id,
+        None,
         async |tx| {
             sqlx::query("INSERT INTO ledger (event_id, amount) VALUES ($1, 1)")
                 .bind(event_id)
@@ -185,6 +186,7 @@ async fn failed_work_records_nothing_and_the_retry_runs_it() {
         &Transactor::new(db.pool.clone()),
         "ledger",
         event_id,
+        None,
         async |_tx| Ok(7),
     )
     .await;
@@ -193,6 +195,7 @@ async fn failed_work_records_nothing_and_the_retry_runs_it() {
         &Transactor::new(db.pool.clone()),
         "ledger",
         event_id,
+        None,
         async |_tx| Ok(7),
     )
     .await;
@@ -208,6 +211,7 @@ async fn each_listener_has_its_own_record_of_an_event() {
             &Transactor::new(db.pool.clone()),
             listener,
             event_id,
+            None,
             async |_tx| Ok(()),
         )
         .await;
@@ -230,6 +234,7 @@ async fn cleanup_deletes_only_expired_records() {
         &Transactor::new(db.pool.clone()),
         "ledger",
         fresh,
+        None,
         async |_tx| Ok(()),
     )
     .await
@@ -260,18 +265,18 @@ async fn a_commit_in_once_runs_the_transactors_after_commit_hook() {
     });
     let event_id = Uuid::now_v7();
 
-    let failed = inbox::once(&transactor, "ledger", event_id, async |_tx| {
+    let failed = inbox::once(&transactor, "ledger", event_id, None, async |_tx| {
         Err::<(), _>(anyhow::anyhow!("the work failed"))
     })
     .await;
     assert!(failed.is_err());
     assert_eq!(commits.load(Ordering::SeqCst), 0, "a failure committed");
 
-    let ran = inbox::once(&transactor, "ledger", event_id, async |_tx| Ok(1)).await;
+    let ran = inbox::once(&transactor, "ledger", event_id, None, async |_tx| Ok(1)).await;
     assert_eq!(ran.unwrap(), Some(1));
     assert_eq!(commits.load(Ordering::SeqCst), 1, "the commit ran no hook");
 
-    let again = inbox::once(&transactor, "ledger", event_id, async |_tx| Ok(1)).await;
+    let again = inbox::once(&transactor, "ledger", event_id, None, async |_tx| Ok(1)).await;
     assert_eq!(again.unwrap(), None);
     assert_eq!(
         commits.load(Ordering::SeqCst),

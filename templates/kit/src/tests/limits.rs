@@ -926,10 +926,14 @@ fn workers_with(
             let mut consumer = Consumer::new(client.clone(), options(&queue.name));
             crate::worker::handle_events(
                 &mut consumer,
-                client,
+                &crate::worker::ordering::Ordering::new(
+                    pool.clone().clone(),
+                    client,
+                    Vec::new(),
+                    Duration::from_secs(60),
+                ),
                 crate::database::Transactor::new(pool.clone()),
                 Arc::clone(&listeners),
-                Duration::from_secs(60),
                 crate::worker::metrics::ListenerMetrics::default(),
                 LimitMetrics::default(),
             );

@@ -77,15 +77,13 @@ pub(super) async fn record(context: &ListenerContext, key: u32, n: u32) -> Resul
 }
 
 /// A worker of the test: a consumer of `queue` with the worker's event
-/// handlers, failure records and `listeners`.
+/// handlers, failure records and `listeners`, as the worker wires them.
 pub(super) fn worker(
     client: Client,
     queue: &TestQueue,
     pool: &PgPool,
     listeners: Listeners,
-    move_on: bool,
 ) -> Consumer {
-    let listeners = Arc::new(listeners);
     let options = ConsumerOptions {
         queues: queue.name.parse().unwrap(),
         concurrency: 10,
@@ -95,27 +93,36 @@ pub(super) fn worker(
         retry_delay: |_| Duration::from_millis(20),
         ..ConsumerOptions::default()
     };
-    let mut consumer = Consumer::new(client.clone(), options);
-    let move_on = move_on.then(|| failures::MoveOn {
-        task_types: listeners
-            .all()
-            .filter(|listener| listener.ordered() == Some(OnFailure::MoveOn))
-            .map(|listener| listener.task_type())
-            .collect(),
-        ordering: ordering::Ordering::new(pool.clone(), client.clone(), Duration::from_secs(60)),
-    });
+    worker_with(client, &queue.name, pool, listeners, options)
+}
+
+/// [`worker`] of the queue `queue` with `options`.
+pub(super) fn worker_with(
+    client: Client,
+    queue: &str,
+    pool: &PgPool,
+    listeners: Listeners,
+    options: ConsumerOptions,
+) -> Consumer {
+    let listeners = Arc::new(listeners);
+    let ordering = ordering::Ordering::new(
+        pool.clone(),
+        client.clone(),
+        vec![queue.to_string()],
+        Duration::from_secs(60),
+    );
+    let mut consumer = Consumer::new(client, options);
     failures::record_before_archive(
         &mut consumer,
         pool.clone(),
         listeners.failure_hook(),
-        move_on,
+        Some(crate::worker::ordered_failures(&listeners, &ordering)),
     );
     handle_events(
         &mut consumer,
-        client,
+        &ordering,
         Transactor::new(pool.clone()),
         listeners,
-        Duration::from_secs(60),
         ListenerMetrics::default(),
         Default::default(),
     );
@@ -156,7 +163,7 @@ impl Running {
     /// Runs a worker of `queue` and `pool` with `listeners`.
     pub(super) fn start(queue: &TestQueue, pool: &PgPool, listeners: Listeners) -> Self {
         let stop = CancellationToken::new();
-        let consumer = worker(queue.client.clone(), queue, pool, listeners, false);
+        let consumer = worker(queue.client.clone(), queue, pool, listeners);
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
         Self { stop, running }
     }
@@ -170,7 +177,12 @@ impl Running {
 
 /// The chains of `pool`'s database, whose heads go to `queue`.
 pub(super) fn chains(pool: &PgPool, queue: &TestQueue) -> ordering::Ordering {
-    ordering::Ordering::new(pool.clone(), queue.client.clone(), Duration::from_secs(60))
+    ordering::Ordering::new(
+        pool.clone(),
+        queue.client.clone(),
+        vec![queue.name.clone()],
+        Duration::from_secs(60),
+    )
 }
 
 /// Queues the event task of every outbox row, in a random order (as
@@ -339,15 +351,9 @@ async fn an_ordered_listener_sees_each_key_in_commit_order_whatever_arrives_firs
     );
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
-    for worker_number in 0..3 {
+    for _ in 0..3 {
         let client = Client::connect(&valkey_addr(), None, 0).await.unwrap();
-        // The third enqueues the heads itself, as on a Valkey cluster.
-        let client = if worker_number == 2 {
-            client.without_script_enqueues()
-        } else {
-            client
-        };
-        let consumer = worker(client, &queue, &pool, listeners.clone(), false);
+        let consumer = worker(client, &queue, &pool, listeners.clone());
         workers.push(tokio::spawn(consumer.run(stop.clone().cancelled_owned())));
     }
 
@@ -452,7 +458,6 @@ impl HeldKey {
             &queue,
             &db.pool,
             listeners.clone(),
-            false,
         );
         let stop = CancellationToken::new();
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
@@ -478,11 +483,7 @@ impl HeldKey {
 
     /// The chains of its database, whose heads go to its queue.
     fn ordering(&self) -> ordering::Ordering {
-        ordering::Ordering::new(
-            self.db.pool.clone(),
-            self.queue.client.clone(),
-            Duration::from_secs(60),
-        )
+        chains(&self.db.pool, &self.queue)
     }
 
     /// The event of key 1's step 3, waiting behind the failed step 2, and
@@ -507,6 +508,7 @@ impl HeldKey {
         let mut config = crate::testing::config(&self.db.url());
         config.valkey.addr = Some(valkey_addr());
         config.outbox.queues = self.queue.name.parse().unwrap();
+        config.worker.queues = self.queue.name.parse().unwrap();
         config
     }
 
@@ -537,7 +539,7 @@ async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
     .unwrap();
     // What `outbox skip` does.
     held.ordering()
-        .advance("ledger", "order:1", &held.head)
+        .move_on(&held.queue.name, "ledger", "order:1", &held.head, None, false, None)
         .await
         .unwrap();
     eventually(Duration::from_secs(20), "key 1 to move on", || async {
@@ -586,7 +588,6 @@ async fn a_listener_told_to_move_on_moves_past_a_run_that_failed_for_good() {
         &queue,
         &db.pool,
         giving_up_on_key_1_step_2(OnFailure::MoveOn),
-        true,
     );
     let stop = CancellationToken::new();
     let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
@@ -684,7 +685,6 @@ async fn act_as_worker(url: &str, queue: &str) {
             async move { run_step(roll, &context, event.key, event.n).await }
         },
     );
-    let listeners = Arc::new(listeners);
     let options = ConsumerOptions {
         queues: queue.parse().unwrap(),
         concurrency: 10,
@@ -696,18 +696,7 @@ async fn act_as_worker(url: &str, queue: &str) {
         retry_delay: |_| Duration::from_millis(20),
         ..ConsumerOptions::default()
     };
-    let mut consumer = Consumer::new(client.clone(), options);
-    failures::record_before_archive(&mut consumer, pool.clone(), None, None);
-    handle_events(
-        &mut consumer,
-        client,
-        Transactor::new(pool),
-        listeners,
-        Duration::from_secs(60),
-        ListenerMetrics::default(),
-        Default::default(),
-    );
-    consumer
+    worker_with(client, queue, &pool, listeners, options)
         .run(std::future::pending::<()>())
         .await
         .expect("the consumer runs until the worker is killed");
@@ -908,14 +897,7 @@ async fn bench_round(ordered: bool, events: u32, keys: u32) -> f64 {
         Ok(())
     });
     BENCH_RUNS.store(0, std::sync::atomic::Ordering::Relaxed);
-    // `ORDERING_BENCH_ON_CLUSTER=1`: heads enqueued by the worker after each
-    // script, as on a Valkey cluster.
-    let client = if std::env::var_os("ORDERING_BENCH_ON_CLUSTER").is_some() {
-        queue.client.clone().without_script_enqueues()
-    } else {
-        queue.client.clone()
-    };
-    let consumer = worker(client, &queue, &pool, listeners, false);
+    let consumer = worker(queue.client.clone(), &queue, &pool, listeners);
     let stop = CancellationToken::new();
     let started = Instant::now();
     let relaying = tokio::spawn(relay.run(stop.clone()));
@@ -976,18 +958,23 @@ async fn a_head_whose_task_valkey_lost_is_queued_again() {
         ..
     } = &held;
     let ordering = held.ordering();
-    ordering.advance("ledger", "order:1", head).await.unwrap();
+    ordering
+        .move_on(&queue.name, "ledger", "order:1", head, None, false, None)
+        .await
+        .unwrap();
     queue.delete_keys();
 
     // Act: step 3 is the head, and not in the queue; queue old heads again.
-    let requeued = ordering.requeue_old_heads(Duration::ZERO).await.unwrap();
+    let requeued = ordering
+        .look_at_old_heads(Duration::ZERO, &listeners.ordered())
+        .await
+        .unwrap();
     let stop = CancellationToken::new();
     let consumer = worker(
         queue.client.clone(),
         queue,
         &db.pool,
         listeners.clone(),
-        false,
     );
     let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
     eventually(Duration::from_secs(20), "step 3 to run", || async {
@@ -1001,7 +988,10 @@ async fn a_head_whose_task_valkey_lost_is_queued_again() {
     assert_eq!(requeued, 1);
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
     assert_eq!(
-        ordering.requeue_old_heads(Duration::ZERO).await.unwrap(),
+        ordering
+        .look_at_old_heads(Duration::ZERO, &listeners.ordered())
+        .await
+        .unwrap(),
         0,
         "no head is left"
     );
@@ -1216,16 +1206,10 @@ async fn a_key_idle_for_the_retention_numbers_its_events_again_in_a_new_epoch() 
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
     })
     .await;
-    let database = db
-        .pool
-        .connect_options()
-        .get_database()
-        .unwrap()
-        .to_string();
     let first_epoch = crate::outbox::order::Place::of(&steps[0].metadata)
         .unwrap()
         .epoch;
-    let fanned = format!("ordered:{{{database}}}:fan:{first_epoch}:order:1");
+    let fanned = format!("ordered:{{{}}}:fan:{first_epoch}:order:1", queue.name);
     let mut conn = queue.connection().await;
     let fanned_before_idle: Option<i64> = redis::cmd("GET")
         .arg(&fanned)
@@ -1286,15 +1270,9 @@ async fn after_valkey_loses_its_data_the_replayed_events_of_a_key_run_in_order()
     }
     publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(5)).await;
     queue.delete_keys();
-    let database = db
-        .pool
-        .connect_options()
-        .get_database()
-        .unwrap()
-        .to_string();
     let mut conn = queue.connection().await;
     let chain_keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("ordered:{{{database}}}:*"))
+        .arg(format!("ordered:{{{}}}:*", queue.name))
         .query_async(&mut conn)
         .await
         .unwrap();

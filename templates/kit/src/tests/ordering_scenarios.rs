@@ -17,15 +17,12 @@ use super::ordering::{
     record, seen,
 };
 use super::support::{TestDatabase, TestQueue, eventually};
-use crate::database::Transactor;
 use crate::outbox::dispatch;
 use crate::queue::{Consumer, ConsumerOptions, SkipRetry};
 use crate::worker::listeners::{
     ListenerContext, ListenerOptions, Listeners, OnFailure, listener_task_id,
 };
-use crate::worker::metrics::ListenerMetrics;
 use crate::worker::ordering::Held;
-use crate::worker::{failures, handle_events};
 
 /// An ordered `ledger` (`on_failure` when a run fails for good) that refuses
 /// (`SkipRetry`) the steps of key 1 in `refused`, and records the others.
@@ -143,7 +140,6 @@ async fn a_run_a_listener_moved_past_runs_when_it_is_sent_back() {
         &queue,
         &db.pool,
         listeners,
-        true,
     );
     let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
     let context = crate::follow::Context::new(config(&db, &queue), Listeners::new());
@@ -266,7 +262,6 @@ fn consumer_leasing(
     listeners: Listeners,
     lease: Duration,
 ) -> Consumer {
-    let listeners = Arc::new(listeners);
     let options = ConsumerOptions {
         queues: queue.name.parse().unwrap(),
         concurrency: 10,
@@ -279,18 +274,7 @@ fn consumer_leasing(
         retry_delay: |_| Duration::from_millis(20),
         ..ConsumerOptions::default()
     };
-    let mut consumer = Consumer::new(queue.client.clone(), options);
-    failures::record_before_archive(&mut consumer, pool.clone(), None, None);
-    handle_events(
-        &mut consumer,
-        queue.client.clone(),
-        Transactor::new(pool.clone()),
-        listeners,
-        Duration::from_secs(60),
-        ListenerMetrics::default(),
-        Default::default(),
-    );
-    consumer
+    super::ordering::worker_with(queue.client.clone(), &queue.name, pool, listeners, options)
 }
 
 #[tokio::test]

@@ -1636,10 +1636,14 @@ fn consumer_with_listener(queue: &TestQueue, options: ConsumerOptions) -> (Consu
     let mut consumer = Consumer::new(queue.client.clone(), options);
     handle_events(
         &mut consumer,
-        queue.client.clone(),
+        &crate::worker::ordering::Ordering::new(
+            pool.clone(),
+            queue.client.clone(),
+            Vec::new(),
+            Duration::ZERO,
+        ),
         Transactor::new(pool),
         Arc::new(listeners),
-        Duration::ZERO,
         ListenerMetrics::default(),
         Default::default(),
     );
@@ -1789,10 +1793,14 @@ fn failure_recording_consumer(
     );
     handle_events(
         &mut consumer,
-        queue.client.clone(),
+        &crate::worker::ordering::Ordering::new(
+            db.pool.clone().clone(),
+            queue.client.clone(),
+            Vec::new(),
+            Duration::from_secs(60),
+        ),
         Transactor::new(db.pool.clone()),
         listeners,
-        Duration::from_secs(60),
         ListenerMetrics::default(),
         Default::default(),
     );
@@ -1974,10 +1982,14 @@ async fn a_listener_that_skips_retry_is_archived_and_runs_again_when_run() {
     let metrics = ListenerMetrics::default();
     handle_events(
         &mut consumer,
-        queue.client.clone(),
+        &crate::worker::ordering::Ordering::new(
+            pool.clone(),
+            queue.client.clone(),
+            Vec::new(),
+            Duration::from_secs(60),
+        ),
         Transactor::new(pool),
         Arc::new(listeners),
-        Duration::from_secs(60),
         metrics.clone(),
         Default::default(),
     );

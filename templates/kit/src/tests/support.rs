@@ -206,8 +206,10 @@ impl TestQueue {
 
 #[cfg(feature = "worker")]
 impl TestQueue {
-    /// Deletes every key of the queue, and its name from `asynq:queues`:
-    /// what a Valkey restart without its append-only file loses of it.
+    /// Deletes every task key of the queue, and its name from
+    /// `asynq:queues`: what a Valkey restart without its append-only file
+    /// loses of it (the chains of ordered listeners beside it:
+    /// [`TestQueue::delete_chains`]).
     pub fn delete_keys(&self) {
         let Ok(mut conn) = self.redis.get_connection() else {
             return;
@@ -228,8 +230,26 @@ impl TestQueue {
 }
 
 #[cfg(feature = "worker")]
+impl TestQueue {
+    /// Deletes the chains of ordered listeners kept beside the queue.
+    pub fn delete_chains(&self) {
+        let Ok(mut conn) = self.redis.get_connection() else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("ordered:{{{}}}:*", self.name))
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
+        }
+    }
+}
+
+#[cfg(feature = "worker")]
 impl Drop for TestQueue {
     fn drop(&mut self) {
         self.delete_keys();
+        self.delete_chains();
     }
 }

@@ -10,12 +10,20 @@
 //! calls the service's hook, [`Listeners::on_failure`](super::listeners::Listeners::on_failure)
 //! (asynq #1078). A record is forgotten when its task is sent back to the
 //! queue (`outbox retry-archived`, the console) or when the task, run
-//! again after a failure (asynqmon's "run"), succeeds.
+//! again after a failure (asynqmon's "run"), succeeds, and once older than
+//! `WORKER_FAILURE_RETENTION` ([`delete_expired`]), unless it holds its key.
+//!
+//! A record *holds its key* (`holds_key`) while its task is the first run
+//! of an ordered listener's key that keeps the key (`OnFailure::HoldKey`):
+//! the outbox's cleanup keeps that event and the later ones of its key,
+//! and the record does not expire. It stops holding once the key moves past
+//! it (`outbox skip`, or the worker finding it no longer first).
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -65,14 +73,15 @@ fn listener_of(task_type: &str) -> Option<(&str, &str)> {
     task_type.strip_prefix("listener:")?.split_once(':')
 }
 
-/// Records the failure of `message`, archived with `error`, and calls
-/// `hook` with it. Any other task than a listener's is let through. `Err`
-/// says why it could not be recorded.
+/// Records the failure of `message`, archived with `error` (holding its
+/// key when `holds_key`), and calls `hook` with it. Any other task than a
+/// listener's is let through. `Err` says why it could not be recorded.
 pub(crate) async fn record(
     pool: &PgPool,
     hook: Option<&FailureHook>,
     message: &TaskMessage,
     error: &str,
+    holds_key: bool,
 ) -> Result<(), String> {
     let Some((event_name, listener)) = listener_of(&message.r#type) else {
         return Ok(());
@@ -83,10 +92,10 @@ pub(crate) async fn record(
     let attempts = u32::try_from(message.retried).unwrap_or(0) + 1;
     let failed_at: DateTime<Utc> = sqlx::query_scalar(
         "INSERT INTO listener_failures \
-           (task_id, queue, event_id, event_name, listener, error, attempts) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+           (task_id, queue, event_id, event_name, listener, error, attempts, holds_key) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
          ON CONFLICT (task_id) DO UPDATE SET queue = EXCLUDED.queue, error = EXCLUDED.error, \
-           attempts = EXCLUDED.attempts, failed_at = now() \
+           attempts = EXCLUDED.attempts, holds_key = EXCLUDED.holds_key, failed_at = now() \
          RETURNING failed_at",
     )
     .bind(&message.id)
@@ -96,6 +105,7 @@ pub(crate) async fn record(
     .bind(listener)
     .bind(error)
     .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+    .bind(holds_key)
     .fetch_one(pool)
     .await
     .map_err(|err| format!("cannot record the failure in listener_failures: {err}"))?;
@@ -115,18 +125,30 @@ pub(crate) async fn record(
     Ok(())
 }
 
-/// The ordered listeners whose key moves on past a run that failed for
-/// good (`OnFailure::MoveOn`).
+/// What a run of an ordered listener that failed for good does to its
+/// key: the task types of the ordered listeners, and of those among them
+/// that move on past it (`OnFailure::MoveOn`), with their chains.
 #[derive(Debug, Clone)]
-pub(crate) struct MoveOn {
-    /// Their task types.
-    pub task_types: HashSet<String>,
+pub(crate) struct OrderedFailures {
+    /// Every ordered listener's task type.
+    pub ordered: HashSet<String>,
+    /// Those that move on past a run that failed for good.
+    pub moving_on: HashSet<String>,
     /// Their chains.
     pub ordering: Ordering,
 }
 
-impl MoveOn {
-    /// Moves the chain of `message` on, if it is a run of such a listener.
+impl OrderedFailures {
+    /// Whether the failure of `message` holds its key: a run of its chain,
+    /// of an ordered listener that does not move on.
+    fn holds_key(&self, message: &TaskMessage) -> bool {
+        message.headers.contains_key(ORDERED_HEADER)
+            && self.ordered.contains(&message.r#type)
+            && !self.moving_on.contains(&message.r#type)
+    }
+
+    /// Moves the chain of `message` on, if it is a run of a listener that
+    /// moves on (a run that is no longer its chain's head changes nothing).
     async fn past(&self, message: &TaskMessage) -> Result<(), String> {
         let (Some((_, listener)), Some(key)) = (
             listener_of(&message.r#type),
@@ -134,35 +156,75 @@ impl MoveOn {
         ) else {
             return Ok(());
         };
-        if !self.task_types.contains(&message.r#type) {
+        if !self.moving_on.contains(&message.r#type) {
             return Ok(());
         }
         self.ordering
-            .advance(listener, key, &message.id)
+            .move_on(&message.queue, listener, key, &message.id, None, false, None)
             .await
+            .map(|_| ())
             .map_err(|err| format!("cannot move the key `{key}` on past the failed run: {err}"))
     }
 }
 
 /// Makes `consumer` archive a listener task only once its failure is
 /// recorded in `pool`'s `listener_failures` (and `hook` called), and, for
-/// a run of an ordered listener in `move_on`, its key moved on.
+/// a run of an ordered listener that moves on (`ordered`), its key moved
+/// on.
 pub(crate) fn record_before_archive(
     consumer: &mut Consumer,
     pool: PgPool,
     hook: Option<FailureHook>,
-    move_on: Option<MoveOn>,
+    ordered: Option<OrderedFailures>,
 ) {
     consumer.before_archive(Arc::new(move |message, error| {
-        let (pool, hook, move_on) = (pool.clone(), hook.clone(), move_on.clone());
+        let (pool, hook, ordered) = (pool.clone(), hook.clone(), ordered.clone());
         Box::pin(async move {
-            record(&pool, hook.as_ref(), &message, &error).await?;
-            match &move_on {
-                Some(move_on) => move_on.past(&message).await,
+            let holds_key = ordered
+                .as_ref()
+                .is_some_and(|ordered| ordered.holds_key(&message));
+            record(&pool, hook.as_ref(), &message, &error, holds_key).await?;
+            match &ordered {
+                Some(ordered) => ordered.past(&message).await,
                 None => Ok(()),
             }
         })
     }));
+}
+
+/// Stops the records of `task_ids` from holding their keys (moved past);
+/// how many did.
+pub(crate) async fn release<S: AsRef<str>>(
+    pool: &PgPool,
+    task_ids: &[S],
+) -> Result<u64, sqlx::Error> {
+    let ids: Vec<&str> = task_ids.iter().map(AsRef::as_ref).collect();
+    let done = sqlx::query(
+        "UPDATE listener_failures SET holds_key = false WHERE task_id = ANY($1) AND holds_key",
+    )
+    .bind(&ids)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes the records older than `retention` that hold no key, batch by
+/// batch; how many.
+pub(crate) async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
+    crate::outbox::cleanup::in_batches(|| async {
+        let deleted = sqlx::query(
+            "DELETE FROM listener_failures WHERE task_id IN ( \
+               SELECT task_id FROM listener_failures \
+               WHERE NOT holds_key AND failed_at < now() - make_interval(secs => $1) \
+               LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(retention.as_secs_f64())
+        .bind(i64::from(crate::outbox::cleanup::CLEANUP_BATCH))
+        .execute(pool)
+        .await?;
+        Ok(deleted.rows_affected())
+    })
+    .await
 }
 
 /// Forgets the records of `task_ids` (sent back to the queue, or

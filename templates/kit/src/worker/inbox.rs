@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::listener_error::ListenerError;
+use super::ordering::Fence;
 use crate::database::Transactor;
 use crate::outbox::cleanup;
 /// Rows deleted per cleanup statement, as for the outbox.
@@ -40,11 +41,14 @@ const UNDEFINED_TABLE: &str = "42P01";
 /// it ran and committed, `None` when it was skipped. An error from `work`
 /// rolls the transaction back, recording nothing. A commit runs the
 /// transactor's after-commit hook, as `Transactor::run` does, so events the
-/// work dispatched wake the relays at once.
+/// work dispatched wake the relays at once. With a `fence` (a run of an
+/// ordered listener's chain), the work commits only while the run holds
+/// its turn; else it rolls back with `Superseded`.
 pub async fn once<T, F>(
     transactor: &Transactor,
     listener: &str,
     event_id: Uuid,
+    fence: Option<&Fence>,
     work: F,
 ) -> Result<Option<T>, ListenerError>
 where
@@ -65,6 +69,9 @@ where
     }
     // On an error `tx` is dropped unfinished, which rolls it back.
     let value = work(&mut tx).await?;
+    if let Some(fence) = fence {
+        fence.check().await?;
+    }
     tx.commit().await?;
     transactor.committed();
     Ok(Some(value))
@@ -77,6 +84,7 @@ pub(crate) async fn once_orm<T, F>(
     transactor: &Transactor,
     listener: &str,
     event_id: Uuid,
+    fence: Option<&Fence>,
     work: F,
 ) -> Result<Option<T>, ListenerError>
 where
@@ -104,6 +112,9 @@ where
     }
     // On an error `tx` is dropped unfinished, which rolls it back.
     let value = work(&tx).await?;
+    if let Some(fence) = fence {
+        fence.check().await?;
+    }
     tx.commit().await?;
     transactor.committed();
     Ok(Some(value))

@@ -43,6 +43,7 @@ use super::listener_options::Partition;
 pub use super::listener_options::{ListenerOptions, OnFailure};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
+use super::ordering::{Fence, Ordered};
 use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
@@ -61,6 +62,9 @@ pub struct ListenerContext {
     transactor: Transactor,
     /// Counts the deliveries [`Self::once`] skipped as duplicates.
     duplicates: Counter,
+    /// The turn a run of an ordered listener's chain holds: its work
+    /// commits only while it holds it.
+    fence: Option<Fence>,
 }
 
 impl ListenerContext {
@@ -73,6 +77,7 @@ impl ListenerContext {
         listener: &str,
         transactor: Transactor,
         duplicates: Counter,
+        fence: Option<Fence>,
     ) -> Self {
         Self {
             event_id: envelope.id,
@@ -83,6 +88,7 @@ impl ListenerContext {
             listener: listener.to_string(),
             transactor,
             duplicates,
+            fence,
         }
     }
 
@@ -131,8 +137,14 @@ impl ListenerContext {
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
     {
-        let done =
-            super::inbox::once(&self.transactor, &self.listener, self.event_id, work).await?;
+        let done = super::inbox::once(
+            &self.transactor,
+            &self.listener,
+            self.event_id,
+            self.fence.as_ref(),
+            work,
+        )
+        .await?;
         if done.is_none() {
             self.count_duplicate();
         }
@@ -148,6 +160,12 @@ impl ListenerContext {
     #[cfg(feature = "seaorm")]
     pub(crate) fn transactor(&self) -> &Transactor {
         &self.transactor
+    }
+
+    /// The turn the run holds, for a run of an ordered listener's chain.
+    #[cfg(feature = "seaorm")]
+    pub(crate) fn fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
     }
 }
 
@@ -217,7 +235,7 @@ impl Listener {
         headers: BTreeMap<String, String>,
         transactor: Transactor,
     ) -> Result<(), ListenerError> {
-        self.call_counted(envelope, headers, transactor, Counter::default())
+        self.call_counted(envelope, headers, transactor, Counter::default(), None)
             .await
     }
 
@@ -230,8 +248,10 @@ impl Listener {
         headers: BTreeMap<String, String>,
         transactor: Transactor,
         duplicates: Counter,
+        fence: Option<Fence>,
     ) -> Result<(), ListenerError> {
-        let context = ListenerContext::new(&envelope, headers, &self.name, transactor, duplicates);
+        let context =
+            ListenerContext::new(&envelope, headers, &self.name, transactor, duplicates, fence);
         (self.run)(envelope, context).await
     }
 }
@@ -439,6 +459,25 @@ impl Listeners {
     }
 
     /// Every listener.
+    /// The ordered listeners, by name, and those that move on past a run
+    /// that failed for good.
+    pub(crate) fn ordered(&self) -> Ordered {
+        let mut ordered = Ordered::default();
+        for listener in self.all() {
+            match listener.ordered() {
+                Some(OnFailure::MoveOn) => {
+                    ordered.names.insert(listener.name.clone());
+                    ordered.moving_on.insert(listener.name.clone());
+                }
+                Some(OnFailure::HoldKey) => {
+                    ordered.names.insert(listener.name.clone());
+                }
+                None => {}
+            }
+        }
+        ordered
+    }
+
     pub(crate) fn all(&self) -> impl Iterator<Item = &Listener> {
         self.by_event.values().flatten()
     }

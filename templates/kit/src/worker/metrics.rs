@@ -308,12 +308,11 @@ impl Default for Metrics {
 pub(crate) async fn watch_backlog(
     pool: PgPool,
     queue: Client,
+    ordering_chains: super::ordering::Ordering,
     queues: Vec<String>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    let ordering_chains =
-        super::ordering::Ordering::new(pool.clone(), queue.clone(), Duration::ZERO);
     let (relay, gauges, ordering) = (metrics.relay, metrics.queues, metrics.ordering);
     loop {
         tokio::select! {

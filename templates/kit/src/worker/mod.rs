@@ -27,6 +27,7 @@ pub(crate) mod health;
 pub(crate) mod inbox;
 pub(crate) mod limits;
 mod listener_error;
+mod listener_handler;
 mod listener_options;
 pub mod listeners;
 pub(crate) mod metrics;
@@ -49,10 +50,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::health::Readiness;
-use self::limits::{Acquired, LimitMetrics, Limiter};
+use self::limits::{LimitMetrics, Limiter};
+use self::listener_handler::ListenerHandler;
 use self::listeners::{Listener, Listeners, OnFailure, listener_task_id};
 use self::metrics::{ListenerMetrics, Metrics};
-use self::ordering::{ChainRun, EventRuns, ORDERED_HEADER, Ordering, Turn};
+use self::ordering::{ChainRun, EventRuns, Fence, Ordering, Superseded};
 use crate::config::{Config, WakeMode};
 use crate::database;
 use crate::outbox::order::Place;
@@ -114,9 +116,43 @@ pub async fn run(
     let mut listeners = listeners;
     listeners
         .override_limits(&limits::overrides_from_env().context("WORKER_LIMITS cannot be read")?)?;
+    let chains = Ordering::new(
+        pool.clone(),
+        queue.clone(),
+        config.worker.queues.names().map(str::to_string).collect(),
+        config.outbox.task_retention,
+    );
+    let ordered = listeners.ordered();
+    let service = ordering::owner::service_id(&pool, config.worker.service_id.as_deref())
+        .await
+        .context("the worker needs its service's id")?;
+    if !ordered.names.is_empty() {
+        // A queue of another service's would mix their events and chains.
+        chains.own_queues(&service).await?;
+        ordering::foreign::refuse_foreign_consumers(&queue, chains.queues()).await?;
+    }
+    // Before the consumer runs: a head in the queue must find its chain.
+    chains
+        .move_from_postgres()
+        .await
+        .context("cannot move the chains of ordered listeners from Postgres to Valkey")?;
+    chains
+        .move_from_set_22()
+        .await
+        .context("cannot move the chains of ordered listeners of template set 22")?;
+    for (queue, listener, keys) in chains.orphans(&ordered).await? {
+        tracing::warn!(
+            queue,
+            listener,
+            keys,
+            "a listener that this worker does not order has chains of ordered runs: they are \
+             released (their runs queued at once) an hour after a worker first saw this, unless a \
+             worker that orders it runs"
+        );
+    }
     let mut consumer = consumer(
         config,
-        queue.clone(),
+        &chains,
         transactor,
         Arc::new(listeners),
         &metrics,
@@ -196,7 +232,6 @@ pub async fn run(
         config.outbox.cleanup_interval,
         stop.clone(),
     ));
-    let chains = Ordering::new(pool.clone(), queue.clone(), config.outbox.task_retention);
     tasks.spawn({
         let (chains, retention) = (chains.clone(), config.outbox.retention);
         cleanup::every(
@@ -209,12 +244,24 @@ pub async fn run(
             },
         )
     });
-    // Before the consumer runs: a head in the queue must find its chain.
-    chains
-        .move_from_postgres()
-        .await
-        .context("cannot move the chains of ordered listeners from Postgres to Valkey")?;
-    tasks.spawn(ordering::requeue_old_heads(chains, stop.clone()));
+    tasks.spawn({
+        let (pool, retention) = (pool.clone(), config.worker.failure_retention(&config.outbox));
+        cleanup::every(
+            "expired listener failures",
+            config.outbox.cleanup_interval,
+            stop.clone(),
+            move || {
+                let pool = pool.clone();
+                async move { failures::delete_expired(&pool, retention).await }
+            },
+        )
+    });
+    tasks.spawn(ordering::look_after_chains(
+        chains.clone(),
+        ordered,
+        service,
+        stop.clone(),
+    ));
     tasks.spawn(inbox::run_cleanup(
         pool.clone(),
         config.worker.inbox_retention,
@@ -231,6 +278,7 @@ pub async fn run(
     tasks.spawn(metrics::watch_backlog(
         pool.clone(),
         queue.clone(),
+        chains,
         watched,
         metrics.clone(),
         stop.clone(),
@@ -283,7 +331,7 @@ async fn stop_loops(tasks: &mut JoinSet<()>) {
 /// handler per listener.
 fn consumer(
     config: &Config,
-    queue: Client,
+    ordering: &Ordering,
     transactor: database::Transactor,
     listeners: Arc<Listeners>,
     metrics: &Metrics,
@@ -295,168 +343,89 @@ fn consumer(
         wake_on_published: config.outbox.wake == WakeMode::Valkey,
         ..ConsumerOptions::default()
     };
-    let mut consumer = Consumer::new(queue.clone(), options);
+    let mut consumer = Consumer::new(ordering.queue_client(), options);
     // A listener task is archived only once its failure is recorded.
     failures::record_before_archive(
         &mut consumer,
         transactor.pool().clone(),
         listeners.failure_hook(),
-        moving_on(
-            &listeners,
-            &queue,
-            transactor.pool(),
-            config.outbox.task_retention,
-        ),
+        Some(ordered_failures(&listeners, ordering)),
     );
     handle_events(
         &mut consumer,
-        queue,
+        ordering,
         transactor,
         listeners,
-        config.outbox.task_retention,
         metrics.listeners.clone(),
         metrics.limits.clone(),
     );
     consumer
 }
 
-/// The ordered listeners whose key moves on past a run that failed for
-/// good ([`OnFailure::MoveOn`]), by task type, with the chains to move on.
-fn moving_on(
+/// What a run of an ordered listener that failed for good does to its key,
+/// by task type (`failures::OrderedFailures`).
+pub(crate) fn ordered_failures(
     listeners: &Listeners,
-    queue: &Client,
-    pool: &sqlx::PgPool,
-    task_retention: Duration,
-) -> Option<failures::MoveOn> {
-    let task_types: HashSet<String> = listeners
-        .all()
-        .filter(|listener| listener.ordered() == Some(OnFailure::MoveOn))
-        .map(Listener::task_type)
-        .collect();
-    (!task_types.is_empty()).then(|| failures::MoveOn {
-        task_types,
-        ordering: Ordering::new(pool.clone(), queue.clone(), task_retention),
-    })
+    ordering: &Ordering,
+) -> failures::OrderedFailures {
+    let of = |policy: fn(OnFailure) -> bool| {
+        listeners
+            .all()
+            .filter(|listener| listener.ordered().is_some_and(policy))
+            .map(Listener::task_type)
+            .collect::<HashSet<String>>()
+    };
+    failures::OrderedFailures {
+        ordered: of(|_| true),
+        moving_on: of(|policy| policy == OnFailure::MoveOn),
+        ordering: ordering.clone(),
+    }
 }
 
 /// Registers on `consumer` the fan-out handler for every `event:` task and
-/// a handler per listener; listener tasks are kept `task_retention` after
-/// success. Each listener run is counted in `metrics`; `ctx.once` runs in
-/// `transactor`'s transactions.
+/// a handler per listener ([`ListenerHandler`]); the chains of ordered
+/// listeners are `ordering`'s. Each listener run is counted in `metrics`;
+/// `ctx.once` runs in `transactor`'s transactions.
 pub(crate) fn handle_events(
     consumer: &mut Consumer,
-    queue: Client,
+    ordering: &Ordering,
     transactor: database::Transactor,
     listeners: Arc<Listeners>,
-    task_retention: std::time::Duration,
     metrics: ListenerMetrics,
     limit_metrics: LimitMetrics,
 ) {
-    let ordering = Ordering::new(transactor.pool().clone(), queue.clone(), task_retention);
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
     consumer.handle(EVENT_TASK_PREFIX, {
-        let (queue, listeners, ordering) =
-            (queue.clone(), Arc::clone(&listeners), ordering.clone());
+        let (listeners, ordering) = (Arc::clone(&listeners), ordering.clone());
         move |task| {
-            let (queue, listeners, ordering) =
-                (queue.clone(), Arc::clone(&listeners), ordering.clone());
-            async move { fan_out(&queue, &ordering, &listeners, task, task_retention).await }
+            let (listeners, ordering) = (Arc::clone(&listeners), ordering.clone());
+            async move { fan_out(&ordering, &listeners, task).await }
         }
     });
     for listener in listeners.all() {
         metrics.register(listener.event(), listener.name());
-        let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
         // Listeners without limits ask no limiter (and Valkey nothing).
         let limiter = (!listener.limits().is_none()).then(|| {
             limit_metrics.register_listener(listener.event(), listener.name(), listener.limits());
             Limiter::new(
-                queue.clone(),
+                ordering.queue_client(),
                 listener.event(),
                 listener.name(),
                 listener.limits(),
             )
             .with_metrics(limit_metrics.clone())
         });
-        let (listener, transactor, metrics, ordering) = (
+        let handler = ListenerHandler::new(
             listener.clone(),
             transactor.clone(),
             metrics.clone(),
             ordering.clone(),
+            limiter,
         );
         consumer.handle(listener.task_type(), move |task| {
-            let (listener, transactor, metrics, duplicates, ordering, limiter) = (
-                listener.clone(),
-                transactor.clone(),
-                metrics.clone(),
-                duplicates.clone(),
-                ordering.clone(),
-                limiter.clone(),
-            );
-            async move {
-                // A run of an ordered listener's chain (module `ordering`).
-                let key = listener
-                    .ordered()
-                    .and_then(|_| task.headers.get(ORDERED_HEADER).cloned());
-                if let Some(key) = &key {
-                    match ordering.turn(listener.name(), key, &task.id).await? {
-                        Turn::Now => {}
-                        Turn::Done => {
-                            return ordering.advance(listener.name(), key, &task.id).await;
-                        }
-                        Turn::After(runs) => {
-                            return Err(anyhow::anyhow!(
-                                "{runs} earlier run(s) of key `{key}` have not finished; this one waits for them"
-                            )
-                            .into());
-                        }
-                    }
-                }
-                // A limit reached: the task waits in `scheduled`, its
-                // worker slot freed (module `limits`).
-                let permit = match &limiter {
-                    Some(limiter) => {
-                        let partition = listener.partition_of(&task.payload);
-                        match limiter.acquire(&partition, &task).await? {
-                            Acquired::Granted(permit) => Some(permit),
-                            Acquired::Wait { until, limit } => {
-                                tracing::debug!(task = %task.id, limit = limit.as_str(), %until, "listener run waits for its limit");
-                                return Err(HandlerError::defer(until));
-                            }
-                        }
-                    }
-                    None => None,
-                };
-                let task_id = task.id.clone();
-                let started = std::time::Instant::now();
-                // A task that failed before and now succeeds has no failure
-                // left to keep (asynqmon's "run" of an archived task).
-                let failed_before = task.failed_before.then(|| task.id.clone());
-                let pool = transactor.pool().clone();
-                let result = run_listener(&listener, transactor, task, duplicates).await;
-                if let Some(permit) = permit {
-                    permit.release().await;
-                }
-                if let (Ok(()), Some(task_id)) = (&result, failed_before) {
-                    // Beside the task's completion, not before it.
-                    tokio::spawn(async move {
-                        if let Err(err) = failures::forget(&pool, &[task_id]).await {
-                            tracing::warn!(error = %err, "could not forget the failure of a listener task that succeeded");
-                        }
-                    });
-                }
-                metrics.record(
-                    listener.event(),
-                    listener.name(),
-                    result.is_ok(),
-                    started.elapsed(),
-                );
-                result?;
-                match &key {
-                    Some(key) => ordering.advance(listener.name(), key, &task_id).await,
-                    None => Ok(()),
-                }
-            }
+            let handler = handler.clone();
+            async move { handler.handle(task).await }
         });
     }
 }
@@ -485,11 +454,9 @@ struct EnvelopeHead {
 /// headers. The runs of ordered listeners of a keyed event join their
 /// chains instead, in the key's order (module `ordering`).
 pub(crate) async fn fan_out(
-    queue: &Client,
     ordering: &Ordering,
     listeners: &Listeners,
-    task: Task,
-    retention: std::time::Duration,
+    mut task: Task,
 ) -> Result<(), HandlerError> {
     let envelope: EnvelopeHead = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -501,6 +468,9 @@ pub(crate) async fn fan_out(
     // event id.
     let namespace = task.id.parse::<Uuid>().unwrap_or(envelope.id);
     let place = Place::of(&envelope.metadata);
+    // A recovery of an event the queue ran without it being fanned out
+    // here takes the event's turn (`ordering`'s module `stale`).
+    let recovered = task.headers.remove(ordering::RECOVERED_HEADER).is_some();
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
@@ -515,10 +485,10 @@ pub(crate) async fn fan_out(
             .headers(task.headers.clone())
             .max_retry(MAX_RETRY)
             .timeout(TASK_TIMEOUT)
-            .retention(retention)
+            .retention(ordering.retention())
         })
         .collect();
-    for result in queue.enqueue(&tasks).await? {
+    for result in ordering.queue_client().enqueue(&tasks).await? {
         result?;
     }
     let Some(place) = place else {
@@ -526,7 +496,7 @@ pub(crate) async fn fan_out(
     };
     // Every keyed event takes its turn, with ordered listeners or not, so
     // that the next event of its key does not wait for it.
-    let replay = task.id != envelope.id.to_string();
+    let replay = task.id != envelope.id.to_string() && !recovered;
     let runs = listeners
         .of(&envelope.name)
         .iter()
@@ -557,11 +527,15 @@ pub(crate) async fn fan_out(
 /// [`SkipRetry`](crate::queue::SkipRetry); an event
 /// whose payload does not decode into the listener's type is retried, see
 /// [`Listeners::listen`].
+/// A run that holds a chain's turn carries its `fence`: its `ctx.once`
+/// commits only while it holds it, and a run that no longer does is
+/// [`HandlerError::superseded`].
 pub(crate) async fn run_listener(
     listener: &Listener,
     transactor: database::Transactor,
     task: Task,
     duplicates: Counter,
+    fence: Option<Fence>,
 ) -> Result<(), HandlerError> {
     let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
         HandlerError::skip_retry(anyhow::anyhow!(
@@ -584,11 +558,17 @@ pub(crate) async fn run_listener(
         .is_none()
         .then(|| TraceContext::from_metadata(&envelope.metadata))
         .flatten();
-    let run = listener.call_counted(envelope, task.headers, transactor, duplicates);
+    let run = listener.call_counted(envelope, task.headers, transactor, duplicates, fence);
     let run = tracing::Instrument::instrument(run, span);
     let result = match fallback {
         Some(parent) => trace_context::scope(parent.child(), run).await,
         None => run.await,
     };
-    result.map_err(HandlerError::from)
+    result.map_err(|err| {
+        if Superseded::is_in(&err) {
+            HandlerError::superseded(err)
+        } else {
+            HandlerError::from(err)
+        }
+    })
 }

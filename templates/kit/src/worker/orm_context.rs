@@ -103,6 +103,7 @@ impl OrmListenerContext {
             self.inner.transactor(),
             self.inner.listener(),
             self.inner.event_id(),
+            self.inner.fence(),
             work,
         )
         .await?;

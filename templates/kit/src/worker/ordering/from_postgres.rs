@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::scripts::APPEND;
-use super::{ChainRun, EventRuns, ORDERED_HEADER, Ordering, now_millis};
+use prost::Message as _;
+
+use super::{ChainRun, EventRuns, ORDERED_HEADER, Ordering, RunArgs};
 use crate::outbox::order::Place;
-use crate::queue::HandlerError;
+use crate::queue::{HandlerError, NewTask};
 
 /// An event waiting in `outbox_key_waits`: key, seq, queue, event id,
 /// payload, headers, and its runs' listeners, task types and task ids.
@@ -86,25 +87,35 @@ impl Ordering {
         sqlx::query("UPDATE outbox_keys SET fanned_out = 0 WHERE fanned_out > 0")
             .execute(&mut *tx)
             .await?;
-        // In their order: the numbers, then the chains, then the events
-        // that wait for earlier ones (fanned out as a worker would, so that
-        // one that is next joins the chains behind their runs).
+        // In their order: the numbers (in each queue this worker fans
+        // out), then the chains, then the events that wait for earlier ones
+        // (fanned out as a worker would, so that one that is next joins the
+        // chains behind their runs).
         let failed = |err: HandlerError| anyhow::anyhow!("{err}");
-        for (key, number) in &fanned {
-            self.move_past(key, 0, *number).await.map_err(failed)?;
+        for queue in self.queues.iter() {
+            for (key, number) in &fanned {
+                self.move_past(queue, key, 0, *number).await.map_err(failed)?;
+            }
         }
+        let mut by_queue: BTreeMap<&str, Vec<(String, RunArgs)>> = BTreeMap::new();
         for (listener, key, task_id, task_type, queue, payload, Json(headers)) in &runs {
             let mut headers = headers.clone();
             headers.insert(ORDERED_HEADER.into(), key.clone());
-            let task = self.run_message(task_type, task_id, queue, payload, &headers)?;
-            let mut script = APPEND.prepare_invoke();
-            self.delivery(&mut script);
-            script
-                .key(self.keys.runs())
-                .key(self.keys.heads())
-                .arg(now_millis());
-            self.run_args(&mut script, key, listener, task_id, queue, task);
-            self.deliver(&script).await.map_err(failed)?;
+            let task = NewTask::new(task_type, task_id, payload.clone())
+                .queue(queue)
+                .headers(headers);
+            let message = self.run_task(task).to_message()?.encode_to_vec();
+            by_queue.entry(queue).or_default().push((
+                key.clone(),
+                RunArgs {
+                    listener: listener.clone(),
+                    task_id: task_id.clone(),
+                    message,
+                },
+            ));
+        }
+        for (queue, runs) in by_queue {
+            self.append(queue, &runs).await?;
         }
         for (key, seq, queue, event_id, payload, Json(headers), listeners, task_types, task_ids) in
             waits

@@ -1,99 +1,120 @@
-//! The names of one service's ordering keys in Valkey ([`Namespace`]).
+//! The names of the ordering keys of one queue in Valkey ([`Namespace`]).
 
-use sqlx::PgPool;
+use crate::queue::keys as queue_keys;
 
-/// The names of one service's ordering keys in Valkey: all under
-/// `ordered:{<database>}:`, one hash slot per service (a Valkey cluster
-/// keeps a service's chains on one master, so that each step is one
-/// script), apart from another service's sharing the Valkey.
+/// The names of one queue's ordering keys in Valkey: all under
+/// `ordered:{<queue>}:`, in the queue's hash slot (a Valkey cluster keeps
+/// them on the master of the queue's tasks, so that each step is one script
+/// that also moves the tasks, and one server's persistence holds both), and
+/// the names of the queue's task keys those scripts touch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Namespace {
-    pub(super) prefix: String,
+pub(crate) struct Namespace {
+    /// The queue.
+    pub(crate) queue: String,
+    prefix: String,
 }
 
 impl Namespace {
-    /// The namespace of the database `database` (braces, which would end
-    /// the hash tag, and `%` are percent-encoded).
-    pub(super) fn of_database(database: &str) -> Self {
-        let mut tag = String::with_capacity(database.len());
-        for c in database.chars() {
-            match c {
-                '{' => tag.push_str("%7B"),
-                '}' => tag.push_str("%7D"),
-                '%' => tag.push_str("%25"),
-                c => tag.push(c),
-            }
-        }
+    /// The namespace of `queue` (a queue name has no braces: the queue's
+    /// own keys carry it in a hash tag too).
+    pub(crate) fn of_queue(queue: &str) -> Self {
         Self {
-            prefix: format!("ordered:{{{tag}}}:"),
+            queue: queue.to_string(),
+            prefix: format!("ordered:{{{queue}}}:"),
         }
-    }
-
-    /// The namespace of `pool`'s database (its user's name when the URL
-    /// names none, as Postgres does).
-    pub(super) fn of_pool(pool: &PgPool) -> Self {
-        let options = pool.connect_options();
-        Self::of_database(
-            options
-                .get_database()
-                .unwrap_or_else(|| options.get_username()),
-        )
     }
 
     /// The runs not done yet, by task id: each run's task message.
-    pub(super) fn runs(&self) -> String {
+    pub(crate) fn runs(&self) -> String {
         format!("{}runs", self.prefix)
-    }
-
-    /// The queue of each run not done yet, by task id.
-    pub(super) fn queues(&self) -> String {
-        format!("{}queues", self.prefix)
     }
 
     /// The chains' heads, by task id, scored by when each became its
     /// chain's head (Unix milliseconds).
-    pub(super) fn heads(&self) -> String {
+    pub(crate) fn heads(&self) -> String {
         format!("{}heads", self.prefix)
     }
 
     /// The events waiting for the fan-out of an earlier event of their key,
-    /// by their lists' names, scored by when they began to wait.
-    pub(super) fn waiting(&self) -> String {
+    /// as `<epoch>:<seq>:<key>`, scored by when they began to wait.
+    pub(crate) fn waiting(&self) -> String {
         format!("{}waiting", self.prefix)
+    }
+
+    /// The listeners with a chain, by name.
+    pub(crate) fn listeners(&self) -> String {
+        format!("{}listeners", self.prefix)
+    }
+
+    /// The keys `listener` has a chain for.
+    pub(crate) fn keys_of(&self, listener: &str) -> String {
+        format!("{}keys:{listener}", self.prefix)
     }
 
     /// The chain of `listener` for `key`: a list of task ids, the head
     /// first. (The listener's name is length-prefixed: no listener and key
     /// make another's name.)
-    pub(super) fn chain(&self, listener: &str, key: &str) -> String {
+    pub(crate) fn chain(&self, listener: &str, key: &str) -> String {
         format!("{}chain:{}:{listener}:{key}", self.prefix, listener.len())
     }
 
-    /// The listeners with a chain for `key`.
-    pub(super) fn listeners(&self, key: &str) -> String {
-        format!("{}listeners:{key}", self.prefix)
+    /// The events of `key` that wait, by `<epoch>:<seq>`: each one's id
+    /// and runs ([`super::waits`]).
+    pub(crate) fn waits(&self, key: &str) -> String {
+        format!("{}wait:{key}", self.prefix)
     }
 
     /// The last sequence number of `key` fanned out, in its numbering
     /// `epoch`.
-    pub(super) fn fanned(&self, key: &str, epoch: i64) -> String {
+    pub(crate) fn fanned(&self, key: &str, epoch: i64) -> String {
         format!("{}fan:{epoch}:{key}", self.prefix)
     }
 
-    /// The key, epoch and seq of the waiting event whose list is `name`
-    /// (one of [`Namespace::waiting`]'s members).
-    pub(super) fn waiting_event(&self, name: &str) -> Option<(String, i64, i64)> {
-        let rest = name.strip_prefix(&self.prefix)?.strip_prefix("wait:")?;
-        let (epoch, rest) = rest.split_once(':')?;
-        let (seq, key) = rest.split_once(':')?;
-        Some((key.to_string(), epoch.parse().ok()?, seq.parse().ok()?))
+    /// The service that consumes the queue, while its workers run
+    /// ([`super::owner`]).
+    pub(crate) fn service(&self) -> String {
+        format!("{}service", self.prefix)
     }
 
-    /// The name of the list of the event `seq` of `key` in `epoch` that
-    /// waits, as `<before><seq><after>`.
-    pub(super) fn wait_parts(&self, key: &str, epoch: i64) -> (String, String) {
-        (format!("{}wait:{epoch}:", self.prefix), format!(":{key}"))
+    /// The listeners with chains that no worker orders, by name: when a
+    /// worker first saw them so (Unix milliseconds; [`super::orphans`]).
+    pub(crate) fn orphans(&self) -> String {
+        format!("{}orphans", self.prefix)
     }
+
+    /// The hash of the queue's task `id` (asynq's).
+    pub(crate) fn task(&self, id: &str) -> String {
+        queue_keys::task(&self.queue, id)
+    }
+
+    /// The queue's pending tasks (asynq's).
+    pub(crate) fn pending(&self) -> String {
+        queue_keys::pending(&self.queue)
+    }
+
+    /// The queue's scheduled tasks (asynq's).
+    pub(crate) fn scheduled(&self) -> String {
+        queue_keys::scheduled(&self.queue)
+    }
+
+    /// The queue's tasks woken while active (the kit's, beside asynq's).
+    pub(crate) fn woken(&self) -> String {
+        queue_keys::woken(&self.queue)
+    }
+}
+
+/// The member of [`Namespace::waiting`] of the event `seq` of `key` in
+/// `epoch` (as the fan-out script names it).
+#[cfg(test)]
+pub(crate) fn waiting_member(key: &str, epoch: i64, seq: i64) -> String {
+    format!("{epoch}:{seq}:{key}")
+}
+
+/// The key, epoch and seq of a member of [`Namespace::waiting`].
+pub(crate) fn waiting_event(member: &str) -> Option<(String, i64, i64)> {
+    let (epoch, rest) = member.split_once(':')?;
+    let (seq, key) = rest.split_once(':')?;
+    Some((key.to_string(), epoch.parse().ok()?, seq.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -101,32 +122,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_namespace_is_one_hash_slot_per_database_whatever_its_name() {
+    fn every_name_is_in_its_queues_hash_slot() {
+        let keys = Namespace::of_queue("shop");
         assert_eq!(
-            Namespace::of_database("shop").chain("email", "order:7"),
+            keys.chain("email", "order:7"),
             "ordered:{shop}:chain:5:email:order:7"
         );
-        assert_eq!(
-            Namespace::of_database("a}b{c%").runs(),
-            "ordered:{a%7Db%7Bc%25}:runs"
-        );
+        for name in [
+            keys.runs(),
+            keys.heads(),
+            keys.waiting(),
+            keys.listeners(),
+            keys.keys_of("email"),
+            keys.waits("order:7"),
+            keys.fanned("order:7", 3),
+            keys.service(),
+            keys.orphans(),
+            keys.task("id"),
+            keys.pending(),
+            keys.scheduled(),
+            keys.woken(),
+        ] {
+            assert!(name.contains("{shop}:"), "{name}");
+        }
     }
 
     #[test]
-    fn a_waiting_events_list_names_its_key_epoch_and_seq() {
-        let keys = Namespace::of_database("shop");
-        let (before, after) = keys.wait_parts("order:7:a", 1_765);
-        let name = format!("{before}12{after}");
+    fn a_waiting_member_names_its_key_epoch_and_seq() {
+        let member = waiting_member("order:7:a", 1_765, 12);
         assert_eq!(
-            keys.waiting_event(&name),
+            waiting_event(&member),
             Some(("order:7:a".to_string(), 1_765, 12))
         );
-        assert_eq!(keys.waiting_event("ordered:{other}:wait:1:2:k"), None);
+        assert_eq!(waiting_event("x"), None);
     }
 
     #[test]
     fn no_listener_and_key_name_another_pairs_chain() {
-        let keys = Namespace::of_database("shop");
+        let keys = Namespace::of_queue("shop");
         assert_ne!(keys.chain("a", "b:c"), keys.chain("a:b", "c"));
     }
 }

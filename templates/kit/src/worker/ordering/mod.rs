@@ -2,52 +2,49 @@
 //! [`ListenerOptions::ordered`](super::listeners::ListenerOptions::ordered)
 //! runs the events that share a key ([`Event::order_key`](crate::dispatch::Event::order_key))
 //! one at a time, in the order their transactions committed, on whichever
-//! worker, retries included. The chains live in Valkey, beside the queue
-//! (template set 22; they were in Postgres before, [`from_postgres`]), each
-//! step one script ([`scripts`]), under `ordered:{<database>}:` ([`keys`]).
+//! worker, retries included. The chains live in Valkey beside the queue the
+//! events come through, under `ordered:{<queue>}:` ([`keys`]), each step one
+//! script ([`scripts`]) that also moves the queue's tasks.
 //!
 //! - **Commit order**: dispatching a keyed event takes the key's next
 //!   sequence number in its own transaction, under the lock of the key's
-//!   `outbox_keys` row (`crate::outbox::order`). The outbox's row id is
-//!   taken at insert, so a transaction that commits late can have a lower id
-//!   than rows already published; its sequence number is still the later one.
-//!   A key's row goes once idle for the outbox's retention; a later event
-//!   of the key numbers from 1 again, in a new epoch (the row's).
+//!   `outbox_keys` row (`crate::outbox::order`). A key's row goes once idle
+//!   for the outbox's retention; a later event of the key numbers from 1
+//!   again, in a new epoch (the row's).
 //! - **Fan-out in sequence**: the fan-out of a keyed event adds a run per
 //!   ordered listener to that listener's chain for the key, in sequence
 //!   order: an event task that reaches a worker before the one that
 //!   precedes it waits in Valkey (its task completes) and is fanned out
-//!   right after that one, by the script that fans that one out.
-//! - **One run at a time**: only a chain's head is in the queue. When it
-//!   succeeds, the worker moves the head on and the next run goes to the
-//!   queue, in the same script on a single server; while it is retried, the
-//!   runs behind it wait in their chain, not in the queue. So a Go asynq
-//!   server sharing the queue never sees them; it must not register a
-//!   handler for an ordered listener's task type, since its runs would not
-//!   move the chain on.
+//!   right after that one.
+//! - **One run at a time**: only a chain's head is in the queue. A run
+//!   takes a fencing token as it starts ([`Turn::Now`]); its work commits
+//!   (`ctx.once` checks the token first) and the chain moves on only while
+//!   it holds the last token, in the script that puts the next run in the
+//!   queue. So a worker that stalled past its lease while another took the
+//!   run over does neither.
 //! - **A run that keeps failing** holds its key by default: archived (and
 //!   recorded in `listener_failures`), the runs behind it wait until `outbox
-//!   retry-archived` runs it again and it succeeds, or `outbox skip` moves past
-//!   it; nothing releases it by a timeout, and the outbox's cleanup keeps its
-//!   event and the later ones of its key. With
+//!   retry-archived` runs it again and it succeeds, or `outbox skip` moves
+//!   past it; nothing releases it by a timeout. With
 //!   [`OnFailure::MoveOn`](super::listeners::OnFailure::MoveOn), its failure
 //!   is recorded, the task archived, and the key moves on.
+//! - **A run sent back after it was moved past** (`outbox retry-archived`,
+//!   the console, asynqmon's "run"), or whose chain Valkey lost, joins its
+//!   chain's end ([`Turn::Rejoined`]) and runs in its turn: after the runs
+//!   that wait already, one at a time with them. A run that moved its
+//!   chain on already is marked done in its task: one delivered again (a
+//!   crash before its completion) does not run again.
 //! - **Crashes**: every step is idempotent and healed by the rerun of the
-//!   task that was interrupted: a fan-out whose heads were not queued (a
-//!   cluster, where the worker queues them after the script) queues them
-//!   when its task runs again; a run that moved its chain on but died before
-//!   its next was queued queues it when it runs again (its listener is not
-//!   called twice: its run is gone from the chain, [`Turn::Done`]).
-//! - **Valkey losing writes**: with its append-only file, a restart or a
-//!   failover loses the last writes, in order: a step lost with them is done
-//!   again by its task, which is back in the queue (its completion came after
-//!   it). Every 10 s the worker also queues again the heads that have been
-//!   heads for 10 s or more; the queue takes a head it has as a duplicate.
-//!   Valkey losing all its data loses the chains with the queue; see the
-//!   project's README (the recovery replays the events).
+//!   task that was interrupted, or by the worker's look at old heads every
+//!   10 s ([`REQUEUE_AFTER`]): a head the queue lost is queued again, one a
+//!   process other than a kit worker completed moves its chain on.
+//! - **Valkey losing writes**: the chains and the queue are in one hash
+//!   slot, so one server's append-only file holds both, in order: writes
+//!   lost at a restart or a failover are lost from both, and the tasks back
+//!   in the queue do their steps again. Events whose earlier ones do not
+//!   come are looked at after a minute ([`stale`]).
 //! - **Replays**: `outbox replay` of a keyed event that was fanned out
-//!   already adds a run to the end of each ordered listener's chain: it runs
-//!   after the runs of its key that wait already, and before the later ones.
+//!   already adds a run to the end of each ordered listener's chain.
 //!   A replay of one that was not takes its turn as the event would.
 //!   `outbox replay --listener` queues the listener's task alone, without
 //!   the chain's mark: it runs at once, outside the order.
@@ -56,8 +53,7 @@
 //! parallel, up to the workers' concurrency. An ordered run costs two
 //! Valkey calls more than an unordered one (its turn, and the move on,
 //! whose script enqueues the next run; the fan-out's script takes the place
-//! of the unordered fan-out's enqueue), three on a cluster (where the
-//! worker enqueues each head after its script), and nothing in Postgres.
+//! of the unordered fan-out's enqueue), and nothing in Postgres.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,15 +67,27 @@ use crate::outbox::Metadata;
 use crate::outbox::order::{ORDER_KEY, Place};
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
 use crate::queue::message::TaskMessage;
-use crate::queue::{Client, HandlerError, NewTask, QueueError};
+use crate::queue::{Client, HandlerError, NewTask, QueueError, Task};
 
 use keys::Namespace;
-use scripts::{FAN_OUT, MOVE_ON, MOVE_PAST, REQUEUE};
+use scripts::{APPEND, DELIVER_HEAD, FAN_OUT, MOVE_ON, MOVE_PAST, REJOIN, TURN};
+pub(crate) use waits::{RunArgs, Waiting};
 
+mod fence;
+pub(crate) mod foreign;
 mod from_postgres;
-mod keys;
-mod scripts;
+mod from_set_22;
+pub(crate) mod keys;
+mod orphans;
+pub(crate) mod owner;
+mod reconcile;
+pub(crate) mod scripts;
 mod stale;
+mod waits;
+
+pub(crate) use fence::{Fence, Superseded};
+pub(crate) use reconcile::{Ordered, look_after_chains};
+pub(crate) use stale::RECOVERED_HEADER;
 
 /// The header that marks a listener task as a run of a chain (its value is
 /// the key). A listener task without it (queued before its listener was
@@ -116,25 +124,39 @@ pub(crate) struct ChainRun {
 }
 
 /// Where a run of a chain stands, when its task runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Turn {
-    /// It is the head: it runs.
-    Now,
-    /// It ran and its chain moved on (this is a rerun after a crash, or
-    /// `outbox skip` moved past it): the listener is not called again.
+    /// It is the head: it runs, holding `token` ([`Fence`]); `next` is the
+    /// run after it, if any.
+    Now { token: i64, next: Option<String> },
+    /// It ran and moved its chain on (this is a delivery again after a
+    /// crash): the listener is not called again.
     Done,
+    /// It was in no chain (sent back after it was moved past, or its chain
+    /// lost), and joined its chain's end behind other runs: it waits for
+    /// its turn (a run that joins an empty chain is its head: `Now`).
+    Rejoined,
     /// Runs before it have not finished: how many.
     After(i64),
 }
 
-/// The chains of ordered listeners, in Valkey, and the queue their heads
-/// go to. Its keys are named after the service's database
-/// ([`Namespace`]).
+/// How a move on ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// The chain moved on.
+    On,
+    /// Nothing changed: the run is not its chain's head, or another run of
+    /// it holds the turn.
+    Superseded,
+}
+
+/// The chains of ordered listeners in Valkey, of the queues a worker
+/// consumes (or a command looks at), and the queue their heads go to.
 #[derive(Clone)]
 pub(crate) struct Ordering {
     pool: PgPool,
     queue: Client,
-    keys: Arc<Namespace>,
+    queues: Arc<Vec<String>>,
     /// How long a listener task is kept after it succeeds.
     retention: Duration,
 }
@@ -142,256 +164,485 @@ pub(crate) struct Ordering {
 impl std::fmt::Debug for Ordering {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ordering")
-            .field("prefix", &self.keys.prefix)
+            .field("queues", &self.queues)
             .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
 }
 
 impl Ordering {
-    /// Chains in Valkey whose heads go to `queue`, named after `pool`'s
-    /// database ([`Namespace`]), kept `retention` after they succeed.
-    pub(crate) fn new(pool: PgPool, queue: Client, retention: Duration) -> Self {
-        let keys = Arc::new(Namespace::of_pool(&pool));
+    /// The chains of `queues`, in Valkey through `queue`, whose events'
+    /// rows are in `pool`'s outbox; runs are kept `retention` after they
+    /// succeed.
+    pub(crate) fn new(
+        pool: PgPool,
+        queue: Client,
+        queues: Vec<String>,
+        retention: Duration,
+    ) -> Self {
         Self {
             pool,
             queue,
-            keys,
+            queues: Arc::new(queues),
             retention,
         }
     }
 
+    /// The queues whose chains it looks after.
+    pub(crate) fn queues(&self) -> &[String] {
+        &self.queues
+    }
+
+    /// The queue's client.
+    pub(crate) fn queue_client(&self) -> Client {
+        self.queue.clone()
+    }
+
+    /// How long a listener task is kept after it succeeds.
+    pub(crate) fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The delivery's keys and arguments, which scripts that deliver runs
+    /// begin with (`scripts`' `DELIVER`).
+    fn delivery(&self, keys: &Namespace, script: &mut redis::ScriptInvocation<'_>) {
+        script
+            .key(keys.pending())
+            .key(keys.scheduled())
+            .key(keys.woken())
+            .arg(chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default())
+            .arg(self.queue.wake_channel())
+            .arg(&keys.queue);
+    }
+
+    /// Wakes this process's idle consumers when a script put `delivered`
+    /// tasks in the queue (other processes' are woken by its publish).
+    fn delivered(&self, delivered: i64) {
+        if delivered > 0 {
+            self.queue.enqueued_by_script();
+        }
+    }
+
     /// Fans out the keyed event at `place` to its ordered listeners
-    /// (`event`), in its key's sequence, in one script ([`FAN_OUT`]): added
-    /// to their chains now if the event before it was fanned out, else
-    /// kept waiting until it is, and then each waiting event that is next.
-    /// `replay`: the task is a replay, whose runs join the end of the
-    /// chains if the event was fanned out already. The heads this makes
-    /// go to the queue.
+    /// (`event`), in its key's sequence ([`FAN_OUT`]): added to their
+    /// chains now if the event before it was fanned out, else kept waiting
+    /// until it is; then each waiting event that is next. `replay`: the
+    /// task is a replay, whose runs join the end of the chains if the
+    /// event was fanned out already.
     pub(crate) async fn fan_out(
         &self,
         place: &Place,
         event: &EventRuns,
         replay: bool,
     ) -> Result<(), HandlerError> {
-        let (wait_before, wait_after) = self.keys.wait_parts(&place.key, place.epoch);
+        let mut headers = event.headers.clone();
+        headers.insert(ORDERED_HEADER.into(), place.key.clone());
+        let runs = event
+            .runs
+            .iter()
+            .map(|run| {
+                let task = NewTask::new(&run.task_type, &run.task_id, event.payload.clone())
+                    .queue(&event.queue)
+                    .headers(headers.clone());
+                Ok(RunArgs {
+                    listener: run.listener.clone(),
+                    task_id: run.task_id.clone(),
+                    message: self.run_task(task).to_message()?.encode_to_vec(),
+                })
+            })
+            .collect::<Result<Vec<_>, QueueError>>()?;
+        let keys = Namespace::of_queue(&event.queue);
+        let next = self
+            .fan_out_runs(&keys, place, &event.event_id.to_string(), &runs, replay)
+            .await?;
+        self.drain(&keys, place, next).await
+    }
+
+    /// Fans out `waiting`, the event at `place` in `queue` (moved from an
+    /// earlier template set's chains), as its own task would be.
+    pub(crate) async fn fan_out_waiting(
+        &self,
+        queue: &str,
+        place: &Place,
+        waiting: &Waiting,
+    ) -> Result<(), HandlerError> {
+        let keys = Namespace::of_queue(queue);
+        let next = self
+            .fan_out_runs(&keys, place, &waiting.event_id, &waiting.runs, false)
+            .await?;
+        self.drain(&keys, place, next).await
+    }
+
+    /// Fans out `next`, the waiting event of `place`'s key that is next,
+    /// and each one that is next after it, each with its runs' keys.
+    async fn drain(
+        &self,
+        keys: &Namespace,
+        place: &Place,
+        mut next: Option<(i64, Waiting)>,
+    ) -> Result<(), HandlerError> {
+        while let Some((seq, waiting)) = next {
+            let place = Place {
+                seq,
+                ..place.clone()
+            };
+            next = self
+                .fan_out_runs(keys, &place, &waiting.event_id, &waiting.runs, false)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One call of [`FAN_OUT`]; the waiting event that is next now.
+    async fn fan_out_runs(
+        &self,
+        keys: &Namespace,
+        place: &Place,
+        event_id: &str,
+        runs: &[RunArgs],
+        replay: bool,
+    ) -> Result<Option<(i64, Waiting)>, HandlerError> {
         let mut script = FAN_OUT.prepare_invoke();
-        self.delivery(&mut script);
+        self.delivery(keys, &mut script);
         script
-            .key(self.keys.runs())
-            .key(self.keys.heads())
-            .key(self.keys.fanned(&place.key, place.epoch))
-            .key(self.keys.waiting())
+            .key(keys.runs())
+            .key(keys.heads())
+            .key(keys.listeners())
+            .key(keys.waiting())
+            .key(keys.fanned(&place.key, place.epoch))
+            .key(keys.waits(&place.key))
             .arg(place.seq)
             .arg(i32::from(replay))
             .arg(millis(FANNED_KEPT.max(self.retention)))
             .arg(now_millis())
-            .arg(wait_before)
-            .arg(wait_after)
-            .arg(event.event_id.to_string());
-        let mut headers = event.headers.clone();
-        headers.insert(ORDERED_HEADER.into(), place.key.clone());
-        for run in &event.runs {
-            let task = self.run_message(
-                &run.task_type,
-                &run.task_id,
-                &event.queue,
-                &event.payload,
-                &headers,
-            )?;
-            self.run_args(
-                &mut script,
-                &place.key,
-                &run.listener,
-                &run.task_id,
-                &event.queue,
-                task,
-            );
+            .arg(place.epoch)
+            .arg(&place.key)
+            .arg(event_id);
+        for run in runs {
+            script
+                .key(keys.chain(&run.listener, &place.key))
+                .key(keys.keys_of(&run.listener))
+                .key(keys.task(&run.task_id))
+                .arg(&run.listener)
+                .arg(&run.task_id)
+                .arg(&run.message);
         }
-        self.deliver(&script).await
+        let (delivered, next): (i64, Option<(i64, Vec<u8>)>) = match script
+            .invoke_async::<redis::Value>(&mut self.queue.connection())
+            .await
+            .map_err(QueueError::from)?
+        {
+            redis::Value::Array(values) => {
+                let mut values = values.into_iter();
+                let delivered: i64 = parse(
+                    values.next().unwrap_or(redis::Value::Int(0)),
+                )?;
+                let next = match (values.next(), values.next()) {
+                    (Some(seq), Some(entry)) => Some((
+                        parse(seq)?,
+                        parse(entry)?,
+                    )),
+                    _ => None,
+                };
+                (delivered, next)
+            }
+            other => {
+                return Err(QueueError::UnexpectedReply(format!(
+                    "the fan-out script returned {other:?}"
+                ))
+                .into());
+            }
+        };
+        self.delivered(delivered);
+        Ok(match next {
+            Some((seq, entry)) => match Waiting::decode(&entry) {
+                Some(waiting) => Some((seq, waiting)),
+                None => {
+                    tracing::error!(key = place.key, seq, "a waiting event's entry in Valkey does not read; it is left where it is");
+                    None
+                }
+            },
+            None => None,
+        })
     }
 
-    /// Where the run of the task `task_id`, of `listener`'s chain for
-    /// `key`, stands.
+    /// Where the run of `task` (its task id, in its queue), of `listener`'s
+    /// chain for `key`, stands as it starts ([`TURN`]); a run in no chain
+    /// joins its chain's end ([`REJOIN`]).
     pub(crate) async fn turn(
         &self,
         listener: &str,
         key: &str,
-        task_id: &str,
-    ) -> Result<Turn, QueueError> {
-        let position: Option<i64> = redis::cmd("LPOS")
-            .arg(self.keys.chain(listener, key))
-            .arg(task_id)
-            .query_async(&mut self.queue.connection())
-            .await?;
-        Ok(match position {
-            None => Turn::Done,
-            Some(0) => Turn::Now,
-            Some(before) => Turn::After(before),
-        })
+        task: &Task,
+    ) -> Result<Turn, HandlerError> {
+        let keys = Namespace::of_queue(&task.queue);
+        let reply: Vec<redis::Value> = TURN
+            .key(keys.chain(listener, key))
+            .key(keys.task(&task.id))
+            .arg(&task.id)
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(QueueError::from)?;
+        match turn_of(reply)? {
+            Some(turn) => Ok(turn),
+            None => {
+                let message = self
+                    .run_task(
+                        NewTask::new(&task.task_type, &task.id, task.payload.clone())
+                            .queue(&task.queue)
+                            .headers(task.headers.clone()),
+                    )
+                    .to_message()?
+                    .encode_to_vec();
+                let reply: Vec<redis::Value> = REJOIN
+                    .key(keys.chain(listener, key))
+                    .key(keys.runs())
+                    .key(keys.heads())
+                    .key(keys.listeners())
+                    .key(keys.keys_of(listener))
+                    .key(keys.task(&task.id))
+                    .arg(&task.id)
+                    .arg(message)
+                    .arg(now_millis())
+                    .arg(listener)
+                    .arg(key)
+                    .invoke_async(&mut self.queue.connection())
+                    .await
+                    .map_err(QueueError::from)?;
+                tracing::info!(
+                    task = %task.id,
+                    listener,
+                    key,
+                    "a run of an ordered listener was in no chain (sent back after it was moved past, \
+                     or its chain was lost): it joins its key's order at the end"
+                );
+                Ok(match turn_of(reply)? {
+                    Some(Turn::After(_)) | None => Turn::Rejoined,
+                    Some(turn) => turn,
+                })
+            }
+        }
     }
 
-    /// The run of `task_id` is over (it succeeded, gave up under
-    /// `MoveOn`, or `outbox skip` moved past it): it leaves its chain and,
-    /// if it was the head, the next run of its key goes to the queue
-    /// ([`MOVE_ON`]). Also for a run found done ([`Turn::Done`]): then the
-    /// chain's head goes to the queue again, in case a crash kept it out.
-    /// `listener` and `key` name the chain.
-    pub(crate) async fn advance(
+    /// The run of `task_id` in `queue`, of `listener`'s chain for `key`,
+    /// is over ([`MOVE_ON`]): it leaves its chain and the next run goes to
+    /// the queue. `token`: the run's ([`Turn::Now`]), or `None` for one
+    /// moved past for an operator or the recoverer. `done`: it succeeded
+    /// (a delivery of it again does not run it), or it is moved past
+    /// (sent back, it runs). `next`: the run after it as the turn saw it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn move_on(
         &self,
+        queue: &str,
         listener: &str,
         key: &str,
         task_id: &str,
-    ) -> Result<(), HandlerError> {
+        token: Option<i64>,
+        done: bool,
+        next: Option<&str>,
+    ) -> Result<Moved, HandlerError> {
+        let keys = Namespace::of_queue(queue);
         let mut script = MOVE_ON.prepare_invoke();
-        self.delivery(&mut script);
+        self.delivery(&keys, &mut script);
         script
-            .key(self.keys.chain(listener, key))
-            .key(self.keys.runs())
-            .key(self.keys.heads())
-            .key(self.keys.listeners(key))
+            .key(keys.chain(listener, key))
+            .key(keys.runs())
+            .key(keys.heads())
+            .key(keys.listeners())
+            .key(keys.keys_of(listener))
+            .key(keys.task(task_id))
             .arg(task_id)
+            .arg(token.map_or_else(String::new, |token| token.to_string()))
+            .arg(if done { "done" } else { "past" })
             .arg(now_millis())
-            .arg(listener);
-        self.deliver(&script).await
+            .arg(listener)
+            .arg(key)
+            .arg(next.unwrap_or_default());
+        if let Some(next) = next {
+            script.key(keys.task(next));
+        }
+        let reply: Vec<redis::Value> = script
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(QueueError::from)?;
+        let mut reply = reply.into_iter();
+        let int = |value: Option<redis::Value>| -> Result<i64, QueueError> {
+            Ok(parse(value.unwrap_or(redis::Value::Int(0)))?)
+        };
+        if int(reply.next())? == 0 {
+            return Ok(Moved::Superseded);
+        }
+        self.delivered(int(reply.next())?);
+        if let Some(other) = reply.next() {
+            // The next run is not the one the turn saw: delivered apart.
+            let other: String = parse(other)?;
+            self.deliver_head(&keys, listener, key, &other, true).await?;
+        }
+        Ok(Moved::On)
     }
 
-    /// Moves the last fanned-out number of `key` in `epoch` on to `number`
-    /// (unless it is later already) and fans out the waiting events that
-    /// follow it ([`MOVE_PAST`]).
-    async fn move_past(&self, key: &str, epoch: i64, number: i64) -> Result<(), HandlerError> {
-        let (before, after) = self.keys.wait_parts(key, epoch);
-        let mut script = MOVE_PAST.prepare_invoke();
-        self.delivery(&mut script);
-        script
-            .key(self.keys.runs())
-            .key(self.keys.heads())
-            .key(self.keys.fanned(key, epoch))
-            .key(self.keys.waiting())
+    /// Delivers the head `task_id` of `listener`'s chain for `key`
+    /// ([`DELIVER_HEAD`]), promoting it from scheduled when asked.
+    async fn deliver_head(
+        &self,
+        keys: &Namespace,
+        listener: &str,
+        key: &str,
+        task_id: &str,
+        promote: bool,
+    ) -> Result<(), QueueError> {
+        let mut script = DELIVER_HEAD.prepare_invoke();
+        self.delivery(keys, &mut script);
+        let delivered: i64 = script
+            .key(keys.chain(listener, key))
+            .key(keys.runs())
+            .key(keys.task(task_id))
+            .arg(task_id)
+            .arg(i32::from(promote))
+            .invoke_async(&mut self.queue.connection())
+            .await?;
+        self.delivered(delivered);
+        Ok(())
+    }
+
+    /// Moves the last fanned-out number of `key` in `epoch`, in `queue`,
+    /// on to `number` (unless it is later already) and fans out the waiting
+    /// events that follow it ([`MOVE_PAST`]).
+    async fn move_past(
+        &self,
+        queue: &str,
+        key: &str,
+        epoch: i64,
+        number: i64,
+    ) -> Result<(), HandlerError> {
+        let keys = Namespace::of_queue(queue);
+        let reply: Vec<redis::Value> = MOVE_PAST
+            .key(keys.fanned(key, epoch))
+            .key(keys.waits(key))
             .arg(number)
             .arg(millis(FANNED_KEPT.max(self.retention)))
-            .arg(now_millis())
-            .arg(before)
-            .arg(after);
-        self.deliver(&script).await
-    }
-
-    /// Adds to `script` the arguments of a run that joins its chain (the
-    /// scripts' `append`): of `listener` for `key`, the task `task_id` in
-    /// `queue`, its message `task`.
-    fn run_args(
-        &self,
-        script: &mut redis::ScriptInvocation<'_>,
-        key: &str,
-        listener: &str,
-        task_id: &str,
-        queue: &str,
-        task: Vec<u8>,
-    ) {
-        script
-            .arg(self.keys.chain(listener, key))
-            .arg(self.keys.listeners(key))
-            .arg(listener)
-            .arg(task_id)
-            .arg(queue)
-            .arg(task);
-    }
-
-    /// Starts `script`, one that delivers heads (`scripts`' module doc):
-    /// its first key and arguments.
-    fn delivery(&self, script: &mut redis::ScriptInvocation<'_>) {
-        script
-            .key(self.keys.queues())
-            .arg(i32::from(self.queue.enqueues_in_scripts()))
-            .arg(chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default())
-            .arg(self.queue.wake_channel());
-    }
-
-    /// Runs `script`, one that delivers heads: on a single server it
-    /// enqueued them (this process's consumers are woken), else the worker
-    /// enqueues the task messages it returns.
-    async fn deliver(&self, script: &redis::ScriptInvocation<'_>) -> Result<(), HandlerError> {
-        let delivered: Vec<Vec<u8>> = script
+            .arg(epoch)
             .invoke_async(&mut self.queue.connection())
             .await
             .map_err(QueueError::from)?;
-        if self.queue.enqueues_in_scripts() {
-            if !delivered.is_empty() {
-                self.queue.enqueued_by_script();
+        let next = match reply.as_slice() {
+            [seq, entry] => {
+                let seq: i64 = parse(seq.clone())?;
+                let entry: Vec<u8> =
+                    parse(entry.clone())?;
+                Waiting::decode(&entry).map(|waiting| (seq, waiting))
             }
-            return Ok(());
-        }
-        self.enqueue(&delivered).await
+            _ => None,
+        };
+        let place = Place {
+            key: key.to_string(),
+            seq: number,
+            epoch,
+        };
+        self.drain(&keys, &place, next).await
     }
 
-    /// Queues again the heads that have been heads longer than
-    /// `older_than`, at most [`REQUEUE_BATCH`] a call, oldest first (each
-    /// counts as a head from now on, so that the next call looks at
-    /// others): a head whose task Valkey lost would hold its key for ever,
-    /// and `outbox replay` adds runs at the chains' ends, behind it. A head
-    /// the queue has (waiting, running, retried or archived) is a duplicate
-    /// and left as it is. How many heads it looked at.
-    pub(crate) async fn requeue_old_heads(
-        &self,
-        older_than: Duration,
-    ) -> Result<usize, HandlerError> {
-        let now = now_millis();
-        let heads: Vec<Vec<u8>> = REQUEUE
-            .key(self.keys.heads())
-            .key(self.keys.runs())
-            .arg(now - millis(older_than))
-            .arg(now)
-            .arg(REQUEUE_BATCH)
-            .invoke_async(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?;
-        let count = heads.len();
-        self.enqueue(&heads).await?;
-        Ok(count)
+    /// Appends `runs` (each with its key) to the ends of their chains in
+    /// `queue`, in their order, unless there already ([`APPEND`]): runs
+    /// moved from an earlier template set's chains.
+    async fn append(&self, queue: &str, runs: &[(String, RunArgs)]) -> Result<(), QueueError> {
+        let keys = Namespace::of_queue(queue);
+        for batch in runs.chunks(100) {
+            let mut script = APPEND.prepare_invoke();
+            self.delivery(&keys, &mut script);
+            script
+                .key(keys.runs())
+                .key(keys.heads())
+                .key(keys.listeners())
+                .arg(now_millis());
+            for (key, run) in batch {
+                script
+                    .key(keys.chain(&run.listener, key))
+                    .key(keys.keys_of(&run.listener))
+                    .key(keys.task(&run.task_id))
+                    .arg(&run.listener)
+                    .arg(key)
+                    .arg(&run.task_id)
+                    .arg(&run.message);
+            }
+            let delivered: i64 = script.invoke_async(&mut self.queue.connection()).await?;
+            self.delivered(delivered);
+        }
+        Ok(())
     }
 
     /// The chain of the run of `task_id`, if it is in one.
     pub(crate) async fn run_of(&self, task_id: &str) -> Result<Option<RunOf>, QueueError> {
-        let run: Option<Vec<u8>> = redis::cmd("HGET")
-            .arg(self.keys.runs())
+        for queue in self.queues.iter() {
+            let keys = Namespace::of_queue(queue);
+            let run: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(keys.runs())
+                .arg(task_id)
+                .query_async(&mut self.queue.connection())
+                .await?;
+            if let Some(run) = run.as_deref().and_then(StoredRun::decode) {
+                return Ok(Some(RunOf {
+                    queue: queue.clone(),
+                    listener: run.listener,
+                    key: run.key,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Where the run of `task_id` in `queue`, of `listener`'s chain for
+    /// `key`, stands, without taking a turn: 0 for the head, `None` for a
+    /// run in no chain.
+    pub(crate) async fn position(
+        &self,
+        queue: &str,
+        listener: &str,
+        key: &str,
+        task_id: &str,
+    ) -> Result<Option<i64>, QueueError> {
+        Ok(redis::cmd("LPOS")
+            .arg(Namespace::of_queue(queue).chain(listener, key))
             .arg(task_id)
             .query_async(&mut self.queue.connection())
-            .await?;
-        Ok(run.as_deref().and_then(StoredRun::decode).map(|run| RunOf {
-            listener: run.listener,
-            key: run.key,
-        }))
+            .await?)
     }
 
     /// What ordering holds back now: counts from Valkey, and the heads
     /// that failed for good from `listener_failures`.
     pub(crate) async fn held(&self) -> anyhow::Result<Held> {
-        let failed: Vec<String> = sqlx::query_scalar("SELECT task_id FROM listener_failures")
+        let mut held = Held::default();
+        for queue in self.queues.iter() {
+            let keys = Namespace::of_queue(queue);
+            let failed: Vec<String> = sqlx::query_scalar(
+                "SELECT task_id FROM listener_failures WHERE queue = $1 AND holds_key",
+            )
+            .bind(queue)
             .fetch_all(&self.pool)
             .await?;
-        let mut pipe = redis::pipe();
-        pipe.zcard(self.keys.heads())
-            .hlen(self.keys.runs())
-            .zcard(self.keys.waiting());
-        let (heads, runs, waiting_events, failed_heads): (i64, i64, i64, Vec<Option<f64>>) =
-            if failed.is_empty() {
-                let (heads, runs, waiting): (i64, i64, i64) = pipe
-                    .query_async(&mut self.queue.connection())
-                    .await
-                    .map_err(QueueError::from)?;
-                (heads, runs, waiting, Vec::new())
-            } else {
-                pipe.cmd("ZMSCORE").arg(self.keys.heads()).arg(&failed);
-                pipe.query_async(&mut self.queue.connection())
-                    .await
-                    .map_err(QueueError::from)?
-            };
-        let blocked_keys = failed_heads.iter().flatten().count();
-        Ok(Held {
-            blocked_keys: i64::try_from(blocked_keys).unwrap_or(i64::MAX),
-            waiting_runs: (runs - heads).max(0),
-            waiting_events,
-        })
+            let mut pipe = redis::pipe();
+            pipe.zcard(keys.heads())
+                .hlen(keys.runs())
+                .zcard(keys.waiting());
+            let (heads, runs, waiting_events, failed_heads): (i64, i64, i64, Vec<Option<f64>>) =
+                if failed.is_empty() {
+                    let (heads, runs, waiting): (i64, i64, i64) = pipe
+                        .query_async(&mut self.queue.connection())
+                        .await
+                        .map_err(QueueError::from)?;
+                    (heads, runs, waiting, Vec::new())
+                } else {
+                    pipe.cmd("ZMSCORE").arg(keys.heads()).arg(&failed);
+                    pipe.query_async(&mut self.queue.connection())
+                        .await
+                        .map_err(QueueError::from)?
+                };
+            let blocked = failed_heads.iter().flatten().count();
+            held.blocked_keys += i64::try_from(blocked).unwrap_or(i64::MAX);
+            held.waiting_runs += (runs - heads).max(0);
+            held.waiting_events += waiting_events;
+        }
+        Ok(held)
     }
 
     /// The runs of the event `event_id`, of key `key`, still in their
@@ -402,40 +653,43 @@ impl Ordering {
         key: &str,
     ) -> Result<Vec<Standing>, QueueError> {
         let mut conn = self.queue.connection();
-        let listeners: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.keys.listeners(key))
-            .query_async(&mut conn)
-            .await?;
         let mut standing = Vec::new();
-        for listener in listeners {
-            let chain: Vec<String> = redis::cmd("LRANGE")
-                .arg(self.keys.chain(&listener, key))
-                .arg(0)
-                .arg(-1)
+        for queue in self.queues.iter() {
+            let keys = Namespace::of_queue(queue);
+            let listeners: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(keys.listeners())
                 .query_async(&mut conn)
                 .await?;
-            if chain.is_empty() {
-                continue;
-            }
-            let runs: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-                .arg(self.keys.runs())
-                .arg(&chain)
-                .query_async(&mut conn)
-                .await?;
-            for (after, (task_id, run)) in chain.iter().zip(runs).enumerate() {
-                let Some(run) = run.as_deref().and_then(StoredRun::decode) else {
-                    continue;
-                };
-                if run.event_id != Some(event_id) {
+            for listener in listeners {
+                let chain: Vec<String> = redis::cmd("LRANGE")
+                    .arg(keys.chain(&listener, key))
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn)
+                    .await?;
+                if chain.is_empty() {
                     continue;
                 }
-                standing.push(Standing {
-                    task_id: task_id.clone(),
-                    listener: run.listener,
-                    key: run.key,
-                    after: i64::try_from(after).unwrap_or(i64::MAX),
-                    waits_for: (after > 0).then(|| chain[0].clone()),
-                });
+                let runs: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                    .arg(keys.runs())
+                    .arg(&chain)
+                    .query_async(&mut conn)
+                    .await?;
+                for (after, (task_id, run)) in chain.iter().zip(runs).enumerate() {
+                    let Some(run) = run.as_deref().and_then(StoredRun::decode) else {
+                        continue;
+                    };
+                    if run.event_id != Some(event_id) {
+                        continue;
+                    }
+                    standing.push(Standing {
+                        task_id: task_id.clone(),
+                        listener: run.listener,
+                        key: run.key,
+                        after: i64::try_from(after).unwrap_or(i64::MAX),
+                        waits_for: (after > 0).then(|| chain[0].clone()),
+                    });
+                }
             }
         }
         standing.sort_by(|a, b| a.listener.cmp(&b.listener));
@@ -455,46 +709,8 @@ impl Ordering {
         }
     }
 
-    /// Queues `heads`, the task messages of runs (none: no call); a task
-    /// the queue has already is left as it is.
-    async fn enqueue(&self, heads: &[Vec<u8>]) -> Result<(), HandlerError> {
-        let tasks: Vec<NewTask> = heads
-            .iter()
-            .filter_map(|head| TaskMessage::decode(head.as_slice()).ok())
-            .map(|head| {
-                self.run_task(
-                    NewTask::new(head.r#type, head.id, head.payload)
-                        .queue(head.queue)
-                        .headers(head.headers),
-                )
-            })
-            .collect();
-        if tasks.is_empty() {
-            return Ok(());
-        }
-        for result in self.queue.enqueue(&tasks).await? {
-            result?;
-        }
-        Ok(())
-    }
-
-    /// The task message of a run, as its chain keeps it and as the queue
-    /// writes it (`headers` with the key, [`ORDERED_HEADER`]).
-    fn run_message(
-        &self,
-        task_type: &str,
-        task_id: &str,
-        queue: &str,
-        payload: &[u8],
-        headers: &BTreeMap<String, String>,
-    ) -> Result<Vec<u8>, QueueError> {
-        let task = NewTask::new(task_type, task_id, payload.to_vec())
-            .queue(queue)
-            .headers(headers.clone());
-        Ok(self.run_task(task).to_message()?.encode_to_vec())
-    }
-
-    /// The task of the run `head`, marked as a run of its chain.
+    /// The task of the run `head`: the listener tasks' retries, timeout
+    /// and retention.
     fn run_task(&self, head: NewTask) -> NewTask {
         head.max_retry(MAX_RETRY)
             .timeout(TASK_TIMEOUT)
@@ -502,17 +718,37 @@ impl Ordering {
     }
 }
 
+/// The [`Turn`] of a reply of [`TURN`] or [`REJOIN`]; `None` for a run in
+/// no chain.
+fn turn_of(reply: Vec<redis::Value>) -> Result<Option<Turn>, QueueError> {
+    let mut reply = reply.into_iter();
+    let at: i64 = parse(reply.next().unwrap_or(redis::Value::Int(-2)))?;
+    Ok(match at {
+        0 => {
+            let token: i64 = parse(reply.next().unwrap_or(redis::Value::Int(0)))?;
+            let next: String = reply.next().map(parse).transpose()?.unwrap_or_default();
+            Some(Turn::Now {
+                token,
+                next: (!next.is_empty()).then_some(next),
+            })
+        }
+        -1 => Some(Turn::Done),
+        -2 => None,
+        before => Some(Turn::After(before)),
+    })
+}
+
 /// A run as the chains keep it: its task's message, whose headers carry
 /// the key ([`ORDERED_HEADER`]).
-struct StoredRun {
-    listener: String,
-    key: String,
+pub(crate) struct StoredRun {
+    pub listener: String,
+    pub key: String,
     /// The event's id, read from the envelope (`None` if it is not one).
-    event_id: Option<Uuid>,
+    pub event_id: Option<Uuid>,
 }
 
 impl StoredRun {
-    fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         #[derive(serde::Deserialize)]
         struct EnvelopeId {
             id: Uuid,
@@ -529,6 +765,12 @@ impl StoredRun {
     }
 }
 
+/// A value of a script's reply.
+pub(crate) fn parse<T: redis::FromRedisValue>(value: redis::Value) -> Result<T, QueueError> {
+    T::from_redis_value(value)
+        .map_err(|err| QueueError::UnexpectedReply(format!("a script's reply: {err}")))
+}
+
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -537,11 +779,8 @@ fn now_millis() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// The most heads [`Ordering::requeue_old_heads`] queues again a call.
-pub(crate) const REQUEUE_BATCH: i64 = 1_000;
-/// How long a head waits before the worker queues it again, in case Valkey
-/// lost its task, and how often it looks. A head the queue has is a
-/// duplicate: one cheap round trip for all of them.
+/// How long a head waits before the worker looks at it again (queues it
+/// again if the queue lost it), and how often it looks.
 pub(crate) const REQUEUE_AFTER: Duration = Duration::from_secs(10);
 /// How long an event waits for the fan-out of the event before it before
 /// the worker asks the outbox about the earlier events of its key, and
@@ -550,52 +789,8 @@ pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// How long a key's last fanned-out number is kept after its last fan-out
 /// (or the listener tasks' retention, if longer), in case nothing deletes
 /// it: [`Ordering::delete_idle`] deletes it with the key's row in
-/// Postgres, once the key has been idle for the outbox's retention. (Kept
-/// shorter than that, a key's next event would wait a minute, and then
-/// have the key's earlier events in the outbox published again, module
-/// `stale`.)
+/// Postgres, once the key has been idle for the outbox's retention.
 const FANNED_KEPT: Duration = Duration::from_secs(90 * 24 * 3600);
-
-/// Every [`REQUEUE_AFTER`] until `stop`: queues again the heads that have
-/// waited longer than that ([`Ordering::requeue_old_heads`]), after moving
-/// what a worker of template set 21 or older left in Postgres
-/// ([`Ordering::move_from_postgres`]).
-pub(crate) async fn requeue_old_heads(
-    ordering: Ordering,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            () = tokio::time::sleep(REQUEUE_AFTER) => {}
-        }
-        let moved = tokio::select! {
-            () = stop.cancelled() => break,
-            moved = ordering.move_from_postgres() => moved,
-        };
-        if let Err(err) = moved {
-            tracing::warn!(error = %err, "could not move the chains of ordered listeners from Postgres to Valkey");
-        }
-        let healed = tokio::select! {
-            () = stop.cancelled() => break,
-            healed = ordering.heal_stale_waits(STALE_AFTER) => healed,
-        };
-        if let Err(err) = healed {
-            tracing::warn!(error = %err, "could not look at the events of ordered keys that waited long");
-        }
-        let requeued = tokio::select! {
-            () = stop.cancelled() => break,
-            requeued = ordering.requeue_old_heads(REQUEUE_AFTER) => requeued,
-        };
-        match requeued {
-            Ok(0) => {}
-            Ok(heads) => tracing::debug!(heads, "queued old heads of ordered keys again"),
-            Err(err) => {
-                tracing::warn!(error = %err, "could not queue the old heads of ordered keys again")
-            }
-        }
-    }
-}
 
 impl Ordering {
     /// Deletes the keys that have been idle for `retention`: no event
@@ -615,24 +810,30 @@ impl Ordering {
         .fetch_all(&self.pool)
         .await?;
         let mut conn = self.queue.connection();
-        for keys in idle.chunks(500) {
-            let names: Vec<String> = keys
-                .iter()
-                .map(|(key, epoch)| self.keys.fanned(key, *epoch))
-                .collect();
-            let deleted: Result<(), _> = redis::cmd("DEL").arg(&names).query_async(&mut conn).await;
-            if let Err(err) = deleted {
-                tracing::warn!(error = %QueueError::from(err), "could not delete the numbers of idle order keys in Valkey; they expire");
-                break;
+        'queues: for queue in self.queues.iter() {
+            let keys = Namespace::of_queue(queue);
+            for chunk in idle.chunks(500) {
+                let names: Vec<String> = chunk
+                    .iter()
+                    .map(|(key, epoch)| keys.fanned(key, *epoch))
+                    .collect();
+                let deleted: Result<(), _> =
+                    redis::cmd("DEL").arg(&names).query_async(&mut conn).await;
+                if let Err(err) = deleted {
+                    tracing::warn!(error = %QueueError::from(err), "could not delete the numbers of idle order keys in Valkey; they expire");
+                    break 'queues;
+                }
             }
         }
         Ok(u64::try_from(idle.len()).unwrap_or(u64::MAX))
     }
 }
 
-/// The chain a run is in: its listener and key.
+/// The chain a run is in: its queue, listener and key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RunOf {
+    /// The queue the chain is in.
+    pub queue: String,
     /// The chain's listener.
     pub listener: String,
     /// The key.

@@ -1,0 +1,204 @@
+//! The handler of one listener's tasks ([`ListenerHandler`]), step by
+//! step: the turn of an ordered listener's run in its key's chain, the
+//! listener's limits, the run itself, and what follows it (the failure it
+//! no longer has, the metrics, the chain moved on).
+
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+
+use super::failures;
+use super::limits::{Acquired, Limiter, Permit};
+use super::listeners::Listener;
+use super::metrics::ListenerMetrics;
+use super::ordering::{Fence, Moved, ORDERED_HEADER, Ordering, Superseded, Turn};
+use crate::database::Transactor;
+use crate::queue::{HandlerError, Task};
+
+/// How long a run that is not its chain's head waits in the queue's
+/// schedule before it looks again; the run before it sends it to pending
+/// as soon as it moves its chain on.
+const WAIT_FOR_TURN: Duration = Duration::from_secs(30);
+
+/// The handler of `listener:<event>:<listener>` tasks.
+#[derive(Clone)]
+pub(crate) struct ListenerHandler {
+    listener: Listener,
+    transactor: Transactor,
+    metrics: ListenerMetrics,
+    /// Counts the deliveries the listener's inbox skipped.
+    duplicates: Counter,
+    ordering: Ordering,
+    /// `None` for a listener without limits (it asks Valkey nothing).
+    limiter: Option<Limiter>,
+}
+
+/// The turn a run of a chain holds while it runs.
+struct Held {
+    key: String,
+    token: i64,
+    /// The run after it, as its turn saw it.
+    next: Option<String>,
+}
+
+impl ListenerHandler {
+    pub(crate) fn new(
+        listener: Listener,
+        transactor: Transactor,
+        metrics: ListenerMetrics,
+        ordering: Ordering,
+        limiter: Option<Limiter>,
+    ) -> Self {
+        let duplicates = metrics.inbox_duplicates_of(listener.event(), listener.name());
+        Self {
+            listener,
+            transactor,
+            metrics,
+            duplicates,
+            ordering,
+            limiter,
+        }
+    }
+
+    /// Runs the listener on `task`, in its turn for an ordered listener.
+    pub(crate) async fn handle(&self, task: Task) -> Result<(), HandlerError> {
+        let held = match self.take_turn(&task).await? {
+            Step::Run(held) => held,
+            Step::Return(result) => return result,
+        };
+        let permit = self.acquire_limit(&task).await?;
+        let (queue, task_id) = (task.queue.clone(), task.id.clone());
+        let failed_before = task.failed_before;
+        let fence = held
+            .as_ref()
+            .map(|held| Fence::new(self.ordering.queue_client(), &queue, &task_id, held.token));
+        let started = std::time::Instant::now();
+        let result = super::run_listener(
+            &self.listener,
+            self.transactor.clone(),
+            task,
+            self.duplicates.clone(),
+            fence.clone(),
+        )
+        .await;
+        if let Some(permit) = permit {
+            permit.release().await;
+        }
+        if result.is_ok() && failed_before {
+            self.forget_failure(task_id.clone());
+        }
+        self.metrics.record(
+            self.listener.event(),
+            self.listener.name(),
+            result.is_ok(),
+            started.elapsed(),
+        );
+        match (held, fence) {
+            (Some(held), Some(fence)) => self.after_turn(&queue, &task_id, held, &fence, result).await,
+            _ => result,
+        }
+    }
+
+    /// The turn of `task` if it is a run of an ordered listener's chain:
+    /// run it (holding the turn), or return at once (done already, or
+    /// waiting for its turn).
+    async fn take_turn(&self, task: &Task) -> Result<Step, HandlerError> {
+        let key = self
+            .listener
+            .ordered()
+            .and_then(|_| task.headers.get(ORDERED_HEADER));
+        let Some(key) = key else {
+            return Ok(Step::Run(None));
+        };
+        Ok(
+            match self.ordering.turn(self.listener.name(), key, task).await? {
+                Turn::Now { token, next } => Step::Run(Some(Held {
+                    key: key.clone(),
+                    token,
+                    next,
+                })),
+                Turn::Done => Step::Return(Ok(())),
+                Turn::After(_) | Turn::Rejoined => Step::Return(Err(HandlerError::defer(
+                    chrono::Utc::now()
+                        + chrono::TimeDelta::from_std(WAIT_FOR_TURN).unwrap_or_default(),
+                ))),
+            },
+        )
+    }
+
+    /// A permit of the listener's limits, or the task deferred until one
+    /// may come: its worker slot is freed meanwhile (module `limits`).
+    async fn acquire_limit(&self, task: &Task) -> Result<Option<Permit>, HandlerError> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(None);
+        };
+        let partition = self.listener.partition_of(&task.payload);
+        match limiter.acquire(&partition, task).await? {
+            Acquired::Granted(permit) => Ok(Some(permit)),
+            Acquired::Wait { until, limit } => {
+                tracing::debug!(task = %task.id, limit = limit.as_str(), %until, "listener run waits for its limit");
+                Err(HandlerError::defer(until))
+            }
+        }
+    }
+
+    /// A task that failed before and now succeeds has no failure left to
+    /// keep (asynqmon's "run" of an archived task): forgotten beside the
+    /// task's completion, not before it.
+    fn forget_failure(&self, task_id: String) {
+        let pool = self.transactor.pool().clone();
+        tokio::spawn(async move {
+            if let Err(err) = failures::forget(&pool, &[task_id]).await {
+                tracing::warn!(error = %err, "could not forget the failure of a listener task that succeeded");
+            }
+        });
+    }
+
+    /// After a run that held its chain's turn: a success moves the chain on
+    /// (if the run still holds the turn); a run that no longer holds it
+    /// leaves its task to the run that does.
+    async fn after_turn(
+        &self,
+        queue: &str,
+        task_id: &str,
+        held: Held,
+        fence: &Fence,
+        result: Result<(), HandlerError>,
+    ) -> Result<(), HandlerError> {
+        match result {
+            Ok(()) => {
+                let moved = self
+                    .ordering
+                    .move_on(
+                        queue,
+                        self.listener.name(),
+                        &held.key,
+                        task_id,
+                        Some(held.token),
+                        true,
+                        held.next.as_deref(),
+                    )
+                    .await?;
+                match moved {
+                    Moved::On => Ok(()),
+                    Moved::Superseded => Err(HandlerError::superseded(Superseded)),
+                }
+            }
+            Err(err) if err.is_superseded() => Err(err),
+            // A failure is the task's only while the run holds its turn.
+            Err(err) => match fence.check().await {
+                Ok(()) => Err(err),
+                Err(check) if Superseded::is_in(&check) => Err(HandlerError::superseded(Superseded)),
+                Err(_) => Err(err),
+            },
+        }
+    }
+}
+
+/// What the turn says to do.
+enum Step {
+    /// Run the listener, holding the turn when it is a run of a chain.
+    Run(Option<Held>),
+    /// Return this at once.
+    Return(Result<(), HandlerError>),
+}
