@@ -85,5 +85,12 @@ mod tests {
         assert!(Cli::try_parse_from(["outbox", "replay"]).is_err());
         assert!(Cli::try_parse_from(["outbox", "replay", "--name", "x"]).is_err());
         assert!(Cli::try_parse_from(["outbox", "replay", "--name", "x", "--since", "1h"]).is_ok());
+        assert!(Cli::try_parse_from(["outbox", "replay", "--lost", "--since", "1h"]).is_ok());
+        assert!(Cli::try_parse_from(["outbox", "replay", "--since", "1h"]).is_err());
+        assert!(Cli::try_parse_from(["outbox", "replay", "--lost"]).is_err());
+        assert!(
+            Cli::try_parse_from(["outbox", "replay", "--lost", "--since", "1h", "--listener", "a"])
+                .is_err()
+        );
     }
 }

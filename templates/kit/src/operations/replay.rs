@@ -7,6 +7,14 @@
 //! from it, or with `--listener` that one listener's task alone. Events are
 //! chosen by id, or by name and creation time; unpublished events are left
 //! to the relay. It asks for confirmation on a terminal, `--yes` otherwise.
+//!
+//! `--lost` is the recovery after Valkey lost data: each event task is
+//! queued under the event's id, as the relay queued it, so an event Valkey
+//! still has (queued, running, retried, or completed within
+//! `OUTBOX_TASK_RETENTION`) is reported as still there and not queued
+//! twice, and an event of an ordered key takes its own turn in the key
+//! (a replay with a new id joins the end of its key's order instead). With
+//! `--since` alone it takes every event name.
 
 use std::process::ExitCode;
 
@@ -19,7 +27,7 @@ use uuid::Uuid;
 use super::output::{self, Format};
 use crate::follow::rows::{self, EventRow, Filter};
 use crate::follow::{self, Context, tasks, time};
-use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task_type};
+use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task, event_task_type};
 use crate::queue::{EnqueueOutcome, NewTask};
 use crate::worker::listeners::listener_task_type;
 
@@ -27,7 +35,8 @@ use crate::worker::listeners::listener_task_type;
 const BATCH: usize = 500;
 
 #[derive(Debug, clap::Args)]
-#[command(group(ArgGroup::new("events").required(true).args(["ids", "name"])))]
+#[command(group(ArgGroup::new("events").required(true).multiple(true).args(["ids", "name", "since"])))]
+#[command(group(ArgGroup::new("by_time").multiple(true).args(["name", "lost"])))]
 pub struct Args {
     /// The ids of the events to replay
     #[arg(conflicts_with_all = ["name", "since", "until"])]
@@ -35,19 +44,32 @@ pub struct Args {
     /// Replay the published events with this name (with --since)
     #[arg(long, requires = "since")]
     pub name: Option<String>,
-    /// With --name: events created at or after this time (2h: two hours
-    /// ago, or 2026-11-30T08:00:00Z)
-    #[arg(long, value_parser = time::parse_time, requires = "name")]
+    /// With --name (or --lost): events created at or after this time (2h:
+    /// two hours ago, or 2026-11-30T08:00:00Z)
+    #[arg(long, value_parser = time::parse_time, requires = "by_time")]
     pub since: Option<DateTime<Utc>>,
-    /// With --name: events created before this time
-    #[arg(long, value_parser = time::parse_time, requires = "name")]
+    /// With --since: events created before this time
+    #[arg(long, value_parser = time::parse_time, requires = "since")]
     pub until: Option<DateTime<Utc>>,
     /// Deliver to this listener only
-    #[arg(long)]
+    #[arg(long, conflicts_with = "lost")]
     pub listener: Option<String>,
+    /// The recovery after Valkey lost data: queue each event under its own
+    /// id, as the relay did, so that those Valkey still has are left as
+    /// they are (with --since alone: every event name)
+    #[arg(long)]
+    pub lost: bool,
     /// Do not ask for confirmation
     #[arg(long, short)]
     pub yes: bool,
+}
+
+/// One event task Valkey still had (`--lost`; `--format json`:
+/// `{"still_queued": [...]}`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StillQueued {
+    pub event_id: Uuid,
+    pub queue: String,
 }
 
 /// One queued task (`--format json`: `{"replayed": [...]}`).
@@ -63,27 +85,41 @@ pub(crate) struct Replayed {
 #[derive(Debug, Clone, Serialize)]
 struct Report {
     replayed: Vec<Replayed>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    still_queued: Vec<StillQueued>,
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let events = choose(context, args).await?;
     if events.is_empty() {
         match format {
-            Format::Json => output::print_json(&Report { replayed: vec![] })?,
+            Format::Json => output::print_json(&Report {
+                replayed: vec![],
+                still_queued: vec![],
+            })?,
             Format::Text => println!("no published event matches; nothing replayed"),
         }
         return Ok(ExitCode::SUCCESS);
     }
     let queues = queues(context, args.listener.as_deref())?;
-    let planned = plan(context, &events, &queues, args.listener.as_deref())?;
+    let planned = if args.lost {
+        plan_lost(context, &events, &queues)
+    } else {
+        plan(context, &events, &queues, args.listener.as_deref())?
+    };
 
     let target = args
         .listener
         .as_ref()
         .map_or_else(String::new, |l| format!(" to listener `{l}` only"));
     let question = format!(
-        "replay {} event(s){target} through queue(s) {}",
+        "replay {} event(s){target}{} through queue(s) {}",
         events.len(),
+        if args.lost {
+            " that Valkey lost (those it still has are left)"
+        } else {
+            ""
+        },
         queues.join(",")
     );
     if !output::confirm(&question, args.yes)? {
@@ -91,14 +127,27 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         return Ok(ExitCode::FAILURE);
     }
 
-    let replayed = enqueue(context, &planned).await?;
+    let (replayed, still_queued) = if args.lost {
+        enqueue_lost(context, &planned).await?
+    } else {
+        (enqueue(context, &planned).await?, Vec::new())
+    };
     match format {
-        Format::Json => output::print_json(&Report { replayed })?,
+        Format::Json => output::print_json(&Report {
+            replayed,
+            still_queued,
+        })?,
         Format::Text => {
             for task in &replayed {
                 println!(
                     "replayed {} as {} task {} (queue {})",
                     task.event_id, task.task_type, task.task_id, task.queue
+                );
+            }
+            for task in &still_queued {
+                println!(
+                    "left {}: Valkey still has its task (queue {})",
+                    task.event_id, task.queue
                 );
             }
         }
@@ -186,9 +235,58 @@ pub(crate) async fn enqueue(
     Ok(replayed)
 }
 
+/// Queues `planned`, each event task under its event's id (`--lost`), in
+/// batches: what was queued, and what Valkey still had. An error says how
+/// many tasks were queued before it.
+async fn enqueue_lost(
+    context: &Context,
+    planned: &[(Uuid, NewTask)],
+) -> anyhow::Result<(Vec<Replayed>, Vec<StillQueued>)> {
+    let client = context.queue().await?;
+    let (mut replayed, mut still_queued) = (Vec::new(), Vec::new());
+    for chunk in planned.chunks(BATCH) {
+        let new_tasks: Vec<NewTask> = chunk.iter().map(|(_, task)| task.clone()).collect();
+        let results = client
+            .enqueue(&new_tasks)
+            .await
+            .with_context(|| format!("{} task(s) were queued before", replayed.len()))?;
+        for ((event_id, task), result) in chunk.iter().zip(results) {
+            match result.with_context(|| {
+                format!(
+                    "cannot queue {event_id} again ({} task(s) were queued before)",
+                    replayed.len()
+                )
+            })? {
+                EnqueueOutcome::Enqueued => replayed.push(Replayed {
+                    event_id: *event_id,
+                    queue: task.queue.clone(),
+                    task_id: task.id.clone(),
+                    task_type: task.task_type.clone(),
+                }),
+                EnqueueOutcome::Duplicate => still_queued.push(StillQueued {
+                    event_id: *event_id,
+                    queue: task.queue.clone(),
+                }),
+            }
+        }
+    }
+    Ok((replayed, still_queued))
+}
+
 /// The events to replay, oldest first. Unknown or unpublished ids are an
 /// error, before anything is queued.
 async fn choose(context: &Context, args: &Args) -> anyhow::Result<Vec<EventRow>> {
+    if let (None, Some(since)) = (&args.name, args.since) {
+        let filter = Filter {
+            name: None,
+            published: Some(true),
+            since: Some(since),
+            until: args.until,
+            limit: None,
+            newest_first: false,
+        };
+        return Ok(rows::list(&context.pool, &filter).await?);
+    }
     if let (Some(name), Some(since)) = (&args.name, args.since) {
         let chosen = ByName {
             name: name.clone(),
@@ -247,6 +345,23 @@ fn queues(context: &Context, listener: Option<&str>) -> anyhow::Result<Vec<Strin
         );
     }
     Ok(queues)
+}
+
+/// One task per event and queue, each under its event's id, as the relay
+/// queued it (`--lost`).
+fn plan_lost(context: &Context, events: &[EventRow], queues: &[String]) -> Vec<(Uuid, NewTask)> {
+    let retention = context.config.outbox.task_retention;
+    let mut planned = Vec::with_capacity(events.len() * queues.len());
+    for event in events {
+        let envelope = event.envelope();
+        for queue in queues {
+            planned.push((
+                event.id,
+                event_task(&envelope, event.id.to_string(), queue, retention),
+            ));
+        }
+    }
+    planned
 }
 
 /// One new task per event and queue, each with a new id.
