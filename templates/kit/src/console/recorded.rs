@@ -21,8 +21,7 @@ use super::State as Console;
 use super::guard::{self, CSRF_FIELD};
 use super::page::{self, Depth, Section};
 use crate::follow::rows;
-use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
-use crate::queue::{EnqueueOutcome, NewTask};
+use crate::queue::EnqueueOutcome;
 use crate::worker::failures;
 use crate::worker::listeners::listener_task_type;
 
@@ -234,13 +233,13 @@ async fn send(console: &Console, chosen: &Chosen) -> anyhow::Result<(usize, usiz
             past_retention += 1;
             continue;
         };
-        let payload = serde_json::to_vec(&event.envelope())?;
-        let task = NewTask::new(task_type.clone(), record.task_id.clone(), payload)
-            .queue(record.queue.as_str())
-            .max_retry(MAX_RETRY)
-            .timeout(TASK_TIMEOUT)
-            .retention(retention);
-        tasks.push(task);
+        tasks.push(failures::sent_back_task(
+            &event.envelope(),
+            task_type.clone(),
+            record.task_id.clone(),
+            &record.queue,
+            retention,
+        ));
     }
     let client = context.queue().await?;
     let mut sent = Vec::new();

@@ -1,7 +1,12 @@
 //! `outbox retry-archived`: puts archived listener tasks back to pending,
 //! as asynq's "run" (asynqmon, the asynq CLI) does: same task id, message
 //! and retry count, so a task that fails again is archived again at once.
-//! Only `listener:` tasks of the service's queues are touched.
+//! Only `listener:` tasks of the service's queues are touched. Then the
+//! failures recorded in `listener_failures` whose task the queue no longer
+//! has (it keeps 10,000 archived tasks a queue, and Valkey may have lost
+//! data) are queued again under their task id, with their event from the
+//! outbox, as the console's "Send back" does; one whose event the outbox
+//! no longer has is reported and kept.
 
 use std::process::ExitCode;
 
@@ -9,8 +14,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::output::{self, Format};
-use crate::follow::{Context, time};
-use crate::queue::RunOutcome;
+use crate::follow::{Context, rows, time};
+use crate::queue::{EnqueueOutcome, RunOutcome};
+use crate::worker::failures;
+use crate::worker::listeners::listener_task_type;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -73,9 +80,17 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             }
         }
     }
+    let (again, past_retention) = recorded_again(context, args, &retried).await?;
+    retried.extend(again);
     // Back in the queue: their failures are no longer kept.
     let ids: Vec<String> = retried.iter().map(|task| task.id.clone()).collect();
     crate::worker::failures::forget(&context.pool, &ids).await?;
+    if past_retention > 0 && format == Format::Text {
+        eprintln!(
+            "{past_retention} recorded failure(s) whose task the queue no longer has were kept: \
+             their events are past the outbox's retention"
+        );
+    }
     match format {
         Format::Json => output::print_json(&Report { retried })?,
         Format::Text => {
@@ -96,6 +111,70 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Queues again the failures recorded whose task the queue no longer has
+/// (module docs), of `args`' listener and time, but those in `retried`;
+/// what it queued, and how many events the outbox no longer has.
+async fn recorded_again(
+    context: &Context,
+    args: &Args,
+    retried: &[Retried],
+) -> anyhow::Result<(Vec<Retried>, usize)> {
+    let records: Vec<(String, String, Option<uuid::Uuid>, String, String, String, DateTime<Utc>)> =
+        sqlx::query_as(
+            "SELECT task_id, queue, event_id, event_name, listener, error, failed_at \
+             FROM listener_failures WHERE failed_at >= coalesce($1, '-infinity') ORDER BY failed_at",
+        )
+        .bind(args.since)
+        .fetch_all(&context.pool)
+        .await?;
+    let client = context.queue().await?;
+    let mut missing = Vec::new();
+    for record in records {
+        let task_type = listener_task_type(&record.3, &record.4);
+        if retried.iter().any(|task| task.id == record.0)
+            || !matches(&task_type, args.listener.as_deref())
+            || client.task_exists(&record.1, &record.0).await?
+        {
+            continue;
+        }
+        missing.push((record, task_type));
+    }
+    let ids: Vec<uuid::Uuid> = missing.iter().filter_map(|(record, _)| record.2).collect();
+    let events = rows::by_ids(&context.pool, &ids).await?;
+    let retention = context.config.outbox.task_retention;
+    let (mut tasks, mut sent, mut past_retention) = (Vec::new(), Vec::new(), 0);
+    for ((task_id, queue, event_id, _, _, error, failed_at), task_type) in missing {
+        let Some(event) = events.iter().find(|event| Some(event.id) == event_id) else {
+            past_retention += 1;
+            continue;
+        };
+        tasks.push(failures::sent_back_task(
+            &event.envelope(),
+            task_type.clone(),
+            task_id.clone(),
+            &queue,
+            retention,
+        ));
+        sent.push(Retried {
+            queue,
+            id: task_id,
+            task_type,
+            archived_at: failed_at,
+            last_error: error,
+        });
+    }
+    if tasks.is_empty() {
+        return Ok((Vec::new(), past_retention));
+    }
+    let mut queued = Vec::new();
+    for (task, outcome) in sent.into_iter().zip(client.enqueue(&tasks).await?) {
+        if outcome? == EnqueueOutcome::Enqueued {
+            queued.push(task);
+        }
+    }
+    Ok((queued, past_retention))
 }
 
 #[cfg(test)]

@@ -112,6 +112,14 @@ fn time(seconds: i64) -> Option<DateTime<Utc>> {
 }
 
 impl Client {
+    /// Whether the queue has the task `id` (in any state).
+    pub(crate) async fn task_exists(&self, queue: &str, id: &str) -> Result<bool, QueueError> {
+        Ok(redis::cmd("EXISTS")
+            .arg(keys::task(queue, id))
+            .query_async(&mut self.conn())
+            .await?)
+    }
+
     /// The task `id` of `queue`, or `None` when the queue does not hold it.
     pub async fn task_info(&self, queue: &str, id: &str) -> Result<Option<TaskInfo>, QueueError> {
         let ((encoded, state), retry_at, scheduled_at, archived_at): TaskReply = redis::pipe()

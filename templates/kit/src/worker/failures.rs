@@ -227,6 +227,32 @@ pub(crate) async fn delete_expired(pool: &PgPool, retention: Duration) -> Result
     .await
 }
 
+/// The task of a failure recorded whose task the queue no longer has,
+/// sent back: `task_id` of `task_type` in `queue`, its event's `envelope`
+/// (from the outbox), the trace context of its dispatch, and, for an event
+/// with a key, the mark of a run of its key's order (an ordered listener's
+/// run joins its key's order at the end). Kept `retention` after it
+/// succeeds.
+pub(crate) fn sent_back_task(
+    envelope: &crate::outbox::Envelope,
+    task_type: String,
+    task_id: String,
+    queue: &str,
+    retention: Duration,
+) -> crate::queue::NewTask {
+    let payload = serde_json::to_vec(envelope).expect("an envelope serialises");
+    let mut headers = crate::trace_context::task_headers(&envelope.metadata);
+    if let Some(key) = envelope.metadata.get(crate::outbox::order::ORDER_KEY) {
+        headers.insert(ORDERED_HEADER.into(), key.clone());
+    }
+    crate::queue::NewTask::new(task_type, task_id, payload)
+        .queue(queue)
+        .headers(headers)
+        .max_retry(crate::outbox::relay::MAX_RETRY)
+        .timeout(crate::outbox::relay::TASK_TIMEOUT)
+        .retention(retention)
+}
+
 /// Forgets the records of `task_ids` (sent back to the queue, or
 /// succeeded); how many there were.
 pub(crate) async fn forget(pool: &PgPool, task_ids: &[String]) -> Result<u64, sqlx::Error> {
