@@ -157,3 +157,10 @@ mod tests {
         assert_eq!(key("shop"), "scheduler:{shop}:leader");
     }
 }
+
+/// Every script here, by name (the check that each passes every key it
+/// touches in KEYS).
+#[cfg(test)]
+pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![("RENEW", &RENEW), ("RELEASE", &RELEASE)]
+}

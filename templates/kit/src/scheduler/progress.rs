@@ -141,3 +141,10 @@ mod tests {
         );
     }
 }
+
+/// Every script here, by name (the check that each passes every key it
+/// touches in KEYS).
+#[cfg(test)]
+pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![("RECORD", &RECORD)]
+}

@@ -68,7 +68,7 @@ impl Event for Step {
 
 /// One thing that happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+pub(super) enum Op {
     /// An event of `key` commits.
     Dispatch { key: u32 },
     /// An event of `key` is dispatched in a transaction left open (it holds
@@ -236,10 +236,12 @@ async fn run_step(
 }
 
 /// One case: its servers, workers and what it did.
-struct Case {
-    db: TestDatabase,
-    queue: TestQueue,
-    pool: PgPool,
+pub(super) struct Case {
+    /// The Valkey (or Redis) it runs on.
+    addr: String,
+    pub(super) db: TestDatabase,
+    pub(super) queue: TestQueue,
+    pub(super) pool: PgPool,
     faults: Faults,
     workers: [Option<(CancellationToken, JoinHandle<Result<(), QueueError>>)>; 2],
     /// Transactions left open, each with its key.
@@ -256,6 +258,11 @@ struct Case {
 
 impl Case {
     async fn new(seed: u64) -> Self {
+        Self::on(&super::support::valkey_addr(), seed).await
+    }
+
+    /// A case on the Valkey (or Redis) at `addr`.
+    pub(super) async fn on(addr: &str, seed: u64) -> Self {
         let db = TestDatabase::migrated().await;
         for table in TABLES {
             sqlx::query(table).execute(&db.pool).await.unwrap();
@@ -266,8 +273,9 @@ impl Case {
             .await
             .unwrap();
         let mut case = Self {
+            addr: addr.to_string(),
             db,
-            queue: TestQueue::new().await,
+            queue: TestQueue::on(addr).await,
             pool,
             faults: Faults::default(),
             workers: [None, None],
@@ -283,7 +291,7 @@ impl Case {
         case
     }
 
-    fn ordering(&self) -> Ordering {
+    pub(super) fn ordering(&self) -> Ordering {
         Ordering::new(
             self.pool.clone(),
             self.queue.client.clone(),
@@ -294,7 +302,7 @@ impl Case {
 
     fn context(&self) -> crate::follow::Context {
         let mut config = crate::testing::config(&self.db.url());
-        config.valkey.addr = Some(super::support::valkey_addr());
+        config.valkey.addr = Some(self.addr.clone());
         config.outbox.queues = self.queue.name.parse().unwrap();
         config.worker.queues = self.queue.name.parse().unwrap();
         crate::follow::Context::new(config, listeners(&self.faults))
@@ -331,7 +339,7 @@ impl Case {
         self.workers[n] = Some((stop, running));
     }
 
-    async fn dispatch(&mut self, key: u32) {
+    pub(super) async fn dispatch(&mut self, key: u32) {
         let pool = self.pool.clone();
         let dispatching = async move {
             let mut tx = pool.begin().await.unwrap();
@@ -345,7 +353,7 @@ impl Case {
         }
     }
 
-    async fn apply(&mut self, op: Op) {
+    pub(super) async fn apply(&mut self, op: Op) {
         match op {
             Op::Dispatch { key } => self.dispatch(key).await,
             Op::Hold { key } => {
@@ -522,7 +530,7 @@ impl Case {
     /// open transactions commit, no fault is left, both workers run, what
     /// is committed is published, what was archived is sent back, and
     /// after a loss the events are replayed (`outbox replay --lost`).
-    async fn drain(&mut self) -> Result<(), String> {
+    pub(super) async fn drain(&mut self) -> Result<(), String> {
         for (_, tx) in std::mem::take(&mut self.open) {
             tx.commit().await.unwrap();
         }
@@ -591,7 +599,7 @@ impl Case {
     }
 
     /// The invariants (module docs); `Err` says which one broke.
-    async fn check(&self) -> Result<(), String> {
+    pub(super) async fn check(&self) -> Result<(), String> {
         // Moved past: the runs an operator skipped, and those the listener
         // that moves on refused.
         let mut moved_past = self.skipped.clone();
@@ -671,7 +679,7 @@ impl Case {
         Ok(())
     }
 
-    async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         for worker in &mut self.workers {
             if let Some((stop, running)) = worker.take() {
                 stop.cancel();
@@ -679,6 +687,55 @@ impl Case {
             }
         }
     }
+}
+
+/// Every op once or more, in an order that makes each step of the chains
+/// happen (each of their scripts runs), on the Valkey at `addr`, then the
+/// drain and the check: the workload of `super::script_keys`.
+pub(super) async fn run_every_step_on(addr: &str) {
+    let mut case = Case::on(addr, 7).await;
+    // Runs a worker of template set 22 left, moved beside their queue.
+    for _ in 0..2 {
+        case.dispatch(2).await;
+    }
+    super::ordering_upgrade::leave_set_22_chains(&case.db, &case.pool, &case.queue, "ledger").await;
+    case.ordering().move_from_set_22().await.unwrap();
+    let ops = [
+        Op::Hold { key: 0 },
+        Op::Dispatch { key: 0 },
+        Op::Dispatch { key: 1 },
+        Op::Dispatch { key: 1 },
+        Op::Refuse { listener: 0, key: 1 },
+        Op::Refuse { listener: 1, key: 1 },
+        Op::Fail { listener: 0, key: 0, after_work: true },
+        Op::Publish { shuffled: true },
+        Op::Wait { millis: 300 },
+        Op::Release,
+        Op::Publish { shuffled: true },
+        Op::Wait { millis: 300 },
+        Op::Skip,
+        Op::RetryArchived,
+        Op::ExpireLeases,
+        Op::Wait { millis: 300 },
+        Op::LoseChains,
+        Op::Dispatch { key: 1 },
+        Op::Publish { shuffled: false },
+        Op::Wait { millis: 200 },
+        Op::LoseQueue,
+        Op::Kill { worker: 0 },
+        Op::Start { worker: 0 },
+    ];
+    for op in ops {
+        case.apply(op).await;
+    }
+    case.drain().await.unwrap();
+    case.check().await.unwrap();
+    // A head a process that is not a kit worker completed, with a run behind
+    // it; a chain of a listener no worker orders, released.
+    super::ordering_upgrade::complete_a_head_as_go_would(&mut case).await;
+    super::ordering_upgrade::release_a_gone_listeners_chain(&mut case).await;
+    case.ordering().own_queues("protocol").await.unwrap();
+    case.stop().await;
 }
 
 /// Runs `ops` in a case of its own seeded by `seed`; `Err` says what broke.

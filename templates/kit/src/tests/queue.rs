@@ -16,7 +16,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,7 +44,7 @@ use crate::worker::listeners::SkipRetry;
 use crate::worker::listeners::listener_task_id;
 use crate::worker::metrics::{ListenerLabels, ListenerMetrics};
 
-use super::support::{self, eventually, valkey_addr};
+use super::support::{self, OwnServer, eventually, valkey_addr};
 
 /// A queue of its own for one test. Dropping it deletes the queue's keys.
 struct TestQueue {
@@ -824,81 +823,6 @@ async fn an_unreachable_server_fails_at_connect() {
     );
 }
 
-/// A Valkey (or Redis) server of the test's own, which it may pause with
-/// SIGSTOP. Dropping it kills the server.
-struct OwnServer {
-    child: Child,
-    port: u16,
-}
-
-impl OwnServer {
-    /// Starts `VALKEY_SERVER`, or `valkey-server` or `redis-server` from
-    /// PATH, on a free port; `None` when there is none.
-    async fn start() -> Option<Self> {
-        let candidates: Vec<String> = std::env::var("VALKEY_SERVER")
-            .into_iter()
-            .chain(["valkey-server".to_string(), "redis-server".to_string()])
-            .collect();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = candidates.iter().find_map(|binary| {
-            Command::new(binary)
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .spawn()
-                .ok()
-        })?;
-        let server = Self { child, port };
-        eventually(Duration::from_secs(10), "the server to answer", || async {
-            Client::connect(&server.addr(), None, 0).await.is_ok()
-        })
-        .await;
-        Some(server)
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(format!("redis://{}/", self.addr()))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} failed");
-    }
-
-    /// SIGSTOP: the server keeps its connections but answers nothing.
-    fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    fn resume(&self) {
-        self.signal("-CONT");
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What the code under test logs, captured for a test that waits for a
 /// logged event. Only for `#[tokio::test]` (one thread), where every task

@@ -10,7 +10,10 @@
 #[path = "../../tests/support/goose.rs"]
 pub mod goose;
 
+use std::net::TcpListener;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -170,9 +173,13 @@ pub struct TestQueue {
 #[cfg(feature = "worker")]
 impl TestQueue {
     pub async fn new() -> Self {
-        let addr = valkey_addr();
+        Self::on(&valkey_addr()).await
+    }
+
+    /// A queue of its own on the server at `addr`.
+    pub async fn on(addr: &str) -> Self {
         let name = format!("test_{}", uuid::Uuid::now_v7().simple());
-        let client = queue::Client::connect(&addr, None, 0)
+        let client = queue::Client::connect(addr, None, 0)
             .await
             .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
         let redis = redis::Client::open(format!("redis://{addr}/0")).unwrap();
@@ -251,5 +258,84 @@ impl Drop for TestQueue {
     fn drop(&mut self) {
         self.delete_keys();
         self.delete_chains();
+    }
+}
+
+#[cfg(feature = "worker")]
+/// A Valkey (or Redis) server of the test's own, which it may pause with
+/// SIGSTOP. Dropping it kills the server.
+pub struct OwnServer {
+    child: Child,
+    pub port: u16,
+}
+
+#[cfg(feature = "worker")]
+impl OwnServer {
+    /// Starts `VALKEY_SERVER`, or `valkey-server` or `redis-server` from
+    /// PATH, on a free port; `None` when there is none.
+    pub async fn start() -> Option<Self> {
+        let candidates: Vec<String> = std::env::var("VALKEY_SERVER")
+            .into_iter()
+            .chain(["valkey-server".to_string(), "redis-server".to_string()])
+            .collect();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = candidates.iter().find_map(|binary| {
+            Command::new(binary)
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .spawn()
+                .ok()
+        })?;
+        let server = Self { child, port };
+        eventually(Duration::from_secs(10), "the server to answer", || async {
+            queue::Client::connect(&server.addr(), None, 0).await.is_ok()
+        })
+        .await;
+        Some(server)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://{}/", self.addr()))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+#[cfg(feature = "worker")]
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -1097,6 +1097,18 @@ return {1, wait, math.floor(waited)}
     )
 });
 
+/// Every script of the limits, by name (the check that each passes every
+/// key it touches in KEYS).
+#[cfg(test)]
+pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![
+        ("TAKE_SLOT", &TAKE_SLOT),
+        ("FREE_SLOT", &FREE_SLOT),
+        ("RENEW_SLOT", &RENEW_SLOT),
+        ("TAKE_TURN", &TAKE_TURN),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

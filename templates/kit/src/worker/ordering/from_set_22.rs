@@ -213,8 +213,11 @@ impl Ordering {
                     self.append(queue, runs).await?;
                     moved += runs.len() as u64;
                 }
-                let () = redis::cmd("DEL")
-                    .arg(old.chain(&listener, &key))
+                let () = redis::pipe()
+                    .del(old.chain(&listener, &key))
+                    .ignore()
+                    .srem(old.name(&format!("listeners:{key}")), &listener)
+                    .ignore()
                     .query_async(&mut conn)
                     .await
                     .map_err(QueueError::from)?;
