@@ -27,7 +27,9 @@ use uuid::Uuid;
 use super::output::{self, Format};
 use crate::follow::rows::{self, EventRow, Filter};
 use crate::follow::{self, Context, tasks, time};
+use crate::outbox::order::Place;
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task, event_task_type};
+use crate::worker::ordering::recovery_task;
 use crate::queue::{EnqueueOutcome, NewTask};
 use crate::worker::listeners::listener_task_type;
 
@@ -103,7 +105,7 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     }
     let queues = queues(context, args.listener.as_deref())?;
     let planned = if args.lost {
-        plan_lost(context, &events, &queues)
+        plan_lost(context, &events, &queues).await?
     } else {
         plan(context, &events, &queues, args.listener.as_deref())?
     };
@@ -347,21 +349,35 @@ fn queues(context: &Context, listener: Option<&str>) -> anyhow::Result<Vec<Strin
     Ok(queues)
 }
 
-/// One task per event and queue, each under its event's id, as the relay
-/// queued it (`--lost`).
-fn plan_lost(context: &Context, events: &[EventRow], queues: &[String]) -> Vec<(Uuid, NewTask)> {
+/// One task per event and queue (`--lost`): under its event's id, as the
+/// relay queued it; for an event of an ordered key whose number the queue's
+/// chains no longer keep (Valkey lost them), a recovery instead, which
+/// takes the event's turn though the queue may have its task still.
+async fn plan_lost(
+    context: &Context,
+    events: &[EventRow],
+    queues: &[String],
+) -> anyhow::Result<Vec<(Uuid, NewTask)>> {
     let retention = context.config.outbox.task_retention;
+    let ordering = context.ordering().await?;
     let mut planned = Vec::with_capacity(events.len() * queues.len());
     for event in events {
         let envelope = event.envelope();
+        let place = Place::of(&event.metadata);
         for queue in queues {
-            planned.push((
-                event.id,
-                event_task(&envelope, event.id.to_string(), queue, retention),
-            ));
+            let lost_its_turn = match &place {
+                Some(place) => !ordering.knows(queue, &place.key, place.epoch).await?,
+                None => false,
+            };
+            let task = if lost_its_turn {
+                recovery_task(&envelope, queue, retention)
+            } else {
+                event_task(&envelope, event.id.to_string(), queue, retention)
+            };
+            planned.push((event.id, task));
         }
     }
-    planned
+    Ok(planned)
 }
 
 /// One new task per event and queue, each with a new id.

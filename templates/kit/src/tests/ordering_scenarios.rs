@@ -213,9 +213,18 @@ async fn a_consuming_service_does_not_move_past_another_services_events() {
 const RUNS: &str = "CREATE TABLE runs (id bigserial PRIMARY KEY, worker text NOT NULL, \
                     n int NOT NULL, what text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())";
 
-/// An ordered `ledger` of `worker` that logs its runs in `runs` and, for
-/// step 1, waits for `gate` before it does its work once.
-fn logged_ledger(worker: &'static str, gate: Arc<tokio::sync::Notify>) -> Listeners {
+/// Where the takeover tests' listener waits in step 1.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waits {
+    /// Before its work.
+    BeforeWork,
+    /// After its work committed.
+    AfterWork,
+}
+
+/// An ordered `ledger` of `worker` that logs its runs in `runs` and, in
+/// step 1, waits for `gate` where `waits` says.
+fn logged_ledger(worker: &'static str, gate: Arc<tokio::sync::Notify>, waits: Waits) -> Listeners {
     let mut listeners = Listeners::new();
     listeners.listen_with(
         "ledger",
@@ -224,12 +233,15 @@ fn logged_ledger(worker: &'static str, gate: Arc<tokio::sync::Notify>) -> Listen
             let gate = gate.clone();
             async move {
                 log_run(context.pool(), worker, event.n, "start").await;
-                if event.n == 1 {
+                if event.n == 1 && waits == Waits::BeforeWork {
                     gate.notified().await;
                 }
-                let done = record(&context, event.key, event.n).await;
+                record(&context, event.key, event.n).await?;
+                if event.n == 1 && waits == Waits::AfterWork {
+                    gate.notified().await;
+                }
                 log_run(context.pool(), worker, event.n, "end").await;
-                done
+                Ok(())
             }
         },
     );
@@ -277,12 +289,16 @@ fn consumer_leasing(
     super::ordering::worker_with(queue.client.clone(), &queue.name, pool, listeners, options)
 }
 
-#[tokio::test]
-async fn a_run_whose_lease_another_worker_took_over_neither_commits_nor_moves_its_key_on() {
-    // Arrange: key 1's steps 1 to 3. Worker 1 runs step 1 and waits inside
-    // it; then it stops taking tasks, and its lease on step 1 ends in Valkey
-    // while it still runs (what a stall past the lease does: a VM pause, a
-    // clock step). Worker 2 recovers step 1 and runs it too.
+/// Key 1's steps 1 to 3. Worker 1 runs step 1 and waits inside it (where
+/// `worker_1_waits` says); then it stops taking tasks, and its lease on
+/// step 1 ends in Valkey while it still runs (what a stall past the lease
+/// does: a VM pause, a clock step). Worker 2 recovers step 1 and runs it
+/// too, and waits before its work. Worker 1's run ends first; then worker
+/// 2's. Asserts that step 1 was still its key's first run once worker 1 was
+/// done, that nothing ran after it while worker 2 still ran it, and that
+/// each step's work was done once. Returns the runs' log.
+async fn lease_taken_over(worker_1_waits: Waits) -> Vec<(String, i32, String)> {
+    // Arrange
     let db = TestDatabase::migrated().await;
     sqlx::query(SEEN).execute(&db.pool).await.unwrap();
     sqlx::query(RUNS).execute(&db.pool).await.unwrap();
@@ -300,7 +316,7 @@ async fn a_run_whose_lease_another_worker_took_over_neither_commits_nor_moves_it
         consumer_leasing(
             &queue,
             &db.pool,
-            logged_ledger("w1", gate_1.clone()),
+            logged_ledger("w1", gate_1.clone(), worker_1_waits),
             Duration::from_secs(60),
         )
         .run(stop_1.clone().cancelled_owned()),
@@ -333,7 +349,7 @@ async fn a_run_whose_lease_another_worker_took_over_neither_commits_nor_moves_it
         consumer_leasing(
             &queue,
             &db.pool,
-            logged_ledger("w2", gate_2.clone()),
+            logged_ledger("w2", gate_2.clone(), Waits::BeforeWork),
             Duration::from_secs(30),
         )
         .run(stop_2.clone().cancelled_owned()),
@@ -383,4 +399,19 @@ async fn a_run_whose_lease_another_worker_took_over_neither_commits_nor_moves_it
         .unwrap();
     assert!(end_of_1 < start_of_2, "{log:?}");
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
+    log
+}
+
+#[tokio::test]
+async fn a_run_whose_lease_another_worker_took_over_neither_commits_nor_moves_its_key_on() {
+    let log = lease_taken_over(Waits::BeforeWork).await;
+    assert!(
+        !log.contains(&("w1".to_string(), 1, "end".to_string())),
+        "worker 1 committed step 1's work after worker 2 took it over: {log:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_did_its_work_then_lost_its_lease_does_not_move_its_key_on_under_the_next_run() {
+    lease_taken_over(Waits::AfterWork).await;
 }

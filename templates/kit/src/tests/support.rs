@@ -218,38 +218,39 @@ impl TestQueue {
     /// loses of it (the chains of ordered listeners beside it:
     /// [`TestQueue::delete_chains`]).
     pub fn delete_keys(&self) {
+        self.delete_matching(&format!("{}*", queue::keys::queue_prefix(&self.name)));
         let Ok(mut conn) = self.redis.get_connection() else {
             return;
         };
-        let pattern = format!("{}*", queue::keys::queue_prefix(&self.name));
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(&pattern)
-            .query(&mut conn)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
-        }
         let _: Result<(), _> = redis::cmd("SREM")
             .arg("asynq:queues")
             .arg(&self.name)
+            .query(&mut conn);
+    }
+
+    /// Deletes every key matching `pattern` in one call, as a server that
+    /// loses them does: no command of a worker runs in between.
+    fn delete_matching(&self, pattern: &str) {
+        let Ok(mut conn) = self.redis.get_connection() else {
+            return;
+        };
+        let _: Result<i64, _> = redis::cmd("EVAL")
+            .arg(
+                "local keys = redis.call('KEYS', ARGV[1]) \
+                 for _, key in ipairs(keys) do redis.call('DEL', key) end return #keys",
+            )
+            .arg(0)
+            .arg(pattern)
             .query(&mut conn);
     }
 }
 
 #[cfg(feature = "worker")]
 impl TestQueue {
-    /// Deletes the chains of ordered listeners kept beside the queue.
+    /// Deletes the chains of ordered listeners kept beside the queue, in
+    /// one call.
     pub fn delete_chains(&self) {
-        let Ok(mut conn) = self.redis.get_connection() else {
-            return;
-        };
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("ordered:{{{}}}:*", self.name))
-            .query(&mut conn)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
-        }
+        self.delete_matching(&format!("ordered:{{{}}}:*", self.name));
     }
 }
 

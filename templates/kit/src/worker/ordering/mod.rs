@@ -87,7 +87,7 @@ mod waits;
 
 pub(crate) use fence::{Fence, Superseded};
 pub(crate) use reconcile::{Ordered, look_after_chains};
-pub(crate) use stale::RECOVERED_HEADER;
+pub(crate) use stale::{RECOVERED_HEADER, recovery_task};
 
 /// The header that marks a listener task as a run of a chain (its value is
 /// the key). A listener task without it (queued before its listener was
@@ -191,6 +191,17 @@ impl Ordering {
     /// The queues whose chains it looks after.
     pub(crate) fn queues(&self) -> &[String] {
         &self.queues
+    }
+
+    /// Whether `queue` keeps the last fanned-out number of `key` in
+    /// `epoch`: `false` after Valkey lost it (the recovery's replay then
+    /// makes the key's events take their turns again, `outbox replay
+    /// --lost`).
+    pub(crate) async fn knows(&self, queue: &str, key: &str, epoch: i64) -> Result<bool, QueueError> {
+        Ok(redis::cmd("EXISTS")
+            .arg(Namespace::of_queue(queue).fanned(key, epoch))
+            .query_async(&mut self.queue.connection())
+            .await?)
     }
 
     /// The queue's client.

@@ -205,9 +205,9 @@ impl Ordering {
                         self.retention,
                     )),
                     // Run without being fanned out here: taken again.
-                    Some("completed" | "archived") => again.push(recovery(
-                        event_task(&envelope, Uuid::now_v7().to_string(), queue, self.retention),
-                    )),
+                    Some("completed" | "archived") => {
+                        again.push(recovery_task(&envelope, queue, self.retention));
+                    }
                     // Still on its way.
                     Some(_) => {}
                 }
@@ -241,8 +241,12 @@ impl Ordering {
     }
 }
 
-/// `task` marked as a recovery ([`RECOVERED_HEADER`]).
-fn recovery(mut task: NewTask) -> NewTask {
+/// The event task of `envelope` in `queue` as a recovery: a new task id,
+/// marked [`RECOVERED_HEADER`], so that its fan-out takes the event's turn
+/// in its key (a replay's would join the key's end), and runs its
+/// listeners again though the queue completed the event's own task.
+pub(crate) fn recovery_task(envelope: &Envelope, queue: &str, retention: Duration) -> NewTask {
+    let mut task = event_task(envelope, Uuid::now_v7().to_string(), queue, retention);
     task.headers.insert(RECOVERED_HEADER.into(), "1".into());
     task
 }
