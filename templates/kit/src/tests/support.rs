@@ -340,3 +340,112 @@ impl Drop for OwnServer {
         let _ = self.child.wait();
     }
 }
+
+/// A Postgres server of the test's own (`initdb` into a directory of its
+/// own, started on a free loopback port, trust authentication), for tests
+/// of two services whose databases share a name; stopped and removed on
+/// drop. As root (CI), the cluster belongs to Debian's `postgres` user,
+/// since `initdb` refuses to run as root.
+pub struct OwnPostgres {
+    dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnPostgres {
+    /// The newest PostgreSQL's program `name` (Debian keeps them off
+    /// `PATH`), if there is one.
+    fn program(name: &str) -> Option<PathBuf> {
+        let newest = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .max()?;
+        let path = PathBuf::from(format!("/usr/lib/postgresql/{newest}/bin/{name}"));
+        path.exists().then_some(path)
+    }
+
+    fn as_owner(program: &std::path::Path, args: &[&str]) {
+        let root = std::fs::metadata("/proc/self")
+            .map(|meta| std::os::unix::fs::MetadataExt::uid(&meta) == 0)
+            .unwrap_or(false);
+        let mut command = if root {
+            let mut command = Command::new("setpriv");
+            command
+                .args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+                .arg(program);
+            command
+        } else {
+            Command::new(program)
+        };
+        let output = command.args(args).output().unwrap();
+        assert!(
+            output.status.success(),
+            "{} {args:?}: {}{}",
+            program.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Starts one; `None` where PostgreSQL's programs are missing.
+    pub fn start() -> Option<Self> {
+        let (initdb, pg_ctl) = (Self::program("initdb")?, Self::program("pg_ctl")?);
+        let dir = std::env::temp_dir().join(format!("kit-pg-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = std::fs::metadata("/proc/self")
+            .map(|meta| std::os::unix::fs::MetadataExt::uid(&meta) == 0)
+            .unwrap_or(false);
+        if root {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        let data = dir.join("data").display().to_string();
+        Self::as_owner(&initdb, &["-D", &data, "-U", "postgres", "--auth=trust", "-E", "UTF8"]);
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            dir.display()
+        );
+        let log = dir.join("log").display().to_string();
+        Self::as_owner(&pg_ctl, &["-D", &data, "-l", &log, "-w", "-o", &options, "start"]);
+        Some(Self { dir, port })
+    }
+
+    /// A database named `name` on it, created and migrated.
+    pub async fn migrated(&self, name: &str) -> PgPool {
+        let admin =
+            PgConnectOptions::from_str(&format!("postgres://postgres@127.0.0.1:{}/postgres", self.port))
+                .unwrap();
+        let mut conn = PgConnection::connect_with(&admin).await.unwrap();
+        conn.execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
+            .await
+            .unwrap();
+        conn.close().await.ok();
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .connect_with(admin.database(name))
+            .await
+            .unwrap();
+        migrate::testing::up(&pool, migrations_dir()).await.unwrap();
+        pool
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        if let Some(pg_ctl) = Self::program("pg_ctl") {
+            let data = self.dir.join("data").display().to_string();
+            let _ = std::panic::catch_unwind(|| {
+                Self::as_owner(&pg_ctl, &["-D", &data, "-m", "immediate", "-w", "stop"]);
+            });
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
