@@ -9,6 +9,7 @@ mod inbox;
 mod limits;
 mod migrate;
 mod ordering;
+mod ordering_held;
 mod ordering_losses;
 mod ordering_neighbours;
 mod ordering_protocol;
