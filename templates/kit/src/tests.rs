@@ -14,6 +14,7 @@ mod ordering_losses;
 mod ordering_neighbours;
 mod ordering_protocol;
 mod ordering_scenarios;
+mod ordering_stall;
 mod ordering_upgrade;
 mod outbox;
 mod outbox_seaorm;
