@@ -63,7 +63,12 @@ impl Context {
         Ok(Ordering::new(
             self.pool.clone(),
             self.queue().await?.clone(),
-            self.config.worker.queues.names().map(str::to_string).collect(),
+            self.config
+                .worker
+                .queues
+                .names()
+                .map(str::to_string)
+                .collect(),
             self.config.outbox.task_retention,
         ))
     }

@@ -89,8 +89,16 @@ mod tests {
         assert!(Cli::try_parse_from(["outbox", "replay", "--since", "1h"]).is_err());
         assert!(Cli::try_parse_from(["outbox", "replay", "--lost"]).is_err());
         assert!(
-            Cli::try_parse_from(["outbox", "replay", "--lost", "--since", "1h", "--listener", "a"])
-                .is_err()
+            Cli::try_parse_from([
+                "outbox",
+                "replay",
+                "--lost",
+                "--since",
+                "1h",
+                "--listener",
+                "a"
+            ])
+            .is_err()
         );
     }
 }

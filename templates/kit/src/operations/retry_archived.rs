@@ -113,6 +113,18 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
+/// A failure recorded: task id, queue, event id, event name, listener,
+/// error, when.
+type Record = (
+    String,
+    String,
+    Option<uuid::Uuid>,
+    String,
+    String,
+    String,
+    DateTime<Utc>,
+);
+
 /// Queues again the failures recorded whose task the queue no longer has
 /// (module docs), of `args`' listener and time, but those in `retried`;
 /// what it queued, and how many events the outbox no longer has.
@@ -121,8 +133,7 @@ async fn recorded_again(
     args: &Args,
     retried: &[Retried],
 ) -> anyhow::Result<(Vec<Retried>, usize)> {
-    let records: Vec<(String, String, Option<uuid::Uuid>, String, String, String, DateTime<Utc>)> =
-        sqlx::query_as(
+    let records: Vec<Record> = sqlx::query_as(
             "SELECT task_id, queue, event_id, event_name, listener, error, failed_at \
              FROM listener_failures WHERE failed_at >= coalesce($1, '-infinity') ORDER BY failed_at",
         )

@@ -52,12 +52,11 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             run.key
         );
     }
-    let failed: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM listener_failures WHERE task_id = $1)",
-    )
-    .bind(&args.task_id)
-    .fetch_one(&context.pool)
-    .await?;
+    let failed: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM listener_failures WHERE task_id = $1)")
+            .bind(&args.task_id)
+            .fetch_one(&context.pool)
+            .await?;
     if !failed {
         anyhow::bail!(
             "task {} has not failed for good (it waits, runs or is retried): skipping it would start \

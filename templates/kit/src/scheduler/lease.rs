@@ -148,6 +148,13 @@ impl Lease {
     }
 }
 
+/// Every script here, by name (the check that each passes every key it
+/// touches in KEYS).
+#[cfg(test)]
+pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![("RENEW", &RENEW), ("RELEASE", &RELEASE)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,11 +163,4 @@ mod tests {
     fn the_key_has_a_hash_tag_naming_the_service() {
         assert_eq!(key("shop"), "scheduler:{shop}:leader");
     }
-}
-
-/// Every script here, by name (the check that each passes every key it
-/// touches in KEYS).
-#[cfg(test)]
-pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
-    vec![("RENEW", &RENEW), ("RELEASE", &RELEASE)]
 }

@@ -87,6 +87,13 @@ impl Progress {
     }
 }
 
+/// Every script here, by name (the check that each passes every key it
+/// touches in KEYS).
+#[cfg(test)]
+pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![("RECORD", &RECORD)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,11 +147,4 @@ mod tests {
                 .map(|(tag, _)| tag)
         );
     }
-}
-
-/// Every script here, by name (the check that each passes every key it
-/// touches in KEYS).
-#[cfg(test)]
-pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
-    vec![("RECORD", &RECORD)]
 }

@@ -137,16 +137,22 @@ async fn two_deliveries_at_the_same_moment_commit_once_and_neither_fails() {
         let (pool, barrier) = (db.pool.clone(), Arc::clone(&barrier));
         deliveries.push(tokio::spawn(async move {
             barrier.wait().await;
-            inbox::once(&Transactor::new(pool), "ledger", event_id, None, async |tx| {
-                // Hold the transaction open, so that the other delivery
-                // arrives while this one is still uncommitted.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                sqlx::query("INSERT INTO ledger (event_id, amount) VALUES ($1, 1)")
-                    .bind(event_id)
-                    .execute(&mut *tx)
-                    .await?;
-                Ok(())
-            })
+            inbox::once(
+                &Transactor::new(pool),
+                "ledger",
+                event_id,
+                None,
+                async |tx| {
+                    // Hold the transaction open, so that the other delivery
+                    // arrives while this one is still uncommitted.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    sqlx::query("INSERT INTO ledger (event_id, amount) VALUES ($1, 1)")
+                        .bind(event_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok(())
+                },
+            )
             .await
         }));
     }

@@ -59,10 +59,15 @@ impl Event for Cancelled {
 }
 
 /// The table the listener writes each run it does into, in `ctx.once`.
-pub(super) const SEEN: &str = "CREATE TABLE seen (id bigserial PRIMARY KEY, key int NOT NULL, n int NOT NULL)";
+pub(super) const SEEN: &str =
+    "CREATE TABLE seen (id bigserial PRIMARY KEY, key int NOT NULL, n int NOT NULL)";
 
 /// Records the step in `seen`, once per event.
-pub(super) async fn record(context: &ListenerContext, key: u32, n: u32) -> Result<(), ListenerError> {
+pub(super) async fn record(
+    context: &ListenerContext,
+    key: u32,
+    n: u32,
+) -> Result<(), ListenerError> {
     context
         .once(async |tx| {
             sqlx::query("INSERT INTO seen (key, n) VALUES ($1, $2)")
@@ -131,7 +136,11 @@ pub(super) fn worker_with(
 
 /// The event task of `step` in `queue`, with the id `task_id` (the event
 /// id as the relay queues it, another for a replay).
-pub(super) fn event_task(queue: &TestQueue, step: &crate::outbox::Envelope, task_id: String) -> NewTask {
+pub(super) fn event_task(
+    queue: &TestQueue,
+    step: &crate::outbox::Envelope,
+    task_id: String,
+) -> NewTask {
     NewTask::new(
         format!("event:{}", step.name),
         task_id,
@@ -453,12 +462,7 @@ impl HeldKey {
         let queue = TestQueue::new().await;
         three_steps_of_two_keys(&db.pool).await;
         let listeners = giving_up_on_key_1_step_2(on_failure);
-        let consumer = worker(
-            queue.client.clone(),
-            &queue,
-            &db.pool,
-            listeners.clone(),
-        );
+        let consumer = worker(queue.client.clone(), &queue, &db.pool, listeners.clone());
         let stop = CancellationToken::new();
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
         publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(seed)).await;
@@ -539,7 +543,15 @@ async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
     .unwrap();
     // What `outbox skip` does.
     held.ordering()
-        .move_on(&held.queue.name, "ledger", "order:1", &held.head, None, false, None)
+        .move_on(
+            &held.queue.name,
+            "ledger",
+            "order:1",
+            &held.head,
+            None,
+            false,
+            None,
+        )
         .await
         .unwrap();
     eventually(Duration::from_secs(20), "key 1 to move on", || async {
@@ -970,12 +982,7 @@ async fn a_head_whose_task_valkey_lost_is_queued_again() {
         .await
         .unwrap();
     let stop = CancellationToken::new();
-    let consumer = worker(
-        queue.client.clone(),
-        queue,
-        &db.pool,
-        listeners.clone(),
-    );
+    let consumer = worker(queue.client.clone(), queue, &db.pool, listeners.clone());
     let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
     eventually(Duration::from_secs(20), "step 3 to run", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(2)
@@ -989,9 +996,9 @@ async fn a_head_whose_task_valkey_lost_is_queued_again() {
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
     assert_eq!(
         ordering
-        .look_at_old_heads(Duration::ZERO, &listeners.ordered())
-        .await
-        .unwrap(),
+            .look_at_old_heads(Duration::ZERO, &listeners.ordered())
+            .await
+            .unwrap(),
         0,
         "no head is left"
     );

@@ -46,10 +46,14 @@ async fn run_three_steps(db: &TestDatabase, queue: &TestQueue, listeners: Listen
         dispatch(&db.pool, &Placed { key: 1, n }).await.unwrap();
     }
     publish_shuffled(&db.pool, queue, &mut fastrand::Rng::with_seed(6)).await;
-    eventually(Duration::from_secs(20), "step 2's failure and the runs", || async {
-        failures(&db.pool).await.len() == 1
-            && seen(&db.pool).await.get(&1).map_or(0, Vec::len) == ran
-    })
+    eventually(
+        Duration::from_secs(20),
+        "step 2's failure and the runs",
+        || async {
+            failures(&db.pool).await.len() == 1
+                && seen(&db.pool).await.get(&1).map_or(0, Vec::len) == ran
+        },
+    )
     .await;
     running.stop().await;
 }
@@ -150,7 +154,10 @@ async fn a_key_moved_past_keeps_nothing_and_its_failure_expires() {
 
     // Assert
     assert_eq!(kept_while_held, vec![2, 3]);
-    assert_eq!(expired_while_held, 0, "a failure that holds its key does not expire");
+    assert_eq!(
+        expired_while_held, 0,
+        "a failure that holds its key does not expire"
+    );
     assert_eq!(after_skip, vec![(task_id, false)]);
     assert_eq!(kept_after_skip, Vec::<i32>::new());
     assert_eq!(expired, 1);
@@ -224,5 +231,11 @@ async fn a_listener_no_longer_ordered_has_its_chains_released_after_the_grace() 
     assert_eq!(released, 2, "the failed head and the run behind it");
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 3]));
     assert_eq!(ordering.held().await.unwrap(), Held::default());
-    assert!(ordering.orphans(&unordered.ordered()).await.unwrap().is_empty());
+    assert!(
+        ordering
+            .orphans(&unordered.ordered())
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

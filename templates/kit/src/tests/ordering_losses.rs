@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::ordering::{Placed, Running, SEEN, chains, ordered_ledger, publish_shuffled, record, seen};
+use super::ordering::{
+    Placed, Running, SEEN, chains, ordered_ledger, publish_shuffled, record, seen,
+};
 use super::support::{TestDatabase, TestQueue, eventually, valkey_addr};
 use crate::outbox::dispatch;
 use crate::queue::SkipRetry;
@@ -22,7 +24,9 @@ const RUNS: &str = "CREATE TABLE runs (id bigserial PRIMARY KEY, n int NOT NULL)
 /// An ordered `ledger` that logs each run's step in `runs`, and records
 /// its work once; it refuses (`SkipRetry`) step `refused`, if any, until
 /// `refusing` is cleared.
-fn logging_ledger(refusing: Option<(u32, std::sync::Arc<std::sync::atomic::AtomicBool>)>) -> Listeners {
+fn logging_ledger(
+    refusing: Option<(u32, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
+) -> Listeners {
     let mut listeners = Listeners::new();
     listeners.listen_with(
         "ledger",
@@ -129,7 +133,11 @@ async fn snapshot(queue: &TestQueue) -> Vec<(String, Vec<u8>, i64)> {
         format!("{}*", crate::queue::keys::queue_prefix(&queue.name)),
         format!("ordered:{{{}}}:*", queue.name),
     ] {
-        let found: Vec<String> = redis::cmd("KEYS").arg(pattern).query_async(&mut conn).await.unwrap();
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         keys.extend(found);
     }
     let mut dumps = Vec::new();
@@ -166,7 +174,8 @@ async fn restore(queue: &TestQueue, snapshot: &[(String, Vec<u8>, i64)]) {
 }
 
 #[tokio::test]
-async fn after_valkey_loses_its_last_writes_the_recovery_runs_what_it_lost_in_order_and_nothing_it_kept() {
+async fn after_valkey_loses_its_last_writes_the_recovery_runs_what_it_lost_in_order_and_nothing_it_kept()
+ {
     // Arrange: key 1's steps 1 to 6 run; Valkey keeps that (the snapshot).
     // Steps 7 and 8 run; then Valkey restarts without them (and without
     // their runs, whose completions it lost too). Step 9 comes after.
@@ -213,7 +222,10 @@ async fn after_valkey_loses_its_last_writes_the_recovery_runs_what_it_lost_in_or
     // lost ran again, in order, before step 9; each step's work once.
     assert_eq!(runs_after(&db.pool, before_recovery).await, vec![7, 8, 9]);
     assert_eq!(seen(&db.pool).await.get(&1), Some(&(1..=9).collect()));
-    assert_eq!(chains(&db.pool, &queue).held().await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&db.pool, &queue).held().await.unwrap(),
+        Held::default()
+    );
 }
 
 #[tokio::test]
@@ -228,19 +240,27 @@ async fn after_valkey_loses_the_chains_alone_the_recovery_runs_the_runs_that_wai
     }
     let queue = TestQueue::new().await;
     let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let running = Running::start(&queue, &db.pool, logging_ledger(Some((2, refusing.clone()))));
+    let running = Running::start(
+        &queue,
+        &db.pool,
+        logging_ledger(Some((2, refusing.clone()))),
+    );
     let since = chrono::Utc::now();
     dispatch_steps(&db.pool, 1..=4).await;
     publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(44)).await;
     let chains = chains(&db.pool, &queue);
-    eventually(Duration::from_secs(20), "step 2 to hold the key", || async {
-        chains.held().await.unwrap()
-            == Held {
-                blocked_keys: 1,
-                waiting_runs: 2,
-                waiting_events: 0,
-            }
-    })
+    eventually(
+        Duration::from_secs(20),
+        "step 2 to hold the key",
+        || async {
+            chains.held().await.unwrap()
+                == Held {
+                    blocked_keys: 1,
+                    waiting_runs: 2,
+                    waiting_events: 0,
+                }
+        },
+    )
     .await;
     queue.delete_chains();
 
@@ -252,9 +272,13 @@ async fn after_valkey_loses_the_chains_alone_the_recovery_runs_the_runs_that_wai
         listener: None,
         since: None,
     };
-    crate::operations::retry_archived::run(&context, &args, crate::operations::output::Format::Text)
-        .await
-        .unwrap();
+    crate::operations::retry_archived::run(
+        &context,
+        &args,
+        crate::operations::output::Format::Text,
+    )
+    .await
+    .unwrap();
     replay_lost(&context, since).await;
     eventually(Duration::from_secs(20), "steps 2 to 4", || async {
         seen(&db.pool).await.get(&1).map(Vec::len) == Some(4)
@@ -282,7 +306,9 @@ async fn after_valkey_loses_the_queue_alone_the_heads_come_back_and_the_recovery
     dispatch_steps(&db.pool, 1..=3).await;
     let ordering = chains(&db.pool, &queue);
     for task in published_tasks(&db.pool, &queue).await {
-        crate::worker::fan_out(&ordering, &listeners, task).await.unwrap();
+        crate::worker::fan_out(&ordering, &listeners, task)
+            .await
+            .unwrap();
     }
     assert_eq!(ordering.held().await.unwrap().waiting_runs, 2);
     dispatch_steps(&db.pool, 4..=4).await;
@@ -306,5 +332,8 @@ async fn after_valkey_loses_the_queue_alone_the_heads_come_back_and_the_recovery
     // Assert
     assert_eq!(looked, 1, "the head the queue lost");
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3, 4]));
-    assert_eq!(chains(&db.pool, &queue).held().await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&db.pool, &queue).held().await.unwrap(),
+        Held::default()
+    );
 }

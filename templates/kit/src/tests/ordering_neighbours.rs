@@ -85,13 +85,17 @@ async fn two_services_whose_databases_share_a_name_keep_their_keys_apart() {
     // Act
     publish(&pool_a, &queue_a).await;
     publish(&pool_b, &queue_b).await;
-    eventually(Duration::from_secs(20), "service B's three steps", || async {
-        seen(&pool_b).await.get(&1).map(Vec::len) == Some(3)
-    })
+    eventually(
+        Duration::from_secs(20),
+        "service B's three steps",
+        || async { seen(&pool_b).await.get(&1).map(Vec::len) == Some(3) },
+    )
     .await;
-    eventually(Duration::from_secs(20), "service A's key 1 held", || async {
-        chains(&pool_a, &queue_a).held().await.unwrap().blocked_keys == 1
-    })
+    eventually(
+        Duration::from_secs(20),
+        "service A's key 1 held",
+        || async { chains(&pool_a, &queue_a).held().await.unwrap().blocked_keys == 1 },
+    )
     .await;
     stop.cancel();
     for worker in running {
@@ -109,7 +113,10 @@ async fn two_services_whose_databases_share_a_name_keep_their_keys_apart() {
             waiting_events: 0
         }
     );
-    assert_eq!(chains(&pool_b, &queue_b).held().await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&pool_b, &queue_b).held().await.unwrap(),
+        Held::default()
+    );
 }
 
 /// The configuration of a worker of the service on `db` that consumes
@@ -142,7 +149,10 @@ fn run_worker(
 #[tokio::test]
 async fn a_worker_does_not_start_on_a_queue_another_services_workers_consume() {
     // Arrange: service A's worker consumes a queue.
-    let (db_a, db_b) = (TestDatabase::migrated().await, TestDatabase::migrated().await);
+    let (db_a, db_b) = (
+        TestDatabase::migrated().await,
+        TestDatabase::migrated().await,
+    );
     let queue = TestQueue::new().await;
     let stop = tokio_util::sync::CancellationToken::new();
     let a = run_worker(config(&db_a, &queue.name), stop.clone());

@@ -50,7 +50,8 @@ const MAX_OPS: usize = 28;
 /// Keys a case's events fall in.
 const KEYS: u32 = 3;
 /// The listeners: one holds its key on a failure for good, one moves on.
-const LISTENERS: [(&str, OnFailure); 2] = [("ledger", OnFailure::HoldKey), ("audit", OnFailure::MoveOn)];
+const LISTENERS: [(&str, OnFailure); 2] =
+    [("ledger", OnFailure::HoldKey), ("audit", OnFailure::MoveOn)];
 
 /// An event of the test: a step of `key`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,7 +82,11 @@ pub(super) enum Op {
     /// The next run of `listener` on `key` fails for good (`SkipRetry`).
     Refuse { listener: usize, key: u32 },
     /// The next run of `listener` on `key` fails, before or after its work.
-    Fail { listener: usize, key: u32, after_work: bool },
+    Fail {
+        listener: usize,
+        key: u32,
+        after_work: bool,
+    },
     /// `outbox skip` of the first run that holds a key, if any.
     Skip,
     /// `outbox retry-archived`.
@@ -212,8 +217,12 @@ async fn run_step(
         .execute(context.pool())
         .await?;
     match fault {
-        Some(Fault::Refuse) => return Err(SkipRetry(format!("{listener} refuses {key}/{seq}")).into()),
-        Some(Fault::FailBefore) => return Err(anyhow::anyhow!("{listener} fails before {key}/{seq}")),
+        Some(Fault::Refuse) => {
+            return Err(SkipRetry(format!("{listener} refuses {key}/{seq}")).into());
+        }
+        Some(Fault::FailBefore) => {
+            return Err(anyhow::anyhow!("{listener} fails before {key}/{seq}"));
+        }
         _ => {}
     }
     tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
@@ -235,6 +244,19 @@ async fn run_step(
     Ok(())
 }
 
+/// A worker running, and how to stop it.
+type RunningWorker = (CancellationToken, JoinHandle<Result<(), QueueError>>);
+
+/// A run that did its work: listener, key, seq, when it began, when it did
+/// its work.
+type Effective = (
+    String,
+    i32,
+    i64,
+    chrono::DateTime<chrono::Utc>,
+    chrono::DateTime<chrono::Utc>,
+);
+
 /// One case: its servers, workers and what it did.
 pub(super) struct Case {
     /// The Valkey (or Redis) it runs on.
@@ -243,7 +265,7 @@ pub(super) struct Case {
     pub(super) queue: TestQueue,
     pub(super) pool: PgPool,
     faults: Faults,
-    workers: [Option<(CancellationToken, JoinHandle<Result<(), QueueError>>)>; 2],
+    workers: [Option<RunningWorker>; 2],
     /// Transactions left open, each with its key.
     open: Vec<(u32, sqlx::Transaction<'static, sqlx::Postgres>)>,
     /// Dispatches waiting for an open transaction of their key.
@@ -432,14 +454,19 @@ impl Case {
     /// Publishes what is committed and not published, as the relay does
     /// (event id as task id), in id order or shuffled.
     async fn publish(&mut self, shuffled: bool) {
-        let rows: Vec<(Uuid, String, serde_json::Value, serde_json::Value, chrono::DateTime<chrono::Utc>)> =
-            sqlx::query_as(
-                "UPDATE outbox_events SET published_at = now() WHERE published_at IS NULL \
+        let rows: Vec<(
+            Uuid,
+            String,
+            serde_json::Value,
+            serde_json::Value,
+            chrono::DateTime<chrono::Utc>,
+        )> = sqlx::query_as(
+            "UPDATE outbox_events SET published_at = now() WHERE published_at IS NULL \
                  RETURNING event_id, event_name, payload, metadata, created_at",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .unwrap();
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
         let mut tasks: Vec<_> = rows
             .into_iter()
             .map(|(id, name, payload, metadata, occurred_at)| {
@@ -550,10 +577,11 @@ impl Case {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut round = 0;
         loop {
-            let done: i64 = sqlx::query_scalar("SELECT count(DISTINCT (listener, key, seq)) FROM work")
-                .fetch_one(&self.pool)
-                .await
-                .unwrap();
+            let done: i64 =
+                sqlx::query_scalar("SELECT count(DISTINCT (listener, key, seq)) FROM work")
+                    .fetch_one(&self.pool)
+                    .await
+                    .unwrap();
             if done >= expected {
                 return Ok(());
             }
@@ -609,16 +637,19 @@ impl Case {
             }
         }
         // (listener, key, seq, run start, work time), by when each run began.
-        let effective: Vec<(String, i32, i64, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> =
-            sqlx::query_as(
+        let effective: Vec<Effective> = sqlx::query_as(
                 "SELECT w.listener, w.key, w.seq, r.at, w.at FROM work w JOIN runs_log r ON r.run = w.run \
                  ORDER BY r.at",
             )
             .fetch_all(&self.pool)
             .await
             .unwrap();
-        let mut by_chain: BTreeMap<(String, i32), Vec<(i64, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>> =
-            BTreeMap::new();
+        type Runs = Vec<(
+            i64,
+            chrono::DateTime<chrono::Utc>,
+            chrono::DateTime<chrono::Utc>,
+        )>;
+        let mut by_chain: BTreeMap<(String, i32), Runs> = BTreeMap::new();
         for (listener, key, seq, start, worked) in effective {
             by_chain
                 .entry((listener, key))
@@ -649,7 +680,9 @@ impl Case {
             let before = seqs.len();
             seqs.dedup();
             if seqs.len() != before {
-                return Err(format!("once: {listener} did some of key {key}'s work twice"));
+                return Err(format!(
+                    "once: {listener} did some of key {key}'s work twice"
+                ));
             }
         }
         let missing: i64 = sqlx::query_scalar(
@@ -674,7 +707,9 @@ impl Case {
                 .await
                 .unwrap();
         if holding > 0 {
-            return Err(format!("nothing waits: {holding} failures still hold their keys"));
+            return Err(format!(
+                "nothing waits: {holding} failures still hold their keys"
+            ));
         }
         Ok(())
     }
@@ -705,9 +740,19 @@ pub(super) async fn run_every_step_on(addr: &str) {
         Op::Dispatch { key: 0 },
         Op::Dispatch { key: 1 },
         Op::Dispatch { key: 1 },
-        Op::Refuse { listener: 0, key: 1 },
-        Op::Refuse { listener: 1, key: 1 },
-        Op::Fail { listener: 0, key: 0, after_work: true },
+        Op::Refuse {
+            listener: 0,
+            key: 1,
+        },
+        Op::Refuse {
+            listener: 1,
+            key: 1,
+        },
+        Op::Fail {
+            listener: 0,
+            key: 0,
+            after_work: true,
+        },
         Op::Publish { shuffled: true },
         Op::Wait { millis: 300 },
         Op::Release,
@@ -799,4 +844,3 @@ async fn ordered_runs_keep_their_invariants_whatever_happens_to_them() {
         eprintln!("seed {seed}: {} ops, the invariants hold", ops.len());
     }
 }
-

@@ -91,9 +91,11 @@ async fn a_run_skipped_then_sent_back_joins_its_keys_order_at_its_end_and_runs()
     );
     let context = crate::follow::Context::new(config(&db, &queue), Listeners::new());
     publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(1)).await;
-    eventually(Duration::from_secs(20), "step 1 to hold its key", || async {
-        failed_tasks(&db.pool).await.len() == 1
-    })
+    eventually(
+        Duration::from_secs(20),
+        "step 1 to hold its key",
+        || async { failed_tasks(&db.pool).await.len() == 1 },
+    )
     .await;
     let skipped = failed_tasks(&db.pool).await.remove(0);
     let skip = crate::operations::skip::Args {
@@ -102,9 +104,11 @@ async fn a_run_skipped_then_sent_back_joins_its_keys_order_at_its_end_and_runs()
     crate::operations::skip::run(&context, &skip, crate::operations::output::Format::Text)
         .await
         .unwrap();
-    eventually(Duration::from_secs(20), "step 3 to hold the key", || async {
-        failed_tasks(&db.pool).await.len() == 2
-    })
+    eventually(
+        Duration::from_secs(20),
+        "step 3 to hold the key",
+        || async { failed_tasks(&db.pool).await.len() == 2 },
+    )
     .await;
 
     // Act: the cause is fixed, and the operator sends both back.
@@ -118,7 +122,10 @@ async fn a_run_skipped_then_sent_back_joins_its_keys_order_at_its_end_and_runs()
 
     // Assert: the skipped step ran, after the step that held the key then.
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![3, 1]));
-    assert_eq!(chains(&db.pool, &queue).held().await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&db.pool, &queue).held().await.unwrap(),
+        Held::default()
+    );
     assert!(failed_tasks(&db.pool).await.is_empty());
 }
 
@@ -135,12 +142,7 @@ async fn a_run_a_listener_moved_past_runs_when_it_is_sent_back() {
     let refused = Arc::new(Mutex::new(HashSet::from([1])));
     let listeners = refusing_ledger(OnFailure::MoveOn, refused.clone());
     let stop = CancellationToken::new();
-    let consumer = super::ordering::worker(
-        queue.client.clone(),
-        &queue,
-        &db.pool,
-        listeners,
-    );
+    let consumer = super::ordering::worker(queue.client.clone(), &queue, &db.pool, listeners);
     let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
     let context = crate::follow::Context::new(config(&db, &queue), Listeners::new());
     publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(2)).await;
@@ -161,7 +163,10 @@ async fn a_run_a_listener_moved_past_runs_when_it_is_sent_back() {
 
     // Assert
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![3, 5, 1]));
-    assert_eq!(chains(&db.pool, &queue).held().await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&db.pool, &queue).held().await.unwrap(),
+        Held::default()
+    );
 }
 
 #[tokio::test]

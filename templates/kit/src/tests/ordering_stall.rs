@@ -140,9 +140,11 @@ async fn a_worker_stopped_past_its_lease_neither_commits_nor_moves_its_key_on_wh
     let first = runs(&db.pool).await[0].0 as u32;
     let stopped = workers.iter().position(|w| w.id() == first).unwrap();
     signal(&workers[stopped], "-STOP");
-    eventually(Duration::from_secs(60), "the other worker to run steps 1 to 3", || async {
-        seen(&db.pool).await.get(&1).map(Vec::len) == Some(3)
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the other worker to run steps 1 to 3",
+        || async { seen(&db.pool).await.get(&1).map(Vec::len) == Some(3) },
+    )
     .await;
     signal(&workers[stopped], "-CONT");
     for worker in &mut workers {
@@ -163,8 +165,15 @@ async fn a_worker_stopped_past_its_lease_neither_commits_nor_moves_its_key_on_wh
     for n in 1..3 {
         let end = position(n, "end").unwrap();
         let next = position(n + 1, "start").unwrap();
-        assert!(end < next, "step {} began before step {n} ended: {log:?}", n + 1);
+        assert!(
+            end < next,
+            "step {} began before step {n} ended: {log:?}",
+            n + 1
+        );
     }
     assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
-    assert_eq!(chains(&db.pool, &queue).held().await.unwrap(), Held::default());
+    assert_eq!(
+        chains(&db.pool, &queue).held().await.unwrap(),
+        Held::default()
+    );
 }

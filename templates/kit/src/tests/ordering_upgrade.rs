@@ -81,15 +81,23 @@ async fn write_set_22(
     for (at, envelope) in runs.iter().enumerate() {
         let task = run_task(queue, envelope, listener);
         let key = &envelope.metadata["order_key"];
-        pipe.hset(format!("{old}runs"), &task.id, task.to_message().unwrap().encode_to_vec())
-            .hset(format!("{old}queues"), &task.id, &queue.name)
-            .rpush(
-                format!("{old}chain:{}:{listener}:{key}", listener.len()),
-                &task.id,
-            )
-            .sadd(format!("{old}listeners:{key}"), listener);
+        pipe.hset(
+            format!("{old}runs"),
+            &task.id,
+            task.to_message().unwrap().encode_to_vec(),
+        )
+        .hset(format!("{old}queues"), &task.id, &queue.name)
+        .rpush(
+            format!("{old}chain:{}:{listener}:{key}", listener.len()),
+            &task.id,
+        )
+        .sadd(format!("{old}listeners:{key}"), listener);
         if at == 0 {
-            pipe.zadd(format!("{old}heads"), &task.id, chrono::Utc::now().timestamp_millis());
+            pipe.zadd(
+                format!("{old}heads"),
+                &task.id,
+                chrono::Utc::now().timestamp_millis(),
+            );
             for result in queue.client.enqueue(&[task]).await.unwrap() {
                 result.unwrap();
             }
@@ -110,7 +118,11 @@ async fn write_set_22(
             .rpush(&list, &task.id)
             .rpush(&list, &queue.name)
             .rpush(&list, task.to_message().unwrap().encode_to_vec())
-            .zadd(format!("{old}waiting"), &list, chrono::Utc::now().timestamp_millis());
+            .zadd(
+                format!("{old}waiting"),
+                &list,
+                chrono::Utc::now().timestamp_millis(),
+            );
     }
     let () = pipe.query_async(&mut conn).await.unwrap();
 }
@@ -158,8 +170,10 @@ pub(super) async fn leave_set_22_chains(
 /// alone, the first's run completed by a process that is not a kit worker
 /// (its chain not moved on); the look at old heads moves the key on.
 pub(super) async fn complete_a_head_as_go_would(case: &mut Case) {
-    case.apply(super::ordering_protocol::Op::Kill { worker: 0 }).await;
-    case.apply(super::ordering_protocol::Op::Kill { worker: 1 }).await;
+    case.apply(super::ordering_protocol::Op::Kill { worker: 0 })
+        .await;
+    case.apply(super::ordering_protocol::Op::Kill { worker: 1 })
+        .await;
     for _ in 0..2 {
         case.dispatch(2).await;
     }
@@ -175,8 +189,16 @@ pub(super) async fn complete_a_head_as_go_would(case: &mut Case) {
     // As a Go asynq server completes a task it ran.
     let mut conn = case.queue.connection().await;
     let () = redis::pipe()
-        .lrem(crate::queue::keys::pending(&case.queue.name), 0, &run_ids[0])
-        .hset(crate::queue::keys::task(&case.queue.name, &run_ids[0]), "state", "completed")
+        .lrem(
+            crate::queue::keys::pending(&case.queue.name),
+            0,
+            &run_ids[0],
+        )
+        .hset(
+            crate::queue::keys::task(&case.queue.name, &run_ids[0]),
+            "state",
+            "completed",
+        )
         .zadd(
             crate::queue::keys::completed(&case.queue.name),
             &run_ids[0],
@@ -253,7 +275,13 @@ pub(super) async fn release_a_gone_listeners_chain(case: &mut Case) {
         .unwrap();
     assert_eq!(released, 1);
     assert!(case.queue.pending_ids().await.contains(&run));
-    assert!(ordering.orphans(&listeners_ordered()).await.unwrap().is_empty());
+    assert!(
+        ordering
+            .orphans(&listeners_ordered())
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]

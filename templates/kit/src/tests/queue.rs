@@ -823,7 +823,6 @@ async fn an_unreachable_server_fails_at_connect() {
     );
 }
 
-
 /// What the code under test logs, captured for a test that waits for a
 /// logged event. Only for `#[tokio::test]` (one thread), where every task
 /// logs to the subscriber set on the test's thread.

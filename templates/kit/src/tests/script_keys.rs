@@ -249,7 +249,8 @@ async fn every_key_a_script_touched_on_a_server_was_one_of_its_keys() {
         .spawn()
         .unwrap();
     let lines = BufReader::new(monitor.stdout.take().unwrap());
-    let reading = std::thread::spawn(move || lines.lines().map_while(Result::ok).collect::<Vec<_>>());
+    let reading =
+        std::thread::spawn(move || lines.lines().map_while(Result::ok).collect::<Vec<_>>());
 
     // Act: everything the protocol test does, on that server.
     super::ordering_protocol::run_every_step_on(&server.addr()).await;

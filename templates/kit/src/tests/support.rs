@@ -12,9 +12,12 @@ pub mod goose;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
+#[cfg(feature = "worker")]
+use std::process::{Child, Stdio};
 use std::str::FromStr;
+#[cfg(feature = "worker")]
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection};
@@ -294,7 +297,9 @@ impl OwnServer {
         })?;
         let server = Self { child, port };
         eventually(Duration::from_secs(10), "the server to answer", || async {
-            queue::Client::connect(&server.addr(), None, 0).await.is_ok()
+            queue::Client::connect(&server.addr(), None, 0)
+                .await
+                .is_ok()
         })
         .await;
         Some(server)
@@ -403,7 +408,10 @@ impl OwnPostgres {
             assert!(status.success());
         }
         let data = dir.join("data").display().to_string();
-        Self::as_owner(&initdb, &["-D", &data, "-U", "postgres", "--auth=trust", "-E", "UTF8"]);
+        Self::as_owner(
+            &initdb,
+            &["-D", &data, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+        );
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -414,15 +422,20 @@ impl OwnPostgres {
             dir.display()
         );
         let log = dir.join("log").display().to_string();
-        Self::as_owner(&pg_ctl, &["-D", &data, "-l", &log, "-w", "-o", &options, "start"]);
+        Self::as_owner(
+            &pg_ctl,
+            &["-D", &data, "-l", &log, "-w", "-o", &options, "start"],
+        );
         Some(Self { dir, port })
     }
 
     /// A database named `name` on it, created and migrated.
     pub async fn migrated(&self, name: &str) -> PgPool {
-        let admin =
-            PgConnectOptions::from_str(&format!("postgres://postgres@127.0.0.1:{}/postgres", self.port))
-                .unwrap();
+        let admin = PgConnectOptions::from_str(&format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.port
+        ))
+        .unwrap();
         let mut conn = PgConnection::connect_with(&admin).await.unwrap();
         conn.execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
             .await

@@ -160,7 +160,15 @@ impl OrderedFailures {
             return Ok(());
         }
         self.ordering
-            .move_on(&message.queue, listener, key, &message.id, None, false, None)
+            .move_on(
+                &message.queue,
+                listener,
+                key,
+                &message.id,
+                None,
+                false,
+                None,
+            )
             .await
             .map(|_| ())
             .map_err(|err| format!("cannot move the key `{key}` on past the failed run: {err}"))

@@ -94,7 +94,10 @@ impl ListenerHandler {
             started.elapsed(),
         );
         match (held, fence) {
-            (Some(held), Some(fence)) => self.after_turn(&queue, &task_id, held, &fence, result).await,
+            (Some(held), Some(fence)) => {
+                self.after_turn(&queue, &task_id, held, &fence, result)
+                    .await
+            }
             _ => result,
         }
     }
@@ -188,7 +191,9 @@ impl ListenerHandler {
             // A failure is the task's only while the run holds its turn.
             Err(err) => match fence.check().await {
                 Ok(()) => Err(err),
-                Err(check) if Superseded::is_in(&check) => Err(HandlerError::superseded(Superseded)),
+                Err(check) if Superseded::is_in(&check) => {
+                    Err(HandlerError::superseded(Superseded))
+                }
                 Err(_) => Err(err),
             },
         }

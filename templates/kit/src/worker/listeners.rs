@@ -41,9 +41,9 @@ pub use super::limits::{InvalidLimit, Rate};
 pub use super::listener_error::{ListenerError, SkipRetry};
 use super::listener_options::Partition;
 pub use super::listener_options::{ListenerOptions, OnFailure};
+use super::ordering::{Fence, Ordered};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
-use super::ordering::{Fence, Ordered};
 use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
@@ -250,8 +250,9 @@ impl Listener {
         duplicates: Counter,
         fence: Option<Fence>,
     ) -> Result<(), ListenerError> {
-        let context =
-            ListenerContext::new(&envelope, headers, &self.name, transactor, duplicates, fence);
+        let context = ListenerContext::new(
+            &envelope, headers, &self.name, transactor, duplicates, fence,
+        );
         (self.run)(envelope, context).await
     }
 }

@@ -150,13 +150,7 @@ pub async fn run(
              worker that orders it runs"
         );
     }
-    let mut consumer = consumer(
-        config,
-        &chains,
-        transactor,
-        Arc::new(listeners),
-        &metrics,
-    );
+    let mut consumer = consumer(config, &chains, transactor, Arc::new(listeners), &metrics);
     schedules.handle_jobs(&mut consumer, &pool);
     let scheduler = (config.scheduler.enabled && !schedules.all().is_empty())
         .then(|| {
@@ -245,7 +239,10 @@ pub async fn run(
         )
     });
     tasks.spawn({
-        let (pool, retention) = (pool.clone(), config.worker.failure_retention(&config.outbox));
+        let (pool, retention) = (
+            pool.clone(),
+            config.worker.failure_retention(&config.outbox),
+        );
         cleanup::every(
             "expired listener failures",
             config.outbox.cleanup_interval,

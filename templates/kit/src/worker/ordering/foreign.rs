@@ -47,7 +47,10 @@ pub(crate) async fn refuse_foreign_consumers(
         if foreign.len() == 1 {
             "a process that is not a worker of this template set does".to_string()
         } else {
-            format!("{} processes that are not workers of this template set", foreign.len())
+            format!(
+                "{} processes that are not workers of this template set",
+                foreign.len()
+            )
         },
         named.join("; ")
     )

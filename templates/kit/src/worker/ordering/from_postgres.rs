@@ -94,7 +94,9 @@ impl Ordering {
         let failed = |err: HandlerError| anyhow::anyhow!("{err}");
         for queue in self.queues.iter() {
             for (key, number) in &fanned {
-                self.move_past(queue, key, 0, *number).await.map_err(failed)?;
+                self.move_past(queue, key, 0, *number)
+                    .await
+                    .map_err(failed)?;
             }
         }
         let mut by_queue: BTreeMap<&str, Vec<(String, RunArgs)>> = BTreeMap::new();

@@ -197,7 +197,12 @@ impl Ordering {
     /// `epoch`: `false` after Valkey lost it (the recovery's replay then
     /// makes the key's events take their turns again, `outbox replay
     /// --lost`).
-    pub(crate) async fn knows(&self, queue: &str, key: &str, epoch: i64) -> Result<bool, QueueError> {
+    pub(crate) async fn knows(
+        &self,
+        queue: &str,
+        key: &str,
+        epoch: i64,
+    ) -> Result<bool, QueueError> {
         Ok(redis::cmd("EXISTS")
             .arg(Namespace::of_queue(queue).fanned(key, epoch))
             .query_async(&mut self.queue.connection())
@@ -345,14 +350,9 @@ impl Ordering {
         {
             redis::Value::Array(values) => {
                 let mut values = values.into_iter();
-                let delivered: i64 = parse(
-                    values.next().unwrap_or(redis::Value::Int(0)),
-                )?;
+                let delivered: i64 = parse(values.next().unwrap_or(redis::Value::Int(0)))?;
                 let next = match (values.next(), values.next()) {
-                    (Some(seq), Some(entry)) => Some((
-                        parse(seq)?,
-                        parse(entry)?,
-                    )),
+                    (Some(seq), Some(entry)) => Some((parse(seq)?, parse(entry)?)),
                     _ => None,
                 };
                 (delivered, next)
@@ -369,7 +369,11 @@ impl Ordering {
             Some((seq, entry)) => match Waiting::decode(&entry) {
                 Some(waiting) => Some((seq, waiting)),
                 None => {
-                    tracing::error!(key = place.key, seq, "a waiting event's entry in Valkey does not read; it is left where it is");
+                    tracing::error!(
+                        key = place.key,
+                        seq,
+                        "a waiting event's entry in Valkey does not read; it is left where it is"
+                    );
                     None
                 }
             },
@@ -478,7 +482,7 @@ impl Ordering {
             .map_err(QueueError::from)?;
         let mut reply = reply.into_iter();
         let int = |value: Option<redis::Value>| -> Result<i64, QueueError> {
-            Ok(parse(value.unwrap_or(redis::Value::Int(0)))?)
+            parse(value.unwrap_or(redis::Value::Int(0)))
         };
         if int(reply.next())? == 0 {
             return Ok(Moved::Superseded);
@@ -487,7 +491,8 @@ impl Ordering {
         if let Some(other) = reply.next() {
             // The next run is not the one the turn saw: delivered apart.
             let other: String = parse(other)?;
-            self.deliver_head(&keys, listener, key, &other, true).await?;
+            self.deliver_head(&keys, listener, key, &other, true)
+                .await?;
         }
         Ok(Moved::On)
     }
@@ -539,8 +544,7 @@ impl Ordering {
         let next = match reply.as_slice() {
             [seq, entry] => {
                 let seq: i64 = parse(seq.clone())?;
-                let entry: Vec<u8> =
-                    parse(entry.clone())?;
+                let entry: Vec<u8> = parse(entry.clone())?;
                 Waiting::decode(&entry).map(|waiting| (seq, waiting))
             }
             _ => None,

@@ -34,8 +34,11 @@ pub(crate) async fn service_id(pool: &PgPool, configured: Option<&str>) -> anyho
                  migrations (cargo run --bin migrate -- up)"
             )
         })?;
-    id.map(|id| id.to_string())
-        .ok_or_else(|| anyhow::anyhow!("`outbox_service` has no row: apply the migrations (cargo run --bin migrate -- up)"))
+    id.map(|id| id.to_string()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "`outbox_service` has no row: apply the migrations (cargo run --bin migrate -- up)"
+        )
+    })
 }
 
 /// Another service's workers consume a queue of this one.

@@ -54,7 +54,9 @@ impl Ordering {
     ) -> Result<usize, HandlerError> {
         let mut looked = 0;
         for queue in self.queues.iter() {
-            looked += self.look_at_old_heads_of(queue, older_than, ordered).await?;
+            looked += self
+                .look_at_old_heads_of(queue, older_than, ordered)
+                .await?;
         }
         Ok(looked)
     }
@@ -245,7 +247,9 @@ pub(crate) async fn look_after_chains(
                          events' listeners out of their key's order; stop them"
                     ),
                     Ok(_) => {}
-                    Err(err) => tracing::debug!(error = %err, "could not read the servers on this worker's queues"),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "could not read the servers on this worker's queues")
+                    }
                 }
             }
             if let Err(err) = ordering.move_from_set_22().await {
@@ -267,7 +271,10 @@ pub(crate) async fn look_after_chains(
             if let Err(err) = ordering.clear_stale_holds().await {
                 tracing::warn!(error = %err, "could not clear the holds of failures no longer first of their key");
             }
-            if let Err(err) = ordering.release_orphans(&ordered, super::orphans::GRACE).await {
+            if let Err(err) = ordering
+                .release_orphans(&ordered, super::orphans::GRACE)
+                .await
+            {
                 tracing::warn!(error = %err, "could not look at the chains of listeners no worker orders");
             }
         };

@@ -76,7 +76,11 @@ impl Ordering {
         Ok(looked)
     }
 
-    async fn heal_stale_waits_of(&self, queue: &str, older_than: Duration) -> anyhow::Result<usize> {
+    async fn heal_stale_waits_of(
+        &self,
+        queue: &str,
+        older_than: Duration,
+    ) -> anyhow::Result<usize> {
         let keys = Namespace::of_queue(queue);
         let mut conn = self.queue.connection();
         let now = now_millis();
@@ -153,14 +157,16 @@ impl Ordering {
             let earlier: Vec<Earlier> = earlier
                 .into_iter()
                 .map(
-                    |(event_id, event_name, payload, metadata, created_at, seq, published)| Earlier {
-                        event_id,
-                        event_name,
-                        payload,
-                        metadata: metadata.0,
-                        created_at,
-                        seq,
-                        published,
+                    |(event_id, event_name, payload, metadata, created_at, seq, published)| {
+                        Earlier {
+                            event_id,
+                            event_name,
+                            payload,
+                            metadata: metadata.0,
+                            created_at,
+                            seq,
+                            published,
+                        }
                     },
                 )
                 .collect();

@@ -86,7 +86,13 @@ mod tests {
             ],
         };
         assert_eq!(Waiting::decode(&waiting.encode()), Some(waiting));
-        assert_eq!(Waiting::decode(b"3:e-1"), Some(Waiting { event_id: "e-1".into(), runs: vec![] }));
+        assert_eq!(
+            Waiting::decode(b"3:e-1"),
+            Some(Waiting {
+                event_id: "e-1".into(),
+                runs: vec![]
+            })
+        );
         assert_eq!(Waiting::decode(b"9:short"), None);
         assert_eq!(Waiting::decode(b"x"), None);
     }
