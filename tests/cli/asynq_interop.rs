@@ -678,6 +678,49 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
 /// (`OUTBOX_QUEUES=shop,billing`). The Go server, serving `billing` only,
 /// gets every event once; the Rust worker, serving `shop` only, runs each of
 /// its listeners once; neither takes the other's tasks.
+/// A worker with ordered listeners (the project of `valkey_infra`) beside a
+/// real Go asynq server consuming its queue: the worker does not start,
+/// and names the Go server (a Go process would fan keyed events out
+/// without taking their turns, and run ordered runs without moving their
+/// keys on); once the Go server stops, the worker starts.
+#[test]
+#[ignore = "builds a generated project"]
+fn a_worker_with_ordered_listeners_does_not_start_beside_a_go_server_on_its_queue() {
+    let Some(peer) = go_peer("asynqpeer") else {
+        return;
+    };
+    let project = crate::valkey_infra::project();
+    let valkey = valkey();
+    let db = Database::create("gpkit_ordered_go");
+    migrate(project, &db, &["up"]);
+    let mut go_server = GoServer::start(&peer, &valkey, &["-queues", "default", "-handle", "event:"]);
+    let worker_bin = project.join(".bin/worker");
+    let env = [("WORKER_QUEUES", "default=1"), ("SCHEDULER_ENABLED", "false")];
+
+    let mut refused = Worker::start_binary(&worker_bin, &db, &valkey, &env);
+    let code = refused.wait(Duration::from_secs(60));
+    go_server.stop(Duration::from_secs(10));
+    let mut worker = start_ordered_worker(&worker_bin, &db, &valkey, &env);
+    stop_worker(&mut worker, Duration::from_secs(35));
+
+    assert_ne!(code, Some(0), "the worker started beside the Go server:\n{}", refused.log());
+    let log = refused.log();
+    assert!(
+        log.contains("consume its queues without keeping their order (a Go asynq server")
+            && log.contains("on queue(s) default"),
+        "{log}"
+    );
+}
+
+/// Starts the worker `bin` and waits until its consumer runs.
+fn start_ordered_worker(bin: &Path, db: &Database, valkey: &RedisServer, env: &[(&str, &str)]) -> Worker {
+    let worker = Worker::start_binary(bin, db, valkey, env);
+    wait_until(Duration::from_secs(30), "the Rust worker consumes", || {
+        worker.log().contains("consumer started")
+    });
+    worker
+}
+
 #[test]
 #[ignore = "builds a generated project"]
 fn separate_services_on_separate_queues_each_get_every_event() {

@@ -975,7 +975,7 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     );
     assert_eq!(
         versions,
-        "0|t\n20200101000100|t\n20261130000000|t\n20261205130000|t\n20261205140000|t\n20261205180000|t\n20261206120000|t"
+        "0|t\n20200101000100|t\n20261130000000|t\n20261205130000|t\n20261205140000|t\n20261205180000|t\n20261206120000|t\n20261207120000|t"
     );
     let status = String::from_utf8(migrate(project, &db, &["status"]).stderr).unwrap();
     assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
@@ -986,13 +986,23 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
     );
     let version = String::from_utf8(migrate(project, &db, &["version"]).stderr).unwrap();
     assert!(
-        version.contains("goose: version 20261206120000"),
+        version.contains("goose: version 20261207120000"),
         "{version}"
     );
 
-    // migrate down, six times, removes the keys' epochs, the ordering
-    // tables, the time index, the failures, the inbox and the outbox again
-    // and keeps the version-0 row.
+    // migrate down, seven times, removes the service's id (and the holds of
+    // failures), the keys' epochs, the ordering tables, the time index, the
+    // failures, the inbox and the outbox again and keeps the version-0 row.
+    migrate(project, &db, &["down"]);
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT (to_regclass('outbox_service') IS NULL) AND NOT EXISTS (SELECT 1 \
+             FROM information_schema.columns WHERE table_name = 'listener_failures' \
+             AND column_name = 'holds_key')"
+        ),
+        "t"
+    );
     migrate(project, &db, &["down"]);
     assert_eq!(
         psql(

@@ -244,7 +244,7 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
             &db.url(),
             "SELECT version_id FROM goose_db_version WHERE is_applied ORDER BY id"
         ),
-        "0\n20200101000100\n20261130000000\n20261205130000\n20261205140000\n20261205180000\n20261206120000"
+        "0\n20200101000100\n20261130000000\n20261205130000\n20261205140000\n20261205180000\n20261206120000\n20261207120000"
     );
     assert_eq!(
         psql(&db.url(), "SELECT to_regclass('outbox_events') IS NOT NULL"),

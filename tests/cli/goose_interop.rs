@@ -37,6 +37,9 @@ const CREATED_AT: i64 = 20261205140000;
 const ORDERING: i64 = 20261205180000;
 /// The kit's epoch of a key's numbering, the chains moved to Valkey (set 22).
 const CHAINS: i64 = 20261206120000;
+/// The kit's service id and failures that hold their key, the chains beside
+/// their queue (set 23).
+const BESIDE: i64 = 20261207120000;
 /// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
 const ORDERS: i64 = 20270115080000;
 
@@ -312,6 +315,7 @@ fn migrate_agrees_with_what_goose_applied() {
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let ordering = format!("{ORDERING}_ordered_listeners.sql");
     let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
+    let beside = format!("{BESIDE}_ordered_chains_beside_their_queue.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         tools.files(),
@@ -322,6 +326,7 @@ fn migrate_agrees_with_what_goose_applied() {
             created_at.as_str(),
             ordering.as_str(),
             chains.as_str(),
+            beside.as_str(),
             orders.as_str()
         ]
     );
@@ -341,6 +346,7 @@ fn migrate_agrees_with_what_goose_applied() {
             (CREATED_AT, "up"),
             (ORDERING, "up"),
             (CHAINS, "up"),
+            (BESIDE, "up"),
             (ORDERS, "up")
         ]
     );
@@ -350,7 +356,7 @@ fn migrate_agrees_with_what_goose_applied() {
     assert_eq!(
         version_rows(&db),
         [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
         ]
     );
     tools.assert_both_report(
@@ -361,6 +367,7 @@ fn migrate_agrees_with_what_goose_applied() {
             &created_at,
             &ordering,
             &chains,
+            &beside,
             &orders,
         ],
         ORDERS,
@@ -376,7 +383,7 @@ fn migrate_agrees_with_what_goose_applied() {
     assert_eq!(
         version_rows(&db),
         [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
         ]
     );
 }
@@ -398,6 +405,7 @@ fn goose_agrees_with_migrate_down_and_up() {
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let ordering = format!("{ORDERING}_ordered_listeners.sql");
     let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
+    let beside = format!("{BESIDE}_ordered_chains_beside_their_queue.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
@@ -406,11 +414,11 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS]
+        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE]
     );
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains],
-        CHAINS,
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains, &beside],
+        BESIDE,
     );
 
     let log = tools.migrate(&["up"]);
@@ -419,7 +427,7 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert_eq!(
         version_rows(&db),
         [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
         ]
     );
     tools.assert_both_report(
@@ -430,6 +438,7 @@ fn goose_agrees_with_migrate_down_and_up() {
             &created_at,
             &ordering,
             &chains,
+            &beside,
             &orders,
         ],
         ORDERS,
@@ -440,9 +449,11 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains],
-        CHAINS,
+        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains, &beside],
+        BESIDE,
     );
+    let log = tools.migrate(&["down"]);
+    assert_eq!(migrate_ran(&log), [beside.as_str()]);
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [chains.as_str()]);
     let log = tools.migrate(&["down"]);
@@ -667,7 +678,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_eq!(
             version_rows(&db),
             [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS, SLOW, CONCURRENT
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS, SLOW, CONCURRENT
             ],
             "round {round}"
         );
@@ -731,7 +742,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         assert_eq!(
             version_rows(&db),
             [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
             ],
             "round {round}"
         );
@@ -967,6 +978,7 @@ fn a_schema_qualified_version_table_is_shared() {
     let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
     let ordering = format!("{ORDERING}_ordered_listeners.sql");
     let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
+    let beside = format!("{BESIDE}_ordered_chains_beside_their_queue.sql");
     let orders = format!("{ORDERS}_add_orders_table.sql");
     assert_eq!(
         migrate_ran(&log),
@@ -976,6 +988,7 @@ fn a_schema_qualified_version_table_is_shared() {
             created_at.as_str(),
             ordering.as_str(),
             chains.as_str(),
+            beside.as_str(),
             orders.as_str()
         ]
     );
@@ -983,7 +996,7 @@ fn a_schema_qualified_version_table_is_shared() {
     assert_eq!(
         version_rows_of(&db, table),
         [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, ORDERS
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
         ]
     );
     assert!(!exists(&db, "goose_db_version"));
@@ -996,6 +1009,7 @@ fn a_schema_qualified_version_table_is_shared() {
             &created_at,
             &ordering,
             &chains,
+            &beside,
             &orders,
         ],
         ORDERS,

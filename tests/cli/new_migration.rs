@@ -64,6 +64,7 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
             "20261205140000_outbox_created_at.sql",
             "20261205180000_ordered_listeners.sql",
             "20261206120000_ordered_chains_in_valkey.sql",
+            "20261207120000_ordered_chains_beside_their_queue.sql",
             "20270115080000_first.sql",
             "20270115080001_second.sql"
         ]
@@ -73,13 +74,13 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
 #[test]
 fn a_clock_behind_the_newest_migration_still_gets_a_later_version() {
     let dir = project();
-    // 2023-11-14, before the kit's newest migration, of 2026-12-06.
+    // 2023-11-14, before the kit's newest migration, of 2026-12-07.
     gpkit(&dir.path().join("shop"))
         .env("SOURCE_DATE_EPOCH", "1700000000")
         .args(["new", "migration", "late"])
         .assert()
         .success()
-        .stderr(contains("Created migrations/20261206120001_late.sql"));
+        .stderr(contains("Created migrations/20261207120001_late.sql"));
 }
 
 #[test]
@@ -101,7 +102,8 @@ fn sequential_numbering_counts_up() {
             "20261205130000_listener_failures.sql",
             "20261205140000_outbox_created_at.sql",
             "20261205180000_ordered_listeners.sql",
-            "20261206120000_ordered_chains_in_valkey.sql"
+            "20261206120000_ordered_chains_in_valkey.sql",
+            "20261207120000_ordered_chains_beside_their_queue.sql"
         ]
     );
 }

@@ -466,8 +466,8 @@ fn every_binary_authenticates_with_every_password_form_and_prints_no_password() 
             &shop,
             "SELECT count(*) FROM goose_db_version WHERE version_id > 0"
         ),
-        "7",
-        "the kit's six migrations and the project's"
+        "8",
+        "the kit's seven migrations and the project's"
     );
     let status = ok(
         "migrate",

@@ -44,7 +44,7 @@ use crate::worker::listeners::{
 use crate::worker::ordering::{Held, Ordering};
 
 /// Cases CI runs.
-const CASES: u64 = 6;
+const CASES: u64 = 20;
 /// Ops in a case, at most.
 const MAX_OPS: usize = 28;
 /// Keys a case's events fall in.
