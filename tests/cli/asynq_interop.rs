@@ -693,9 +693,13 @@ fn a_worker_with_ordered_listeners_does_not_start_beside_a_go_server_on_its_queu
     let valkey = valkey();
     let db = Database::create("gpkit_ordered_go");
     migrate(project, &db, &["up"]);
-    let mut go_server = GoServer::start(&peer, &valkey, &["-queues", "default", "-handle", "event:"]);
+    let mut go_server =
+        GoServer::start(&peer, &valkey, &["-queues", "default", "-handle", "event:"]);
     let worker_bin = project.join(".bin/worker");
-    let env = [("WORKER_QUEUES", "default=1"), ("SCHEDULER_ENABLED", "false")];
+    let env = [
+        ("WORKER_QUEUES", "default=1"),
+        ("SCHEDULER_ENABLED", "false"),
+    ];
 
     let mut refused = Worker::start_binary(&worker_bin, &db, &valkey, &env);
     let code = refused.wait(Duration::from_secs(60));
@@ -703,7 +707,12 @@ fn a_worker_with_ordered_listeners_does_not_start_beside_a_go_server_on_its_queu
     let mut worker = start_ordered_worker(&worker_bin, &db, &valkey, &env);
     stop_worker(&mut worker, Duration::from_secs(35));
 
-    assert_ne!(code, Some(0), "the worker started beside the Go server:\n{}", refused.log());
+    assert_ne!(
+        code,
+        Some(0),
+        "the worker started beside the Go server:\n{}",
+        refused.log()
+    );
     let log = refused.log();
     assert!(
         log.contains("consume its queues without keeping their order (a Go asynq server")
@@ -713,7 +722,12 @@ fn a_worker_with_ordered_listeners_does_not_start_beside_a_go_server_on_its_queu
 }
 
 /// Starts the worker `bin` and waits until its consumer runs.
-fn start_ordered_worker(bin: &Path, db: &Database, valkey: &RedisServer, env: &[(&str, &str)]) -> Worker {
+fn start_ordered_worker(
+    bin: &Path,
+    db: &Database,
+    valkey: &RedisServer,
+    env: &[(&str, &str)],
+) -> Worker {
     let worker = Worker::start_binary(bin, db, valkey, env);
     wait_until(Duration::from_secs(30), "the Rust worker consumes", || {
         worker.log().contains("consumer started")

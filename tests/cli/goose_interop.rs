@@ -414,10 +414,20 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
     assert_eq!(
         version_rows(&db),
-        [0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE]
+        [
+            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE
+        ]
     );
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains, &beside],
+        &[
+            &outbox,
+            &inbox,
+            &failures,
+            &created_at,
+            &ordering,
+            &chains,
+            &beside,
+        ],
         BESIDE,
     );
 
@@ -449,7 +459,15 @@ fn goose_agrees_with_migrate_down_and_up() {
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
     tools.assert_both_report(
-        &[&outbox, &inbox, &failures, &created_at, &ordering, &chains, &beside],
+        &[
+            &outbox,
+            &inbox,
+            &failures,
+            &created_at,
+            &ordering,
+            &chains,
+            &beside,
+        ],
         BESIDE,
     );
     let log = tools.migrate(&["down"]);
@@ -678,7 +696,8 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_eq!(
             version_rows(&db),
             [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS, SLOW, CONCURRENT
+                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS, SLOW,
+                CONCURRENT
             ],
             "round {round}"
         );
