@@ -242,6 +242,7 @@ async fn send(console: &Console, chosen: &Chosen) -> anyhow::Result<(usize, usiz
         ));
     }
     let client = context.queue().await?;
+    let started = chrono::Utc::now();
     let mut sent = Vec::new();
     for (task, outcome) in tasks.iter().zip(client.enqueue(&tasks).await?) {
         // A duplicate is in the queue again already (sent back meanwhile).
@@ -249,6 +250,7 @@ async fn send(console: &Console, chosen: &Chosen) -> anyhow::Result<(usize, usiz
             sent.push(task.id.clone());
         }
     }
-    failures::forget(&context.pool, &sent).await?;
+    // A task that failed again since has a record of its new failure.
+    failures::forget_before(&context.pool, &sent, started).await?;
     Ok((sent.len(), past_retention))
 }

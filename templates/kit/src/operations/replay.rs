@@ -351,8 +351,10 @@ fn queues(context: &Context, listener: Option<&str>) -> anyhow::Result<Vec<Strin
 
 /// One task per event and queue (`--lost`): under its event's id, as the
 /// relay queued it; for an event of an ordered key whose number the queue's
-/// chains no longer keep (Valkey lost them), a recovery instead, which
-/// takes the event's turn though the queue may have its task still.
+/// chains no longer keep (Valkey lost them) while the queue has its task
+/// still (the chains alone were lost, so its runs' tasks may be there
+/// too), a recovery instead, which takes the event's turn for the ordered
+/// listeners under new run ids (the others run from its own task).
 async fn plan_lost(
     context: &Context,
     events: &[EventRow],
@@ -360,13 +362,17 @@ async fn plan_lost(
 ) -> anyhow::Result<Vec<(Uuid, NewTask)>> {
     let retention = context.config.outbox.task_retention;
     let ordering = context.ordering().await?;
+    let client = context.queue().await?;
     let mut planned = Vec::with_capacity(events.len() * queues.len());
     for event in events {
         let envelope = event.envelope();
         let place = Place::of(&event.metadata);
         for queue in queues {
             let lost_its_turn = match &place {
-                Some(place) => !ordering.knows(queue, &place.key, place.epoch).await?,
+                Some(place) => {
+                    !ordering.knows(queue, &place.key, place.epoch).await?
+                        && client.task_exists(queue, &event.id.to_string()).await?
+                }
                 None => false,
             };
             let task = if lost_its_turn {

@@ -63,6 +63,7 @@ fn matches(task_type: &str, filter: Option<&str>) -> bool {
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let client = context.queue().await?;
+    let started = chrono::Utc::now();
     let mut retried = Vec::new();
     for queue in context.all_queues() {
         for (message, archived_at) in client.archived_tasks(&queue, args.since).await? {
@@ -84,7 +85,8 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     retried.extend(again);
     // Back in the queue: their failures are no longer kept.
     let ids: Vec<String> = retried.iter().map(|task| task.id.clone()).collect();
-    crate::worker::failures::forget(&context.pool, &ids).await?;
+    // A task that failed again since has a record of its new failure.
+    crate::worker::failures::forget_before(&context.pool, &ids, started).await?;
     if past_retention > 0 && format == Format::Text {
         eprintln!(
             "{past_retention} recorded failure(s) whose task the queue no longer has were kept: \

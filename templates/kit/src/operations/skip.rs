@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::output::{self, Format};
 use crate::follow::Context;
 use crate::worker::failures;
-use crate::worker::ordering::Moved;
+use crate::worker::ordering::{End, Moved};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -73,17 +73,24 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             &run.key,
             &args.task_id,
             None,
-            false,
+            End::Skip,
             None,
         )
         .await
         .map_err(|err| anyhow::anyhow!("{err}"))?;
-    if moved == Moved::Superseded {
-        anyhow::bail!(
+    match moved {
+        Moved::On => {}
+        Moved::Superseded => anyhow::bail!(
             "task {} is no longer the first of key `{}` (it moved on meanwhile); nothing was changed",
             args.task_id,
             run.key
-        );
+        ),
+        Moved::NotFailed => anyhow::bail!(
+            "task {} has not failed for good (it was sent back: it waits, runs or is retried): \
+             skipping it would start key `{}`'s next run beside it; nothing was changed",
+            args.task_id,
+            run.key
+        ),
     }
     failures::release(&context.pool, &[&args.task_id]).await?;
     let skipped = Skipped {

@@ -23,7 +23,7 @@ use crate::worker::listeners::{
     listener_task_type,
 };
 use crate::worker::metrics::ListenerMetrics;
-use crate::worker::ordering::{self, Held};
+use crate::worker::ordering::{self, End, Held};
 use crate::worker::{failures, handle_events};
 
 /// A step of an aggregate: its key and its number in the key, which the
@@ -220,12 +220,12 @@ pub(super) async fn publish_shuffled(pool: &PgPool, queue: &TestQueue, rng: &mut
                 metadata: serde_json::from_value(metadata).unwrap(),
                 occurred_at,
             };
-            NewTask::new(
-                format!("event:{name}"),
+            crate::outbox::relay::event_task(
+                &envelope,
                 id.to_string(),
-                serde_json::to_vec(&envelope).unwrap(),
+                &queue.name,
+                Duration::from_secs(60),
             )
-            .queue(&queue.name)
         })
         .collect();
     rng.shuffle(&mut tasks);
@@ -549,7 +549,7 @@ async fn a_run_that_fails_for_good_holds_its_key_until_it_is_moved_past() {
             "order:1",
             &held.head,
             None,
-            false,
+            End::Skip,
             None,
         )
         .await
@@ -971,7 +971,15 @@ async fn a_head_whose_task_valkey_lost_is_queued_again() {
     } = &held;
     let ordering = held.ordering();
     ordering
-        .move_on(&queue.name, "ledger", "order:1", head, None, false, None)
+        .move_on(
+            &queue.name,
+            "ledger",
+            "order:1",
+            head,
+            None,
+            End::Past,
+            None,
+        )
         .await
         .unwrap();
     queue.delete_keys();

@@ -239,3 +239,190 @@ async fn a_listener_no_longer_ordered_has_its_chains_released_after_the_grace() 
             .is_empty()
     );
 }
+
+/// Key `key`'s steps 1 to 3 dispatched; the worker runs until step 2 of
+/// each of `keys` holds its key.
+async fn hold_keys(db: &TestDatabase, queue: &TestQueue, keys: &[u32]) -> Vec<String> {
+    let running = Running::start(queue, &db.pool, refusing_step_2_of_every_key());
+    for &key in keys {
+        for n in 1..=3 {
+            dispatch(&db.pool, &Placed { key, n }).await.unwrap();
+        }
+    }
+    publish_shuffled(&db.pool, queue, &mut fastrand::Rng::with_seed(7)).await;
+    eventually(Duration::from_secs(20), "every key held", || async {
+        failures(&db.pool).await.len() == keys.len()
+    })
+    .await;
+    running.stop().await;
+    failures(&db.pool)
+        .await
+        .into_iter()
+        .map(|(task_id, _)| task_id)
+        .collect()
+}
+
+/// An ordered `ledger` refusing step 2 of every key while `REFUSING`.
+fn refusing_step_2_of_every_key() -> Listeners {
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new().ordered(),
+        |event: Placed, context: ListenerContext| async move {
+            if event.n == 2 && REFUSING.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(SkipRetry("step 2 is refused".into()).into());
+            }
+            record(&context, event.key, event.n).await
+        },
+    );
+    listeners
+}
+
+/// Whether [`refusing_step_2_of_every_key`] refuses (its tests run one at
+/// a time in a process: each sets it before its worker starts).
+static REFUSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static REFUSING_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test]
+async fn held_keys_do_not_keep_the_look_at_old_heads_from_the_others() {
+    // Arrange: three keys held by a failed step 2 each, and a fourth key's
+    // head whose task the queue lost after them (so it is the newest head).
+    let _one_at_a_time = REFUSING_TESTS.lock().await;
+    REFUSING.store(true, std::sync::atomic::Ordering::SeqCst);
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    hold_keys(&db, &queue, &[1, 2, 3]).await;
+    let ordering = chains(&db.pool, &queue);
+    // Key 4's step 1 fanned out, its task then lost.
+    dispatch(&db.pool, &Placed { key: 4, n: 1 }).await.unwrap();
+    let listeners = refusing_step_2_of_every_key();
+    let rows: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "UPDATE outbox_events SET published_at = now() WHERE published_at IS NULL RETURNING event_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let event = crate::follow::rows::by_ids(&db.pool, &rows)
+        .await
+        .unwrap()
+        .remove(0);
+    let task = crate::outbox::relay::event_task(
+        &event.envelope(),
+        event.id.to_string(),
+        &queue.name,
+        Duration::from_secs(60),
+    );
+    crate::worker::fan_out(
+        &ordering,
+        &listeners,
+        crate::queue::Task::from(&task.to_message().unwrap()),
+    )
+    .await
+    .unwrap();
+    let run = crate::worker::listeners::listener_task_id(event.id, "ledger").to_string();
+    let mut conn = queue.connection().await;
+    let () = redis::pipe()
+        .del(crate::queue::keys::task(&queue.name, &run))
+        .ignore()
+        .lrem(crate::queue::keys::pending(&queue.name), 0, &run)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    // Act: two looks of two heads each (the held heads are the oldest).
+    let ordered = listeners.ordered();
+    for _ in 0..2 {
+        ordering
+            .look_at_old_heads_by(Duration::ZERO, &ordered, 2)
+            .await
+            .unwrap();
+    }
+
+    // Assert: key 4's head is queued again.
+    assert_eq!(queue.pending_ids().await, vec![run]);
+}
+
+#[tokio::test]
+async fn outbox_skip_refuses_a_run_sent_back_that_has_not_failed_again() {
+    // Arrange: step 2 holds key 1; asynqmon's "run" sends it back (its
+    // failure record stays until it succeeds); no worker runs.
+    let _one_at_a_time = REFUSING_TESTS.lock().await;
+    REFUSING.store(true, std::sync::atomic::Ordering::SeqCst);
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    let held = hold_keys(&db, &queue, &[1]).await.remove(0);
+    queue.client.run_task(&queue.name, &held).await.unwrap();
+    let mut config = crate::testing::config(&db.url());
+    config.valkey.addr = Some(valkey_addr());
+    config.outbox.queues = queue.name.parse().unwrap();
+    config.worker.queues = queue.name.parse().unwrap();
+    let context = crate::follow::Context::new(config, Listeners::new());
+
+    // Act
+    let skip = crate::operations::skip::Args {
+        task_id: held.clone(),
+    };
+    let refused =
+        crate::operations::skip::run(&context, &skip, crate::operations::output::Format::Text)
+            .await;
+
+    // Assert: refused, and the key still held by it.
+    let refused = refused.unwrap_err().to_string();
+    assert!(refused.contains("has not failed for good"), "{refused}");
+    let standing = chains(&db.pool, &queue);
+    assert_eq!(
+        standing
+            .position(&queue.name, "ledger", "order:1", &held)
+            .await
+            .unwrap(),
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn a_held_run_the_queue_lost_and_the_worker_queued_again_forgets_its_failure_when_it_succeeds()
+ {
+    // Arrange: step 2 holds key 1; its archived task is deleted (asynqmon's
+    // "delete"); the worker's look queues it again from the chain.
+    let _one_at_a_time = REFUSING_TESTS.lock().await;
+    REFUSING.store(true, std::sync::atomic::Ordering::SeqCst);
+    let db = TestDatabase::migrated().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let queue = TestQueue::new().await;
+    let held = hold_keys(&db, &queue, &[1]).await.remove(0);
+    let mut conn = queue.connection().await;
+    let () = redis::pipe()
+        .del(crate::queue::keys::task(&queue.name, &held))
+        .ignore()
+        .zrem(crate::queue::keys::archived(&queue.name), &held)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ordering = chains(&db.pool, &queue);
+    ordering
+        .look_at_old_heads(Duration::ZERO, &refusing_step_2_of_every_key().ordered())
+        .await
+        .unwrap();
+
+    // Act: the cause fixed, it runs.
+    REFUSING.store(false, std::sync::atomic::Ordering::SeqCst);
+    let running = Running::start(&queue, &db.pool, refusing_step_2_of_every_key());
+    eventually(Duration::from_secs(20), "steps 2 and 3", || async {
+        seen(&db.pool).await.get(&1).map(Vec::len) == Some(3)
+    })
+    .await;
+    eventually(Duration::from_secs(20), "its failure forgotten", || async {
+        failures(&db.pool).await.is_empty()
+    })
+    .await;
+    running.stop().await;
+    REFUSING.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    // Assert
+    assert_eq!(seen(&db.pool).await.get(&1), Some(&vec![1, 2, 3]));
+    assert_eq!(ordering.held().await.unwrap(), Held::default());
+}

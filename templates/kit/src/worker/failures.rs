@@ -29,7 +29,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::ordering::{ORDERED_HEADER, Ordering};
+use super::ordering::{End, ORDERED_HEADER, Ordering};
 use crate::queue::Consumer;
 use crate::queue::message::TaskMessage;
 
@@ -166,7 +166,7 @@ impl OrderedFailures {
                 key,
                 &message.id,
                 None,
-                false,
+                End::Past,
                 None,
             )
             .await
@@ -259,6 +259,26 @@ pub(crate) fn sent_back_task(
         .max_retry(crate::outbox::relay::MAX_RETRY)
         .timeout(crate::outbox::relay::TASK_TIMEOUT)
         .retention(retention)
+}
+
+/// Forgets the records of `task_ids` written before `before` (sent back
+/// to the queue at `before`: a record written since is of a run that failed
+/// again since); how many there were.
+pub(crate) async fn forget_before(
+    pool: &PgPool,
+    task_ids: &[String],
+    before: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    if task_ids.is_empty() {
+        return Ok(0);
+    }
+    let done =
+        sqlx::query("DELETE FROM listener_failures WHERE task_id = ANY($1) AND failed_at < $2")
+            .bind(task_ids)
+            .bind(before)
+            .execute(pool)
+            .await?;
+    Ok(done.rows_affected())
 }
 
 /// Forgets the records of `task_ids` (sent back to the queue, or

@@ -11,7 +11,7 @@ use super::failures;
 use super::limits::{Acquired, Limiter, Permit};
 use super::listeners::Listener;
 use super::metrics::ListenerMetrics;
-use super::ordering::{Fence, Moved, ORDERED_HEADER, Ordering, Superseded, Turn};
+use super::ordering::{End, Fence, Moved, ORDERED_HEADER, Ordering, Superseded, Turn};
 use crate::database::Transactor;
 use crate::queue::{HandlerError, Task};
 
@@ -39,6 +39,9 @@ struct Held {
     token: i64,
     /// The run after it, as its turn saw it.
     next: Option<String>,
+    /// Its task was made again from the chain (a failure of it may be
+    /// recorded).
+    rebuilt: bool,
 }
 
 impl ListenerHandler {
@@ -68,7 +71,7 @@ impl ListenerHandler {
         };
         let permit = self.acquire_limit(&task).await?;
         let (queue, task_id) = (task.queue.clone(), task.id.clone());
-        let failed_before = task.failed_before;
+        let failed_before = task.failed_before || held.as_ref().is_some_and(|held| held.rebuilt);
         let fence = held
             .as_ref()
             .map(|held| Fence::new(self.ordering.queue_client(), &queue, &task_id, held.token));
@@ -115,10 +118,15 @@ impl ListenerHandler {
         };
         Ok(
             match self.ordering.turn(self.listener.name(), key, task).await? {
-                Turn::Now { token, next } => Step::Run(Some(Held {
+                Turn::Now {
+                    token,
+                    next,
+                    rebuilt,
+                } => Step::Run(Some(Held {
                     key: key.clone(),
                     token,
                     next,
+                    rebuilt,
                 })),
                 Turn::Done => Step::Return(Ok(())),
                 Turn::After(_) | Turn::Rejoined => Step::Return(Err(HandlerError::defer(
@@ -178,23 +186,29 @@ impl ListenerHandler {
                         &held.key,
                         task_id,
                         Some(held.token),
-                        true,
+                        End::Done,
                         held.next.as_deref(),
                     )
                     .await?;
                 match moved {
                     Moved::On => Ok(()),
-                    Moved::Superseded => Err(HandlerError::superseded(Superseded)),
+                    Moved::Superseded | Moved::NotFailed => {
+                        Err(HandlerError::superseded(Superseded))
+                    }
                 }
             }
             Err(err) if err.is_superseded() => Err(err),
-            // A failure is the task's only while the run holds its turn.
+            // A failure is the task's only while the run holds its turn; one
+            // that cannot tell (Valkey unreachable) leaves its task to the
+            // recoverer rather than to the archive's move past.
             Err(err) => match fence.check().await {
                 Ok(()) => Err(err),
-                Err(check) if Superseded::is_in(&check) => {
+                Err(check) => {
+                    if !Superseded::is_in(&check) {
+                        tracing::warn!(error = %check, "could not tell whether a failed run of an ordered listener still holds its turn; its task is left to the recoverer");
+                    }
                     Err(HandlerError::superseded(Superseded))
                 }
-                Err(_) => Err(err),
             },
         }
     }

@@ -121,7 +121,8 @@ pub async fn run(
         queue.clone(),
         config.worker.queues.names().map(str::to_string).collect(),
         config.outbox.task_retention,
-    );
+    )
+    .keeping_numbers_past(config.outbox.retention);
     let ordered = listeners.ordered();
     let service = ordering::owner::service_id(&pool, config.worker.service_id.as_deref())
         .await
@@ -129,6 +130,8 @@ pub async fn run(
     if !ordered.names.is_empty() {
         // A queue of another service's would mix their events and chains.
         chains.own_queues(&service).await?;
+        // Its listeners' chains are not another worker's to release.
+        chains.claim_listeners(&ordered).await?;
         ordering::foreign::refuse_foreign_consumers(&queue, chains.queues()).await?;
     }
     // Before the consumer runs: a head in the queue must find its chain.
@@ -468,9 +471,11 @@ pub(crate) async fn fan_out(
     // A recovery of an event the queue ran without it being fanned out
     // here takes the event's turn (`ordering`'s module `stale`).
     let recovered = task.headers.remove(ordering::RECOVERED_HEADER).is_some();
+    // The unordered listeners ran a recovered event already.
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
+        .filter(|_| !recovered)
         .filter(|listener| place.is_none() || listener.ordered().is_none())
         .map(|listener| {
             NewTask::new(

@@ -2,11 +2,12 @@
 //! (one namespace per database name, apart from the queue) into the
 //! namespaces of the queues ([`super::keys`]). A worker moves them before it
 //! consumes, under a lock of the database's, in their order: the keys' last
-//! fanned-out numbers (once: a mark says so), the chains' runs, then the
-//! events that wait; each old key goes once its content is in the new ones,
-//! so a move cut short is taken up again by the next worker that starts
-//! (and by each worker's look after the chains, for runs an old worker
-//! left meanwhile).
+//! fanned-out numbers into each queue it consumes (once a queue: a mark
+//! says so; the old numbers stay, for the workers of other queues, until
+//! they expire), the chains' runs, then the events that wait; each old run
+//! and waiting event goes once it is in the new keys, so a move cut short is
+//! taken up again by the next worker that starts (and by each worker's look
+//! after the chains, for runs an old worker left meanwhile).
 
 use std::collections::BTreeMap;
 
@@ -74,14 +75,33 @@ impl Ordering {
     pub(crate) async fn move_from_set_22(&self) -> anyhow::Result<u64> {
         let old = Old::of_pool(&self.pool);
         let mut conn = self.queue.connection();
-        let (numbers_moved, runs, waiting): (bool, i64, i64) = redis::pipe()
-            .exists(old.name("moved"))
-            .hlen(old.name("runs"))
-            .zcard(old.name("waiting"))
-            .query_async(&mut conn)
-            .await
-            .map_err(QueueError::from)?;
-        if numbers_moved && runs == 0 && waiting == 0 {
+        let mut pipe = redis::pipe();
+        pipe.hlen(old.name("runs")).zcard(old.name("waiting"));
+        for queue in self.queues.iter() {
+            pipe.exists(old.name(&format!("moved:{queue}")));
+        }
+        let (runs, waiting, moved): (i64, i64, Vec<bool>) = {
+            let mut replies: Vec<redis::Value> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+            let moved = replies
+                .split_off(2)
+                .into_iter()
+                .map(super::parse)
+                .collect::<Result<_, _>>()?;
+            let waiting = super::parse(replies.pop().unwrap_or(redis::Value::Int(0)))?;
+            let runs = super::parse(replies.pop().unwrap_or(redis::Value::Int(0)))?;
+            (runs, waiting, moved)
+        };
+        let unmoved: Vec<&String> = self
+            .queues
+            .iter()
+            .zip(&moved)
+            .filter(|(_, moved)| !**moved)
+            .map(|(queue, _)| queue)
+            .collect();
+        if unmoved.is_empty() && runs == 0 && waiting == 0 {
             return Ok(0);
         }
         let mut tx = self.pool.begin().await?;
@@ -90,14 +110,19 @@ impl Ordering {
             .await?;
         let failed = |err: HandlerError| anyhow::anyhow!("{err}");
         let mut moved = 0u64;
-        if !numbers_moved {
-            moved += self.move_numbers(&old, &mut tx).await.map_err(failed)?;
+        if !unmoved.is_empty() {
+            moved += self
+                .move_numbers(&old, &unmoved, &mut tx)
+                .await
+                .map_err(failed)?;
         }
         moved += self.move_runs(&old).await?;
         moved += self.move_waiting(&old).await.map_err(failed)?;
-        let () = redis::cmd("SET")
-            .arg(old.name("moved"))
-            .arg(1)
+        let mut marks = redis::pipe();
+        for queue in &unmoved {
+            marks.set(old.name(&format!("moved:{queue}")), 1).ignore();
+        }
+        let () = marks
             .query_async(&mut conn)
             .await
             .map_err(QueueError::from)?;
@@ -111,11 +136,11 @@ impl Ordering {
         Ok(moved)
     }
 
-    /// Each key's last fanned-out number, into every queue this worker
-    /// fans out.
+    /// Each key's last fanned-out number, into `queues`.
     async fn move_numbers(
         &self,
         old: &Old,
+        queues: &[&String],
         tx: &mut sqlx::PgConnection,
     ) -> Result<u64, HandlerError> {
         let keys: Vec<(String, i64)> = sqlx::query_as("SELECT key, epoch FROM outbox_keys")
@@ -136,16 +161,11 @@ impl Ordering {
                 .map_err(QueueError::from)?;
             for ((key, epoch), number) in batch.iter().zip(numbers) {
                 let Some(number) = number else { continue };
-                for queue in self.queues.iter() {
+                for queue in queues {
                     self.move_past(queue, key, *epoch, number).await?;
                 }
                 moved += 1;
             }
-            let () = redis::cmd("DEL")
-                .arg(&names)
-                .query_async(&mut conn)
-                .await
-                .map_err(QueueError::from)?;
         }
         Ok(moved)
     }
@@ -154,92 +174,122 @@ impl Ordering {
     async fn move_runs(&self, old: &Old) -> anyhow::Result<u64> {
         let mut conn = self.queue.connection();
         let mut moved = 0;
-        loop {
-            // Every scan starts again: the runs moved leave the hash.
-            let (_, pairs): (String, Vec<(String, Vec<u8>)>) = redis::cmd("HSCAN")
+        // Passes over the hash until it is empty (an old worker may add
+        // runs meanwhile); the runs moved leave it.
+        for _ in 0..100 {
+            let left: i64 = redis::cmd("HLEN")
                 .arg(old.name("runs"))
-                .arg(0)
-                .arg("COUNT")
-                .arg(BATCH)
                 .query_async(&mut conn)
                 .await
                 .map_err(QueueError::from)?;
-            if pairs.is_empty() {
+            if left == 0 {
                 break;
             }
-            // The chains these runs are in, each moved whole.
-            let mut chains = BTreeMap::new();
-            let mut ids = Vec::with_capacity(pairs.len());
-            for (id, message) in pairs {
-                if let Some(run) = StoredRun::decode(&message) {
-                    chains.insert((run.listener, run.key), ());
-                }
-                ids.push(id);
-            }
-            let mut gone: Vec<String> = ids.clone();
-            for (listener, key) in chains.into_keys() {
-                let chain: Vec<String> = redis::cmd("LRANGE")
-                    .arg(old.chain(&listener, &key))
-                    .arg(0)
-                    .arg(-1)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(QueueError::from)?;
-                let (messages, queues): (Vec<Option<Vec<u8>>>, Vec<Option<String>>) = redis::pipe()
-                    .cmd("HMGET")
+            let mut cursor = "0".to_string();
+            loop {
+                let (next, pairs): (String, Vec<(String, Vec<u8>)>) = redis::cmd("HSCAN")
                     .arg(old.name("runs"))
-                    .arg(&chain)
-                    .cmd("HMGET")
-                    .arg(old.name("queues"))
-                    .arg(&chain)
+                    .arg(&cursor)
+                    .arg("COUNT")
+                    .arg(BATCH)
                     .query_async(&mut conn)
                     .await
                     .map_err(QueueError::from)?;
-                let mut by_queue: BTreeMap<String, Vec<(String, RunArgs)>> = BTreeMap::new();
-                for ((id, message), queue) in chain.iter().zip(messages).zip(queues) {
-                    let (Some(message), Some(queue)) = (message, queue) else {
-                        continue;
-                    };
-                    by_queue.entry(queue).or_default().push((
-                        key.clone(),
-                        RunArgs {
-                            listener: listener.clone(),
-                            task_id: id.clone(),
-                            message,
-                        },
-                    ));
+                moved += self.move_chains_of(old, pairs).await?;
+                if next == "0" {
+                    break;
                 }
-                for (queue, runs) in &by_queue {
-                    self.append(queue, runs).await?;
-                    moved += runs.len() as u64;
-                }
-                let () = redis::pipe()
-                    .del(old.chain(&listener, &key))
-                    .ignore()
-                    .srem(old.name(&format!("listeners:{key}")), &listener)
-                    .ignore()
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(QueueError::from)?;
-                gone.extend(chain);
+                cursor = next;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The chains of the runs `pairs` (task id, message), each moved whole
+    /// in its order into its runs' queue; how many runs.
+    async fn move_chains_of(
+        &self,
+        old: &Old,
+        pairs: Vec<(String, Vec<u8>)>,
+    ) -> anyhow::Result<u64> {
+        if pairs.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.queue.connection();
+        let mut chains = BTreeMap::new();
+        let mut gone = Vec::with_capacity(pairs.len());
+        for (id, message) in pairs {
+            if let Some(run) = StoredRun::decode(&message) {
+                chains.insert((run.listener, run.key), ());
+            }
+            gone.push(id);
+        }
+        let mut moved = 0;
+        for (listener, key) in chains.into_keys() {
+            let chain: Vec<String> = redis::cmd("LRANGE")
+                .arg(old.chain(&listener, &key))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+            if chain.is_empty() {
+                continue;
+            }
+            let (messages, queues): (Vec<Option<Vec<u8>>>, Vec<Option<String>>) = redis::pipe()
+                .cmd("HMGET")
+                .arg(old.name("runs"))
+                .arg(&chain)
+                .cmd("HMGET")
+                .arg(old.name("queues"))
+                .arg(&chain)
+                .query_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+            let mut by_queue: BTreeMap<String, Vec<(String, RunArgs)>> = BTreeMap::new();
+            for ((id, message), queue) in chain.iter().zip(messages).zip(queues) {
+                let (Some(message), Some(queue)) = (message, queue) else {
+                    continue;
+                };
+                by_queue.entry(queue).or_default().push((
+                    key.clone(),
+                    RunArgs {
+                        listener: listener.clone(),
+                        task_id: id.clone(),
+                        message,
+                    },
+                ));
+            }
+            for (queue, runs) in &by_queue {
+                self.append(queue, runs).await?;
+                moved += runs.len() as u64;
             }
             let () = redis::pipe()
-                .cmd("HDEL")
-                .arg(old.name("runs"))
-                .arg(&gone)
+                .del(old.chain(&listener, &key))
                 .ignore()
-                .cmd("HDEL")
-                .arg(old.name("queues"))
-                .arg(&gone)
-                .ignore()
-                .cmd("ZREM")
-                .arg(old.name("heads"))
-                .arg(&gone)
+                .srem(old.name(&format!("listeners:{key}")), &listener)
                 .ignore()
                 .query_async(&mut conn)
                 .await
                 .map_err(QueueError::from)?;
+            gone.extend(chain);
         }
+        let () = redis::pipe()
+            .cmd("HDEL")
+            .arg(old.name("runs"))
+            .arg(&gone)
+            .ignore()
+            .cmd("HDEL")
+            .arg(old.name("queues"))
+            .arg(&gone)
+            .ignore()
+            .cmd("ZREM")
+            .arg(old.name("heads"))
+            .arg(&gone)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .map_err(QueueError::from)?;
         Ok(moved)
     }
 

@@ -127,8 +127,14 @@ pub(crate) struct ChainRun {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Turn {
     /// It is the head: it runs, holding `token` ([`Fence`]); `next` is the
-    /// run after it, if any.
-    Now { token: i64, next: Option<String> },
+    /// run after it, if any; `rebuilt` when the worker made its task again
+    /// from the chain (the queue had lost it; a failure recorded for it is
+    /// forgotten when it succeeds).
+    Now {
+        token: i64,
+        next: Option<String>,
+        rebuilt: bool,
+    },
     /// It ran and moved its chain on (this is a delivery again after a
     /// crash): the listener is not called again.
     Done,
@@ -140,6 +146,29 @@ pub(crate) enum Turn {
     After(i64),
 }
 
+/// Why a run leaves its chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// It succeeded: a delivery of it again does not run it.
+    Done,
+    /// It failed for good, and its listener moves on (or the recoverer
+    /// archived it): sent back, it runs.
+    Past,
+    /// An operator moves past it (`outbox skip`): only once its task is
+    /// archived (or lost).
+    Skip,
+}
+
+impl End {
+    fn as_str(self) -> &'static str {
+        match self {
+            End::Done => "done",
+            End::Past => "past",
+            End::Skip => "skip",
+        }
+    }
+}
+
 /// How a move on ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Moved {
@@ -148,6 +177,9 @@ pub(crate) enum Moved {
     /// Nothing changed: the run is not its chain's head, or another run of
     /// it holds the turn.
     Superseded,
+    /// Nothing changed: a run to skip has not failed for good (its task
+    /// waits, runs or is retried).
+    NotFailed,
 }
 
 /// The chains of ordered listeners in Valkey, of the queues a worker
@@ -159,6 +191,9 @@ pub(crate) struct Ordering {
     queues: Arc<Vec<String>>,
     /// How long a listener task is kept after it succeeds.
     retention: Duration,
+    /// How long a key's last fanned-out number is kept after its last
+    /// fan-out, in case nothing deletes it ([`FANNED_KEPT`], or longer).
+    numbers_kept: Duration,
 }
 
 impl std::fmt::Debug for Ordering {
@@ -185,7 +220,20 @@ impl Ordering {
             queue,
             queues: Arc::new(queues),
             retention,
+            numbers_kept: FANNED_KEPT.max(retention),
         }
+    }
+
+    /// Keeps a key's last fanned-out number a day longer than the outbox
+    /// keeps its row (`outbox_retention`, after which [`Ordering::delete_idle`]
+    /// deletes both), when that is longer than [`FANNED_KEPT`]: an idle key
+    /// whose number expired first would have its next event wait, and its
+    /// earlier events taken again.
+    pub(crate) fn keeping_numbers_past(mut self, outbox_retention: Duration) -> Self {
+        self.numbers_kept = self
+            .numbers_kept
+            .max(outbox_retention + Duration::from_secs(24 * 3600));
+        self
     }
 
     /// The queues whose chains it looks after.
@@ -329,7 +377,7 @@ impl Ordering {
             .key(keys.waits(&place.key))
             .arg(place.seq)
             .arg(i32::from(replay))
-            .arg(millis(FANNED_KEPT.max(self.retention)))
+            .arg(millis(self.numbers_kept))
             .arg(now_millis())
             .arg(place.epoch)
             .arg(&place.key)
@@ -440,11 +488,10 @@ impl Ordering {
     }
 
     /// The run of `task_id` in `queue`, of `listener`'s chain for `key`,
-    /// is over ([`MOVE_ON`]): it leaves its chain and the next run goes to
-    /// the queue. `token`: the run's ([`Turn::Now`]), or `None` for one
-    /// moved past for an operator or the recoverer. `done`: it succeeded
-    /// (a delivery of it again does not run it), or it is moved past
-    /// (sent back, it runs). `next`: the run after it as the turn saw it.
+    /// is over ([`MOVE_ON`]) as `end` says: it leaves its chain and the next
+    /// run goes to the queue. `token`: the run's ([`Turn::Now`]), or `None`
+    /// for one moved past for an operator or the recoverer. `next`: the run
+    /// after it as the turn saw it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn move_on(
         &self,
@@ -453,7 +500,7 @@ impl Ordering {
         key: &str,
         task_id: &str,
         token: Option<i64>,
-        done: bool,
+        end: End,
         next: Option<&str>,
     ) -> Result<Moved, HandlerError> {
         let keys = Namespace::of_queue(queue);
@@ -468,7 +515,7 @@ impl Ordering {
             .key(keys.task(task_id))
             .arg(task_id)
             .arg(token.map_or_else(String::new, |token| token.to_string()))
-            .arg(if done { "done" } else { "past" })
+            .arg(end.as_str())
             .arg(now_millis())
             .arg(listener)
             .arg(key)
@@ -484,8 +531,10 @@ impl Ordering {
         let int = |value: Option<redis::Value>| -> Result<i64, QueueError> {
             parse(value.unwrap_or(redis::Value::Int(0)))
         };
-        if int(reply.next())? == 0 {
-            return Ok(Moved::Superseded);
+        match int(reply.next())? {
+            0 => return Ok(Moved::Superseded),
+            2 => return Ok(Moved::NotFailed),
+            _ => {}
         }
         self.delivered(int(reply.next())?);
         if let Some(other) = reply.next() {
@@ -536,7 +585,7 @@ impl Ordering {
             .key(keys.fanned(key, epoch))
             .key(keys.waits(key))
             .arg(number)
-            .arg(millis(FANNED_KEPT.max(self.retention)))
+            .arg(millis(self.numbers_kept))
             .arg(epoch)
             .invoke_async(&mut self.queue.connection())
             .await
@@ -742,9 +791,11 @@ fn turn_of(reply: Vec<redis::Value>) -> Result<Option<Turn>, QueueError> {
         0 => {
             let token: i64 = parse(reply.next().unwrap_or(redis::Value::Int(0)))?;
             let next: String = reply.next().map(parse).transpose()?.unwrap_or_default();
+            let rebuilt: i64 = reply.next().map(parse).transpose()?.unwrap_or(0);
             Some(Turn::Now {
                 token,
                 next: (!next.is_empty()).then_some(next),
+                rebuilt: rebuilt == 1,
             })
         }
         -1 => Some(Turn::Done),

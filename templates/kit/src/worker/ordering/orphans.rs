@@ -52,6 +52,23 @@ impl Ordering {
         Ok(orphans)
     }
 
+    /// Clears the marks of the listeners `ordered` orders: a worker that
+    /// orders them runs (at start-up, before it consumes, and at each look).
+    pub(crate) async fn claim_listeners(&self, ordered: &Ordered) -> Result<(), QueueError> {
+        if ordered.names.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.queue.connection();
+        for queue in self.queues.iter() {
+            let () = redis::cmd("HDEL")
+                .arg(Namespace::of_queue(queue).orphans())
+                .arg(ordered.names.iter().collect::<Vec<_>>())
+                .query_async(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Marks the listeners no worker orders (see [`Ordering::orphans`]),
     /// clears the marks of those `ordered` orders, and releases the chains
     /// of those marked `grace` ago or more; how many runs it released.
@@ -62,15 +79,7 @@ impl Ordering {
     ) -> Result<u64, QueueError> {
         let mut conn = self.queue.connection();
         let now = now_millis();
-        if !ordered.names.is_empty() {
-            for queue in self.queues.iter() {
-                let () = redis::cmd("HDEL")
-                    .arg(Namespace::of_queue(queue).orphans())
-                    .arg(ordered.names.iter().collect::<Vec<_>>())
-                    .query_async(&mut conn)
-                    .await?;
-            }
-        }
+        self.claim_listeners(ordered).await?;
         let mut released = 0;
         for (queue, listener, keys_held) in self.orphans(ordered).await? {
             let keys = Namespace::of_queue(&queue);

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::keys::Namespace;
 use super::scripts::REQUEUE_HEAD;
-use super::{Ordering, REQUEUE_AFTER, STALE_AFTER, StoredRun, millis, now_millis, parse};
+use super::{End, Ordering, REQUEUE_AFTER, STALE_AFTER, StoredRun, millis, now_millis, parse};
 use crate::queue::message::TaskMessage;
 use crate::queue::{HandlerError, QueueError};
 use crate::worker::failures;
@@ -52,10 +52,21 @@ impl Ordering {
         older_than: Duration,
         ordered: &Ordered,
     ) -> Result<usize, HandlerError> {
+        self.look_at_old_heads_by(older_than, ordered, REQUEUE_BATCH)
+            .await
+    }
+
+    /// [`Ordering::look_at_old_heads`], `batch` heads a queue at most.
+    pub(crate) async fn look_at_old_heads_by(
+        &self,
+        older_than: Duration,
+        ordered: &Ordered,
+        batch: isize,
+    ) -> Result<usize, HandlerError> {
         let mut looked = 0;
         for queue in self.queues.iter() {
             looked += self
-                .look_at_old_heads_of(queue, older_than, ordered)
+                .look_at_old_heads_of(queue, older_than, ordered, batch)
                 .await?;
         }
         Ok(looked)
@@ -66,6 +77,7 @@ impl Ordering {
         queue: &str,
         older_than: Duration,
         ordered: &Ordered,
+        batch: isize,
     ) -> Result<usize, HandlerError> {
         let keys = Namespace::of_queue(queue);
         let mut conn = self.queue.connection();
@@ -76,7 +88,7 @@ impl Ordering {
             .arg(now - millis(older_than))
             .arg("LIMIT")
             .arg(0)
-            .arg(REQUEUE_BATCH)
+            .arg(batch)
             .query_async(&mut conn)
             .await
             .map_err(QueueError::from)?;
@@ -102,27 +114,33 @@ impl Ordering {
         let mut requeue = redis::pipe();
         requeue.load_script(&REQUEUE_HEAD).ignore();
         let mut requeued = 0;
+        // Heads looked at and left as they are count as heads from now on,
+        // so that the next round looks at others.
+        let mut rescored: Vec<&String> = Vec::new();
+        let mut archived = Vec::new();
         for ((id, run), (state, message)) in ids.iter().zip(runs).zip(tasks) {
             let Some(run) = run.as_deref().and_then(StoredRun::decode) else {
+                rescored.push(id);
                 continue;
             };
             // Another version's listener: its chains are `super::orphans`'.
             if !ordered.names.contains(&run.listener) {
+                rescored.push(id);
                 continue;
             }
             match state.as_deref() {
                 Some("completed") => {
                     tracing::warn!(task = %id, listener = run.listener, key = run.key, "the first run of an ordered key completed without moving its key on (a process that is not a kit worker of this set ran it?): moving on");
-                    self.move_on(queue, &run.listener, &run.key, id, None, true, None)
+                    self.move_on(queue, &run.listener, &run.key, id, None, End::Done, None)
                         .await?;
                 }
                 Some("archived") => {
+                    rescored.push(id);
                     let message = message
                         .as_deref()
                         .and_then(|message| TaskMessage::decode(message).ok());
                     if let Some(message) = message {
-                        self.record_foreign_archive(queue, &run, id, &message, ordered)
-                            .await?;
+                        archived.push((id, run, message));
                     }
                 }
                 _ => {
@@ -147,11 +165,37 @@ impl Ordering {
                 .map_err(QueueError::from)?;
             self.delivered(delivered.iter().sum());
         }
+        if !archived.is_empty() {
+            let ids: Vec<&String> = archived.iter().map(|(id, _, _)| *id).collect();
+            let recorded: Vec<String> =
+                sqlx::query_scalar("SELECT task_id FROM listener_failures WHERE task_id = ANY($1)")
+                    .bind(&ids)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(anyhow::Error::from)?;
+            for (id, run, message) in &archived {
+                if !recorded.contains(id) {
+                    self.record_foreign_archive(queue, run, id, message, ordered)
+                        .await?;
+                }
+            }
+        }
+        if !rescored.is_empty() {
+            let mut rescore = redis::cmd("ZADD");
+            rescore.arg(keys.heads()).arg("XX");
+            for id in &rescored {
+                rescore.arg(now).arg(*id);
+            }
+            let () = rescore
+                .query_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+        }
         Ok(ids.len())
     }
 
-    /// A head `id` archived in `queue`: recorded as a failure if no worker
-    /// of the kit recorded it (a process that is not one archived it), and
+    /// A head `id` archived in `queue` that no worker of the kit recorded
+    /// (a process that is not one archived it): its failure recorded, and
     /// moved past for a listener that moves on.
     async fn record_foreign_archive(
         &self,
@@ -161,16 +205,6 @@ impl Ordering {
         message: &TaskMessage,
         ordered: &Ordered,
     ) -> Result<(), HandlerError> {
-        let recorded: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM listener_failures WHERE task_id = $1)",
-        )
-        .bind(id)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(anyhow::Error::from)?;
-        if recorded {
-            return Ok(());
-        }
         let moves_on = ordered.moving_on.contains(&run.listener);
         let error = format!(
             "{} (archived by a process that is not a kit worker of this set)",
@@ -180,26 +214,26 @@ impl Ordering {
             .await
             .map_err(|err| anyhow::anyhow!(err))?;
         if moves_on {
-            self.move_on(queue, &run.listener, &run.key, id, None, false, None)
+            self.move_on(queue, &run.listener, &run.key, id, None, End::Past, None)
                 .await?;
         }
         Ok(())
     }
 
     /// Clears the hold of the failure records whose task is no longer its
-    /// chain's head; how many it cleared.
+    /// chain's head, in any queue (one no worker consumes any more has no
+    /// chains: its records hold nothing); how many it cleared.
     pub(crate) async fn clear_stale_holds(&self) -> anyhow::Result<u64> {
+        let holding: Vec<(String, String)> =
+            sqlx::query_as("SELECT queue, task_id FROM listener_failures WHERE holds_key")
+                .fetch_all(&self.pool)
+                .await?;
+        let mut by_queue: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
+        for (queue, task_id) in &holding {
+            by_queue.entry(queue).or_default().push(task_id);
+        }
         let mut cleared = 0;
-        for queue in self.queues.iter() {
-            let holding: Vec<String> = sqlx::query_scalar(
-                "SELECT task_id FROM listener_failures WHERE queue = $1 AND holds_key",
-            )
-            .bind(queue)
-            .fetch_all(&self.pool)
-            .await?;
-            if holding.is_empty() {
-                continue;
-            }
+        for (queue, holding) in by_queue {
             let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
                 .arg(Namespace::of_queue(queue).heads())
                 .arg(&holding)
@@ -210,7 +244,7 @@ impl Ordering {
                 .iter()
                 .zip(scores)
                 .filter(|(_, score)| score.is_none())
-                .map(|(id, _)| id)
+                .map(|(id, _)| *id)
                 .collect();
             if !released.is_empty() {
                 cleared += failures::release(&self.pool, &released).await?;

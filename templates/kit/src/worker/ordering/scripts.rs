@@ -31,15 +31,20 @@ local pending, scheduled, woken = KEYS[1], KEYS[2], KEYS[3]
 local now_ns, channel, queue = ARGV[1], ARGV[2], ARGV[3]
 local delivered = 0
 -- Puts the run `id` (task hash `task`, task message `msg`) in the queue:
--- enqueued as Go asynq's enqueue does unless the queue has it. With
--- `promote`, a task the queue has waiting in scheduled (a run that waited
--- for its turn there) goes to pending now, and one still active is marked
--- woken, so that its deferral sends it to pending.
+-- enqueued as Go asynq's enqueue does unless the queue has it (or the
+-- chains lost its message); true when it made the task. With `promote`, a
+-- task the queue has waiting in scheduled (a run that waited for its turn
+-- there) goes to pending now, and one still active is marked woken, so
+-- that its deferral sends it to pending.
 local function deliver(task, id, msg, promote)
   if redis.call('EXISTS', task) == 0 then
+    if not msg then
+      return false
+    end
     redis.call('HSET', task, 'msg', msg, 'state', 'pending', 'pending_since', now_ns)
     redis.call('LPUSH', pending, id)
     delivered = delivered + 1
+    return true
   elseif promote then
     local state = redis.call('HGET', task, 'state')
     if state == 'scheduled' and redis.call('ZREM', scheduled, id) == 1 then
@@ -51,6 +56,7 @@ local function deliver(task, id, msg, promote)
       redis.call('EXPIRE', woken, 3600)
     end
   end
+  return false
 end
 -- How many tasks went to pending; their queue is published on the
 -- wake-up channel.
@@ -68,10 +74,11 @@ fn delivering(body: &str) -> Script {
 }
 
 /// Where the run of a task stands, as it starts. KEYS: its chain, its
-/// task hash. ARGV: its task id. Returns `{0, token, next}` for the head
-/// (a new fencing token, and the run after it or ""), `{n}` for a run with
-/// n before it, `{-1}` for a run that moved its chain on already, `{-2}`
-/// for a run in no chain.
+/// task hash. ARGV: its task id. Returns `{0, token, next, rebuilt}` for
+/// the head (a new fencing token, the run after it or "", and 1 when the
+/// worker made its task again from the chain, `REQUEUE_HEAD`), `{n}` for a
+/// run with n before it, `{-1}` for a run that moved its chain on already,
+/// `{-2}` for a run in no chain.
 pub(super) static TURN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -81,7 +88,8 @@ if redis.call('LINDEX', chain, 0) == id then
   if redis.call('EXISTS', task) == 1 then
     token = redis.call('HINCRBY', task, 'gpkit_turn', 1)
   end
-  return {0, token, redis.call('LINDEX', chain, 1) or ''}
+  local rebuilt = redis.call('HEXISTS', task, 'gpkit_rebuilt')
+  return {0, token, redis.call('LINDEX', chain, 1) or '', rebuilt}
 end
 local at = redis.call('LPOS', chain, id)
 if at then
@@ -124,7 +132,7 @@ local token = 0
 if redis.call('EXISTS', task) == 1 then
   token = redis.call('HINCRBY', task, 'gpkit_turn', 1)
 end
-return {0, token, redis.call('LINDEX', chain, 1) or ''}
+return {0, token, redis.call('LINDEX', chain, 1) or '', redis.call('HEXISTS', task, 'gpkit_rebuilt')}
 ",
     )
 });
@@ -134,14 +142,16 @@ return {0, token, redis.call('LINDEX', chain, 1) or ''}
 /// listener's keys, its task hash, then the next run's task hash when the
 /// caller knows it. ARGV: the delivery's three, its task id, its token
 /// (`` for none: a run that failed for good, moved past by the recoverer or
-/// an operator), `done` (it succeeded) or `past` (it did not), now (ms),
-/// the listener, the key, the next run's id as the caller knows it (or "").
-/// Returns `{0}` when the run is not its chain's head or its token is not
-/// the last (another run of it holds the turn: nothing changes), else
-/// `{1, delivered}`, or `{1, 0, next}` when the next run is not the one
-/// the caller named: the caller delivers it ([`DELIVER_HEAD`]). A run
-/// moved past keeps no token: a run of it still going can neither commit
-/// nor move the chain on.
+/// an operator), `done` (it succeeded), `past` (it failed for good) or
+/// `skip` (an operator moves past it: only once its task is archived, or
+/// lost), now (ms), the listener, the key, the next run's id as the caller
+/// knows it (or ""). Returns `{0}` when the run is not its chain's head or
+/// its token is not the last (another run of it holds the turn: nothing
+/// changes), `{2}` when a run to skip is not archived (it waits, runs or
+/// is retried: nothing changes), else `{1, delivered}`, or `{1, 0, next}`
+/// when the next run is not the one the caller named: the caller delivers
+/// it ([`DELIVER_HEAD`]). A run moved past keeps no token: a run of it
+/// still going can neither commit nor move the chain on.
 pub(super) static MOVE_ON: LazyLock<Script> = LazyLock::new(|| {
     delivering(
         r"
@@ -153,6 +163,9 @@ end
 local exists = redis.call('EXISTS', task) == 1
 if token ~= '' and (redis.call('HGET', task, 'gpkit_turn') or '0') ~= token then
   return {0}
+end
+if how == 'skip' and exists and redis.call('HGET', task, 'state') ~= 'archived' then
+  return {2}
 end
 redis.call('LPOP', chain)
 redis.call('HDEL', runs, id)
@@ -288,11 +301,13 @@ return {}
     )
 });
 
-/// Queues a chain's head again if the queue does not have it, and counts it
-/// as a head from now on (it looks again later). KEYS: the delivery's
-/// three, heads, its chain, runs, its task hash. ARGV: the delivery's
-/// three, its task id, now (ms). A task id that is no longer its chain's
-/// head leaves the heads. Returns how many tasks went to pending.
+/// Queues a chain's head again if the queue does not have it (its task,
+/// made again from the chain, is marked `gpkit_rebuilt`: it may have a
+/// failure to forget when it succeeds), and counts it as a head from now
+/// on (it looks again later). KEYS: the delivery's three, heads, its
+/// chain, runs, its task hash. ARGV: the delivery's three, its task id, now
+/// (ms). A task id that is no longer its chain's head leaves the heads.
+/// Returns how many tasks went to pending.
 pub(super) static REQUEUE_HEAD: LazyLock<Script> = LazyLock::new(|| {
     delivering(
         r"
@@ -302,7 +317,9 @@ if redis.call('LINDEX', chain, 0) ~= id then
   return woke()
 end
 redis.call('ZADD', heads, ARGV[5], id)
-deliver(task, id, redis.call('HGET', runs, id), false)
+if deliver(task, id, redis.call('HGET', runs, id), false) then
+  redis.call('HSET', task, 'gpkit_rebuilt', '1')
+end
 return woke()
 ",
     )
@@ -329,10 +346,12 @@ for i, id in ipairs(ids) do
   end
 end
 for i, id in ipairs(ids) do
-  local msg = redis.call('HGET', runs, id)
-  if msg then
-    deliver(KEYS[8 + i], id, msg, true)
+  local task = KEYS[8 + i]
+  -- A run of it still going holds its turn no longer.
+  if redis.call('EXISTS', task) == 1 then
+    redis.call('HINCRBY', task, 'gpkit_turn', 1)
   end
+  deliver(task, id, redis.call('HGET', runs, id), true)
   redis.call('HDEL', runs, id)
   redis.call('ZREM', heads, id)
 end
@@ -343,6 +362,23 @@ if redis.call('SCARD', keys_of) == 0 then
 end
 woke()
 return #ids
+",
+    )
+});
+
+/// Takes a waiting event for a look at it (`super::stale`): its score
+/// becomes now, if it was at most the cutoff still (another worker did not
+/// take it meanwhile). KEYS: waiting. ARGV: the member, the cutoff (ms), now
+/// (ms). Returns 1 when taken.
+pub(super) static TAKE_WAIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+  return 1
+end
+return 0
 ",
     )
 });
@@ -407,5 +443,6 @@ pub(crate) fn all() -> Vec<(&'static str, &'static Script)> {
         ("APPEND", &APPEND),
         ("RELEASE", &RELEASE),
         ("OWN", &OWN),
+        ("TAKE_WAIT", &TAKE_WAIT),
     ]
 }

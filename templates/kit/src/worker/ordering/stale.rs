@@ -12,14 +12,18 @@
 //!   the service that published its key's events;
 //! - none left in the outbox: the key moves on past them, and the waiting
 //!   events that follow are fanned out;
-//! - some left: each one published whose event task the queue no longer
-//!   has is queued again under its id (as the relay queued it); one whose
-//!   task the queue completed or archived without it being fanned out here
-//!   is queued as a recovery (a new task id, [`RECOVERED_HEADER`]), which
-//!   takes its turn in the key as the event would. From the first of them
-//!   if Valkey no longer knows the key (a listener may then run an event
-//!   again: `ctx.once` keeps its work once). Those not published yet are
-//!   the relay's.
+//! - some left: each one published, not waiting itself, whose event task
+//!   the queue no longer has is queued again under its id (as the relay
+//!   queued it); one whose task the queue completed or archived without it
+//!   being fanned out here is queued as a recovery (a new task id,
+//!   [`RECOVERED_HEADER`]), which takes its turn in the key for the ordered
+//!   listeners (the others ran it already). From the first of them if
+//!   Valkey no longer knows the key (an ordered listener may then run an
+//!   event again: `ctx.once` keeps its work once). Those not published yet
+//!   are the relay's.
+//!
+//! One worker looks at a waiting event at a time (it takes it, `TAKE_WAIT`),
+//! and again only after another while.
 //!
 //! The outbox is searched by its rows' metadata (no index): a step for the
 //! rare case, at most [`STALE_BATCH`] waiting events a queue a round.
@@ -29,6 +33,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::keys::{Namespace, waiting_event};
+use super::scripts::TAKE_WAIT;
 use super::waits::Waiting;
 use super::{Ordering, millis, now_millis};
 use crate::outbox::Envelope;
@@ -98,13 +103,20 @@ impl Ordering {
             let Some((key, epoch, seq)) = waiting_event(member) else {
                 continue;
             };
-            // Looked at again after another while, not at every round.
-            let ((), entry, fanned): ((), Option<Vec<u8>>, Option<i64>) = redis::pipe()
-                .cmd("ZADD")
-                .arg(keys.waiting())
-                .arg("XX")
-                .arg(now)
+            // Looked at again after another while, not at every round, and
+            // by one worker at a time.
+            let taken: i64 = TAKE_WAIT
+                .key(keys.waiting())
                 .arg(member)
+                .arg(now - millis(older_than))
+                .arg(now)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+            if taken == 0 {
+                continue;
+            }
+            let (entry, fanned): (Option<Vec<u8>>, Option<i64>) = redis::pipe()
                 .cmd("HGET")
                 .arg(keys.waits(&key))
                 .arg(format!("{epoch}:{seq}"))
@@ -180,7 +192,26 @@ impl Ordering {
                     .await
                     .map_err(|err| anyhow::anyhow!("{err}"))?;
             }
-            let published: Vec<&Earlier> = earlier.iter().filter(|e| e.published).collect();
+            // Those that wait already are fanned out in their turn.
+            let mut waits = redis::cmd("HMGET");
+            waits.arg(keys.waits(&key));
+            for event in &earlier {
+                waits.arg(format!("{epoch}:{}", event.seq));
+            }
+            let waiting: Vec<Option<Vec<u8>>> = if earlier.is_empty() {
+                Vec::new()
+            } else {
+                waits
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(QueueError::from)?
+            };
+            let published: Vec<&Earlier> = earlier
+                .iter()
+                .zip(&waiting)
+                .filter(|(event, waits)| event.published && waits.is_none())
+                .map(|(event, _)| event)
+                .collect();
             let mut states = redis::pipe();
             for event in &published {
                 states.hget(keys.task(&event.event_id.to_string()), "state");
