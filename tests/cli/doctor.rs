@@ -264,7 +264,7 @@ fn a_project_passes_once_its_database_exists_and_is_migrated() {
     let (status, detail, _) = finding(&json, "migrations");
     assert_eq!(status, "fail");
     assert!(
-        detail.starts_with("1 of 7 migration(s) not applied: ")
+        detail.starts_with("1 of 8 migration(s) not applied: ")
             && detail.contains("_add_orders.sql"),
         "{detail}"
     );

@@ -83,10 +83,16 @@ async fn act_as_worker(url: &str, queue: &str) {
     };
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-    worker_with(client, queue, &pool, listeners, options)
-        .run(async move {
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
             terminate.recv().await;
-        })
+            stop.cancel();
+        }
+    });
+    worker_with(client, queue, &pool, listeners, options)
+        .run(stop.cancelled_owned())
         .await
         .unwrap();
 }
@@ -116,13 +122,17 @@ async fn a_worker_stopped_past_its_lease_neither_commits_nor_moves_its_key_on_wh
             .await
             .unwrap();
     }
-    let mut workers: Vec<Child> = (0..2)
-        .map(|_| {
+    let logs: Vec<std::path::PathBuf> = (0..2)
+        .map(|n| std::env::temp_dir().join(format!("{}-worker-{n}.log", queue.name)))
+        .collect();
+    let mut workers: Vec<Child> = logs
+        .iter()
+        .map(|log| {
             Command::new(std::env::current_exe().unwrap())
                 .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
                 .env(WORKER_OF, format!("{} {}", db.url(), queue.name))
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(std::fs::File::create(log).unwrap())
                 .spawn()
                 .unwrap()
         })
@@ -150,8 +160,14 @@ async fn a_worker_stopped_past_its_lease_neither_commits_nor_moves_its_key_on_wh
     for worker in &mut workers {
         signal(worker, "-TERM");
     }
-    for worker in &mut workers {
-        assert!(worker.wait().unwrap().success());
+    for (worker, log) in workers.iter_mut().zip(&logs) {
+        let status = worker.wait().unwrap();
+        let output = std::fs::read_to_string(log).unwrap_or_default();
+        let _ = std::fs::remove_file(log);
+        assert!(
+            status.success(),
+            "a worker process ended with {status}:\n{output}"
+        );
     }
 
     // Assert: the stopped worker's run of step 1 did not do its work, the
