@@ -273,7 +273,7 @@ fn a_project_passes_once_its_database_exists_and_is_migrated() {
             &db.url(),
             "SELECT count(*) FROM goose_db_version WHERE version_id > 0"
         ),
-        "6",
-        "the kit's six migrations, not the new one"
+        "7",
+        "the kit's seven migrations, not the new one"
     );
 }
