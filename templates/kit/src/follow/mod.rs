@@ -60,16 +60,10 @@ impl Context {
     /// The chains of ordered listeners beside the queues this service's
     /// workers consume (`WORKER_QUEUES`; in Valkey, connected at first use).
     pub(crate) async fn ordering(&self) -> anyhow::Result<Ordering> {
-        Ok(Ordering::new(
+        Ok(Ordering::of_service(
             self.pool.clone(),
             self.queue().await?.clone(),
-            self.config
-                .worker
-                .queues
-                .names()
-                .map(str::to_string)
-                .collect(),
-            self.config.outbox.task_retention,
+            &self.config,
         ))
     }
 

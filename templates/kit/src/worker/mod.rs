@@ -116,13 +116,7 @@ pub async fn run(
     let mut listeners = listeners;
     listeners
         .override_limits(&limits::overrides_from_env().context("WORKER_LIMITS cannot be read")?)?;
-    let chains = Ordering::new(
-        pool.clone(),
-        queue.clone(),
-        config.worker.queues.names().map(str::to_string).collect(),
-        config.outbox.task_retention,
-    )
-    .keeping_numbers_past(config.outbox.retention);
+    let chains = Ordering::of_service(pool.clone(), queue.clone(), config);
     let ordered = listeners.ordered();
     let service = ordering::owner::service_id(&pool, config.worker.service_id.as_deref())
         .await

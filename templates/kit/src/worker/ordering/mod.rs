@@ -224,6 +224,20 @@ impl Ordering {
         }
     }
 
+    /// The chains of the queues a service's workers consume
+    /// (`WORKER_QUEUES`), as its worker and its operations commands see
+    /// them: runs kept `OUTBOX_TASK_RETENTION` after they succeed, and
+    /// numbers past `OUTBOX_RETENTION` ([`Ordering::keeping_numbers_past`]).
+    pub(crate) fn of_service(pool: PgPool, queue: Client, config: &crate::config::Config) -> Self {
+        Self::new(
+            pool,
+            queue,
+            config.worker.queues.names().map(str::to_string).collect(),
+            config.outbox.task_retention,
+        )
+        .keeping_numbers_past(config.outbox.retention)
+    }
+
     /// Keeps a key's last fanned-out number a day longer than the outbox
     /// keeps its row (`outbox_retention`, after which [`Ordering::delete_idle`]
     /// deletes both), when that is longer than [`FANNED_KEPT`]: an idle key
