@@ -380,10 +380,10 @@ fn the_seaorm_example_confirms_an_order_once_however_often_it_arrives() {
     stop_slice(server, worker);
 }
 
-/// With `OUTBOX_WAKE=valkey`, the server starts and takes orders while
-/// Valkey is down (wake-ups are best-effort), and once Valkey is back a
-/// commit wakes the worker's relay at once: with a 60 s poll interval, only
-/// a wake-up confirms an order within seconds.
+/// At their defaults (`OUTBOX_WAKE` is not set: `valkey`), the server
+/// starts and takes orders while Valkey is down (wake-ups are best-effort),
+/// and once Valkey is back a commit wakes the worker's relay at once: with
+/// a 60 s poll interval, only a wake-up confirms an order within seconds.
 fn wake_ups_survive_a_valkey_outage(bins: &std::path::Path, dir: &std::path::Path, db: &Database) {
     let mut redis = RedisServer::start();
     redis.stop();
@@ -395,7 +395,6 @@ fn wake_ups_survive_a_valkey_outage(bins: &std::path::Path, dir: &std::path::Pat
             .env_clear()
             .env("DATABASE_URL", db.url())
             .env("VALKEY_ADDR", redis.addr())
-            .env("OUTBOX_WAKE", "valkey")
             .env("HTTP_ADDR", &addr)
             .stdout(Stdio::null())
             .spawn()
@@ -431,7 +430,6 @@ fn wake_ups_survive_a_valkey_outage(bins: &std::path::Path, dir: &std::path::Pat
         &redis,
         &[
             ("WORKER_QUEUES", "default=1"),
-            ("OUTBOX_WAKE", "valkey"),
             ("OUTBOX_POLL_INTERVAL", "60s"),
         ],
     );

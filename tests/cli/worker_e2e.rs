@@ -577,9 +577,10 @@ pub fn relay_rounds(port: u16) -> u64 {
     metric(port, "outbox_relay_rounds_total").unwrap_or(0)
 }
 
-/// `OUTBOX_WAKE=valkey` through the worker binary: with a 30 s poll
-/// interval, an event committed after the worker's first (empty) round
-/// reaches the queue at once only because a wake-up was published.
+/// Wake-ups through the worker binary at its defaults (`OUTBOX_WAKE` is
+/// not set, so it is `valkey`): with a 30 s poll interval, an event
+/// committed after the worker's first (empty) round reaches the queue at
+/// once only because a wake-up was published.
 #[test]
 #[ignore = "builds a generated project"]
 fn a_published_wake_up_makes_the_worker_binary_relay_at_once() {
@@ -591,7 +592,6 @@ fn a_published_wake_up_makes_the_worker_binary_relay_at_once() {
         &db,
         &redis,
         &[
-            ("OUTBOX_WAKE", "valkey"),
             ("OUTBOX_POLL_INTERVAL", "30s"),
             ("WORKER_METRICS_ADDR", &addr),
         ],

@@ -355,9 +355,9 @@ pub struct OutboxConfig {
     /// How long a delivered task id keeps deduplicating in the queue
     #[config(env = "OUTBOX_TASK_RETENTION", default = "24h", deserialize_with = duration::deserialize)]
     pub task_retention: Duration,
-    /// Wake the workers' relays right after a commit: off or valkey
+    /// Wake the workers' relays right after a commit: valkey or off
     #[cfg(feature = "worker")]
-    #[config(env = "OUTBOX_WAKE", default = "off", deserialize_with = from_str::deserialize)]
+    #[config(env = "OUTBOX_WAKE", default = "valkey", deserialize_with = from_str::deserialize)]
     pub wake: WakeMode,
     /// Queues every event is published to, such as default or shop,billing
     #[cfg(feature = "worker")]

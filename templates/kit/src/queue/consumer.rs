@@ -299,7 +299,8 @@ pub struct ConsumerOptions {
     /// Default `default_retry_delay`, Go asynq's.
     pub retry_delay: fn(u32) -> Duration,
     /// Also wake when another process publishes an enqueue on
-    /// `wakeup::CHANNEL` (`OUTBOX_WAKE=valkey`). Default off.
+    /// `wakeup::CHANNEL`. Default off; the worker sets it from
+    /// `OUTBOX_WAKE` (`valkey` unless set).
     pub wake_on_published: bool,
 }
 
