@@ -2,7 +2,10 @@
 //! transaction.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
@@ -16,12 +19,28 @@ use crate::config::DatabaseConfig;
 /// Postgres cancels a statement that runs longer than
 /// `DATABASE_STATEMENT_TIMEOUT`, so an unreachable or hung database makes
 /// calls fail instead of waiting forever.
+///
+/// A connection that sat idle for a second or longer is checked
+/// (a `ping`) before it is handed out, and replaced if Postgres closed it;
+/// one in steady use is not, since the check costs a round trip per
+/// transaction (sqlx checks every acquire by default). A connection closed
+/// within the last second fails the one transaction that takes it.
 pub fn connect_lazy(config: &DatabaseConfig) -> PgPool {
     PgPoolOptions::new()
         .max_connections(config.max_connections)
         .acquire_timeout(config.connect_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|connection, meta| {
+            Box::pin(async move {
+                Ok(meta.idle_for < CHECK_IDLE_AFTER || connection.ping().await.is_ok())
+            })
+        })
         .connect_lazy_with(connect_options(config))
 }
+
+/// How long a pooled connection may sit idle before it is checked again
+/// when it is taken.
+const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// The connection options of `config`, with its statement timeout.
 pub(crate) fn connect_options(config: &DatabaseConfig) -> PgConnectOptions {
@@ -86,9 +105,10 @@ pub struct UnreachableError {
 pub struct Transactor {
     pool: PgPool,
     after_commit: Option<AfterCommit>,
+    after_events: Option<AfterCommit>,
 }
 
-/// What runs after every successful commit.
+/// What runs after a successful commit.
 type AfterCommit = Arc<dyn Fn() + Send + Sync>;
 
 impl Transactor {
@@ -97,7 +117,18 @@ impl Transactor {
         Self {
             pool,
             after_commit: None,
+            after_events: None,
         }
+    }
+
+    /// Runs `hook` after each successful commit of a transaction that
+    /// stored events (through the outbox's dispatcher, see
+    /// [`events_stored`]): the relay's wake-up, which a transaction that
+    /// stored none (a listener's `ctx.once` that dispatches nothing) need
+    /// not send.
+    pub(crate) fn after_events(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.after_events = Some(Arc::new(hook));
+        self
     }
 
     /// Runs `hook` after every successful commit, such as a signal that
@@ -115,12 +146,11 @@ impl Transactor {
         F: AsyncFnOnce(&mut PgConnection) -> anyhow::Result<T>,
     {
         let mut tx: Transaction<'static, Postgres> = self.pool.begin().await?;
-        match work(&mut *tx).await {
+        let (result, stored) = noting_events(work(&mut *tx)).await;
+        match result {
             Ok(value) => {
                 tx.commit().await?;
-                if let Some(hook) = &self.after_commit {
-                    hook();
-                }
+                self.committed(stored);
                 Ok(value)
             }
             Err(err) => {
@@ -134,12 +164,15 @@ impl Transactor {
         }
     }
 
-    /// Runs the after-commit hook, for a transaction that was begun on
+    /// Runs the after-commit hooks, for a transaction that was begun on
     /// [`Self::pool`] and committed by the caller (the inbox's, which must
-    /// roll back, not commit, when the event was already handled).
-    #[cfg(feature = "worker")]
-    pub(crate) fn committed(&self) {
+    /// roll back, not commit, when the event was already handled), and
+    /// that `stored` events or not ([`noting_events`]).
+    pub(crate) fn committed(&self, stored: bool) {
         if let Some(hook) = &self.after_commit {
+            hook();
+        }
+        if let Some(hook) = self.after_events.as_ref().filter(|_| stored) {
             hook();
         }
     }
@@ -154,14 +187,42 @@ impl Transactor {
     #[cfg(feature = "seaorm")]
     pub fn orm(&self) -> crate::orm::Transactor {
         let transactor = crate::orm::Transactor::new(crate::orm::connection(&self.pool));
-        match &self.after_commit {
+        let transactor = match &self.after_commit {
             Some(hook) => {
                 let hook = Arc::clone(hook);
                 transactor.after_commit(move || hook())
             }
             None => transactor,
+        };
+        match &self.after_events {
+            Some(hook) => {
+                let hook = Arc::clone(hook);
+                transactor.after_events(move || hook())
+            }
+            None => transactor,
         }
     }
+}
+
+tokio::task_local! {
+    /// Set while a transactor's transaction runs its work: whether the work
+    /// stored events.
+    static STORED: Arc<AtomicBool>;
+}
+
+/// Runs `work`, noting whether it stores events ([`events_stored`]).
+pub(crate) async fn noting_events<F: Future>(work: F) -> (F::Output, bool) {
+    let stored = Arc::new(AtomicBool::new(false));
+    let output = STORED.scope(Arc::clone(&stored), work).await;
+    (output, stored.load(Ordering::Relaxed))
+}
+
+/// Notes that the transaction the current task runs (in
+/// [`Transactor::run`], or a listener's `ctx.once`) stored events, so that
+/// its commit wakes the relays. Outside one it does nothing: the relay
+/// finds the events at its next poll.
+pub(crate) fn events_stored() {
+    let _ = STORED.try_with(|stored| stored.store(true, Ordering::Relaxed));
 }
 
 impl fmt::Debug for Transactor {

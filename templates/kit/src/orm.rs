@@ -41,6 +41,7 @@ pub fn connection(pool: &PgPool) -> DatabaseConnection {
 pub struct Transactor {
     db: DatabaseConnection,
     after_commit: Option<AfterCommit>,
+    after_events: Option<AfterCommit>,
 }
 
 /// What runs after every successful commit.
@@ -52,7 +53,15 @@ impl Transactor {
         Self {
             db,
             after_commit: None,
+            after_events: None,
         }
+    }
+
+    /// Runs `hook` after each successful commit of a transaction that
+    /// stored events (`database::Transactor::after_events`).
+    pub(crate) fn after_events(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.after_events = Some(Arc::new(hook));
+        self
     }
 
     /// Runs `hook` after every successful commit, such as a signal that
@@ -70,10 +79,14 @@ impl Transactor {
         F: AsyncFnOnce(&DatabaseTransaction) -> anyhow::Result<T>,
     {
         let tx = self.db.begin().await?;
-        match work(&tx).await {
+        let (result, stored) = crate::database::noting_events(work(&tx)).await;
+        match result {
             Ok(value) => {
                 tx.commit().await?;
                 if let Some(hook) = &self.after_commit {
+                    hook();
+                }
+                if let Some(hook) = self.after_events.as_ref().filter(|_| stored) {
                     hook();
                 }
                 Ok(value)

@@ -5,6 +5,7 @@
 //! binaries' test program, which runs as the binaries, is `tests/binaries.rs`.
 
 mod config;
+mod database;
 mod inbox;
 mod limits;
 mod migrate;

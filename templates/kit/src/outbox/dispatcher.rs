@@ -64,6 +64,7 @@ impl Dispatcher for OutboxDispatcher {
                 name: E::NAME,
                 source,
             })?;
+        crate::database::events_stored();
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }
@@ -85,6 +86,7 @@ impl Dispatcher for OutboxDispatcher {
                 name: E::NAME,
                 source,
             })?;
+        crate::database::events_stored();
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }

@@ -118,7 +118,8 @@ impl Wake {
 }
 
 /// The transactor for a process that dispatches events: with
-/// `OUTBOX_WAKE=valkey`, every commit also wakes the workers' relays. It
+/// `OUTBOX_WAKE=valkey`, every commit that stored events also wakes the
+/// workers' relays. It
 /// does not connect to Valkey (the first wake-up does, see
 /// `Wake::connecting`): a server starts while Valkey is down. The error is
 /// a Valkey setting that does not parse.
@@ -128,7 +129,7 @@ pub fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueErro
         WakeMode::Off => transactor,
         WakeMode::Valkey => {
             let wake = Wake::connecting(Target::from_config(&config.valkey)?);
-            transactor.after_commit(move || wake.signal())
+            transactor.after_events(move || wake.signal())
         }
     })
 }

@@ -291,6 +291,74 @@ async fn a_commit_in_once_runs_the_transactors_after_commit_hook() {
     );
 }
 
+/// The relay's wake-up (`after_events`) follows only the commits that
+/// stored events, in `Transactor::run` and in `once` alike: a listener's
+/// transaction that dispatches nothing wakes no relay (each wake-up is a
+/// relay round, and with `OUTBOX_WAKE=valkey` a `PUBLISH`), while every
+/// commit still runs `after_commit`.
+#[tokio::test]
+async fn only_a_commit_that_stored_events_wakes_the_relays() {
+    let db = ledger_database().await;
+    let (commits, wakes) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let transactor = Transactor::new(db.pool.clone())
+        .after_commit({
+            let commits = Arc::clone(&commits);
+            move || {
+                commits.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .after_events({
+            let wakes = Arc::clone(&wakes);
+            move || {
+                wakes.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let counts = || (commits.load(Ordering::SeqCst), wakes.load(Ordering::SeqCst));
+
+    transactor
+        .run(async |tx| {
+            sqlx::query("INSERT INTO ledger VALUES ($1, 1)")
+                .bind(Uuid::now_v7())
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(counts(), (1, 0), "a commit without events woke the relays");
+
+    transactor
+        .run(async |tx| {
+            crate::dispatch(&mut *tx, &PaymentTaken { amount: 1 }).await?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(counts(), (2, 1), "a commit with an event did not wake them");
+
+    let quiet = inbox::once(&transactor, "ledger", Uuid::now_v7(), None, async |_tx| Ok(())).await;
+    assert_eq!(quiet.unwrap(), Some(()));
+    assert_eq!(counts(), (3, 1), "once without events woke the relays");
+
+    let follow_up = inbox::once(&transactor, "ledger", Uuid::now_v7(), None, async |tx| {
+        crate::dispatch(&mut *tx, &ReceiptSent { amount: 1 }).await?;
+        Ok(())
+    })
+    .await;
+    assert_eq!(follow_up.unwrap(), Some(()));
+    assert_eq!(counts(), (4, 2), "once with an event did not wake them");
+
+    // A dispatch rolled back with its transaction wakes nothing.
+    let failed: anyhow::Result<()> = transactor
+        .run(async |tx| {
+            crate::dispatch(&mut *tx, &PaymentTaken { amount: 2 }).await?;
+            anyhow::bail!("the work failed")
+        })
+        .await;
+    assert!(failed.is_err());
+    assert_eq!(counts(), (4, 2), "a rolled-back dispatch woke the relays");
+}
+
 /// With SeaORM, a listener that takes an `OrmListenerContext` gets a SeaORM
 /// transaction in `ctx.once`: its work and the events it dispatches there
 /// commit once per event, a failure rolls both back, and the commit runs

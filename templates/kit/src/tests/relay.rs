@@ -467,7 +467,7 @@ async fn a_commit_wakes_the_relay_of_its_own_process_at_once() {
     let relay = sleepy_relay(&db, &queue);
     let wake = Wake::local(relay.0.waker());
     let running = start_sleepy_relay(relay, &stop).await;
-    let transactor = Transactor::new(db.pool.clone()).after_commit(move || wake.signal());
+    let transactor = Transactor::new(db.pool.clone()).after_events(move || wake.signal());
 
     let latency = commit_to_queue(&transactor, &queue).await;
 
@@ -494,7 +494,7 @@ async fn a_published_wake_up_reaches_the_relay_of_another_process() {
     wait_for_a_subscriber(&queue).await;
     // The committing side knows nothing of the relay: only the channel.
     let wake = Wake::publishing(queue.client.clone());
-    let transactor = Transactor::new(db.pool.clone()).after_commit(move || wake.signal());
+    let transactor = Transactor::new(db.pool.clone()).after_events(move || wake.signal());
 
     let latency = commit_to_queue(&transactor, &queue).await;
 

@@ -31,13 +31,13 @@ impl Event for OrderPlaced {
 #[tokio::test]
 async fn seaorm_dispatched_events_become_tasks_like_any_other() {
     // Arrange: the server's transactor (the kit's, in SeaORM), counting
-    // the after-commit wake-ups.
+    // the wake-ups of commits that stored events.
     let db = TestDatabase::migrated().await;
     let queue = TestQueue::new().await;
     let wakeups = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&wakeups);
     let transactor = Transactor::new(db.pool.clone())
-        .after_commit(move || {
+        .after_events(move || {
             counted.fetch_add(1, Ordering::SeqCst);
         })
         .orm();
@@ -64,6 +64,11 @@ async fn seaorm_dispatched_events_become_tasks_like_any_other() {
         })
         .await;
     assert!(rolled_back.is_err());
+    // A commit that stored no event wakes nothing.
+    transactor
+        .run(async |_tx| Ok::<_, anyhow::Error>(()))
+        .await
+        .expect("an empty transaction commits");
     envelopes.push(
         dispatcher
             .dispatch(transactor.connection(), &OrderPlaced { order_id: 3 })

@@ -68,12 +68,13 @@ where
         return Ok(None);
     }
     // On an error `tx` is dropped unfinished, which rolls it back.
-    let value = work(&mut tx).await?;
+    let (value, stored) = crate::database::noting_events(work(&mut tx)).await;
+    let value = value?;
     if let Some(fence) = fence {
         fence.check().await?;
     }
     tx.commit().await?;
-    transactor.committed();
+    transactor.committed(stored);
     Ok(Some(value))
 }
 
@@ -111,12 +112,13 @@ where
         return Ok(None);
     }
     // On an error `tx` is dropped unfinished, which rolls it back.
-    let value = work(&tx).await?;
+    let (value, stored) = crate::database::noting_events(work(&tx)).await;
+    let value = value?;
     if let Some(fence) = fence {
         fence.check().await?;
     }
     tx.commit().await?;
-    transactor.committed();
+    transactor.committed(stored);
     Ok(Some(value))
 }
 

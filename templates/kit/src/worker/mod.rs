@@ -102,13 +102,14 @@ pub async fn run(
         &config.outbox,
         metrics.relay.clone(),
     );
-    // What listeners commit in `ctx.once` wakes this worker's relay at once,
-    // and with OUTBOX_WAKE=valkey the relays of the other workers too.
+    // The events listeners store in `ctx.once` wake this worker's relay at
+    // once, and with OUTBOX_WAKE=valkey the relays of the other workers too
+    // (a commit that stored none wakes nothing).
     let wake = match config.outbox.wake {
         WakeMode::Off => wake::Wake::local(relay.waker()),
         WakeMode::Valkey => wake::Wake::publishing(queue.clone()).and_local(relay.waker()),
     };
-    let transactor = database::Transactor::new(pool.clone()).after_commit({
+    let transactor = database::Transactor::new(pool.clone()).after_events({
         let wake = wake.clone();
         move || wake.signal()
     });
