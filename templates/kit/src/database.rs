@@ -126,6 +126,7 @@ impl Transactor {
     /// [`events_stored`]): the relay's wake-up, which a transaction that
     /// stored none (a listener's `ctx.once` that dispatches nothing) need
     /// not send.
+    #[cfg(feature = "worker")]
     pub(crate) fn after_events(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
         self.after_events = Some(Arc::new(hook));
         self

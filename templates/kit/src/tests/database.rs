@@ -32,12 +32,11 @@ async fn a_connection_closed_while_idle_is_replaced_before_use() {
         .await
         .unwrap();
     eventually(Duration::from_secs(10), "the backend is gone", || async {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-                .bind(first)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(first)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
         left == 0
     })
     .await;

@@ -336,7 +336,10 @@ async fn only_a_commit_that_stored_events_wakes_the_relays() {
         .unwrap();
     assert_eq!(counts(), (2, 1), "a commit with an event did not wake them");
 
-    let quiet = inbox::once(&transactor, "ledger", Uuid::now_v7(), None, async |_tx| Ok(())).await;
+    let quiet = inbox::once(&transactor, "ledger", Uuid::now_v7(), None, async |_tx| {
+        Ok(())
+    })
+    .await;
     assert_eq!(quiet.unwrap(), Some(()));
     assert_eq!(counts(), (3, 1), "once without events woke the relays");
 
