@@ -479,6 +479,57 @@ async fn a_commit_wakes_the_relay_of_its_own_process_at_once() {
     running.await.unwrap();
 }
 
+/// Under a stream of commits, each waking the relay, its rounds start at
+/// least `GATHER` apart, so that a round carries the events of a few
+/// milliseconds (and costs its round trips once for them), while every
+/// event still reaches the queue within milliseconds.
+#[tokio::test]
+async fn a_stream_of_commits_is_gathered_into_rounds_a_few_milliseconds_apart() {
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let stop = CancellationToken::new();
+    let (relay, metrics) = sleepy_relay(&db, &queue);
+    let wake = Wake::local(relay.waker());
+    let running = start_sleepy_relay((relay, metrics.clone()), &stop).await;
+    let transactor = Transactor::new(db.pool.clone()).after_events(move || wake.signal());
+    let rounds_before = metrics.rounds.get();
+
+    // Commits one after the other, each waking the relay: far more of them
+    // than `GATHER` intervals pass while they run.
+    let started = Instant::now();
+    let commits = 300;
+    for order_id in 0..commits {
+        transactor
+            .run(async |tx| {
+                OutboxDispatcher::new()
+                    .dispatch(&mut *tx, &OrderPlaced { order_id })
+                    .await?;
+                Ok::<_, anyhow::Error>(())
+            })
+            .await
+            .unwrap();
+    }
+    while queue.pending_ids().await.len() < commits as usize {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the events never reached the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+
+    let rounds = metrics.rounds.get() - rounds_before;
+    let most =
+        (elapsed.as_secs_f64() / crate::outbox::relay::GATHER.as_secs_f64()).ceil() as u64 + 2;
+    assert!(
+        rounds <= most,
+        "{rounds} rounds for {commits} commits in {elapsed:?}: more than one per {:?}",
+        crate::outbox::relay::GATHER
+    );
+    stop.cancel();
+    running.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_published_wake_up_reaches_the_relay_of_another_process() {
     let db = TestDatabase::migrated().await;
