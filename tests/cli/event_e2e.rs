@@ -66,6 +66,29 @@ async fn main() -> anyhow::Result<()> {
 }
 "#;
 
+/// gpkit's benchmark programs that run as binaries of a generated project
+/// (each benchmark script copies its file into a project's `src/bin/` and
+/// builds it there), by path in gpkit's repository. This test's project
+/// builds them beside its own binaries, in the same cargo run (linted, no
+/// warnings), so that a change to the kit's public API that breaks one
+/// fails here, not in the next benchmark run. A new one is a line here; it
+/// may use the kit with the `worker` feature and the crates of a project
+/// with events (serde, sqlx, tokio, tracing, uuid, anyhow, axum).
+const BENCH_SOURCES: &[&str] = &["scripts/bench/outbox_bench.rs", "scripts/bench/load_gen.rs"];
+
+/// Copies each of [`BENCH_SOURCES`] to `src/bin/` of `project`, under its
+/// own file name: built with the project's binaries, and copied with them
+/// to its `.bin/`, where nothing runs it.
+fn add_bench_sources(project: &Path) {
+    for source in BENCH_SOURCES {
+        let source = crate::support::repo().join(source);
+        let dest = project.join("src/bin").join(source.file_name().unwrap());
+        assert!(!dest.exists(), "{} is the project's own", dest.display());
+        std::fs::copy(&source, &dest)
+            .unwrap_or_else(|err| panic!("cannot copy {}: {err}", source.display()));
+    }
+}
+
 fn write(project: &Path, path: &str, text: &str) {
     let dest = project.join(path);
     std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
@@ -123,6 +146,8 @@ fn an_event_reaches_each_listener_exactly_once() {
         );
     }
     write(&project, "src/bin/dispatch_demo.rs", DISPATCH_DEMO);
+    // The benchmarks compile in the build that compiles the user's code.
+    add_bench_sources(&project);
     let bins = build_binaries(&project);
     let dispatch_demo = bins.join("dispatch_demo");
 
