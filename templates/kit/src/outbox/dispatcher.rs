@@ -64,7 +64,6 @@ impl Dispatcher for OutboxDispatcher {
                 name: E::NAME,
                 source,
             })?;
-        crate::database::events_stored();
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }
@@ -86,7 +85,6 @@ impl Dispatcher for OutboxDispatcher {
                 name: E::NAME,
                 source,
             })?;
-        crate::database::events_stored();
         tracing::debug!(event = E::NAME, id = %envelope.id, "event stored in the outbox");
         Ok(envelope)
     }

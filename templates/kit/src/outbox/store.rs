@@ -43,6 +43,8 @@ impl Store {
             query = query.bind(key);
         }
         let (id, seq, epoch): (i64, Option<i64>, Option<i64>) = query.fetch_one(executor).await?;
+        // The commit of the transaction this runs in wakes the relays.
+        crate::database::events_stored();
         if let (Some(seq), Some(epoch)) = (seq, epoch) {
             write_place(&mut envelope.metadata, seq, epoch);
         }
