@@ -104,3 +104,50 @@ fn the_kit_lists_each_migration_of_the_template_as_its_own() {
         "KIT_VERSIONS and templates/project/migrations differ"
     );
 }
+
+/// Every template set from 24 on is released through the speed gate
+/// (`scripts/speed-gate`): the load bench's capacity and the end-to-end
+/// backlog bench against the previous set, alternating, five rounds or
+/// more. Its verdict, committed in `scripts/bench/gates/set-<N>.json`, must
+/// have passed, or have been accepted because the set's CHANGELOG.md entry
+/// states the cost (`Speed:`).
+#[test]
+fn the_current_template_set_passed_its_speed_gate() {
+    let path = repo().join(format!(
+        "scripts/bench/gates/set-{TEMPLATE_SET_VERSION}.json"
+    ));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "template set {TEMPLATE_SET_VERSION} has no speed gate verdict ({}): run \
+             `scripts/with-services scripts/speed-gate` when the set is released, and commit \
+             the verdict it writes",
+            path.display()
+        )
+    });
+    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        record["template_set"],
+        TEMPLATE_SET_VERSION,
+        "{}",
+        path.display()
+    );
+    assert!(
+        record["rounds"].as_u64().is_some_and(|rounds| rounds >= 5),
+        "the gate ran fewer than five rounds: {text}"
+    );
+    match record["verdict"].as_str() {
+        Some("passed") => {}
+        Some("accepted") => {
+            let changelog = std::fs::read_to_string(repo().join("CHANGELOG.md")).unwrap();
+            let speed = record["changelog_speed"].as_str().unwrap_or_default();
+            assert!(
+                !speed.is_empty() && changelog.contains(speed),
+                "the gate accepted a slower set for a CHANGELOG.md line that is not there: {speed:?}"
+            );
+        }
+        verdict => panic!(
+            "template set {TEMPLATE_SET_VERSION}'s speed gate did not pass ({verdict:?}): \
+             make it faster, or state the cost in CHANGELOG.md (`Speed:`) and run the gate again"
+        ),
+    }
+}
