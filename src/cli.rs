@@ -11,9 +11,9 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "gpkit", version, arg_required_else_help = true, after_help = EXAMPLES)]
 pub struct Cli {
     #[command(flatten)]
-    pub global: GlobalArgs,
+    pub(crate) global: GlobalArgs,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 const EXAMPLES: &str = "\
@@ -28,29 +28,29 @@ Examples:
 
 /// Flags every command takes.
 #[derive(Debug, Args)]
-pub struct GlobalArgs {
+pub(crate) struct GlobalArgs {
     /// Print the plan (every file created or changed, and why); write nothing
     #[arg(long, global = true)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 
     /// Show a unified diff of every change in the plan
     #[arg(long, global = true)]
-    pub diff: bool,
+    pub(crate) diff: bool,
 
     /// Never prompt; take defaults and flags only
     ///
     /// A value that has no default and was not given is then an error. gpkit
     /// never prompts when standard input is not a terminal either.
     #[arg(long, global = true)]
-    pub no_input: bool,
+    pub(crate) no_input: bool,
 
     /// Run as if gpkit was started in DIR
     #[arg(short = 'C', value_name = "DIR", global = true)]
-    pub directory: Option<PathBuf>,
+    pub(crate) directory: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Create a new project, or a new migration in this project
     #[command(subcommand)]
     New(NewCommand),
@@ -120,52 +120,52 @@ Examples:
 }
 
 #[derive(Debug, Args)]
-pub struct DoctorArgs {
+pub(crate) struct DoctorArgs {
     /// Report format
     #[arg(long, value_enum, default_value_t = ReportFormat::Text)]
-    pub format: ReportFormat,
+    pub(crate) format: ReportFormat,
 }
 
 #[derive(Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// The port the server listens on, on 127.0.0.1
     #[arg(long, default_value_t = 8080)]
-    pub port: u16,
+    pub(crate) port: u16,
 
     /// Start from empty: remove the project's dev Postgres and Valkey data
     /// first
     #[arg(long, conflicts_with = "print_env")]
-    pub fresh: bool,
+    pub(crate) fresh: bool,
 
     /// Do not watch the sources: no rebuild and restart on a change
     #[arg(long)]
-    pub no_watch: bool,
+    pub(crate) no_watch: bool,
 
     /// Print DATABASE_URL and VALKEY_ADDR of the `gpkit dev` running in this
     /// project, as NAME=value lines, and exit (1 when none runs)
     #[arg(long)]
-    pub print_env: bool,
+    pub(crate) print_env: bool,
 
     /// Install a missing Postgres or Valkey server with apt-get (Debian and
     /// Ubuntu; through sudo when not root) before starting
     #[arg(long, conflicts_with = "print_env")]
-    pub install: bool,
+    pub(crate) install: bool,
 
     /// Run the Postgres and Valkey of the project's compose.yaml (`gpkit
     /// add deploy`) with docker compose, instead of servers of its own
     #[arg(long, conflicts_with_all = ["print_env", "install"])]
-    pub compose: bool,
+    pub(crate) compose: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell to complete in
     #[arg(value_enum)]
-    pub shell: clap_complete::Shell,
+    pub(crate) shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum UpgradeCommand {
+pub(crate) enum UpgradeCommand {
     /// Refresh the kit's files to the current templates, keeping your edits
     ///
     /// For every file gpkit generated, it compares what it last wrote (kept
@@ -185,33 +185,33 @@ Examples:
 }
 
 #[derive(Debug, Args)]
-pub struct UpgradeArgs {
+pub(crate) struct UpgradeArgs {
     /// Only check: exit 2 when an upgrade is available, 0 when up to date
     #[arg(long)]
-    pub check: bool,
+    pub(crate) check: bool,
 
     /// Report format
     #[arg(long, value_enum, default_value_t = ReportFormat::Text)]
-    pub format: ReportFormat,
+    pub(crate) format: ReportFormat,
 
     /// Recreate kit files you deleted
     #[arg(long)]
-    pub restore_deleted: bool,
+    pub(crate) restore_deleted: bool,
 
     /// Run even when files it would change have uncommitted git changes
     #[arg(long)]
-    pub allow_dirty: bool,
+    pub(crate) allow_dirty: bool,
 }
 
 /// How a report is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReportFormat {
+pub(crate) enum ReportFormat {
     Text,
     Json,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum AddCommand {
+pub(crate) enum AddCommand {
     /// Add the worker: queue consumer, listener fan-out and the outbox relay
     ///
     /// Adds the `worker` binary, the queue module (asynq wire format on
@@ -272,24 +272,24 @@ Examples:
 
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("what").required(true).args(["event", "job"])))]
-pub struct AddScheduleArgs {
+pub(crate) struct AddScheduleArgs {
     /// The schedule's name, snake_case (its module and its job's task type)
-    pub name: String,
+    pub(crate) name: String,
 
     /// When it runs: 5 cron fields (minute hour day-of-month month
     /// day-of-week), 6 with seconds first, @hourly, @daily, @weekly,
     /// @monthly, or `@every <duration>` (such as `@every 30s`)
     #[arg(long, value_name = "SPEC")]
-    pub cron: crate::domain::schedule::ScheduleSpec,
+    pub(crate) cron: crate::domain::schedule::ScheduleSpec,
 
     /// Dispatch this event (added with `gpkit add event`) through the outbox
     /// on every tick
     #[arg(long, value_name = "EVENT")]
-    pub event: Option<String>,
+    pub(crate) event: Option<String>,
 
     /// Run a job (`job:<name>` task) on every tick
     #[arg(long)]
-    pub job: bool,
+    pub(crate) job: bool,
 
     /// The IANA time zone the spec is read in, such as Europe/Paris
     /// (default: UTC)
@@ -298,52 +298,52 @@ pub struct AddScheduleArgs {
     /// once at the next valid time; on the day it repeats (clocks go back)
     /// it runs once.
     #[arg(long, value_name = "ZONE")]
-    pub tz: Option<String>,
+    pub(crate) tz: Option<String>,
 
     /// Ticks missed while no replica led (downtime) that a new leader
     /// enqueues, at most this many; 0 skips missed ticks
     #[arg(long, value_name = "N", default_value_t = 0)]
-    pub catch_up: u32,
+    pub(crate) catch_up: u32,
 }
 
 #[derive(Debug, Args)]
-pub struct AddEventArgs {
+pub(crate) struct AddEventArgs {
     /// The event's name, in any spelling
-    pub name: String,
+    pub(crate) name: String,
 
     /// A field, as name:type (repeatable)
     ///
     /// Types: string, bool, i32, i64, f64, uuid, datetime, json, and
     /// Option<...> or Vec<...> of these.
     #[arg(long = "field", value_name = "NAME:TYPE")]
-    pub fields: Vec<String>,
+    pub(crate) fields: Vec<String>,
 
     /// A listener to add, run by the worker for each event (repeatable)
     #[arg(long = "listener", value_name = "NAME")]
-    pub listeners: Vec<String>,
+    pub(crate) listeners: Vec<String>,
 
     /// Run the listeners given here one event of each value of this field
     /// at a time, in the order their transactions committed (the event's
     /// `order_key`); a field of type string, i32, i64 or uuid
     #[arg(long, value_name = "FIELD")]
-    pub ordered_by: Option<String>,
+    pub(crate) ordered_by: Option<String>,
 
     /// Run at most N of the listeners' runs at once, across every worker
     #[arg(long, value_name = "N")]
-    pub concurrency: Option<u32>,
+    pub(crate) concurrency: Option<u32>,
 
     /// Start at most this many of the listeners' runs per second, minute or
     /// hour, across every worker: N/s, N/m or N/h
     #[arg(long, value_name = "RATE")]
-    pub rate: Option<String>,
+    pub(crate) rate: Option<String>,
 
     /// The burst `--rate` allows: runs that may start at once (default 1)
     #[arg(long, value_name = "N")]
-    pub burst: Option<u32>,
+    pub(crate) burst: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum NewCommand {
+pub(crate) enum NewCommand {
     /// Create a new service with a transactional outbox
     #[command(after_help = "\
 Examples:
@@ -368,30 +368,30 @@ Examples:
 }
 
 #[derive(Debug, Args)]
-pub struct NewMigrationArgs {
+pub(crate) struct NewMigrationArgs {
     /// What the migration does, in any spelling; it becomes snake_case
-    pub name: String,
+    pub(crate) name: String,
 
     /// Number sequentially (00001, 00002, ...) instead of by timestamp
     #[arg(long, short = 's')]
-    pub sequential: bool,
+    pub(crate) sequential: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct NewProjectArgs {
+pub(crate) struct NewProjectArgs {
     /// The Cargo package name, also the new directory's name
     ///
     /// Lowercase letters, digits, `-` and `_`, starting with a letter. Asked
     /// for when missing and standard input is a terminal.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 
     /// Include the worker (the default; asked when interactive)
     #[arg(long, conflicts_with = "no_worker")]
-    pub worker: bool,
+    pub(crate) worker: bool,
 
     /// Leave out the worker (add it later with `gpkit add worker`)
     #[arg(long)]
-    pub no_worker: bool,
+    pub(crate) no_worker: bool,
 
     /// Add a working example: orders with `POST /orders`, `GET /orders/{id}`,
     /// the `orderPlaced` event and a listener that confirms orders
@@ -400,20 +400,20 @@ pub struct NewProjectArgs {
     /// in, so it upgrades like the rest. Needs the worker. Asked when
     /// interactive (default: no).
     #[arg(long, conflicts_with_all = ["no_example", "no_worker"])]
-    pub example: bool,
+    pub(crate) example: bool,
 
     /// Leave out the example (the default)
     #[arg(long)]
-    pub no_example: bool,
+    pub(crate) no_example: bool,
 
     /// Add container files (Dockerfile, .dockerignore, compose.yaml), as
     /// `gpkit add deploy` does; asked when interactive (default: no)
     #[arg(long, conflicts_with = "no_deploy")]
-    pub deploy: bool,
+    pub(crate) deploy: bool,
 
     /// Leave out the container files (the default)
     #[arg(long)]
-    pub no_deploy: bool,
+    pub(crate) no_deploy: bool,
 
     /// The data layer: `sqlx` (the default) or `sea-orm`
     ///
@@ -421,13 +421,13 @@ pub struct NewProjectArgs {
     /// (on the same sqlx pool), and events dispatched on it commit with your
     /// entities. Asked when interactive. `--example` is written for either.
     #[arg(long, value_name = "LAYER")]
-    pub db: Option<crate::engine::manifest::DataLayer>,
+    pub(crate) db: Option<crate::engine::manifest::DataLayer>,
 }
 
 impl NewProjectArgs {
     /// Whether a flag chose the example: `Some(true)` for `--example`,
     /// `Some(false)` for `--no-example`, `None` to ask or take the default.
-    pub fn example(&self) -> Option<bool> {
+    pub(crate) fn example(&self) -> Option<bool> {
         match (self.example, self.no_example) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -438,7 +438,7 @@ impl NewProjectArgs {
     /// Whether a flag chose the container files: `Some(true)` for
     /// `--deploy`, `Some(false)` for `--no-deploy`, `None` to ask or take
     /// the default.
-    pub fn deploy(&self) -> Option<bool> {
+    pub(crate) fn deploy(&self) -> Option<bool> {
         match (self.deploy, self.no_deploy) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -448,7 +448,7 @@ impl NewProjectArgs {
 
     /// Whether a flag chose the worker: `Some(true)` for `--worker`,
     /// `Some(false)` for `--no-worker`, `None` to ask or take the default.
-    pub fn worker(&self) -> Option<bool> {
+    pub(crate) fn worker(&self) -> Option<bool> {
         match (self.worker, self.no_worker) {
             (true, _) => Some(true),
             (_, true) => Some(false),

@@ -8,12 +8,17 @@
 //! - [`engine`]: what every command shares: blueprint → reconcile → plan →
 //!   apply, the manifest, managed regions, `Cargo.toml` merges, templates;
 //! - [`domain`]: the naming and domain rules (names, events, migrations).
+//!
+//! Only what the `gpkit` binary, the tests and the fuzz targets use is
+//! public; the rest is `pub(crate)`. These module maps name the private
+//! modules too: read them with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cli;
-pub mod commands;
+pub(crate) mod commands;
 pub mod domain;
 pub mod engine;
-pub mod prompt;
+pub(crate) mod prompt;
 
 use std::process::ExitCode;
 

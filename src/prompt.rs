@@ -8,14 +8,14 @@ use std::io::IsTerminal;
 use anyhow::{Result, bail};
 
 /// Whether gpkit may ask questions in this run.
-pub fn interactive(no_input: bool) -> bool {
+pub(crate) fn interactive(no_input: bool) -> bool {
     !no_input && std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
 }
 
 /// A value that has no default: `given`, or the answer to `question`, which
 /// `parse` must accept (its error is shown and the question asked again).
 /// Without a terminal a missing value is an error with `how_to_pass` as help.
-pub fn value<T>(
+pub(crate) fn value<T>(
     given: Option<String>,
     no_input: bool,
     question: &str,
@@ -38,7 +38,12 @@ pub fn value<T>(
 
 /// A yes/no choice: `given` (from a flag), or the answer to `question` with
 /// `default` preselected, or `default` without a terminal.
-pub fn choice(given: Option<bool>, no_input: bool, question: &str, default: bool) -> Result<bool> {
+pub(crate) fn choice(
+    given: Option<bool>,
+    no_input: bool,
+    question: &str,
+    default: bool,
+) -> Result<bool> {
     if let Some(value) = given {
         return Ok(value);
     }
@@ -54,7 +59,7 @@ pub fn choice(given: Option<bool>, no_input: bool, question: &str, default: bool
 /// One of `options` (each shown with its description): `given` (from a
 /// flag), or the one picked from a list with `default` preselected, or
 /// `default` without a terminal.
-pub fn select<T: Copy + PartialEq>(
+pub(crate) fn select<T: Copy + PartialEq>(
     given: Option<T>,
     no_input: bool,
     question: &str,

@@ -7,7 +7,7 @@ use anyhow::Result;
 use super::Context;
 use crate::engine::reconcile::Options;
 
-pub fn run(ctx: &Context) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit add deploy", false)?;
     if project.manifest.components.deploy {
         eprintln!("The container files are already there; nothing to do.");

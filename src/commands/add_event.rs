@@ -14,7 +14,7 @@ use crate::domain::listener_options::ListenerRun;
 use crate::engine::manifest::{DataLayer, EventSpec, FieldSpec};
 use crate::engine::reconcile::Options;
 
-pub fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit add event", false)?;
     let names = EventNames::parse(&args.name)?;
     let fields = parse_fields(&args.fields)?;

@@ -11,7 +11,7 @@ use crate::domain::events::EventNames;
 use crate::domain::schedule::{self, ScheduleRecord};
 use crate::engine::reconcile::Options;
 
-pub fn run(ctx: &Context, args: AddScheduleArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: AddScheduleArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit add schedule", false)?;
     schedule::check_name(&args.name)?;
     if let Some(zone) = &args.tz {

@@ -8,7 +8,7 @@ use super::Context;
 use crate::engine::blueprint::OUTBOX_MIGRATION;
 use crate::engine::reconcile::Options;
 
-pub fn run(ctx: &Context) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit add worker", false)?;
     if project.manifest.components.worker {
         eprintln!("The worker is already there; nothing to do.");

@@ -10,7 +10,7 @@ use clap_complete::Shell;
 use crate::cli::Cli;
 
 /// Prints the completion script for `shell` to standard output.
-pub fn completions(shell: Shell) -> Result<ExitCode> {
+pub(crate) fn completions(shell: Shell) -> Result<ExitCode> {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "gpkit", &mut script);
     super::print_out(&String::from_utf8_lossy(&script))?;
@@ -18,7 +18,7 @@ pub fn completions(shell: Shell) -> Result<ExitCode> {
 }
 
 /// Prints the manual page, in roff, to standard output.
-pub fn man() -> Result<ExitCode> {
+pub(crate) fn man() -> Result<ExitCode> {
     let mut page = Vec::new();
     clap_mangen::Man::new(Cli::command()).render(&mut page)?;
     super::print_out(&String::from_utf8_lossy(&page))?;

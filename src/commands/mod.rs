@@ -31,12 +31,12 @@ use crate::engine::plan::Plan;
 
 /// The resolved global flags.
 #[derive(Debug, Clone)]
-pub struct Context {
+pub(crate) struct Context {
     /// The directory gpkit acts in (`-C`, or the current directory).
-    pub dir: PathBuf,
-    pub dry_run: bool,
-    pub diff: bool,
-    pub no_input: bool,
+    pub(crate) dir: PathBuf,
+    pub(crate) dry_run: bool,
+    pub(crate) diff: bool,
+    pub(crate) no_input: bool,
 }
 
 impl Context {
@@ -115,7 +115,7 @@ fn print_out(text: &str) -> Result<()> {
 }
 
 /// Runs the parsed command line.
-pub fn run(cli: Cli) -> Result<ExitCode> {
+pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
     let ctx = Context::new(&cli.global)?;
     match cli.command {
         Command::New(NewCommand::Project(args)) => new_project::run(&ctx, args),

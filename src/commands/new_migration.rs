@@ -13,7 +13,7 @@ use crate::engine::plan::Plan;
 /// Where migrations live in a generated project.
 const MIGRATIONS_DIR: &str = "migrations";
 
-pub fn run(ctx: &Context, args: NewMigrationArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: NewMigrationArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit new migration", false)?;
     crate::engine::project_path::refuse_links(&project.root, MIGRATIONS_DIR)?;
     let dir = project.root.join(MIGRATIONS_DIR);

@@ -18,7 +18,7 @@ use crate::prompt;
 
 mod example;
 
-pub fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
     // The example's listener runs in the worker: `--example` implies it.
     let worker_flag = if args.example {
         Some(true)

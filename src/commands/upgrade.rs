@@ -40,7 +40,7 @@ struct FileReport {
     notes: Vec<String>,
 }
 
-pub fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: UpgradeArgs) -> Result<ExitCode> {
     let (project, _lock) = ctx.open_project("gpkit upgrade templates", args.check)?;
     let options = Options {
         restore_deleted: args.restore_deleted,

@@ -9,7 +9,7 @@
 //! `Transactor::run` takes a closure that returns an `anyhow::Result`.
 
 /// The template set whose API [`carry_to_set_6`] carries code to.
-pub const SET_6: u32 = 6;
+pub(crate) const SET_6: u32 = 6;
 
 /// `ListenerContext` fields that are `Copy`: `ctx.event_id` becomes
 /// `ctx.event_id()`.
@@ -21,26 +21,26 @@ const REF_FIELDS: &[&str] = &["headers", "listener", "metadata", "pool"];
 
 /// What an upgrade does to one line of the user's code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LineNote {
+pub(crate) struct LineNote {
     /// The line's number, from 1, before the rewrites (which change lines
     /// in place and may remove an import's line, never add one).
-    pub line: usize,
+    pub(crate) line: usize,
     /// What changed, or what to change by hand.
-    pub text: String,
+    pub(crate) text: String,
     /// Whether the line was rewritten (otherwise it is left for the user).
-    pub rewritten: bool,
+    pub(crate) rewritten: bool,
 }
 
 /// A file's text carried to the set 6 API, with a note per line touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Carried {
-    pub text: String,
-    pub notes: Vec<LineNote>,
+pub(crate) struct Carried {
+    pub(crate) text: String,
+    pub(crate) notes: Vec<LineNote>,
 }
 
 /// Carries Rust source written against the kit of sets 1-5 to the API of
 /// set 6. Text that uses none of the changed API comes back as it was.
-pub fn carry_to_set_6(text: &str) -> Carried {
+pub(crate) fn carry_to_set_6(text: &str) -> Carried {
     // `ctx` is a listener's context only in a file that names that type and
     // not a scheduled job's (`JobContext`, whose fields stay public).
     let listener_ctx = has_word(text, "ListenerContext") && !has_word(text, "JobContext");
@@ -83,7 +83,7 @@ pub fn carry_to_set_6(text: &str) -> Carried {
 
 /// The template set that made `OutboxDispatcher` private, which
 /// [`carry_to_set_15`] carries code across.
-pub const SET_15: u32 = 15;
+pub(crate) const SET_15: u32 = 15;
 
 /// Carries Rust source across set 15, which made `OutboxDispatcher` the
 /// kit's own: a call on a new one becomes `kit::dispatch(`, also when the
@@ -91,7 +91,7 @@ pub const SET_15: u32 = 15;
 /// then `.dispatch(..)`, then `.await?`), which becomes one line; the
 /// imports left unused go. Text that names no `OutboxDispatcher` comes
 /// back as it was.
-pub fn carry_to_set_15(text: &str) -> Carried {
+pub(crate) fn carry_to_set_15(text: &str) -> Carried {
     if !has_word(text, "OutboxDispatcher") {
         return Carried {
             text: text.to_string(),

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 /// kept compiling. A new project has none of these re-exports; an upgraded
 /// one keeps those its code uses and the kit still lets it keep
 /// ([`REEXPORTABLE_KIT_MODULES`]).
-pub const COMPAT_MODULES: &[&str] = &[
+pub(crate) const COMPAT_MODULES: &[&str] = &[
     "config",
     "database",
     "dispatch",
@@ -38,7 +38,7 @@ pub const COMPAT_MODULES: &[&str] = &[
 /// still re-export: those the kit keeps public. Edit this list when the
 /// kit makes a module private; a re-export of a module not listed here is
 /// never written, and the user's lines that name it are reported instead.
-pub const REEXPORTABLE_KIT_MODULES: &[&str] = &[
+pub(crate) const REEXPORTABLE_KIT_MODULES: &[&str] = &[
     "config",
     "database",
     "dispatch",
@@ -58,18 +58,18 @@ pub const REEXPORTABLE_KIT_MODULES: &[&str] = &[
 
 /// The compatibility modules that exist only with the kit's `worker`
 /// feature; the others but `orm` are always there.
-pub const WORKER_MODULES: &[&str] = &["operations", "queue", "scheduler", "worker"];
+pub(crate) const WORKER_MODULES: &[&str] = &["operations", "queue", "scheduler", "worker"];
 
 /// The compatibility module that exists only with the kit's `seaorm`
 /// feature.
-pub const SEAORM_MODULES: &[&str] = &["orm"];
+pub(crate) const SEAORM_MODULES: &[&str] = &["orm"];
 
 /// Where a file names something: its path (as the caller gave it) and the
 /// line, from 1.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Named {
-    pub path: String,
-    pub line: usize,
+pub(crate) struct Named {
+    pub(crate) path: String,
+    pub(crate) line: usize,
 }
 
 impl std::fmt::Display for Named {
@@ -82,7 +82,7 @@ impl std::fmt::Display for Named {
 /// text) name through the service's crate root (`crate::<m>`,
 /// `<crate_name>::<m>`, or a grouped `use`), each with every place that
 /// names it, in the order of `sources` and their lines.
-pub fn compat_modules_named(
+pub(crate) fn compat_modules_named(
     sources: &[(String, String)],
     crate_name: &str,
 ) -> BTreeMap<&'static str, Vec<Named>> {
@@ -104,7 +104,7 @@ pub fn compat_modules_named(
 
 /// The compatibility modules one text names through the crate root, with
 /// the line of each mention, in the order of the text.
-pub fn compat_modules_in(text: &str, crate_name: &str) -> Vec<(usize, &'static str)> {
+pub(crate) fn compat_modules_in(text: &str, crate_name: &str) -> Vec<(usize, &'static str)> {
     let text = without_line_comments(text);
     let mut found = Vec::new();
     for root in ["crate", crate_name] {
@@ -134,7 +134,7 @@ pub fn compat_modules_in(text: &str, crate_name: &str) -> Vec<(usize, &'static s
 /// dependency's key with `-` as `_`): the first of `sources` (path, text)
 /// that has `lib::...` as a path root, `use lib`, `extern crate lib`,
 /// `#[lib::...]` or `lib::macro!`.
-pub fn first_use_of_crate(sources: &[(String, String)], lib: &str) -> Option<Named> {
+pub(crate) fn first_use_of_crate(sources: &[(String, String)], lib: &str) -> Option<Named> {
     let lib = lib.replace('-', "_");
     sources.iter().find_map(|(path, text)| {
         crate_named_in(text, &lib).map(|line| Named {
@@ -146,7 +146,7 @@ pub fn first_use_of_crate(sources: &[(String, String)], lib: &str) -> Option<Nam
 
 /// The first line of `text` that names the crate `lib` (see
 /// [`first_use_of_crate`]).
-pub fn crate_named_in(text: &str, lib: &str) -> Option<usize> {
+pub(crate) fn crate_named_in(text: &str, lib: &str) -> Option<usize> {
     let text = without_line_comments(text);
     path_roots(&text, lib)
         .into_iter()
@@ -288,7 +288,7 @@ fn plain_comment_start(line: &str) -> Option<usize> {
 /// The kit modules that `src/lib.rs` re-exports for code that `used`
 /// them, with the kit's features on (`worker`, `seaorm`): those of
 /// [`REEXPORTABLE_KIT_MODULES`] whose feature is on.
-pub fn reexported(used: &[&str], worker: bool, seaorm: bool) -> Vec<&'static str> {
+pub(crate) fn reexported(used: &[&str], worker: bool, seaorm: bool) -> Vec<&'static str> {
     REEXPORTABLE_KIT_MODULES
         .iter()
         .copied()
@@ -301,7 +301,7 @@ pub fn reexported(used: &[&str], worker: bool, seaorm: bool) -> Vec<&'static str
 /// The re-export lines of `modules` as rustfmt writes them: one `pub use`
 /// for the modules of every project, one for the worker's and one for
 /// SeaORM's, separated by blank lines. Empty when there are none.
-pub fn reexport_lines(modules: &[&str]) -> String {
+pub(crate) fn reexport_lines(modules: &[&str]) -> String {
     let groups = [
         modules
             .iter()

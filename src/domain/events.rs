@@ -14,18 +14,18 @@ use crate::domain::names::{self, is_rust_keyword};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventSpec {
     /// The wire name, lowerCamelCase (`orderPlaced`).
-    pub name: String,
+    pub(crate) name: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fields: Vec<FieldSpec>,
+    pub(crate) fields: Vec<FieldSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub listeners: Vec<String>,
+    pub(crate) listeners: Vec<String>,
     /// The field whose value keys the event's order (`Event::order_key`),
     /// from `--ordered-by`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ordered_by: Option<String>,
+    pub(crate) ordered_by: Option<String>,
     /// How its listeners run where flags said (ordered, limits), by listener.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub listener_options: BTreeMap<String, ListenerRun>,
+    pub(crate) listener_options: BTreeMap<String, ListenerRun>,
 }
 
 /// The field types that can key an event's order: a value that is always
@@ -34,7 +34,7 @@ const KEY_TYPES: &[&str] = &["string", "i32", "i64", "uuid"];
 
 /// Checks that `field` (from `--ordered-by`) is one of `fields` and can key
 /// an order.
-pub fn check_ordered_by(field: &str, fields: &[FieldSpec]) -> Result<()> {
+pub(crate) fn check_ordered_by(field: &str, fields: &[FieldSpec]) -> Result<()> {
     let Some(spec) = fields.iter().find(|f| f.name == field) else {
         let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
         bail!(
@@ -61,9 +61,9 @@ pub fn check_ordered_by(field: &str, fields: &[FieldSpec]) -> Result<()> {
 /// One field of an event: its name and its gpkit type (`i64`, `Option<uuid>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldSpec {
-    pub name: String,
+    pub(crate) name: String,
     #[serde(rename = "type")]
-    pub ty: String,
+    pub(crate) ty: String,
 }
 
 /// The field types an event may have, and their Rust types.
@@ -243,24 +243,24 @@ impl EventNames {
 #[derive(Debug, Clone, Serialize)]
 pub struct EventView {
     #[serde(flatten)]
-    pub names: EventNames,
-    pub fields: Vec<FieldView>,
-    pub listeners: Vec<String>,
+    pub(crate) names: EventNames,
+    pub(crate) fields: Vec<FieldView>,
+    pub(crate) listeners: Vec<String>,
     /// Whether the struct can derive `Eq` (no `f64` or `json` inside).
-    pub eq: bool,
+    pub(crate) eq: bool,
     /// The field that keys its order, if any.
-    pub ordered_by: Option<String>,
+    pub(crate) ordered_by: Option<String>,
     /// How its listeners with options run, by listener.
-    pub options: BTreeMap<String, OptionsView>,
+    pub(crate) options: BTreeMap<String, OptionsView>,
 }
 
 /// A listener's `options()`, as the templates print it.
 #[derive(Debug, Clone, Serialize)]
-pub struct OptionsView {
+pub(crate) struct OptionsView {
     /// The doc comment's lines, after `/// `.
-    pub doc: Vec<String>,
+    pub(crate) doc: Vec<String>,
     /// The body's lines, indented as rustfmt leaves them.
-    pub body: Vec<String>,
+    pub(crate) body: Vec<String>,
 }
 
 impl OptionsView {
@@ -288,9 +288,9 @@ impl OptionsView {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct FieldView {
-    pub name: String,
-    pub rust_type: String,
+pub(crate) struct FieldView {
+    pub(crate) name: String,
+    pub(crate) rust_type: String,
 }
 
 impl EventView {

@@ -20,26 +20,26 @@ const DECLARED: &str = include_str!("kit_api_changes.toml");
 
 /// One declared change of the kit's public API.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Change {
+pub(crate) struct Change {
     /// The template set that made the change.
-    pub set: u32,
+    pub(crate) set: u32,
     /// The item's path, `kit::...`; it covers what lies under it.
-    pub item: String,
+    pub(crate) item: String,
     /// Which item, when a path names two (`kit::dispatch`).
     #[serde(default)]
-    pub kind: Option<String>,
+    pub(crate) kind: Option<String>,
     /// `removed`, `changed` or `made private`.
-    pub change: String,
+    pub(crate) change: String,
     /// The textual rewrite an upgrade applies to a line naming the item.
     #[serde(default)]
-    pub rewrite: Option<Rewrite>,
+    pub(crate) rewrite: Option<Rewrite>,
     /// What the service's code does instead.
-    pub note: String,
+    pub(crate) note: String,
     /// Whether an upgrade reports the lines that name the item: `false`
     /// for a change the service's code needs nothing for (a type that a
     /// signature names by another path).
     #[serde(default = "yes")]
-    pub report: bool,
+    pub(crate) report: bool,
 }
 
 fn yes() -> bool {
@@ -48,9 +48,9 @@ fn yes() -> bool {
 
 /// A textual rewrite: `from` becomes `to` on a line that names the item.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Rewrite {
-    pub from: String,
-    pub to: String,
+pub(crate) struct Rewrite {
+    pub(crate) from: String,
+    pub(crate) to: String,
 }
 
 #[derive(Deserialize)]
@@ -61,7 +61,7 @@ struct Declared {
 
 /// Every declared change. The file is compiled in and checked by a test,
 /// so it parses.
-pub fn declared() -> Vec<Change> {
+pub(crate) fn declared() -> Vec<Change> {
     toml_edit::de::from_str::<Declared>(DECLARED)
         .expect("src/domain/kit_api_changes.toml parses (a unit test checks it)")
         .change
@@ -69,7 +69,7 @@ pub fn declared() -> Vec<Change> {
 
 /// The changes a project made by template set `from` meets on its way to
 /// set `to`.
-pub fn between(from: u32, to: u32) -> Vec<Change> {
+pub(crate) fn between(from: u32, to: u32) -> Vec<Change> {
     declared()
         .into_iter()
         .filter(|change| change.report && change.set > from && change.set <= to)
@@ -80,16 +80,16 @@ pub fn between(from: u32, to: u32) -> Vec<Change> {
 /// compatibility re-exports of its `src/lib.rs`, `crate::<module>` and
 /// `<crate_name>::<module>`.
 #[derive(Debug, Clone, Default)]
-pub struct Roots {
+pub(crate) struct Roots {
     /// The service's crate name (`my_shop`).
-    pub crate_name: String,
+    pub(crate) crate_name: String,
     /// The kit modules `src/lib.rs` re-exports (`outbox`, `queue`, ...).
-    pub reexported: Vec<String>,
+    pub(crate) reexported: Vec<String>,
 }
 
 /// The kit modules a `src/lib.rs` re-exports at its root (`pub use
 /// kit::{config, outbox};`, `pub use kit::orm;`).
-pub fn reexported_modules(lib_rs: &str) -> Vec<String> {
+pub(crate) fn reexported_modules(lib_rs: &str) -> Vec<String> {
     let mut modules: Vec<String> = uses(lib_rs)
         .into_iter()
         .filter(|u| u.public && u.path.len() == 2 && u.path[0] == "kit")
@@ -102,7 +102,7 @@ pub fn reexported_modules(lib_rs: &str) -> Vec<String> {
 
 /// A file's text with the declared `changes` applied: each line that names
 /// a changed item is rewritten (where the change has a rewrite) or noted.
-pub fn carry(text: &str, changes: &[Change], roots: &Roots) -> super::api_changes::Carried {
+pub(crate) fn carry(text: &str, changes: &[Change], roots: &Roots) -> super::api_changes::Carried {
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let uses = uses(text);
     let in_use: Vec<bool> = {

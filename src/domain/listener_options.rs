@@ -7,31 +7,31 @@ use serde::{Deserialize, Serialize};
 
 /// How one listener runs besides its handler, as recorded in `gpkit.toml`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ListenerRun {
+pub(crate) struct ListenerRun {
     /// One event of each key at a time, in commit order.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ordered: bool,
+    pub(crate) ordered: bool,
     /// At most this many runs at once, across every worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<u32>,
+    pub(crate) concurrency: Option<u32>,
     /// At most this many runs started per period (`10/s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<String>,
+    pub(crate) rate: Option<String>,
     /// The burst the rate allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<u32>,
+    pub(crate) burst: Option<u32>,
 }
 
 /// A rate as `--rate` takes it: `N/s`, `N/m` or `N/h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    pub count: u32,
-    pub per: Period,
+pub(crate) struct Rate {
+    pub(crate) count: u32,
+    pub(crate) per: Period,
 }
 
 /// The period of a [`Rate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Period {
+pub(crate) enum Period {
     Second,
     Minute,
     Hour,
@@ -39,7 +39,7 @@ pub enum Period {
 
 impl Rate {
     /// `10/s`, `100/m`, `5000/h`.
-    pub fn parse(raw: &str) -> Result<Self> {
+    pub(crate) fn parse(raw: &str) -> Result<Self> {
         let form = "expected N/s, N/m or N/h with N of at least 1, such as `--rate 10/s`";
         let Some((count, per)) = raw.split_once('/') else {
             bail!("`--rate {raw}` is not a rate\nhelp: {form}");
@@ -80,7 +80,7 @@ impl Rate {
 impl ListenerRun {
     /// The run `gpkit add event`'s flags ask for: ordered or not, and the
     /// limits, checked; `None` when they ask for nothing.
-    pub fn from_flags(
+    pub(crate) fn from_flags(
         ordered: bool,
         concurrency: Option<u32>,
         rate: Option<&str>,
@@ -119,7 +119,7 @@ impl ListenerRun {
 
     /// The calls on `ListenerOptions::new()` that make it:
     /// `["ordered()", "concurrency(5)", "rate(Rate::per_second(10))"]`.
-    pub fn calls(&self) -> Vec<String> {
+    pub(crate) fn calls(&self) -> Vec<String> {
         let mut calls = Vec::new();
         if self.ordered {
             calls.push("ordered()".to_string());
@@ -140,7 +140,7 @@ impl ListenerRun {
     /// Whether rustfmt keeps `ListenerOptions::new()` and [`Self::calls`]
     /// on one line: a chain of one call always (while the line fits), a
     /// longer one while it takes at most 60 columns.
-    pub fn fits_one_line(&self) -> bool {
+    pub(crate) fn fits_one_line(&self) -> bool {
         let calls = self.calls();
         let width =
             "ListenerOptions::new()".len() + calls.iter().map(|c| c.len() + 1).sum::<usize>();
@@ -150,7 +150,7 @@ impl ListenerRun {
     /// What it does, in words, for the doc comment of `options()`:
     /// `one event of each order_id at a time, in commit order; at most 5 at
     /// once and 10 a second, across every worker`.
-    pub fn summary(&self, ordered_by: Option<&str>) -> String {
+    pub(crate) fn summary(&self, ordered_by: Option<&str>) -> String {
         let mut parts = Vec::new();
         if self.ordered {
             parts.push(format!(
@@ -177,7 +177,7 @@ impl ListenerRun {
 }
 
 /// `text` as lines of at most `width` characters, broken between words.
-pub fn wrap(text: &str, width: usize) -> Vec<String> {
+pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
     let mut line = String::new();
     for word in text.split_whitespace() {

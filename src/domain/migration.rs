@@ -16,10 +16,10 @@ use time::{
     OffsetDateTime, PrimitiveDateTime, format_description::FormatItem, macros::format_description,
 };
 
-pub use naming::snake_case;
+pub(crate) use naming::snake_case;
 
 /// goose v3.27's SQL migration template, as `migrate create` writes it.
-pub const SQL_TEMPLATE: &str = "-- +goose Up
+pub(crate) const SQL_TEMPLATE: &str = "-- +goose Up
 SELECT 'up SQL query';
 
 -- +goose Down
@@ -31,7 +31,7 @@ const TIMESTAMP: &[FormatItem<'static>] =
 
 /// How the next version is numbered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Numbering {
+pub(crate) enum Numbering {
     /// `YYYYMMDDhhmmss` in UTC, goose's default.
     Timestamp,
     /// `%05d` after the highest sequential version, goose's `-s`.
@@ -41,7 +41,7 @@ pub enum Numbering {
 /// The versions of the `.sql` files at the top level of `dir`, with their
 /// file names. A missing directory has none; a badly named `.sql` file is an
 /// error, as in goose.
-pub fn existing_versions(dir: &Path) -> Result<Vec<(i64, String)>> {
+pub(crate) fn existing_versions(dir: &Path) -> Result<Vec<(i64, String)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -69,7 +69,7 @@ pub fn existing_versions(dir: &Path) -> Result<Vec<(i64, String)>> {
 /// The version for a new migration: `now` as a timestamp (one second after
 /// the newest timestamp when that is not in the past), or the next
 /// sequential number.
-pub fn next_version(
+pub(crate) fn next_version(
     existing: &[(i64, String)],
     numbering: Numbering,
     now: OffsetDateTime,
@@ -104,7 +104,7 @@ pub fn next_version(
 }
 
 /// The file name of a new migration, or why `name` cannot name one.
-pub fn file_name(version: &str, name: &str) -> Result<String> {
+pub(crate) fn file_name(version: &str, name: &str) -> Result<String> {
     let description = snake_case(name);
     if description.is_empty() {
         bail!(

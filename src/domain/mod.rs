@@ -8,12 +8,12 @@
 //! of its dependencies ([`code_uses`]), and values written into URLs
 //! ([`url_part`]).
 
-pub mod api_changes;
-pub mod code_uses;
+pub(crate) mod api_changes;
+pub(crate) mod code_uses;
 pub mod events;
-pub mod kit_api;
-pub mod listener_options;
-pub mod migration;
+pub(crate) mod kit_api;
+pub(crate) mod listener_options;
+pub(crate) mod migration;
 pub mod names;
-pub mod schedule;
-pub mod url_part;
+pub(crate) mod schedule;
+pub(crate) mod url_part;

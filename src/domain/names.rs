@@ -35,7 +35,7 @@ const RESERVED_PACKAGE_NAMES: &[&str] = &[
 
 /// The longest project name gpkit accepts. Generated `use` lines start with
 /// the crate name; past this length rustfmt would wrap them differently.
-pub const MAX_NAME_LEN: usize = 40;
+pub(crate) const MAX_NAME_LEN: usize = 40;
 
 /// A validated Cargo package name, with the Rust crate identifier derived
 /// from it (`my-shop` gives `my_shop`).
@@ -94,7 +94,7 @@ impl PackageName {
     }
 
     /// The Cargo package name, as the user typed it.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.name
     }
 
@@ -106,7 +106,7 @@ impl PackageName {
 
 /// Splits any spelling (`OrderPlaced`, `order_placed`, `orderPlaced`,
 /// `order-placed`) into lowercase words.
-pub fn words(raw: &str) -> Vec<String> {
+pub(crate) fn words(raw: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut current = String::new();
     let chars: Vec<char> = raw.chars().collect();

@@ -20,18 +20,18 @@ use crate::domain::names::{self, is_rust_keyword};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScheduleRecord {
     /// The schedule's name, snake_case: its module and its job's task type.
-    pub name: String,
+    pub(crate) name: String,
     /// The timing spec as given (`0 2 * * *`, `@hourly`, `@every 30s`).
-    pub cron: String,
+    pub(crate) cron: String,
     /// The wire name of the event it dispatches; `None` for a job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<String>,
+    pub(crate) event: Option<String>,
     /// The IANA time zone the spec is read in; `None` for UTC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tz: Option<String>,
+    pub(crate) tz: Option<String>,
     /// How many missed ticks a new leader enqueues (0: missed ticks are skipped).
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub catch_up: u32,
+    pub(crate) catch_up: u32,
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -61,20 +61,14 @@ const FIELDS: [(&str, &str); 6] = [
 /// A timing spec that parsed: a cron spec (5 fields, or 6 with seconds
 /// first), a nickname (`@hourly` ...), or `@every <duration>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScheduleSpec {
+pub(crate) struct ScheduleSpec {
     text: String,
-    every: Option<Duration>,
 }
 
 impl ScheduleSpec {
     /// The spec as given, trimmed.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.text
-    }
-
-    /// For `@every <duration>`, the duration.
-    pub fn every(&self) -> Option<Duration> {
-        self.every
     }
 }
 
@@ -87,7 +81,7 @@ impl fmt::Display for ScheduleSpec {
 /// Why a spec was refused: what is wrong, where in the spec (shown with a
 /// caret line under it), and the fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecError {
+pub(crate) struct SpecError {
     spec: String,
     span: Range<usize>,
     message: String,
@@ -129,7 +123,7 @@ const CRON_HELP: &str = "a spec is 5 fields `minute hour day-of-month month day-
 
 /// The parser the generated scheduler uses too: an optional seconds field,
 /// no year field.
-pub fn cron_parser() -> CronParser {
+pub(crate) fn cron_parser() -> CronParser {
     CronParser::builder()
         .seconds(Seconds::Optional)
         .year(Year::Disallowed)
@@ -153,13 +147,15 @@ impl FromStr for ScheduleSpec {
             .strip_prefix("@every")
             .filter(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
         {
-            return parse_every(text, rest);
+            parse_every(text, rest)?;
+            return Ok(Self {
+                text: text.to_string(),
+            });
         }
         if text.starts_with('@') {
             if NICKNAMES.contains(&text) {
                 return Ok(Self {
                     text: text.to_string(),
-                    every: None,
                 });
             }
             return Err(SpecError::new(
@@ -175,13 +171,12 @@ impl FromStr for ScheduleSpec {
         parse_cron(text)?;
         Ok(Self {
             text: text.to_string(),
-            every: None,
         })
     }
 }
 
 /// `@every <duration>`: whole seconds, at least one.
-fn parse_every(text: &str, rest: &str) -> Result<ScheduleSpec, SpecError> {
+fn parse_every(text: &str, rest: &str) -> Result<Duration, SpecError> {
     let help = "write a duration of whole seconds, such as `@every 30s`, `@every 5m` or \
                 `@every 1h30m`";
     let duration_text = rest.trim();
@@ -215,10 +210,7 @@ fn parse_every(text: &str, rest: &str) -> Result<ScheduleSpec, SpecError> {
             help,
         ));
     }
-    Ok(ScheduleSpec {
-        text: text.to_string(),
-        every: Some(duration),
-    })
+    Ok(duration)
 }
 
 /// A cron spec: 5 or 6 fields that croner accepts, and that match some time.
@@ -329,7 +321,7 @@ fn field_spans(text: &str) -> Vec<Range<usize>> {
 }
 
 /// Checks `--tz`: an IANA zone name such as `Europe/Paris`.
-pub fn parse_zone(raw: &str) -> Result<chrono_tz::Tz> {
+pub(crate) fn parse_zone(raw: &str) -> Result<chrono_tz::Tz> {
     if let Ok(zone) = raw.parse::<chrono_tz::Tz>() {
         return Ok(zone);
     }
@@ -352,7 +344,7 @@ pub fn parse_zone(raw: &str) -> Result<chrono_tz::Tz> {
 }
 
 /// Checks a schedule's name: snake_case, not a Rust keyword.
-pub fn check_name(raw: &str) -> Result<()> {
+pub(crate) fn check_name(raw: &str) -> Result<()> {
     let valid = raw.starts_with(|c: char| c.is_ascii_lowercase())
         && raw
             .chars()
@@ -381,21 +373,21 @@ pub fn check_name(raw: &str) -> Result<()> {
 
 /// What the templates print for one schedule.
 #[derive(Debug, Clone, Serialize)]
-pub struct ScheduleView {
-    pub name: String,
-    pub cron: String,
+pub(crate) struct ScheduleView {
+    pub(crate) name: String,
+    pub(crate) cron: String,
     /// The time zone, `UTC` when none was given.
-    pub tz: String,
-    pub catch_up: u32,
+    pub(crate) tz: String,
+    pub(crate) catch_up: u32,
     /// The event it dispatches (its names and fields), for an event schedule.
-    pub event: Option<crate::domain::events::EventView>,
+    pub(crate) event: Option<crate::domain::events::EventView>,
 }
 
 impl ScheduleView {
     /// The view of `record`, whose event (if any) is one of `events`. The
     /// record may come from an untrusted `gpkit.toml`: its spec and zone
     /// are checked again, as they are printed into Rust string literals.
-    pub fn new(
+    pub(crate) fn new(
         record: &ScheduleRecord,
         events: &[crate::domain::events::EventView],
     ) -> Result<Self> {
@@ -471,10 +463,9 @@ mod tests {
             assert_eq!(parsed.as_str(), spec);
         }
         assert_eq!(
-            "@every 90s".parse::<ScheduleSpec>().unwrap().every(),
-            Some(Duration::from_secs(90))
+            parse_every("@every 90s", " 90s").unwrap(),
+            Duration::from_secs(90)
         );
-        assert_eq!("@daily".parse::<ScheduleSpec>().unwrap().every(), None);
     }
 
     /// The refusals, with their carets, against `snapshots/schedule-spec-errors.txt`

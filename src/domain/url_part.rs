@@ -4,7 +4,7 @@
 //! the URL means.
 
 /// `text` percent-encoded for a URL's userinfo or path segment.
-pub fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {

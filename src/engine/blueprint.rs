@@ -24,10 +24,10 @@ pub const TEMPLATE_SET_VERSION: u32 = 24;
 
 /// The oldest Rust the generated projects build with: their Cargo.toml's
 /// `rust-version`, the newest that any of their dependencies declares.
-pub const GENERATED_RUST_VERSION: &str = "1.89";
+pub(crate) const GENERATED_RUST_VERSION: &str = "1.89";
 
 /// The outbox migration, which the relay cannot work without.
-pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
+pub(crate) const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
 
 /// Files outside `src/` and `tests/` that are the user's from the moment
 /// they are written. Every file under `src/` and `tests/` (the service's
@@ -38,7 +38,7 @@ pub const OUTBOX_MIGRATION: &str = "migrations/20200101000100_outbox.sql";
 const USER_OWNED: &[&str] = &["Cargo.toml", "README.md", ".gitignore"];
 
 /// The folder of the kit crate in a generated project, and its template set.
-pub const KIT_DIR: &str = "kit";
+pub(crate) const KIT_DIR: &str = "kit";
 
 /// The kit's package name in gpkit's own workspace; a project's kit is named
 /// after the project (`shop-kit`), so that services can share a workspace.
@@ -47,10 +47,10 @@ const KIT_PACKAGE: &str = "gpkit-kit";
 /// Kit files that template set 5 dropped but that a user's file of an older
 /// project still declares (`mod health_check;` in `src/routes/mod.rs`): an
 /// upgrade keeps them, as the user's, instead of deleting them.
-pub const NOW_USERS: &[&str] = &["src/routes/health_check.rs"];
+pub(crate) const NOW_USERS: &[&str] = &["src/routes/health_check.rs"];
 
 /// Who owns the file at `path` of a generated project.
-pub fn owner_of(path: &str) -> Owner {
+pub(crate) fn owner_of(path: &str) -> Owner {
     if path.starts_with("src/") || path.starts_with("tests/") || USER_OWNED.contains(&path) {
         Owner::User
     } else {
@@ -105,11 +105,11 @@ pub struct BlueprintFile {
     pub owner: Owner,
     pub contents: Vec<u8>,
     /// One line on what the file is for, shown in plans.
-    pub purpose: String,
+    pub(crate) purpose: String,
 }
 
 /// The desired tree: output path to file, sorted by path.
-pub type Tree = BTreeMap<String, BlueprintFile>;
+pub(crate) type Tree = BTreeMap<String, BlueprintFile>;
 
 /// Renders the files that a project with `answers` and `components` has:
 /// the kit crate (`kit/`, the same for every project, its parts switched
@@ -243,7 +243,7 @@ fn render_kit(renderer: &Renderer, name: &str, tree: &mut Tree) -> Result<()> {
 
 /// The kit's `Cargo.toml` for the project `name`: gpkit's own kit manifest
 /// `template` (package `gpkit-kit`) with the package named `<name>-kit`.
-pub fn kit_manifest(template: &[u8], name: &str) -> Result<Vec<u8>> {
+pub(crate) fn kit_manifest(template: &[u8], name: &str) -> Result<Vec<u8>> {
     let text = std::str::from_utf8(template)?;
     let from = format!("name = \"{KIT_PACKAGE}\"");
     anyhow::ensure!(

@@ -24,15 +24,20 @@ const DEPENDENCY_TABLES: &[&str] = &["dependencies", "dev-dependencies", "build-
 
 /// The merged manifest, and notes on entries left as the user had them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Merged {
-    pub text: String,
-    pub notes: Vec<String>,
+pub(crate) struct Merged {
+    pub(crate) text: String,
+    pub(crate) notes: Vec<String>,
 }
 
 /// Merges the kit's changes (base → theirs) into `ours`. `code` is the
 /// service's own Rust code (path, text), which decides whether a
 /// dependency the templates dropped stays.
-pub fn merge(base: &str, ours: &str, theirs: &str, code: &[(String, String)]) -> Result<Merged> {
+pub(crate) fn merge(
+    base: &str,
+    ours: &str,
+    theirs: &str,
+    code: &[(String, String)],
+) -> Result<Merged> {
     let base: DocumentMut = base
         .parse()
         .context("gpkit's base copy of Cargo.toml does not parse")?;

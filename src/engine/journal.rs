@@ -26,12 +26,12 @@ use crate::engine::manifest::BASE_DIR;
 use crate::engine::project_path;
 
 /// Where the journal lives while a plan is applied.
-pub const JOURNAL_FILE: &str = ".gpkit/journal.json";
+pub(crate) const JOURNAL_FILE: &str = ".gpkit/journal.json";
 
 /// How far a run got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     /// Staging files are being written; the project is untouched.
     Staging,
     /// Every staging file is complete; renames may have begun.
@@ -40,24 +40,24 @@ pub enum State {
 
 /// One run's record of what it is changing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Journal {
-    pub state: State,
+pub(crate) struct Journal {
+    pub(crate) state: State,
     /// The process that writes the staging files (their names include it).
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Files written, as paths relative to the project root.
-    pub writes: Vec<String>,
+    pub(crate) writes: Vec<String>,
     /// Files deleted after the writes.
-    pub deletes: Vec<String>,
+    pub(crate) deletes: Vec<String>,
 }
 
 impl Journal {
     /// The staging file of `dest` for this run.
-    pub fn staging_path(&self, root: &Path, dest: &str) -> PathBuf {
+    pub(crate) fn staging_path(&self, root: &Path, dest: &str) -> PathBuf {
         staging_path(&root.join(dest), self.pid)
     }
 
     /// Writes the journal, replacing any earlier state of it atomically.
-    pub fn save(&self, root: &Path) -> Result<()> {
+    pub(crate) fn save(&self, root: &Path) -> Result<()> {
         project_path::refuse_links(root, JOURNAL_FILE)?;
         let path = root.join(JOURNAL_FILE);
         let tmp = path.with_extension("json.new");
@@ -73,7 +73,7 @@ impl Journal {
     }
 
     /// Removes the journal: the run is complete.
-    pub fn remove(root: &Path) -> Result<()> {
+    pub(crate) fn remove(root: &Path) -> Result<()> {
         let path = root.join(JOURNAL_FILE);
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
@@ -84,7 +84,7 @@ impl Journal {
 
     /// The journal left in the project at `root`, if any, with every path
     /// checked.
-    pub fn load(root: &Path) -> Result<Option<Self>> {
+    pub(crate) fn load(root: &Path) -> Result<Option<Self>> {
         let Some(bytes) = project_path::read(root, JOURNAL_FILE)? else {
             return Ok(None);
         };
@@ -103,7 +103,7 @@ impl Journal {
 }
 
 /// The staging file for `dest` of the process `pid`: a hidden name beside it.
-pub fn staging_path(dest: &Path, pid: u32) -> PathBuf {
+pub(crate) fn staging_path(dest: &Path, pid: u32) -> PathBuf {
     let name = dest
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -130,7 +130,7 @@ fn check_journal_path(path: &str) -> Result<()> {
 
 /// Finishes or undoes the run that left a journal in the project at `root`;
 /// returns a sentence on what was done, or `None` when there was no journal.
-pub fn recover(root: &Path) -> Result<Option<String>> {
+pub(crate) fn recover(root: &Path) -> Result<Option<String>> {
     let Some(journal) = Journal::load(root)? else {
         return Ok(None);
     };

@@ -19,7 +19,7 @@ pub fn is_crlf(bytes: &[u8]) -> bool {
 
 /// `bytes` with CRLF line endings turned into LF, when it uses CRLF
 /// throughout; otherwise unchanged.
-pub fn to_lf(bytes: Vec<u8>) -> Vec<u8> {
+pub(crate) fn to_lf(bytes: Vec<u8>) -> Vec<u8> {
     if !is_crlf(&bytes) {
         return bytes;
     }

@@ -25,7 +25,7 @@ const WAIT: Duration = Duration::from_secs(3);
 
 /// An exclusive hold on a project, released on drop.
 #[derive(Debug)]
-pub struct ProjectLock {
+pub(crate) struct ProjectLock {
     dir: File,
     holder: PathBuf,
 }
@@ -33,7 +33,7 @@ pub struct ProjectLock {
 impl ProjectLock {
     /// Takes the lock of the project at `root` for `command` (shown to a
     /// run that has to wait), waiting up to a few seconds for another run.
-    pub fn acquire(root: &Path, command: &str) -> Result<Self> {
+    pub(crate) fn acquire(root: &Path, command: &str) -> Result<Self> {
         project_path::refuse_links(root, HOLDER_FILE)?;
         let dir_path = root.join(LOCK_DIR);
         std::fs::create_dir_all(&dir_path)

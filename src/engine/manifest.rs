@@ -14,15 +14,15 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-pub use crate::domain::events::{EventSpec, FieldSpec};
-pub use crate::domain::schedule::ScheduleRecord;
+pub(crate) use crate::domain::events::{EventSpec, FieldSpec};
+pub(crate) use crate::domain::schedule::ScheduleRecord;
 use sha2::{Digest, Sha256};
 
 /// The manifest's file name, at the project root.
-pub const MANIFEST_FILE: &str = "gpkit.toml";
+pub(crate) const MANIFEST_FILE: &str = "gpkit.toml";
 
 /// Where the last-written content of each generated file is kept.
-pub const BASE_DIR: &str = ".gpkit/base";
+pub(crate) const BASE_DIR: &str = ".gpkit/base";
 
 /// Who owns a generated file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ impl fmt::Display for Owner {
 /// The whole manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
-    pub gpkit: Versions,
+    pub(crate) gpkit: Versions,
     pub answers: Answers,
     #[serde(default)]
     pub components: Components,
@@ -57,9 +57,9 @@ pub struct Manifest {
 
 /// Which gpkit and which template set last wrote the project.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Versions {
-    pub version: String,
-    pub template_set: u32,
+pub(crate) struct Versions {
+    pub(crate) version: String,
+    pub(crate) template_set: u32,
 }
 
 /// The answers the project was generated with.

@@ -14,17 +14,17 @@
 //!   ([`project_path`]), keeping each file's [`line_endings`].
 
 pub mod blueprint;
-pub mod cargo_toml;
-pub mod journal;
+pub(crate) mod cargo_toml;
+pub(crate) mod journal;
 pub mod line_endings;
-pub mod lock;
+pub(crate) mod lock;
 pub mod manifest;
-pub mod plan;
-pub mod project;
-pub mod project_path;
-pub mod reconcile;
+pub(crate) mod plan;
+pub(crate) mod project;
+pub(crate) mod project_path;
+pub(crate) mod reconcile;
 pub mod regions;
 pub mod released;
-pub mod templates;
-pub mod update;
-pub mod user_code;
+pub(crate) mod templates;
+pub(crate) mod update;
+pub(crate) mod user_code;

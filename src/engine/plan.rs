@@ -18,7 +18,7 @@ use crate::engine::project_path;
 
 /// What happens to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     Create { contents: Vec<u8> },
     Update { old: Vec<u8>, new: Vec<u8> },
     Delete { old: Vec<u8> },
@@ -26,25 +26,25 @@ pub enum Action {
 
 /// One planned change, with a path relative to the plan's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    pub path: String,
-    pub action: Action,
+pub(crate) struct Change {
+    pub(crate) path: String,
+    pub(crate) action: Action,
     /// One line on why, shown in the plan.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// An ordered set of changes under one root directory.
 #[derive(Debug, Clone, Default)]
-pub struct Plan {
-    pub changes: Vec<Change>,
+pub(crate) struct Plan {
+    pub(crate) changes: Vec<Change>,
 }
 
 impl Plan {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    pub fn create(
+    pub(crate) fn create(
         &mut self,
         path: impl Into<String>,
         contents: Vec<u8>,
@@ -54,7 +54,7 @@ impl Plan {
     }
 
     /// Plans `path` to hold `new`; no change when it already does.
-    pub fn update(
+    pub(crate) fn update(
         &mut self,
         path: impl Into<String>,
         old: Vec<u8>,
@@ -66,7 +66,12 @@ impl Plan {
         }
     }
 
-    pub fn delete(&mut self, path: impl Into<String>, old: Vec<u8>, reason: impl Into<String>) {
+    pub(crate) fn delete(
+        &mut self,
+        path: impl Into<String>,
+        old: Vec<u8>,
+        reason: impl Into<String>,
+    ) {
         self.push(path.into(), Action::Delete { old }, reason.into());
     }
 
@@ -82,14 +87,14 @@ impl Plan {
         });
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.changes.is_empty()
     }
 
     /// The plan as text: one line per change (the `.gpkit/base/` copies are
     /// summarised in a line for those written and one for those deleted),
     /// and unified diffs when `diff` is set.
-    pub fn render(&self, diff: bool) -> String {
+    pub(crate) fn render(&self, diff: bool) -> String {
         let shown: Vec<&Change> = self
             .changes
             .iter()
@@ -140,7 +145,7 @@ impl Plan {
     }
 
     /// Counts of creations, updates and deletions, `.gpkit/base/` copies left out.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let (mut created, mut updated, mut deleted) = (0, 0, 0);
         for change in self.changes.iter().filter(|c| !is_base_copy(&c.path)) {
             match change.action {
@@ -156,7 +161,7 @@ impl Plan {
     /// be empty. Everything is written into a staging directory next to
     /// `dest` and renamed into place at the end, so an interrupted run leaves
     /// no half-made tree.
-    pub fn apply_to_new_dir(&self, dest: &Path) -> Result<()> {
+    pub(crate) fn apply_to_new_dir(&self, dest: &Path) -> Result<()> {
         let parent = dest
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -203,7 +208,7 @@ impl Plan {
     /// Nothing is written through a symbolic link inside `root`: every path
     /// is checked before the first write, and staging files are created
     /// with `O_EXCL`, so a link placed at a staging name is not followed.
-    pub fn apply_in_place(&self, root: &Path) -> Result<()> {
+    pub(crate) fn apply_in_place(&self, root: &Path) -> Result<()> {
         for change in &self.changes {
             project_path::refuse_links(root, &change.path)?;
         }
@@ -276,7 +281,7 @@ impl Plan {
 /// `GPKIT_FAULT=<stage>:<n>` (`staged:3`, `renamed:5`) aborts the process,
 /// as a `kill -9` would, once `n` files have reached that stage.
 mod fault {
-    pub fn point(stage: &str, count: usize) {
+    pub(crate) fn point(stage: &str, count: usize) {
         if cfg!(debug_assertions)
             && std::env::var("GPKIT_FAULT").is_ok_and(|f| f == format!("{stage}:{count}"))
         {

@@ -15,15 +15,15 @@ use crate::engine::released::Store;
 
 /// A gpkit project found at `root`.
 #[derive(Debug, Clone)]
-pub struct Project {
-    pub root: PathBuf,
-    pub manifest: Manifest,
+pub(crate) struct Project {
+    pub(crate) root: PathBuf,
+    pub(crate) manifest: Manifest,
 }
 
 impl Project {
     /// Opens the project at `dir`. A project made by a newer template set is
     /// refused: this gpkit cannot know what those templates meant.
-    pub fn open(dir: &Path) -> Result<Self> {
+    pub(crate) fn open(dir: &Path) -> Result<Self> {
         let manifest = Manifest::load(dir)?;
         if manifest.gpkit.template_set > TEMPLATE_SET_VERSION {
             bail!(
@@ -44,7 +44,7 @@ impl Project {
 
     /// The file at `path` as it is on disk now, if it exists. A symbolic
     /// link anywhere inside the project on the way is an error naming it.
-    pub fn current(&self, path: &str) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn current(&self, path: &str) -> Result<Option<Vec<u8>>> {
         project_path::read(&self.root, path)
     }
 
@@ -52,8 +52,10 @@ impl Project {
     /// under `.gpkit/base/` when there is one, else the bytes gpkit
     /// regenerates from the recorded hash ([`Project::regenerated_base`]).
     /// Neither counts as no base: a conflict to report, never permission to
-    /// overwrite.
-    pub fn base(&self, path: &str) -> Result<Option<Vec<u8>>> {
+    /// overwrite. Reconciling reads the two apart; the tests read them
+    /// together through this.
+    #[cfg(test)]
+    pub(crate) fn base(&self, path: &str) -> Result<Option<Vec<u8>>> {
         match self.base_copy(path)? {
             Some(copy) => Ok(Some(copy)),
             None => Ok(self.regenerated_base(path)),
@@ -63,7 +65,7 @@ impl Project {
     /// The base copy of `path` under `.gpkit/base/`, if gpkit recorded the
     /// file and the copy is there. A copy that is missing, a link or not a
     /// regular file counts as none.
-    pub fn base_copy(&self, path: &str) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn base_copy(&self, path: &str) -> Result<Option<Vec<u8>>> {
         if !self.manifest.files.contains_key(path) {
             return Ok(None);
         }
@@ -73,14 +75,14 @@ impl Project {
     /// The bytes gpkit last wrote to `path`, regenerated from the hash the
     /// manifest records when gpkit released them (a kit file of some
     /// template set), checked against that hash; `None` otherwise.
-    pub fn regenerated_base(&self, path: &str) -> Option<Vec<u8>> {
+    pub(crate) fn regenerated_base(&self, path: &str) -> Option<Vec<u8>> {
         let record = self.manifest.files.get(path)?;
         Store::embedded().find(path, &record.sha256, &self.manifest.answers.name)
     }
 
     /// Whether gpkit can regenerate `base` as the base of `path` without a
     /// copy: it is a kit file that a released template set shipped.
-    pub fn regenerates(&self, path: &str, base: &[u8]) -> bool {
+    pub(crate) fn regenerates(&self, path: &str, base: &[u8]) -> bool {
         Store::embedded()
             .find(path, &sha256_hex(base), &self.manifest.answers.name)
             .is_some()

@@ -19,7 +19,7 @@ use std::path::{Component, Path};
 use anyhow::{Context, Result, bail};
 
 /// Why a manifest path is not acceptable, or `None` when it is.
-pub fn manifest_path_problem(path: &str) -> Option<&'static str> {
+pub(crate) fn manifest_path_problem(path: &str) -> Option<&'static str> {
     if path.is_empty() {
         return Some("it is empty");
     }
@@ -52,7 +52,7 @@ pub fn manifest_path_problem(path: &str) -> Option<&'static str> {
 }
 
 /// Checks a path recorded in the manifest; the error names the entry.
-pub fn check_manifest_path(path: &str) -> Result<()> {
+pub(crate) fn check_manifest_path(path: &str) -> Result<()> {
     match manifest_path_problem(path) {
         None => Ok(()),
         Some(problem) => bail!(
@@ -67,7 +67,7 @@ pub fn check_manifest_path(path: &str) -> Result<()> {
 /// Refuses `rel` (a path relative to `root`) when one of its components
 /// below `root` is a symbolic link. Components that do not exist yet are
 /// fine: gpkit creates them as real directories.
-pub fn refuse_links(root: &Path, rel: &str) -> Result<()> {
+pub(crate) fn refuse_links(root: &Path, rel: &str) -> Result<()> {
     let mut at = root.to_path_buf();
     let mut shown = String::new();
     for component in Path::new(rel).components() {
@@ -97,7 +97,7 @@ pub fn refuse_links(root: &Path, rel: &str) -> Result<()> {
 
 /// The file `rel` under `root`, if it exists, read without following a link
 /// anywhere inside the project (a link is an error naming it).
-pub fn read(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) fn read(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
     refuse_links(root, rel)?;
     let path = root.join(rel);
     match std::fs::read(&path) {
@@ -110,7 +110,7 @@ pub fn read(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
 /// The regular file `rel` under `root`, or `None` when it is missing, a
 /// link or anything but a regular file. Links in its leading directories
 /// are an error naming them.
-pub fn read_regular(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) fn read_regular(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
     let (dir, _) = rel.rsplit_once('/').unwrap_or(("", rel));
     if !dir.is_empty() {
         refuse_links(root, dir)?;
@@ -132,7 +132,7 @@ pub fn read_regular(root: &Path, rel: &str) -> Result<Option<Vec<u8>>> {
 /// The regular `.rs` files under the folder `dir` of `root`, as paths
 /// relative to `root`, sorted. Links are not followed (a linked file or
 /// folder is left out), so nothing outside the project is listed.
-pub fn rust_sources(root: &Path, dir: &str) -> Result<Vec<String>> {
+pub(crate) fn rust_sources(root: &Path, dir: &str) -> Result<Vec<String>> {
     let mut found = Vec::new();
     let mut pending = vec![dir.to_string()];
     while let Some(rel) = pending.pop() {
@@ -166,7 +166,7 @@ pub fn rust_sources(root: &Path, dir: &str) -> Result<Vec<String>> {
 
 /// Removes the file (or link) at `path`, if there is one; a link is removed
 /// itself, never what it points to, and a directory is left alone.
-pub fn remove_if_there(path: &Path) -> Result<()> {
+pub(crate) fn remove_if_there(path: &Path) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.is_dir() => std::fs::remove_file(path)
             .with_context(|| format!("failed to remove `{}`", path.display())),
@@ -178,7 +178,7 @@ pub fn remove_if_there(path: &Path) -> Result<()> {
 /// deletion left empty, as the move of the kit's files into `kit/` leaves
 /// `src/queue/`. Stops at the first folder that still holds anything, and
 /// never removes `root` itself.
-pub fn remove_empty_parents(root: &Path, rel: &str) {
+pub(crate) fn remove_empty_parents(root: &Path, rel: &str) {
     let mut dir = Path::new(rel).parent();
     while let Some(parent) = dir.filter(|p| !p.as_os_str().is_empty()) {
         if std::fs::remove_dir(root.join(parent)).is_err() {
@@ -190,7 +190,7 @@ pub fn remove_empty_parents(root: &Path, rel: &str) {
 
 /// Creates `path` with `contents`; fails if anything (a file, a link) is
 /// already there, without following it.
-pub fn create_new(path: &Path, contents: &[u8]) -> Result<()> {
+pub(crate) fn create_new(path: &Path, contents: &[u8]) -> Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

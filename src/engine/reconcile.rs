@@ -29,7 +29,7 @@ use crate::engine::{cargo_toml, line_endings, project_path, regions, user_code};
 
 /// What happened, or will happen, to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Already as the templates want it.
     UpToDate,
     /// New in the templates; created.
@@ -66,7 +66,7 @@ pub enum Outcome {
 impl Outcome {
     /// Whether the file needs the user's attention before (or after) the
     /// change can be called done.
-    pub fn is_conflict(&self) -> bool {
+    pub(crate) fn is_conflict(&self) -> bool {
         matches!(
             self,
             Outcome::Conflicted
@@ -77,7 +77,7 @@ impl Outcome {
     }
 
     /// The report's word for this outcome.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Outcome::UpToDate => "up to date",
             Outcome::Created => "created",
@@ -106,35 +106,35 @@ impl fmt::Display for Outcome {
 
 /// The decision for one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileChange {
-    pub path: String,
-    pub owner: Owner,
-    pub outcome: Outcome,
+pub(crate) struct FileChange {
+    pub(crate) path: String,
+    pub(crate) owner: Owner,
+    pub(crate) outcome: Outcome,
     /// The file as it was read when deciding; `None` when it is missing.
-    pub current: Option<Vec<u8>>,
+    pub(crate) current: Option<Vec<u8>>,
     /// gpkit's base copy under `.gpkit/base/` (LF) as it was read when
     /// deciding; `None` when there is none (the base is regenerated from the
     /// released kits, or missing).
-    pub old_base: Option<Vec<u8>>,
+    pub(crate) old_base: Option<Vec<u8>>,
     /// The file's new content; `None` when the file is left as it is or deleted.
-    pub write: Option<Vec<u8>>,
+    pub(crate) write: Option<Vec<u8>>,
     /// Whether the file is deleted from disk.
-    pub delete: bool,
+    pub(crate) delete: bool,
     /// The new base (what the templates render now); `None` drops the record.
     /// It is kept as a copy unless gpkit can regenerate it.
-    pub base: Option<Vec<u8>>,
+    pub(crate) base: Option<Vec<u8>>,
     /// Why a user-owned file was not changed as the templates wanted.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// Options of a reconciliation.
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Recreate kit files the user deleted.
-    pub restore_deleted: bool,
+    pub(crate) restore_deleted: bool,
     /// Kit files to recreate even without `restore_deleted` (a component's
     /// essentials, such as the outbox migration for the worker).
-    pub required: Vec<String>,
+    pub(crate) required: Vec<String>,
 }
 
 /// The kit files of `desired` that the project has at their old place,
@@ -159,7 +159,7 @@ fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
 /// ([`reconcile`]) against the blueprint whose `src/lib.rs`
 /// keeps the compatibility re-exports that the project's code uses once
 /// those decisions are applied.
-pub fn for_components(
+pub(crate) fn for_components(
     project: &Project,
     components: &Components,
     options: &Options,
@@ -192,7 +192,11 @@ fn edits(changes: &[FileChange]) -> Vec<user_code::Edit<'_>> {
 }
 
 /// Decides, for every file of the project and of `desired`, what to do.
-pub fn reconcile(project: &Project, desired: &Tree, options: &Options) -> Result<Vec<FileChange>> {
+pub(crate) fn reconcile(
+    project: &Project,
+    desired: &Tree,
+    options: &Options,
+) -> Result<Vec<FileChange>> {
     let moves = moves(project, desired);
     let carry = ApiCarry::new(project)?;
     // `Cargo.toml` is merged last, with the service's code as the other
@@ -588,7 +592,7 @@ fn push_notes(change: &mut FileChange, notes: &[api_changes::LineNote], set: u32
 }
 
 /// Whether `text` holds the conflict markers [`merge3`] writes.
-pub fn has_conflict_markers(text: &[u8]) -> bool {
+pub(crate) fn has_conflict_markers(text: &[u8]) -> bool {
     let text = String::from_utf8_lossy(text);
     let mut lines = text.lines();
     lines.any(|l| l == "<<<<<<< ours")
@@ -598,7 +602,7 @@ pub fn has_conflict_markers(text: &[u8]) -> bool {
 
 /// A line-based 3-way merge; overlapping changes get standard conflict
 /// markers. Returns the text and whether it merged cleanly.
-pub fn merge3(base: &[u8], ours: &[u8], theirs: &[u8]) -> (Vec<u8>, bool) {
+pub(crate) fn merge3(base: &[u8], ours: &[u8], theirs: &[u8]) -> (Vec<u8>, bool) {
     let mut options = MergeOptions::new();
     options.set_conflict_style(ConflictStyle::Merge);
     match options.merge_bytes(base, ours, theirs) {

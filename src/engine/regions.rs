@@ -84,7 +84,7 @@ pub enum RegionProblem {
 
 impl RegionProblem {
     /// What to tell the user: which region, and the code to restore.
-    pub fn explain(&self, path: &str) -> String {
+    pub(crate) fn explain(&self, path: &str) -> String {
         match self {
             RegionProblem::Missing { name, wanted } => format!(
                 "`{path}`: the gpkit region `{name}` is gone. Restore these lines (or add the code \

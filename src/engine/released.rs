@@ -113,14 +113,16 @@ impl Store {
         Ok(store)
     }
 
-    /// The template sets the store has the kit of.
-    pub fn sets(&self) -> impl Iterator<Item = u32> + '_ {
+    /// The template sets the store has the kit of (for the tests).
+    #[cfg(test)]
+    pub(crate) fn sets(&self) -> impl Iterator<Item = u32> + '_ {
         self.releases.keys().copied()
     }
 
     /// The kit files of template set `set`: path inside the kit crate to
-    /// SHA-256, if the store has that set.
-    pub fn release(&self, set: u32) -> Option<&BTreeMap<String, String>> {
+    /// SHA-256, if the store has that set (for the tests).
+    #[cfg(test)]
+    pub(crate) fn release(&self, set: u32) -> Option<&BTreeMap<String, String>> {
         self.releases.get(&set)
     }
 

@@ -23,29 +23,31 @@ const TEMPLATE_SUFFIX: &str = ".jinja";
 
 /// One file of a template set, before rendering.
 #[derive(Debug, Clone, Copy)]
-pub struct TemplateFile {
+pub(crate) struct TemplateFile {
     /// Path inside the template set, e.g. `src/startup.rs.jinja`.
-    pub source: &'static str,
+    pub(crate) source: &'static str,
     /// Path in the generated project, e.g. `src/startup.rs`.
-    pub output: &'static str,
+    pub(crate) output: &'static str,
     contents: &'static [u8],
 }
 
 impl TemplateFile {
     /// Whether the file is rendered by minijinja (rather than copied).
-    pub fn is_template(&self) -> bool {
+    pub(crate) fn is_template(&self) -> bool {
         self.source.ends_with(TEMPLATE_SUFFIX)
     }
 
-    /// The file's bytes as embedded, before rendering.
-    pub fn contents(&self) -> &'static [u8] {
+    /// The file's bytes as embedded, before rendering (the tests compare
+    /// them with the released kit's).
+    #[cfg(test)]
+    pub(crate) fn contents(&self) -> &'static [u8] {
         self.contents
     }
 }
 
 /// Lists the files of one template set (a top-level folder of `templates/`),
 /// sorted by output path.
-pub fn template_set(set: &str) -> Result<Vec<TemplateFile>> {
+pub(crate) fn template_set(set: &str) -> Result<Vec<TemplateFile>> {
     let dir = TEMPLATES
         .get_dir(set)
         .ok_or_else(|| anyhow!("gpkit has no template set `{set}` (this is a bug in gpkit)"))?;
@@ -57,7 +59,7 @@ pub fn template_set(set: &str) -> Result<Vec<TemplateFile>> {
 
 /// The file `path` of the store of released kit files
 /// (`templates/released/<path>`), if there is one.
-pub fn released_file(path: &str) -> Option<&'static [u8]> {
+pub(crate) fn released_file(path: &str) -> Option<&'static [u8]> {
     released_index().get(path).copied()
 }
 
@@ -93,7 +95,7 @@ fn released_index() -> &'static HashMap<&'static str, &'static [u8]> {
 }
 
 /// The names of the files directly in the store of released kit files.
-pub fn released_names() -> Vec<&'static str> {
+pub(crate) fn released_names() -> Vec<&'static str> {
     TEMPLATES
         .get_dir(RELEASED_DIR)
         .map(|dir| {
@@ -126,7 +128,7 @@ fn collect(dir: &'static Dir<'static>, set: &str, files: &mut Vec<TemplateFile>)
 }
 
 /// Renders template files with one strict environment.
-pub struct Renderer {
+pub(crate) struct Renderer {
     env: Environment<'static>,
 }
 
@@ -134,7 +136,7 @@ impl Renderer {
     /// The environment every gpkit template is rendered with: undefined
     /// variables are errors, no HTML escaping, and whitespace control that
     /// suits source code (blocks don't leave blank lines behind).
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_keep_trailing_newline(true);
@@ -145,7 +147,7 @@ impl Renderer {
     }
 
     /// Renders (or copies) `file` with `context`.
-    pub fn render(&self, file: &TemplateFile, context: &Value) -> Result<Vec<u8>> {
+    pub(crate) fn render(&self, file: &TemplateFile, context: &Value) -> Result<Vec<u8>> {
         if !file.is_template() {
             return Ok(file.contents.to_vec());
         }

@@ -17,7 +17,11 @@ const REGENERATED: &str = "base copy no longer kept: gpkit regenerates it from i
 
 /// The plan that applies `changes` to `project` and records `components`
 /// and the current template set in the manifest.
-pub fn plan(project: &Project, changes: &[FileChange], components: Components) -> Result<Plan> {
+pub(crate) fn plan(
+    project: &Project,
+    changes: &[FileChange],
+    components: Components,
+) -> Result<Plan> {
     let mut plan = Plan::new();
     let mut manifest = project.manifest.clone();
     // Base copies of bytes gpkit regenerates, deleted only along with a

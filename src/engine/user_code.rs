@@ -57,7 +57,7 @@ fn is_kits(project: &Project, desired: &Tree, path: &str) -> bool {
 
 /// The service's Rust files as they are on disk: path and text (LF),
 /// sorted by path; the kit's left out ([`is_kits`]).
-pub fn sources(project: &Project, desired: &Tree) -> Result<Vec<(String, String)>> {
+pub(crate) fn sources(project: &Project, desired: &Tree) -> Result<Vec<(String, String)>> {
     let mut paths = Vec::new();
     for dir in SOURCE_DIRS {
         paths.extend(project_path::rust_sources(&project.root, dir)?);
@@ -81,15 +81,15 @@ pub fn sources(project: &Project, desired: &Tree) -> Result<Vec<(String, String)
 /// What a planned change does to one file: the bytes it writes, or that it
 /// deletes the file (neither: the file stays as it is).
 #[derive(Debug, Clone, Copy)]
-pub struct Edit<'a> {
-    pub path: &'a str,
-    pub write: Option<&'a [u8]>,
-    pub delete: bool,
+pub(crate) struct Edit<'a> {
+    pub(crate) path: &'a str,
+    pub(crate) write: Option<&'a [u8]>,
+    pub(crate) delete: bool,
 }
 
 /// The service's Rust files as `edits` leave them: [`sources`], with each
 /// file an edit writes at its new text, and without those it deletes.
-pub fn sources_after(
+pub(crate) fn sources_after(
     project: &Project,
     desired: &Tree,
     edits: &[Edit<'_>],
@@ -114,7 +114,7 @@ pub fn sources_after(
 /// `src/lib.rs` may keep re-exporting with the kit's features of `worker`
 /// and the answers' data layer. (The lines that name a module it cannot
 /// keep are reported by the upgrade's API carry, `domain::kit_api`.)
-pub fn kept_compat_modules(
+pub(crate) fn kept_compat_modules(
     project: &Project,
     code: &[(String, String)],
     worker: bool,

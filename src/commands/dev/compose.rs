@@ -22,13 +22,13 @@ use anyhow::{Context, Result, bail};
 use crate::domain::url_part::encode;
 
 /// The compose file, at the project's root.
-pub const COMPOSE_FILE: &str = "compose.yaml";
+pub(crate) const COMPOSE_FILE: &str = "compose.yaml";
 
 /// The override file that publishes the ports, in the dev directory.
 const PORTS_FILE: &str = "compose.ports.yaml";
 
 /// The services of the project's compose file, run for one `gpkit dev`.
-pub struct Compose {
+pub(crate) struct Compose {
     docker: PathBuf,
     args: Vec<String>,
     services: Vec<&'static str>,
@@ -42,7 +42,7 @@ pub struct Compose {
 /// The reasons `--compose` cannot run, checked before anything starts:
 /// the compose file is missing, or no container engine answers. Returns
 /// the `docker` to run.
-pub fn check(root: &Path) -> Result<PathBuf> {
+pub(crate) fn check(root: &Path) -> Result<PathBuf> {
     if !root.join(COMPOSE_FILE).is_file() {
         bail!(
             "--compose runs the Postgres and Valkey of the project's `{COMPOSE_FILE}`, and it has none\n\
@@ -71,7 +71,7 @@ impl Compose {
     /// Starts `postgres` (and `valkey` when `with_worker`) of the compose
     /// file at `root` as the compose project `project`, waiting for their
     /// health checks; `fresh` removes their volumes first.
-    pub fn start(
+    pub(crate) fn start(
         docker: PathBuf,
         root: &Path,
         dev_dir: &Path,
@@ -143,12 +143,12 @@ impl Compose {
     }
 
     /// `DATABASE_URL` and, with the worker, `VALKEY_ADDR` of the services.
-    pub fn env(&self) -> &[(String, String)] {
+    pub(crate) fn env(&self) -> &[(String, String)] {
         &self.env
     }
 
     /// The services started, for messages.
-    pub fn services(&self) -> String {
+    pub(crate) fn services(&self) -> String {
         self.services.join(" and ")
     }
 
@@ -200,7 +200,7 @@ impl Compose {
     }
 
     /// Stops the services, keeping their containers and volumes.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if !self.started {
             return;
         }

@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 
 /// A server `gpkit dev` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Server {
+pub(crate) enum Server {
     Postgres,
     Valkey,
 }
@@ -48,7 +48,7 @@ impl Server {
 /// Installs `server`'s package with `apt-get install -y`, after `apt-get
 /// update` when the first try fails (a machine whose package lists were
 /// never fetched). Fails, naming the command, when it cannot.
-pub fn install(server: Server) -> Result<()> {
+pub(crate) fn install(server: Server) -> Result<()> {
     if !Path::new("/etc/debian_version").is_file() || super::services::on_path("apt-get").is_none()
     {
         bail!(

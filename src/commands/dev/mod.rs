@@ -85,7 +85,7 @@ fn found_or_installed(
     }
 }
 
-pub fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: DevArgs) -> Result<ExitCode> {
     if ctx.dry_run || ctx.diff {
         bail!(
             "`gpkit dev` writes no plan, so it takes neither `--dry-run` nor `--diff`\n\

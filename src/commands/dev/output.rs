@@ -12,7 +12,7 @@ const WIDTH: usize = 7;
 
 /// Whether gpkit's output is in colour: standard output is a terminal and
 /// `NO_COLOR` is not set.
-pub fn colour() -> bool {
+pub(crate) fn colour() -> bool {
     static COLOUR: OnceLock<bool> = OnceLock::new();
     *COLOUR
         .get_or_init(|| std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
@@ -28,7 +28,7 @@ fn ansi(name: &str) -> &'static str {
 }
 
 /// Writes `text` as one line under `name`'s prefix.
-pub fn line(name: &str, text: &str) {
+pub(crate) fn line(name: &str, text: &str) {
     let prefix = if colour() {
         format!("\x1b[{}m{name:>WIDTH$} |\x1b[0m", ansi(name))
     } else {
@@ -42,7 +42,7 @@ pub fn line(name: &str, text: &str) {
 
 /// Copies `reader` line by line under `name`'s prefix until it closes
 /// (bytes that are not UTF-8 are replaced).
-pub fn pump(name: &str, reader: impl Read + Send + 'static) -> JoinHandle<()> {
+pub(crate) fn pump(name: &str, reader: impl Read + Send + 'static) -> JoinHandle<()> {
     let name = name.to_string();
     std::thread::spawn(move || {
         let mut reader = BufReader::new(reader);

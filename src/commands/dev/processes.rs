@@ -22,10 +22,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A process that ran this long before exiting is restarted at once.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// How long the processes get to stop after SIGTERM.
-pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a process ended, for messages: its exit code or its signal.
-pub fn describe(status: ExitStatus) -> String {
+pub(crate) fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with code {code}"),
         (None, Some(signal)) => format!("was killed by {}", signals::name(signal)),
@@ -35,11 +35,11 @@ pub fn describe(status: ExitStatus) -> String {
 
 /// A process to run: a built binary and its arguments, by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Program {
+pub(crate) struct Program {
     /// What its output lines are prefixed with.
-    pub name: String,
-    pub path: PathBuf,
-    pub args: Vec<String>,
+    pub(crate) name: String,
+    pub(crate) path: PathBuf,
+    pub(crate) args: Vec<String>,
 }
 
 /// One supervised process.
@@ -55,7 +55,7 @@ struct Process {
 
 /// The running processes.
 #[derive(Debug)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     processes: Vec<Process>,
     env: Vec<(String, String)>,
     dir: PathBuf,
@@ -64,7 +64,11 @@ pub struct Supervisor {
 impl Supervisor {
     /// Starts each `(name, program)` in `dir` with `env` added to gpkit's
     /// environment.
-    pub fn start(programs: &[Program], env: &[(String, String)], dir: &Path) -> Result<Self> {
+    pub(crate) fn start(
+        programs: &[Program],
+        env: &[(String, String)],
+        dir: &Path,
+    ) -> Result<Self> {
         let mut supervisor = Self {
             processes: Vec::new(),
             env: env.to_vec(),
@@ -108,7 +112,7 @@ impl Supervisor {
     }
 
     /// The pid and program of each running process, for the state file.
-    pub fn pids(&self) -> Vec<(u32, PathBuf)> {
+    pub(crate) fn pids(&self) -> Vec<(u32, PathBuf)> {
         self.processes
             .iter()
             .filter_map(|p| p.child.as_ref().map(|c| (c.id(), p.program.path.clone())))
@@ -117,7 +121,7 @@ impl Supervisor {
 
     /// Notices the processes that exited, and restarts those whose pause is
     /// over. Returns true when a process was (re)started.
-    pub fn tick(&mut self) -> bool {
+    pub(crate) fn tick(&mut self) -> bool {
         let mut started = false;
         for index in 0..self.processes.len() {
             let now = Instant::now();
@@ -173,7 +177,7 @@ impl Supervisor {
 
     /// Stops every process, then starts each again from `programs` (the
     /// same names, new binaries).
-    pub fn restart(&mut self, programs: &[Program]) -> Result<()> {
+    pub(crate) fn restart(&mut self, programs: &[Program]) -> Result<()> {
         self.stop();
         for index in 0..self.processes.len() {
             if let Some(program) = programs
@@ -193,7 +197,7 @@ impl Supervisor {
     }
 
     /// Stops every process: SIGTERM, then SIGKILL after [`STOP_TIMEOUT`].
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         for process in &mut self.processes {
             process.restart_at = None;
             if let Some(child) = &process.child {

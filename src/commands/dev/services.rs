@@ -24,10 +24,10 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Test-only override: the directory holding `initdb`, `pg_ctl` and
 /// `postgres`; when set, it is the only place looked at.
-pub const PG_BIN_ENV: &str = "GPKIT_DEV_PG_BIN";
+pub(crate) const PG_BIN_ENV: &str = "GPKIT_DEV_PG_BIN";
 
 /// A port nothing listens on right now, on the loopback interface.
-pub fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")
         .context("failed to find a free port on 127.0.0.1")?
         .local_addr()?
@@ -37,7 +37,7 @@ pub fn free_port() -> Result<u16> {
 /// The newest Postgres `bin` directory this machine has: Debian's
 /// `/usr/lib/postgresql/<version>/bin`, Homebrew's, or `initdb` on `PATH`;
 /// or an error saying what to install.
-pub fn find_postgres() -> Result<PathBuf> {
+pub(crate) fn find_postgres() -> Result<PathBuf> {
     let complete = |dir: &Path| {
         ["initdb", "pg_ctl", "postgres"]
             .iter()
@@ -94,7 +94,7 @@ pub fn find_postgres() -> Result<PathBuf> {
 /// The Valkey (or Redis) server binary: `VALKEY_SERVER`, else
 /// `valkey-server` or `redis-server` on `PATH`; or an error saying what to
 /// install.
-pub fn find_valkey() -> Result<PathBuf> {
+pub(crate) fn find_valkey() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("VALKEY_SERVER") {
         let path = PathBuf::from(path);
         if path.is_file() {
@@ -120,7 +120,7 @@ pub fn find_valkey() -> Result<PathBuf> {
 }
 
 /// `program` in the first directory of `PATH` that has it as a file.
-pub fn on_path(program: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
@@ -128,14 +128,14 @@ pub fn on_path(program: &str) -> Option<PathBuf> {
 }
 
 /// Whether a Postgres URL asks for TLS (`sslmode=require` and up).
-pub fn asks_for_tls(url: &str) -> bool {
+pub(crate) fn asks_for_tls(url: &str) -> bool {
     url.contains("sslmode=require") || url.contains("sslmode=verify")
 }
 
 /// Whether the Postgres server `url` names answers and lets its user in (a
 /// missing database counts: `migrate up --create-database` creates it), or
 /// why not. A URL that asks for TLS is taken as it is.
-pub fn postgres_answers(url: &str) -> std::result::Result<(), String> {
+pub(crate) fn postgres_answers(url: &str) -> std::result::Result<(), String> {
     if asks_for_tls(url) {
         return Ok(());
     }
@@ -159,7 +159,7 @@ pub fn postgres_answers(url: &str) -> std::result::Result<(), String> {
 }
 
 /// Whether a Valkey server answers PING at `addr` (`host:port`).
-pub fn valkey_answers(addr: &str) -> bool {
+pub(crate) fn valkey_answers(addr: &str) -> bool {
     redis::Client::open(format!("redis://{addr}"))
         .and_then(|client| {
             let mut connection = client.get_connection_with_timeout(CHECK_TIMEOUT)?;
@@ -202,7 +202,7 @@ fn sh_quote(text: &str) -> String {
 
 /// The project's Postgres cluster, running; stopped on drop.
 #[derive(Debug)]
-pub struct Postgres {
+pub(crate) struct Postgres {
     bin: PathBuf,
     data: PathBuf,
     port: u16,
@@ -212,7 +212,7 @@ pub struct Postgres {
 impl Postgres {
     /// Creates the cluster under `dev_dir/postgres/` if it does not exist
     /// (`fresh`: removes it first) and starts it on a free port.
-    pub fn start(bin: &Path, dev_dir: &Path, fresh: bool) -> Result<Self> {
+    pub(crate) fn start(bin: &Path, dev_dir: &Path, fresh: bool) -> Result<Self> {
         let cluster = dev_dir.join("postgres");
         let data = cluster.join("data");
         let mut postgres = Self {
@@ -316,17 +316,17 @@ impl Postgres {
     }
 
     /// The URL of `database` on this cluster.
-    pub fn url(&self, database: &str) -> String {
+    pub(crate) fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
     /// The port it listens on.
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// Stops the cluster (`pg_ctl stop -m fast`), waiting for it.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if !self.running {
             return;
         }
@@ -351,7 +351,7 @@ impl Drop for Postgres {
 
 /// The project's Valkey server, running as gpkit's child; stopped on drop.
 #[derive(Debug)]
-pub struct Valkey {
+pub(crate) struct Valkey {
     child: Option<Child>,
     program: PathBuf,
     port: u16,
@@ -361,7 +361,7 @@ impl Valkey {
     /// Starts `program` with its data (append-only file) under
     /// `dev_dir/valkey/` (`fresh`: removed first), on a free port, and
     /// waits for it to answer.
-    pub fn start(program: &Path, dev_dir: &Path, fresh: bool) -> Result<Self> {
+    pub(crate) fn start(program: &Path, dev_dir: &Path, fresh: bool) -> Result<Self> {
         let dir = dev_dir.join("valkey");
         if fresh && dir.exists() {
             std::fs::remove_dir_all(&dir)
@@ -406,12 +406,12 @@ impl Valkey {
     }
 
     /// Its address, `127.0.0.1:<port>`.
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Its pid and program, for the state file.
-    pub fn pid(&self) -> Option<(u32, PathBuf)> {
+    pub(crate) fn pid(&self) -> Option<(u32, PathBuf)> {
         self.child
             .as_ref()
             .map(|child| (child.id(), self.program.clone()))
@@ -419,7 +419,7 @@ impl Valkey {
 
     /// Stops it: SIGTERM (it writes its append-only file and exits), then
     /// SIGKILL after 10 s.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };

@@ -10,7 +10,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
 }
 
 /// Installs the handlers; from then on SIGINT and SIGTERM only set the flag.
-pub fn install() {
+pub(crate) fn install() {
     let handler = on_signal as extern "C" fn(libc::c_int) as *const () as libc::sighandler_t;
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is
@@ -22,7 +22,7 @@ pub fn install() {
 }
 
 /// The signal received, if any.
-pub fn received() -> Option<i32> {
+pub(crate) fn received() -> Option<i32> {
     match RECEIVED.load(Ordering::SeqCst) {
         0 => None,
         signal => Some(signal),
@@ -31,7 +31,7 @@ pub fn received() -> Option<i32> {
 
 /// Sends `signal` to the process `pid` (errors, such as a process that is
 /// gone, are ignored).
-pub fn send(pid: u32, signal: libc::c_int) {
+pub(crate) fn send(pid: u32, signal: libc::c_int) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;
     };
@@ -42,7 +42,7 @@ pub fn send(pid: u32, signal: libc::c_int) {
 }
 
 /// The name of a signal, for messages.
-pub fn name(signal: i32) -> String {
+pub(crate) fn name(signal: i32) -> String {
     match signal {
         libc::SIGINT => "SIGINT".into(),
         libc::SIGTERM => "SIGTERM".into(),

@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 /// Where `gpkit dev` keeps its data, relative to the project root.
-pub const DEV_DIR: &str = ".gpkit/dev";
+pub(crate) const DEV_DIR: &str = ".gpkit/dev";
 const LOCK_FILE: &str = "lock";
 const STATE_FILE: &str = "state";
 
 /// The lock of the running `gpkit dev`; the state file goes with it.
 #[derive(Debug)]
-pub struct DevLock {
+pub(crate) struct DevLock {
     _file: File,
     dir: PathBuf,
 }
@@ -28,7 +28,7 @@ pub struct DevLock {
 impl DevLock {
     /// Creates `.gpkit/dev/` (with a `.gitignore` that keeps all of it out
     /// of git) and takes its lock, or fails naming the run that holds it.
-    pub fn acquire(root: &Path) -> Result<Self> {
+    pub(crate) fn acquire(root: &Path) -> Result<Self> {
         let dir = root.join(DEV_DIR);
         for part in [root.join(".gpkit"), dir.clone()] {
             if part.is_symlink() {
@@ -77,13 +77,17 @@ impl DevLock {
     }
 
     /// The directory `.gpkit/dev/`.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// Writes the state file: `env` as `NAME=value` lines, then a
     /// `pid <pid> <program>` line for each process it runs.
-    pub fn write_state(&self, env: &[(String, String)], pids: &[(u32, PathBuf)]) -> Result<()> {
+    pub(crate) fn write_state(
+        &self,
+        env: &[(String, String)],
+        pids: &[(u32, PathBuf)],
+    ) -> Result<()> {
         let mut text = String::new();
         for (name, value) in env {
             text.push_str(&format!("{name}={value}\n"));
@@ -103,7 +107,7 @@ impl DevLock {
     /// Stops the processes a killed run left behind (from its state file):
     /// each pid whose process still runs the same program gets SIGKILL.
     /// Returns how many it stopped.
-    pub fn stop_leftovers(&self) -> usize {
+    pub(crate) fn stop_leftovers(&self) -> usize {
         let Ok(text) = std::fs::read_to_string(self.dir.join(STATE_FILE)) else {
             return 0;
         };
@@ -151,16 +155,16 @@ fn runs(pid: u32, program: &Path) -> bool {
 
 /// The `gpkit dev` running in a project, as its lock and state file have it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Running {
+pub(crate) struct Running {
     /// Its process id.
-    pub pid: String,
+    pub(crate) pid: String,
     /// The environment it gives the project's processes, `(name, value)`.
-    pub env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
 }
 
 /// The `gpkit dev` running in the project at `root`: `Ok(None)` when none
 /// runs, and an error while one is starting and has not written its state.
-pub fn running(root: &Path) -> Result<Option<Running>> {
+pub(crate) fn running(root: &Path) -> Result<Option<Running>> {
     let dir = root.join(DEV_DIR);
     let Ok(file) = File::open(dir.join(LOCK_FILE)) else {
         return Ok(None);
@@ -192,7 +196,7 @@ pub fn running(root: &Path) -> Result<Option<Running>> {
 
 /// The environment of the `gpkit dev` running in the project at `root`, as
 /// `NAME=value` lines, or an error when none runs.
-pub fn running_env(root: &Path) -> Result<String> {
+pub(crate) fn running_env(root: &Path) -> Result<String> {
     let running = running(root)?.ok_or_else(|| {
         anyhow::anyhow!(
             "no `gpkit dev` is running in this project\n\

@@ -7,20 +7,20 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// How often the files are scanned.
-pub const INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const INTERVAL: Duration = Duration::from_millis(500);
 
 type Snapshot = BTreeMap<PathBuf, (Option<SystemTime>, u64)>;
 
 /// The last scan of the project's sources.
 #[derive(Debug)]
-pub struct Watch {
+pub(crate) struct Watch {
     root: PathBuf,
     last: Snapshot,
 }
 
 impl Watch {
     /// Scans the sources of the project at `root` now.
-    pub fn new(root: &Path) -> Self {
+    pub(crate) fn new(root: &Path) -> Self {
         Self {
             root: root.to_path_buf(),
             last: scan(root),
@@ -29,7 +29,7 @@ impl Watch {
 
     /// The files that changed (or appeared, or went) since the last scan;
     /// waits for a burst of writes (an editor, a `git checkout`) to settle.
-    pub fn changes(&mut self) -> Vec<PathBuf> {
+    pub(crate) fn changes(&mut self) -> Vec<PathBuf> {
         let now = scan(&self.root);
         if now == self.last {
             return Vec::new();

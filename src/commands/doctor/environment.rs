@@ -9,7 +9,7 @@ use super::report::Finding;
 
 /// Where a setting came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     Environment,
     DotEnv,
     /// The running `gpkit dev`, whose servers the checks then use.
@@ -18,24 +18,24 @@ pub enum Source {
 
 /// The project's settings, by variable name.
 #[derive(Debug, Default)]
-pub struct Settings {
+pub(crate) struct Settings {
     values: BTreeMap<String, (String, Source)>,
 }
 
 impl Settings {
     /// The value of `name`, if set in the environment or `.env`.
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.values.get(name).map(|(value, _)| value.as_str())
     }
 
     /// Where `name`'s value came from, for messages.
-    pub fn source(&self, name: &str) -> Option<Source> {
+    pub(crate) fn source(&self, name: &str) -> Option<Source> {
         self.values.get(name).map(|(_, source)| *source)
     }
 
     /// Where to change `name`, for a fix: `.env` unless the environment
     /// set it (then that is where the value came from).
-    pub fn where_set(&self, name: &str) -> &'static str {
+    pub(crate) fn where_set(&self, name: &str) -> &'static str {
         match self.source(name) {
             Some(Source::Environment) => "the environment",
             Some(Source::DevRun) => "the running `gpkit dev`",
@@ -44,7 +44,7 @@ impl Settings {
     }
 
     /// Sets `name` to the value the running `gpkit dev` gives its processes.
-    pub fn use_dev_run(&mut self, name: &str, value: &str) {
+    pub(crate) fn use_dev_run(&mut self, name: &str, value: &str) {
         self.values
             .insert(name.to_string(), (value.to_string(), Source::DevRun));
     }
@@ -52,7 +52,7 @@ impl Settings {
 
 /// Reads `.env` in `root` (if any) under the process environment, for the
 /// variables `wanted`. Returns the settings and the finding about `.env`.
-pub fn load(root: &Path, wanted: &[&str]) -> (Settings, Finding) {
+pub(crate) fn load(root: &Path, wanted: &[&str]) -> (Settings, Finding) {
     let mut settings = Settings::default();
     let finding = match std::fs::read_to_string(root.join(".env")) {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Finding::ok(

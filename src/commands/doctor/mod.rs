@@ -43,7 +43,7 @@ const SETTINGS: &[&str] = &[
     "PGSSLKEY",
 ];
 
-pub fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
+pub(crate) fn run(ctx: &Context, args: DoctorArgs) -> Result<ExitCode> {
     let manifest = Manifest::load(&ctx.dir)?;
     let root = ctx.dir.as_path();
     let mut findings = vec![templates(&manifest), toolchain::check(root)];

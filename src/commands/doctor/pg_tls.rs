@@ -26,7 +26,7 @@ use super::tls::{self, ClientIdentity, Problem, Verify};
 
 /// `sslmode`, as sqlx reads it (in any case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Allow,
     Prefer,
@@ -48,7 +48,7 @@ impl SslMode {
         })
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Disable => "disable",
             Self::Allow => "allow",
@@ -79,30 +79,30 @@ impl SslMode {
 }
 
 /// A file setting (`sslrootcert` and the like).
-pub struct FileSetting {
-    pub value: String,
+pub(crate) struct FileSetting {
+    pub(crate) value: String,
     /// The name it was given by: the URL parameter or the `PGSSL*` variable.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Where it is changed, for a fix: `DATABASE_URL in .env`, `the environment`.
-    pub place: String,
+    pub(crate) place: String,
 }
 
 /// DATABASE_URL's TLS settings, over the `PGSSL*` variables.
-pub struct TlsSettings {
-    pub mode: SslMode,
-    pub root_cert: Option<FileSetting>,
+pub(crate) struct TlsSettings {
+    pub(crate) mode: SslMode,
+    pub(crate) root_cert: Option<FileSetting>,
     client_cert: Option<FileSetting>,
     client_key: Option<FileSetting>,
 }
 
 /// A setting that cannot be used: the detail and the fix of the finding.
-pub type Unusable = (String, String);
+pub(crate) type Unusable = (String, String);
 
 impl TlsSettings {
     /// The settings of `url` (whose TLS parameters are returned by
     /// [`take_sqlx_params`] as `params`), then of the variables, as sqlx
     /// reads them: a `PGSSLMODE` it does not know is ignored, as sqlx does.
-    pub fn read(
+    pub(crate) fn read(
         params: &[(String, String)],
         settings: &Settings,
         config: &postgres::Config,
@@ -156,7 +156,7 @@ impl TlsSettings {
     }
 
     /// The mode to give the postgres crate.
-    pub fn wire_mode(&self) -> WireMode {
+    pub(crate) fn wire_mode(&self) -> WireMode {
         self.mode.wire()
     }
 
@@ -164,7 +164,7 @@ impl TlsSettings {
     /// sqlx does: the CA only where the certificate is verified, the
     /// client's certificate wherever TLS may be used (relative paths from
     /// the project directory `root`).
-    pub fn connector(&self, root: &Path) -> Result<MakeRustlsConnect, Unusable> {
+    pub(crate) fn connector(&self, root: &Path) -> Result<MakeRustlsConnect, Unusable> {
         let unusable = |detail: String, setting: &FileSetting| {
             (
                 detail,
@@ -209,7 +209,7 @@ impl TlsSettings {
 
     /// How `client` is connected, as the end of the finding: ` over TLS
     /// (TLSv1.3; ...)`, or nothing for plaintext.
-    pub fn describe_connection(&self, client: &mut Client) -> String {
+    pub(crate) fn describe_connection(&self, client: &mut Client) -> String {
         let row = client.query_opt(
             "SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
             &[],
@@ -238,7 +238,7 @@ impl TlsSettings {
 
     /// The detail (after the target) and the fix of a connection that
     /// failed for TLS, if it did; `host` is the name connected to.
-    pub fn refused(
+    pub(crate) fn refused(
         &self,
         err: &postgres::Error,
         reason: &str,
@@ -328,7 +328,7 @@ fn certificates(
 /// and sqlx's own `statement-cache-capacity` and `options[..]`, which do
 /// not change whether a connection can be made. Anything but a URL is
 /// left as it is.
-pub fn take_sqlx_params(url: &str) -> (String, Vec<(String, String)>) {
+pub(crate) fn take_sqlx_params(url: &str) -> (String, Vec<(String, String)>) {
     const TLS: &[&str] = &[
         "sslmode",
         "ssl-mode",

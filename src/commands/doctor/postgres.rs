@@ -26,7 +26,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// Connects as `DATABASE_URL` says (file paths in it are relative to the
 /// project directory `root`); returns the finding and, when connected, the
 /// client for the migration check.
-pub fn connect(root: &Path, settings: &Settings) -> (Finding, Option<Client>) {
+pub(crate) fn connect(root: &Path, settings: &Settings) -> (Finding, Option<Client>) {
     let Some(url) = settings.get("DATABASE_URL") else {
         return (
             Finding::fail(
@@ -84,7 +84,7 @@ pub fn connect(root: &Path, settings: &Settings) -> (Finding, Option<Client>) {
 }
 
 /// Compares the migration files with the versions applied in the database.
-pub fn check_migrations(root: &Path, client: &mut Client, settings: &Settings) -> Finding {
+pub(crate) fn check_migrations(root: &Path, client: &mut Client, settings: &Settings) -> Finding {
     let dir = settings.get("GOOSE_MIGRATION_DIR").unwrap_or("migrations");
     let table = settings.get("GOOSE_TABLE").unwrap_or("goose_db_version");
     let files = match migration::existing_versions(&root.join(dir)) {

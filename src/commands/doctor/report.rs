@@ -6,7 +6,7 @@ use serde::Serialize;
 /// How a check ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     /// All is well.
     Ok,
     /// Works, but something should be done (not a failure).
@@ -30,31 +30,39 @@ impl Status {
 
 /// The result of one check.
 #[derive(Debug, Clone, Serialize)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// What was checked, such as `postgres`.
-    pub check: &'static str,
-    pub status: Status,
+    pub(crate) check: &'static str,
+    pub(crate) status: Status,
     /// What was found, in one line.
-    pub detail: String,
+    pub(crate) detail: String,
     /// What to do about it; only for `warn` and `fail`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
+    pub(crate) fix: Option<String>,
 }
 
 impl Finding {
-    pub fn ok(check: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn ok(check: &'static str, detail: impl Into<String>) -> Self {
         Self::new(check, Status::Ok, detail, None)
     }
 
-    pub fn skip(check: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn skip(check: &'static str, detail: impl Into<String>) -> Self {
         Self::new(check, Status::Skip, detail, None)
     }
 
-    pub fn warn(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn warn(
+        check: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self::new(check, Status::Warn, detail, Some(fix.into()))
     }
 
-    pub fn fail(check: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn fail(
+        check: &'static str,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self::new(check, Status::Fail, detail, Some(fix.into()))
     }
 
@@ -75,19 +83,19 @@ impl Finding {
 
 /// Every finding of one `doctor` run, in the order the checks ran.
 #[derive(Debug, Serialize)]
-pub struct Report {
-    pub project: String,
-    pub findings: Vec<Finding>,
+pub(crate) struct Report {
+    pub(crate) project: String,
+    pub(crate) findings: Vec<Finding>,
 }
 
 impl Report {
     /// Whether any check failed.
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.findings.iter().any(|f| f.status == Status::Fail)
     }
 
     /// The report as aligned lines, each problem followed by its fix.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let width = self
             .findings
             .iter()
@@ -125,7 +133,7 @@ impl Report {
 
     /// The report as one JSON document:
     /// `{"project": .., "ok": bool, "findings": [{"check", "status", "detail", "fix"?}]}`.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let value = serde_json::json!({
             "project": self.project,
             "ok": !self.failed(),

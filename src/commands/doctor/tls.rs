@@ -23,7 +23,7 @@ use rustls::{
 /// `cargo install --path .` (which resolves the newest rustls, not
 /// Cargo.lock's) builds gpkit without a warning.
 #[allow(deprecated)]
-pub fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     // An error means one is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
     Arc::new(rustls::crypto::ring::default_provider())
@@ -31,7 +31,7 @@ pub fn provider() -> Arc<CryptoProvider> {
 
 /// How much of the server's certificate a connection checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verify {
+pub(crate) enum Verify {
     /// Nothing: encrypted, but any certificate is accepted.
     Nothing,
     /// The chain to a trusted CA and the host name.
@@ -40,7 +40,7 @@ pub enum Verify {
 
 /// A client configuration that verifies as `verify` says, trusting the
 /// public web roots and `ca`, with `client` as the client's certificate.
-pub fn client_config(
+pub(crate) fn client_config(
     verify: Verify,
     ca: &[CertificateDer<'static>],
     client: Option<ClientIdentity>,
@@ -73,14 +73,14 @@ pub fn client_config(
 }
 
 /// A client certificate chain and its private key.
-pub struct ClientIdentity {
-    pub chain: Vec<CertificateDer<'static>>,
-    pub key: PrivateKeyDer<'static>,
+pub(crate) struct ClientIdentity {
+    pub(crate) chain: Vec<CertificateDer<'static>>,
+    pub(crate) key: PrivateKeyDer<'static>,
 }
 
 /// The PEM certificates of the file `path` (relative to `root`), or why
 /// they cannot be used; `what` names the setting in the message.
-pub fn read_certificates(
+pub(crate) fn read_certificates(
     root: &Path,
     path: &str,
     what: &str,
@@ -90,7 +90,7 @@ pub fn read_certificates(
 
 /// The PEM file `path` (relative to `root`) as it is, once it is known to
 /// hold certificates; `what` names the setting in the message.
-pub fn read_pem(root: &Path, path: &str, what: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn read_pem(root: &Path, path: &str, what: &str) -> Result<Vec<u8>, String> {
     read_pem_certificates(root, path, what).map(|(_, data)| data)
 }
 
@@ -112,7 +112,11 @@ fn read_pem_certificates(
 }
 
 /// The PEM private key of the file `path` (relative to `root`).
-pub fn read_key(root: &Path, path: &str, what: &str) -> Result<PrivateKeyDer<'static>, String> {
+pub(crate) fn read_key(
+    root: &Path,
+    path: &str,
+    what: &str,
+) -> Result<PrivateKeyDer<'static>, String> {
     let data = read(root, path, what)?;
     PrivateKeyDer::from_pem_slice(&data)
         .map_err(|err| format!("{what} `{path}` holds no usable PEM private key: {err}"))
@@ -120,7 +124,7 @@ pub fn read_key(root: &Path, path: &str, what: &str) -> Result<PrivateKeyDer<'st
 
 /// The file `path`, relative to the project directory `root` (where the
 /// project's binaries run) unless absolute.
-pub fn resolve(root: &Path, path: &str) -> PathBuf {
+pub(crate) fn resolve(root: &Path, path: &str) -> PathBuf {
     root.join(path)
 }
 
@@ -130,7 +134,7 @@ fn read(root: &Path, path: &str, what: &str) -> Result<Vec<u8>, String> {
 
 /// What went wrong in a TLS handshake, found in an error's chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
+pub(crate) enum Problem {
     /// The certificate does not chain to a trusted CA.
     UnknownCa,
     /// The certificate is not issued for the host name connected to; the
@@ -153,7 +157,7 @@ pub enum Problem {
 impl Problem {
     /// The TLS problem in the chain of `err`, if any: rustls's errors come
     /// wrapped in `std::io::Error`s, whose `source` skips them.
-    pub fn find(err: &(dyn std::error::Error + 'static)) -> Option<Self> {
+    pub(crate) fn find(err: &(dyn std::error::Error + 'static)) -> Option<Self> {
         let mut current = Some(err);
         while let Some(err) = current {
             if let Some(tls) = err.downcast_ref::<rustls::Error>() {
@@ -203,7 +207,7 @@ impl Problem {
 
     /// The problem as the end of a sentence about the server, whose host
     /// name is `host`.
-    pub fn detail(&self, host: &str) -> String {
+    pub(crate) fn detail(&self, host: &str) -> String {
         match self {
             // The caller says which CAs are trusted, after "(unknown issuer".
             Self::UnknownCa => "its TLS certificate is not signed by a trusted CA".to_string(),
@@ -238,7 +242,7 @@ fn plain_name(name: &str) -> String {
 }
 
 /// The host part of `host:port` (an IPv6 address without its brackets).
-pub fn host_of(addr: &str) -> &str {
+pub(crate) fn host_of(addr: &str) -> &str {
     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
     host.trim_start_matches('[').trim_end_matches(']')
 }

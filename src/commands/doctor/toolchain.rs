@@ -12,7 +12,7 @@ const CHECK: &str = "rust";
 
 /// Compares the toolchain with what the project declares it needs (its
 /// `Cargo.toml` `package.rust-version`, else what the templates need).
-pub fn check(root: &Path) -> Finding {
+pub(crate) fn check(root: &Path) -> Finding {
     let (needed, declared) = match declared_rust_version(root) {
         Some(version) => (version, true),
         None => (GENERATED_RUST_VERSION.to_string(), false),

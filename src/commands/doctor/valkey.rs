@@ -37,7 +37,7 @@ struct Tls {
 
 /// Pings the server (or each sentinel or cluster node) the settings name;
 /// `VALKEY_CA_CERT` is relative to the project directory `root`.
-pub fn check(root: &Path, settings: &Settings) -> Finding {
+pub(crate) fn check(root: &Path, settings: &Settings) -> Finding {
     let tls_flag = match settings.get("VALKEY_TLS").map(str::trim) {
         None | Some("") => None,
         Some(value) => match parse_bool(value) {

@@ -22,16 +22,16 @@ use crate::engine::templates::{Renderer, template_set};
 /// The dependency the example's code adds to the service's `Cargo.toml`
 /// (`serde_json::json!` in its route and its test), as a user would, at the
 /// kit's version (`blueprint`'s tests check it).
-pub const SERDE_JSON: &str = "serde_json = \"1\"\n";
+pub(crate) const SERDE_JSON: &str = "serde_json = \"1\"\n";
 
 /// How to try the example once the next steps run.
-pub const TRY_IT: &str = "\nTry the example (the worker confirms each order):
+pub(crate) const TRY_IT: &str = "\nTry the example (the worker confirms each order):
   curl -si localhost:8080/orders -H 'content-type: application/json' -d '{\"sku\": \"tea\", \"quantity\": 2}'
   curl -s localhost:8080/orders/<id from the answer>
 ";
 
 /// The example's event, as `gpkit add event` records it.
-pub fn event() -> Result<EventSpec> {
+pub(crate) fn event() -> Result<EventSpec> {
     Ok(EventSpec {
         name: "orderPlaced".to_string(),
         fields: ["order_id:uuid", "sku:string", "quantity:i32"]
@@ -49,7 +49,11 @@ pub fn event() -> Result<EventSpec> {
 /// the listener are written with SeaORM entities (`example-seaorm`, over
 /// the `example` set), declared in `src/lib.rs` as `entities`. The tests
 /// (`tests/`) name the service's crate, `crate_name`.
-pub fn files(tree: &Tree, db: DataLayer, crate_name: &str) -> Result<BTreeMap<String, Vec<u8>>> {
+pub(crate) fn files(
+    tree: &Tree,
+    db: DataLayer,
+    crate_name: &str,
+) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut files = BTreeMap::new();
     let renderer = Renderer::new();
     let mut sets = vec!["example"];

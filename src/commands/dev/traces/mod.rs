@@ -7,7 +7,7 @@
 //! (`<unix time of the first second>.jsonl`), deleted once they are an
 //! hour old.
 
-pub mod otlp;
+pub(crate) mod otlp;
 
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -18,17 +18,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, Result};
 
 /// The directory under `.gpkit/dev/` that holds the spans.
-pub const DIR: &str = "traces";
+pub(crate) const DIR: &str = "traces";
 /// How much time one file holds.
 const FILE_SPAN: Duration = Duration::from_secs(600);
 /// How long spans are kept.
-pub const KEPT: Duration = Duration::from_secs(3600);
+pub(crate) const KEPT: Duration = Duration::from_secs(3600);
 /// The largest request body taken (the exporter sends batches of at most
 /// 512 spans).
 const MAX_BODY: u64 = 32 << 20;
 
 /// The running receiver; stopped on drop.
-pub struct Receiver {
+pub(crate) struct Receiver {
     server: Arc<tiny_http::Server>,
     port: u16,
     thread: Option<JoinHandle<()>>,
@@ -36,7 +36,7 @@ pub struct Receiver {
 
 impl Receiver {
     /// Listens on a free loopback port and keeps what it receives in `dir`.
-    pub fn start(dir: &Path) -> Result<Self> {
+    pub(crate) fn start(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("failed to create {}", dir.display()))?;
         let server = tiny_http::Server::http("127.0.0.1:0")
@@ -63,7 +63,7 @@ impl Receiver {
     }
 
     /// The value of `OTEL_EXPORTER_OTLP_ENDPOINT` that reaches it.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }

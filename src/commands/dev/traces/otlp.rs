@@ -13,106 +13,106 @@
 use serde_json::{Map, Value, json};
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct TracesData {
+pub(crate) struct TracesData {
     #[prost(message, repeated, tag = "1")]
-    pub resource_spans: Vec<ResourceSpans>,
+    pub(crate) resource_spans: Vec<ResourceSpans>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ResourceSpans {
+pub(crate) struct ResourceSpans {
     #[prost(message, optional, tag = "1")]
-    pub resource: Option<Resource>,
+    pub(crate) resource: Option<Resource>,
     #[prost(message, repeated, tag = "2")]
-    pub scope_spans: Vec<ScopeSpans>,
+    pub(crate) scope_spans: Vec<ScopeSpans>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Resource {
+pub(crate) struct Resource {
     #[prost(message, repeated, tag = "1")]
-    pub attributes: Vec<KeyValue>,
+    pub(crate) attributes: Vec<KeyValue>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ScopeSpans {
+pub(crate) struct ScopeSpans {
     #[prost(message, optional, tag = "1")]
-    pub scope: Option<InstrumentationScope>,
+    pub(crate) scope: Option<InstrumentationScope>,
     #[prost(message, repeated, tag = "2")]
-    pub spans: Vec<Span>,
+    pub(crate) spans: Vec<Span>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct InstrumentationScope {
+pub(crate) struct InstrumentationScope {
     #[prost(string, tag = "1")]
-    pub name: String,
+    pub(crate) name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Span {
+pub(crate) struct Span {
     #[prost(bytes = "vec", tag = "1")]
-    pub trace_id: Vec<u8>,
+    pub(crate) trace_id: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    pub span_id: Vec<u8>,
+    pub(crate) span_id: Vec<u8>,
     #[prost(bytes = "vec", tag = "4")]
-    pub parent_span_id: Vec<u8>,
+    pub(crate) parent_span_id: Vec<u8>,
     #[prost(string, tag = "5")]
-    pub name: String,
+    pub(crate) name: String,
     #[prost(int32, tag = "6")]
-    pub kind: i32,
+    pub(crate) kind: i32,
     #[prost(fixed64, tag = "7")]
-    pub start_time_unix_nano: u64,
+    pub(crate) start_time_unix_nano: u64,
     #[prost(fixed64, tag = "8")]
-    pub end_time_unix_nano: u64,
+    pub(crate) end_time_unix_nano: u64,
     #[prost(message, repeated, tag = "9")]
-    pub attributes: Vec<KeyValue>,
+    pub(crate) attributes: Vec<KeyValue>,
     #[prost(message, repeated, tag = "11")]
-    pub events: Vec<SpanEvent>,
+    pub(crate) events: Vec<SpanEvent>,
     #[prost(message, repeated, tag = "13")]
-    pub links: Vec<Link>,
+    pub(crate) links: Vec<Link>,
     #[prost(message, optional, tag = "15")]
-    pub status: Option<Status>,
+    pub(crate) status: Option<Status>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct SpanEvent {
+pub(crate) struct SpanEvent {
     #[prost(string, tag = "2")]
-    pub name: String,
+    pub(crate) name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Link {
+pub(crate) struct Link {
     #[prost(bytes = "vec", tag = "1")]
-    pub trace_id: Vec<u8>,
+    pub(crate) trace_id: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    pub span_id: Vec<u8>,
+    pub(crate) span_id: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Status {
+pub(crate) struct Status {
     #[prost(string, tag = "2")]
-    pub message: String,
+    pub(crate) message: String,
     #[prost(int32, tag = "3")]
-    pub code: i32,
+    pub(crate) code: i32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct KeyValue {
+pub(crate) struct KeyValue {
     #[prost(string, tag = "1")]
-    pub key: String,
+    pub(crate) key: String,
     #[prost(message, optional, tag = "2")]
-    pub value: Option<AnyValue>,
+    pub(crate) value: Option<AnyValue>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct AnyValue {
+pub(crate) struct AnyValue {
     #[prost(oneof = "any_value::Value", tags = "1, 2, 3, 4")]
-    pub value: Option<any_value::Value>,
+    pub(crate) value: Option<any_value::Value>,
 }
 
-pub mod any_value {
+pub(crate) mod any_value {
     /// The scalar values a span's attributes carry (arrays, maps and
     /// bytes are skipped).
     #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Value {
+    pub(crate) enum Value {
         #[prost(string, tag = "1")]
         String(String),
         #[prost(bool, tag = "2")]
@@ -169,7 +169,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Every span of the request `body` as a JSON object, in the order of the
 /// request.
-pub fn records(body: &[u8]) -> Result<Vec<Value>, prost::DecodeError> {
+pub(crate) fn records(body: &[u8]) -> Result<Vec<Value>, prost::DecodeError> {
     let data: TracesData = prost::Message::decode(body)?;
     let mut records = Vec::new();
     for resource_spans in &data.resource_spans {
