@@ -463,6 +463,10 @@ fn purpose(path: &str, contents: &[u8]) -> String {
     let known = match path {
         "Cargo.toml" => "the package manifest: binaries and dependencies",
         "kit/Cargo.toml" => "the kit's package manifest: its features and dependencies",
+        "kit/README.md" => {
+            "the kit's reference: configuration, the outbox, migrations, traces, tests"
+        }
+        p if p.starts_with("kit/docs/") => "the kit's reference: the worker's parts",
         "README.md" => "how to configure, migrate and run the service",
         ".gitignore" => "keeps build output and local secrets out of git",
         ".env.example" => "every environment variable the service reads, with defaults",
