@@ -44,6 +44,13 @@ pub(crate) const KIT_DIR: &str = "kit";
 /// after the project (`shop-kit`), so that services can share a workspace.
 const KIT_PACKAGE: &str = "gpkit-kit";
 
+/// The template set of files that new projects no longer get, rendered
+/// only for a project that records them: `tests/support/mod.rs`, gpkit's
+/// own test database of sets 1-5 (a kit file then, the user's since), which
+/// the service's tests of those sets declare. New projects' tests use
+/// `kit::testing` instead.
+const LEGACY_DIR: &str = "legacy";
+
 /// Kit files that template set 5 dropped but that a user's file of an older
 /// project still declares (`mod health_check;` in `src/routes/mod.rs`): an
 /// upgrade keeps them, as the user's, instead of deleting them.
@@ -74,6 +81,13 @@ pub enum Tests<'a> {
 }
 
 impl Tests<'_> {
+    /// Whether the project records the file at `path`: a file gpkit no
+    /// longer writes in new projects, but still renders for a project that
+    /// has it.
+    fn recorded(&self, path: &str) -> bool {
+        matches!(self, Tests::Since(manifest) if manifest.files.contains_key(path))
+    }
+
     /// Whether the blueprint has the test at `path` of the listener
     /// `listener` of the event `module` (`None`: the schedule `schedule`).
     fn has(&self, path: &str, test_of: TestOf<'_>) -> bool {
@@ -119,7 +133,7 @@ pub(crate) type Tree = BTreeMap<String, BlueprintFile>;
 /// files) switch on the `worker`, `deploy` and `seaorm` variables; the
 /// SeaORM data layer is the kit's `seaorm` feature, and its tests are the
 /// kit's (`kit/src/tests/`). `tests` says which listeners' and schedules' tests
-/// it has. `src/lib.rs` re-exports the kit's modules of `reexports` under
+/// it has, and which files of the `legacy` set an existing project keeps. `src/lib.rs` re-exports the kit's modules of `reexports` under
 /// their old paths (`crate::outbox`): none in a new project; in an older
 /// one, those its code uses (`user_code::kept_compat_modules`), of
 /// [`code_uses::REEXPORTABLE_KIT_MODULES`] only.
@@ -181,6 +195,20 @@ pub fn render(
                 previous.is_none(),
                 "template sets overlap at `{}` (this is a bug in gpkit)",
                 file.output
+            );
+        }
+    }
+    for file in template_set(LEGACY_DIR)? {
+        if tests.recorded(file.output) {
+            let contents = renderer.render(&file, &ctx)?;
+            let purpose = purpose(file.output, &contents);
+            tree.insert(
+                file.output.to_string(),
+                BlueprintFile {
+                    owner: owner_of(file.output),
+                    contents,
+                    purpose,
+                },
             );
         }
     }
@@ -435,6 +463,10 @@ fn purpose(path: &str, contents: &[u8]) -> String {
     let known = match path {
         "Cargo.toml" => "the package manifest: binaries and dependencies",
         "kit/Cargo.toml" => "the kit's package manifest: its features and dependencies",
+        "kit/README.md" => {
+            "the kit's reference: configuration, the outbox, migrations, traces, tests"
+        }
+        p if p.starts_with("kit/docs/") => "the kit's reference: the worker's parts",
         "README.md" => "how to configure, migrate and run the service",
         ".gitignore" => "keeps build output and local secrets out of git",
         ".env.example" => "every environment variable the service reads, with defaults",
@@ -580,13 +612,16 @@ mod tests {
                 .map(|(name, _)| name)
                 .collect();
             let mut wanted = vec![
-                "anyhow", "axum", "confique", "kit", "sqlx", "tokio", "tracing", "url", "uuid",
+                "anyhow", "axum", "confique", "kit", "sqlx", "tokio", "tracing",
             ];
             if variant.starts_with("SeaOrm") {
                 wanted.push("sea-orm");
             }
             if !variant.ends_with("events=0") {
                 wanted.push("serde");
+            }
+            if variant.ends_with("events=1") {
+                wanted.push("uuid");
             }
             if variant.ends_with("events=2") {
                 wanted.extend(["chrono", "serde_json"]);

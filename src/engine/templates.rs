@@ -201,7 +201,7 @@ mod tests {
             strip_variables("format!(\"{{{x}}}\")"),
             "format!(\"{{{x}}}\")"
         );
-        for set in ["project", "worker", "event", "schedule", "tests"] {
+        for set in ["project", "worker", "event", "schedule", "tests", "legacy"] {
             for file in template_set(set)
                 .unwrap()
                 .iter()

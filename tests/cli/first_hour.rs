@@ -2,10 +2,13 @@
 //! verbatim, each line in a shell, with this test's own Postgres and Valkey
 //! in the environment (a variable set there wins over `.env`): they must
 //! give a migrated database, a server that answers `/healthz` and `/readyz`,
-//! and a worker that starts and stops cleanly on SIGTERM. Then: the server
-//! reads `.env` from its working directory, and the dispatch example that
-//! `gpkit add event` prints, and the one in the README, compile as they are.
-//! Linux only: it finds the binary each shell runs under `/proc`.
+//! and a worker that starts and stops cleanly on SIGTERM. They are, line for
+//! line, the steps of the project README's "Run it" and of gpkit's README's
+//! "Quickstart", so those run as written too. Then: the server reads `.env`
+//! from its working directory, the dispatch example that `gpkit add event`
+//! prints compiles as it is, and the README's Rust examples are the
+//! `--example` project's code. Linux only: it finds the binary each shell
+//! runs under `/proc`.
 #![cfg(target_os = "linux")]
 
 use std::io::{Read, Write};
@@ -16,8 +19,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, cargo_lock, lint, psql};
-use crate::support::free_port;
-use crate::support::gpkit;
+use crate::support::{free_port, gpkit, readme_examples, section};
 use crate::worker_e2e::wait_until;
 
 /// The commands under "Next steps" in gpkit's output, as printed.
@@ -28,6 +30,24 @@ fn next_steps(stderr: &str) -> Vec<String> {
         .skip(1)
         .take_while(|line| line.starts_with("  "))
         .map(|line| line.trim().to_string())
+        .collect()
+}
+
+/// The lines of the fenced blocks of `lang` in `text` (a Markdown section).
+fn fenced_lines(text: &str, lang: &str) -> Vec<String> {
+    text.split(&format!("```{lang}\n"))
+        .skip(1)
+        .flat_map(|block| block.split("```").next().unwrap().lines())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The steps of a README section's shell blocks but those of `gpkit dev`
+/// (the project's own servers, which this test stands in for).
+fn readme_steps(readme: &str, heading: &str) -> Vec<String> {
+    fenced_lines(section(readme, heading), "sh")
+        .into_iter()
+        .filter(|line| !line.contains("gpkit dev") && !line.trim().is_empty())
         .collect()
 }
 
@@ -201,6 +221,17 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
     );
     assert!(!printed.contains("export "), "{printed}");
 
+    // The README's "Run it" steps, in the project, are the printed steps
+    // after the `cd`; gpkit's own Quickstart is `gpkit new project shop`
+    // and the printed steps. Running these runs both as written.
+    let readme = std::fs::read_to_string(parent.path().join("shop/README.md")).unwrap();
+    assert_eq!(steps[0], "cd shop", "{printed}");
+    assert_eq!(readme_steps(&readme, "## Run it"), &steps[1..], "{readme}");
+    let ours = std::fs::read_to_string(crate::support::repo().join("README.md")).unwrap();
+    let mut quickstart = vec!["gpkit new project shop".to_string()];
+    quickstart.extend(steps.iter().cloned());
+    assert_eq!(readme_steps(&ours, "## Quickstart"), quickstart);
+
     // A database that does not exist yet: the steps create it.
     let db = Database {
         name: format!("first_hour_{}_{}", std::process::id(), free_port()),
@@ -342,8 +373,9 @@ fn the_server_reads_dotenv_from_its_working_directory(project: &Path, db: &Datab
     assert!(stderr.contains("`.env` line 2"), "{stderr}");
 }
 
-/// The handler `gpkit add event` prints, and the README's example, compile
-/// as they are, without warnings, in the project they are for.
+/// The handler `gpkit add event` prints compiles as it is, without
+/// warnings, in the project it is for; the README's Rust examples are the
+/// `--example` project's code, which its own tests build (`example.rs`).
 fn the_dispatch_examples_compile(project: &Path) {
     let added = gpkit(project)
         .args(["add", "event", "orderPlaced", "--field", "order_id:uuid"])
@@ -365,14 +397,10 @@ fn the_dispatch_examples_compile(project: &Path) {
     );
 
     let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
-    let example = readme
-        .split("```rust,ignore\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("the README has a Rust example");
+    let examples = readme_examples(&readme, "templates/example");
     assert!(
-        example.contains("kit::dispatch(&mut *tx, &order).await?;"),
-        "{example}"
+        examples[0].contains("kit::dispatch(&mut *tx, &event).await?;"),
+        "{examples:?}"
     );
 
     std::fs::write(
@@ -383,14 +411,9 @@ fn the_dispatch_examples_compile(project: &Path) {
         ),
     )
     .unwrap();
-    std::fs::write(
-        project.join("src/readme_example.rs"),
-        format!("//! The README's example.\n\n{example}"),
-    )
-    .unwrap();
     let lib = project.join("src/lib.rs");
     let mut text = std::fs::read_to_string(&lib).unwrap();
-    text.push_str("pub mod dispatch_hint;\npub mod readme_example;\n");
+    text.push_str("pub mod dispatch_hint;\n");
     std::fs::write(&lib, text).unwrap();
     lint(project);
 }

@@ -1,6 +1,6 @@
 //! The generated service's metrics, scraped from a running server and
-//! worker (real Postgres and Valkey) and parsed: every metric the generated
-//! README lists and every metric the Grafana dashboard of `gpkit add
+//! worker (real Postgres and Valkey) and parsed: every metric the kit's
+//! `docs/metrics.md` lists and every metric the Grafana dashboard of `gpkit add
 //! deploy` queries is exported, and the values follow what ran (events,
 //! listener runs, requests, the scheduler's lead, the queue's totals under
 //! Go asynq's names).
@@ -121,9 +121,9 @@ impl Drop for Process {
     }
 }
 
-/// The metric names of the generated README's Metrics table.
+/// The metric names of the kit's metrics table (`kit/docs/metrics.md`).
 fn readme_metrics(project: &Path) -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(project.join("kit/docs/metrics.md")).unwrap();
     let table: BTreeSet<String> = readme
         .lines()
         .filter_map(|line| line.strip_prefix("| `"))
@@ -134,7 +134,7 @@ fn readme_metrics(project: &Path) -> BTreeSet<String> {
                 .any(|p| name.starts_with(p))
         })
         .collect();
-    assert!(table.len() >= 20, "the README lists {table:?}");
+    assert!(table.len() >= 20, "kit/docs/metrics.md lists {table:?}");
     table
 }
 
@@ -162,7 +162,7 @@ fn dashboard_metrics() -> (BTreeSet<String>, Vec<String>) {
     (names, titles)
 }
 
-/// A histogram or counter named in the README is exported under its
+/// A histogram or counter named in kit/docs/metrics.md is exported under its
 /// sample names (`_bucket`/`_count`/`_sum`, `_total`).
 fn is_exported(samples: &Samples, name: &str) -> bool {
     samples.contains_key(name) || samples.contains_key(&format!("{name}_count"))
@@ -253,10 +253,10 @@ fn the_server_and_worker_export_every_metric_the_readme_and_dashboard_name() {
         .collect();
     assert!(
         undocumented.is_empty(),
-        "the dashboard queries metrics the README does not list: {undocumented:?}"
+        "the dashboard queries metrics kit/docs/metrics.md does not list: {undocumented:?}"
     );
     eprintln!(
-        "{} metrics in the README; the dashboard's {} panels query {} of them: {titles:?}",
+        "{} metrics in kit/docs/metrics.md; the dashboard's {} panels query {} of them: {titles:?}",
         readme.len(),
         titles.len(),
         dashboard.len()

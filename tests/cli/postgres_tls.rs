@@ -118,11 +118,11 @@ fn sslmode_and_sslrootcert_are_honoured_and_a_bad_certificate_is_explained() {
         "{wrong_name}"
     );
 
-    // The documented gap (generated README, "TLS to Postgres"): sqlx 0.8.6
+    // The documented gap (kit/README.md, "TLS to Postgres"): sqlx 0.8.6
     // with rustls 0.23.24 and later checks the host name under verify-ca
     // too (sqlx #3793, fixed in sqlx 0.9): stricter than libpq, never
     // weaker. When this starts to connect, the fix has arrived: drop the
-    // README's note and make this a `succeeds`.
+    // kit's note and make this a `succeeds`.
     fails(
         &url("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={ca}")),
         "not valid for name \"127.0.0.1\"",

@@ -9,7 +9,7 @@ use std::path::Path;
 use predicates::str::contains;
 
 use crate::e2e::build_and_test;
-use crate::support::{assert_tree_snapshot, disk_state, gpkit, read_tree};
+use crate::support::{assert_tree_snapshot, disk_state, gpkit, read_tree, readme_examples};
 
 #[test]
 fn new_project_with_sea_orm_generates_the_snapshotted_tree() {
@@ -40,8 +40,9 @@ fn new_project_refuses_an_unknown_layer() {
     assert_eq!(disk_state(dir.path(), &[]), before);
 }
 
-/// The handler `gpkit add event` prints in a SeaORM project, and the
-/// README's SeaORM example, as files of `project` (built by the caller).
+/// The handler `gpkit add event` prints in a SeaORM project, as a file of
+/// `project` (built by the caller); the README's SeaORM examples are the
+/// SeaORM `--example` project's code.
 fn add_the_dispatch_examples(project: &Path, printed: &str) {
     let hint: String = printed
         .lines()
@@ -56,27 +57,21 @@ fn add_the_dispatch_examples(project: &Path, printed: &str) {
         "{printed}"
     );
     let readme = std::fs::read_to_string(project.join("README.md")).unwrap();
-    let example = readme
-        .split("```rust,ignore\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("the README has a Rust example");
-    assert!(example.contains(".insert(tx)"), "{example}");
-    assert!(example.contains("kit::dispatch(tx, &order)"), "{example}");
+    let examples = readme_examples(&readme, "templates/example-seaorm");
+    assert!(examples[0].contains(".insert(tx)"), "{examples:?}");
+    assert!(
+        examples[0].contains("kit::dispatch(tx, &event)"),
+        "{examples:?}"
+    );
 
     std::fs::write(
         project.join("src/dispatch_hint.rs"),
         format!("//! What `gpkit add event` printed.\n\n{}\n", hint.trim()),
     )
     .unwrap();
-    std::fs::write(
-        project.join("src/readme_example.rs"),
-        format!("//! The README's example.\n\n{example}"),
-    )
-    .unwrap();
     let lib = project.join("src/lib.rs");
     let mut text = std::fs::read_to_string(&lib).unwrap();
-    text.push_str("pub mod dispatch_hint;\npub mod readme_example;\n");
+    text.push_str("pub mod dispatch_hint;\n");
     std::fs::write(&lib, text).unwrap();
 }
 
@@ -85,7 +80,7 @@ fn add_the_dispatch_examples(project: &Path, printed: &str) {
 fn a_seaorm_project_with_the_worker_and_two_events_builds_passes_its_tests_and_upgrades_as_a_no_op()
 {
     // Arrange: the project, with an event that has a listener and one that
-    // has none (`order_id:uuid` is what the README's example needs).
+    // has none (`order_id:uuid` is what the printed handler needs).
     let dir = tempfile::tempdir().unwrap();
     gpkit(dir.path())
         .args(["--no-input", "new", "project", "shop", "--db", "sea-orm"])

@@ -559,3 +559,48 @@ impl Lines {
         self.seen
     }
 }
+
+/// The section of the Markdown `text` under the heading `heading` (up to
+/// the next heading of its level or above).
+pub fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let level = heading.split(' ').next().unwrap();
+    let start = text
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no `{heading}` in:\n{text}"))
+        + heading.len()
+        + 2;
+    let rest = &text[start..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(at, _)| {
+            let hashes = rest[at + 1..].chars().take_while(|c| *c == '#').count();
+            hashes <= level.len() && rest[at + 1 + hashes..].starts_with(' ')
+        })
+        .map_or(rest.len(), |(at, _)| at);
+    &rest[..end]
+}
+
+/// The Rust examples of the README's "Events and listeners": the handler
+/// of `POST /orders` and, with the worker, the listener `confirm`, each
+/// word for word in the example set `set` (`templates/example` or
+/// `templates/example-seaorm`) that `gpkit new project --example` writes.
+pub fn readme_examples(readme: &str, set: &str) -> Vec<String> {
+    let examples: Vec<String> = section(readme, "## Events and listeners")
+        .split("```rust,ignore\n")
+        .skip(1)
+        .map(|block| block.split("```").next().unwrap().to_string())
+        .collect();
+    assert_eq!(examples.len(), 2, "{readme}");
+    let files = [
+        "src/routes/orders.rs",
+        "src/listeners/order_placed/confirm.rs",
+    ];
+    for (example, file) in examples.iter().zip(files) {
+        let code = std::fs::read_to_string(repo().join(set).join(file)).unwrap();
+        assert!(
+            code.contains(example.as_str()),
+            "the README's example is not {set}/{file}'s code:\n{example}"
+        );
+    }
+    examples
+}

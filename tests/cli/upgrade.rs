@@ -929,3 +929,86 @@ fn the_code_is_read_as_the_upgrade_leaves_it() {
         "{report}"
     );
 }
+
+/// The kit's documents, which the README's managed region links to.
+const KIT_DOCS: &[&str] = &[
+    "kit/README.md",
+    "kit/docs/worker.md",
+    "kit/docs/ordering.md",
+    "kit/docs/limits.md",
+    "kit/docs/schedules.md",
+    "kit/docs/valkey.md",
+    "kit/docs/metrics.md",
+    "kit/docs/operations.md",
+];
+
+/// `text` without the body of its `worker` region: the part that is the
+/// user's.
+fn outside_the_region(text: &str) -> String {
+    let begin = text.find("<!-- gpkit:begin worker -->\n").unwrap();
+    let end = text.find("<!-- gpkit:end worker -->\n").unwrap();
+    format!("{}{}", &text[..begin], &text[end..])
+}
+
+/// An older project's README, which held the kit's reference in its
+/// managed region, with text the user wrote around it: the upgrade keeps
+/// the user's text byte for byte, the region now links the kit's
+/// documents, and those are written with the kit. A region edited by hand
+/// is reported and left as it is.
+#[test]
+fn the_kits_reference_moves_out_of_the_readme_and_the_users_text_stays() {
+    let (_dir, project) = fixture("v22-edited");
+    let readme = project.join("README.md");
+    let generated = std::fs::read_to_string(&readme).unwrap();
+    assert!(
+        generated.contains("## The worker\n") && generated.contains("### Metrics\n"),
+        "the set-22 README holds the kit's reference in its region"
+    );
+    let edited = generated.replacen(
+        "# legacy-shop\n",
+        "# legacy-shop\n\nOrders of the Lyon shop, and their invoices.\n",
+        1,
+    ) + "\n## On call\n\nPage the orders team first.\n";
+    std::fs::write(&readme, &edited).unwrap();
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 0, "{report}");
+    assert!(line(&report, "README.md").contains("merged"), "{report}");
+    let upgraded = std::fs::read_to_string(&readme).unwrap();
+    assert_eq!(outside_the_region(&upgraded), outside_the_region(&edited));
+    let region = upgraded
+        .split("<!-- gpkit:begin worker -->\n")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- gpkit:end worker -->").next())
+        .unwrap();
+    assert!(!region.contains("### Metrics"), "{region}");
+    for doc in KIT_DOCS {
+        assert!(region.contains(&format!("]({doc})")), "{doc}: {region}");
+        assert!(line(&report, doc).contains("created"), "{report}");
+        assert_eq!(
+            std::fs::read(project.join(doc)).unwrap(),
+            std::fs::read(crate::support::repo().join("templates").join(doc)).unwrap(),
+            "{doc}"
+        );
+    }
+    let (code, _) = upgrade(&project, &["--check"]);
+    assert_eq!(code, 0, "not up to date after the upgrade");
+
+    // The same README with a line of the user's inside the region: the
+    // upgrade says so, and changes nothing in it.
+    let (_dir, project) = fixture("v22-edited");
+    let readme = project.join("README.md");
+    let inside = generated.replacen("## The worker\n", "## The worker\n\nOurs.\n", 1);
+    std::fs::write(&readme, &inside).unwrap();
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 3, "{report}");
+    assert!(
+        line(&report, "README.md").contains("conflicted (region)"),
+        "{report}"
+    );
+    assert_eq!(std::fs::read_to_string(&readme).unwrap(), inside);
+    assert!(project.join("kit/docs/worker.md").is_file());
+}

@@ -510,7 +510,7 @@ fn an_acl_user_limited_to_the_readmes_keys_works_and_a_wrong_password_is_refused
     wait_until(Duration::from_secs(10), "redis-server answers", || {
         cli(&["-p", &port, "PING"]).as_deref() == Some("PONG")
     });
-    // The keys the README's ACL names (asynq:, the scheduler's, and the
+    // The keys the ACL of kit/docs/valkey.md names (asynq:, the scheduler's, and the
     // limits' slots and woken marks), the two channels the worker uses, no
     // admin commands; the default user is switched off.
     let acl = |args: &[&str]| {
@@ -568,7 +568,7 @@ fn an_acl_user_limited_to_the_readmes_keys_works_and_a_wrong_password_is_refused
         ],
     );
     wait_for_listeners(&db, events.len(), Duration::from_secs(120));
-    // The scheduler too works with the keys the README's ACL names.
+    // The scheduler too works with the keys the ACL of kit/docs/valkey.md names.
     assert_the_scheduler_leads(&worker, &|args: &[&str]| acl(args));
     worker.stop();
     assert_the_scheduler_stepped_down(&|args: &[&str]| acl(args));
@@ -653,7 +653,7 @@ fn members(port: u16, command: &str, key: &str) -> Vec<String> {
 /// master can be killed while tasks are in flight.
 const SENTINEL_CONCURRENCY: u64 = 2;
 
-/// What the generated README states about a Sentinel failover, and the
+/// What the kit's `docs/valkey.md` states about a Sentinel failover, and the
 /// bound it names: the worker publishes and runs again within this long
 /// of the promotion.
 const SENTINEL_RECOVERY_STATEMENT: &str = "within 30 s of the promotion";
@@ -738,7 +738,7 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
         ],
     );
     // Every event's task on the replica first: an enqueue the master had
-    // not passed on when it died is lost with it, as the README says.
+    // not passed on when it died is lost with it, as kit/docs/valkey.md says.
     wait_until(
         Duration::from_secs(60),
         "the relay published every event",
@@ -804,7 +804,7 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     // The failover as the relay saw it: from the SIGKILL to the start of
     // the first relay round that published (its transaction's `now()`,
     // which `published_at` records), and to the first listener run of an
-    // event committed after the kill; bounded by what the README states.
+    // event committed after the kill; bounded by what kit/docs/valkey.md states.
     let since_kill = |sql: &str| -> f64 {
         psql(&db.url(), &sql.replace("KILLED", &killed_at.to_string()))
             .parse::<f64>()
@@ -822,15 +822,15 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
         "failover: the replica was promoted {promoted:.2}s after the SIGKILL; the relay published \
          {published:.2}s after it, and the first event committed after it ran at {ran:.2}s"
     );
-    let readme = std::fs::read_to_string(project().join("README.md")).unwrap();
+    let doc = std::fs::read_to_string(project().join("kit/docs/valkey.md")).unwrap();
     assert!(
-        readme.contains(SENTINEL_RECOVERY_STATEMENT),
-        "the generated README no longer says: {SENTINEL_RECOVERY_STATEMENT}"
+        doc.contains(SENTINEL_RECOVERY_STATEMENT),
+        "kit/docs/valkey.md no longer says: {SENTINEL_RECOVERY_STATEMENT}"
     );
     assert!(
         published <= promoted + SENTINEL_RECOVERY.as_secs_f64()
             && ran <= promoted + SENTINEL_RECOVERY.as_secs_f64(),
-        "the worker took longer than the README's {SENTINEL_RECOVERY:?} after the promotion \
+        "the worker took longer than kit/docs/valkey.md's {SENTINEL_RECOVERY:?} after the promotion \
          ({promoted:.2}s after the kill): published at {published:.2}s, ran at {ran:.2}s"
     );
     assert_eq!(replication(replica_port, "role").as_deref(), Some("master"));

@@ -1,6 +1,9 @@
 //! The start and end of each of the service's binaries: `.env`, the
 //! settings, the logs, a runtime, and the exit code; and (feature
-//! `mimalloc`, on by default) their allocator.
+//! `mimalloc`, on by default) their allocator. The services (`server`,
+//! `worker`) start with [`run`], the commands (`migrate`, `outbox`) with
+//! [`run_command`]: both load `.env` first and print an error that stops
+//! the binary before it runs as `error: <what went wrong>`.
 
 use std::process::ExitCode;
 
@@ -39,19 +42,9 @@ where
     S: confique::Config,
     F: AsyncFnOnce(S) -> anyhow::Result<()>,
 {
-    if let Err(err) = env_file::load() {
-        eprintln!("error: {err}");
-        return ExitCode::FAILURE;
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match start() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let mut export = None;
     let code = runtime.block_on(async {
@@ -87,4 +80,59 @@ where
         export.shutdown();
     }
     code
+}
+
+/// Runs a command of the service (`migrate`, `outbox`): loads `.env` (first,
+/// as [`run`] does), then runs `main` in a multi-threaded tokio runtime and
+/// exits with the code it returns. An error of `main` is printed as
+/// `error: <error>`, with its causes, and exits with 1. No logs are set up:
+/// a command prints what it has to say, on stdout for its results (text or
+/// JSON) and on stderr for its errors. Parse the arguments before, so that
+/// `--help` and a mistake need no `.env`, or in `main`, when they read
+/// variables that `.env` may set.
+///
+/// ```no_run
+/// use std::process::ExitCode;
+///
+/// fn main() -> ExitCode {
+///     kit::binary::run_command(async || {
+///         println!("done");
+///         Ok(ExitCode::SUCCESS)
+///     })
+/// }
+/// ```
+pub fn run_command<F>(main: F) -> ExitCode
+where
+    F: AsyncFnOnce() -> anyhow::Result<ExitCode>,
+{
+    let runtime = match start() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    runtime.block_on(async {
+        match main().await {
+            Ok(code) => code,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// What every binary does first: loads `.env` while the process has one
+/// thread (it sets variables), then builds the runtime. On failure, the
+/// error is printed and the exit code returned.
+fn start() -> Result<tokio::runtime::Runtime, ExitCode> {
+    if let Err(err) = env_file::load() {
+        eprintln!("error: {err}");
+        return Err(ExitCode::FAILURE);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("error: cannot start the async runtime: {err}");
+            ExitCode::FAILURE
+        })
 }

@@ -25,7 +25,6 @@ use std::process::{Command, ExitCode, Output};
 use sqlx::{Connection, Executor, PgConnection};
 
 use kit::config::Config;
-use kit::env_file;
 use kit::migrate::cli;
 
 use goose::{Database, MigrationDir, ONE, three_files};
@@ -66,20 +65,11 @@ fn main() -> ExitCode {
 
 /// Does what the binary `name`'s `main` does before it serves: the server
 /// and the worker start through `kit::binary::run` (`.env`, then the
-/// configuration), `migrate` loads `.env` and runs its command line.
+/// configuration), `migrate` through `kit::binary::run_command` (`.env`,
+/// then its command line).
 fn act_as(name: &str) -> ExitCode {
     match name {
-        "migrate" => {
-            if let Err(err) = env_file::load() {
-                eprintln!("migrate: {err}");
-                return ExitCode::FAILURE;
-            }
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(cli::main())
-        }
+        "migrate" => kit::binary::run_command(async || Ok(cli::main().await)),
         "server" | "worker" => kit::binary::run(name, async |_: Config| Ok(())),
         other => panic!("no binary is named `{other}`"),
     }

@@ -122,13 +122,15 @@ enum Format {
     Json,
 }
 
-/// Parses the command line, runs the command and returns the exit code.
+/// Parses the command line, runs the command and returns the exit code;
+/// an error is printed as `error: <error>` (as `kit::binary` prints one),
+/// with exit code 1.
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("migrate: {error}");
+            eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
     }

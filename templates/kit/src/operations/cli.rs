@@ -16,7 +16,7 @@ pub struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
     /// Output: `text` for people, `json` for scripts (a stable shape, see
-    /// the README)
+    /// `kit/docs/operations.md`)
     #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
     pub(crate) format: Format,
 }

@@ -1,6 +1,6 @@
 //! How the commands print: plain text for people, or with `--format json`
 //! one JSON document on stdout for scripts. The JSON shapes are documented
-//! in the README and stable: fields may be added, never renamed or removed.
+//! in `docs/operations.md` and stable: fields may be added, never renamed or removed.
 
 use std::io::{self, IsTerminal as _, Write as _};
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //!   names (its `x/metrics` collector, `worker::queue_metrics`), so
 //!   that dashboards made for asynq read them unchanged.
 //!
-//! The generated README lists every metric.
+//! `docs/metrics.md` lists every metric.
 
 use std::sync::Arc;
 use std::time::Duration;

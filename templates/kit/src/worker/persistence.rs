@@ -50,7 +50,7 @@ pub(crate) async fn warn_if_off(queue: &Client) {
         Some(persistence) if persistence.is_off() => tracing::warn!(
             "Valkey persists nothing (appendonly no, save \"\"): a restart of Valkey loses \
              every queued and retrying task, and their events never reach their listeners; \
-             turn on AOF (appendonly yes, appendfsync everysec), see the README's Durability section"
+             turn on AOF (appendonly yes, appendfsync everysec), see kit/docs/valkey.md"
         ),
         Some(_) => {}
         None => tracing::debug!("Valkey refused CONFIG GET; its persistence is not checked"),
