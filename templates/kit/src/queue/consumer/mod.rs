@@ -111,8 +111,9 @@ use super::Client;
 use super::completions::Completions;
 use super::message::{ServerInfo, TaskMessage};
 use active::ActiveTasks;
-pub use options::ConsumerOptions;
-pub use task::{HandlerError, SkipRetry, Task};
+pub(crate) use options::ConsumerOptions;
+pub use task::SkipRetry;
+pub(crate) use task::{HandlerError, Task};
 use wakeups::Wakeups;
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
@@ -141,7 +142,7 @@ pub(crate) type ArchiveHook = Arc<
 ///
 /// (The module is the kit's own, so the example is compiled by a unit test,
 /// `tests::the_documented_example_compiles`, not as a doc test.)
-pub struct Consumer {
+pub(crate) struct Consumer {
     client: Client,
     options: ConsumerOptions,
     handlers: HashMap<String, BoxedHandler>,
@@ -151,7 +152,7 @@ pub struct Consumer {
 impl Consumer {
     /// A consumer that takes tasks through `client`, run as `options` say, with
     /// no handlers yet.
-    pub fn new(client: Client, options: ConsumerOptions) -> Self {
+    pub(crate) fn new(client: Client, options: ConsumerOptions) -> Self {
         Self {
             client,
             options,
@@ -177,7 +178,7 @@ impl Consumer {
     /// it is a prefix of, and the longest matching pattern wins: `event:`
     /// handles every event, `event:orderPlaced` only that one. A task no
     /// pattern matches fails (and is retried), as in Go.
-    pub fn handle<F, Fut>(&mut self, task_type: impl Into<String>, handler: F) -> &mut Self
+    pub(crate) fn handle<F, Fut>(&mut self, task_type: impl Into<String>, handler: F) -> &mut Self
     where
         F: Fn(Task) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,

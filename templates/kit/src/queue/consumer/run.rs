@@ -34,7 +34,10 @@ impl Consumer {
     /// Processes tasks until `shutdown` completes, then stops as described
     /// in the module docs and returns. Valkey errors while running are
     /// logged and retried; only invalid options are an error.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), QueueError> {
+    pub(crate) async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), QueueError> {
         let options = &self.options;
         if options.concurrency == 0 {
             return Err(QueueError::Options("concurrency must be at least 1".into()));

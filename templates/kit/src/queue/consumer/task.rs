@@ -11,25 +11,25 @@ use crate::queue::message::TaskMessage;
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Task {
+pub(crate) struct Task {
     /// The task type, such as `event:orderPlaced`.
-    pub task_type: String,
+    pub(crate) task_type: String,
     /// The task id.
-    pub id: String,
+    pub(crate) id: String,
     /// The payload, as the producer enqueued it.
-    pub payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
     /// The task's headers (asynq's `TaskMessage.headers`), as the producer
     /// set them; a Go producer sets them with `asynq.NewTaskWithHeaders`.
-    pub headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
     /// The queue the task came from.
-    pub queue: String,
+    pub(crate) queue: String,
     /// Failed runs before this one.
-    pub retried: u32,
+    pub(crate) retried: u32,
     /// Retries allowed after the first failed run.
-    pub max_retry: u32,
+    pub(crate) max_retry: u32,
     /// Whether an earlier run failed (the task carries its error): a retry,
     /// or an archived task run again.
-    pub failed_before: bool,
+    pub(crate) failed_before: bool,
 }
 
 impl From<&TaskMessage> for Task {
@@ -52,7 +52,7 @@ impl From<&TaskMessage> for Task {
 /// made with [`HandlerError::skip_retry`]): then it is archived at once.
 /// One made with `HandlerError::defer` is no failure: the task runs again
 /// later.
-pub struct HandlerError {
+pub(crate) struct HandlerError {
     error: anyhow::Error,
     skip_retry: bool,
     /// Set by [`HandlerError::defer`]: run again at this time, no retry
@@ -65,7 +65,7 @@ pub struct HandlerError {
 impl HandlerError {
     /// A failure that retrying cannot fix (Go's `asynq.SkipRetry`): the
     /// task is archived at once.
-    pub fn skip_retry(error: impl Into<anyhow::Error>) -> Self {
+    pub(crate) fn skip_retry(error: impl Into<anyhow::Error>) -> Self {
         Self {
             error: error.into(),
             skip_retry: true,
