@@ -6,7 +6,7 @@ use super::{Client, QueueError};
 
 impl Client {
     /// `PING`: whether the server answers on the shared connection.
-    pub async fn ping(&self) -> Result<(), QueueError> {
+    pub(crate) async fn ping(&self) -> Result<(), QueueError> {
         let reply: String = redis::cmd("PING").query_async(&mut self.conn()).await?;
         if reply == "PONG" {
             Ok(())

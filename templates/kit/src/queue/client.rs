@@ -28,7 +28,7 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// [`Consumer`](super::Consumer). Cheap to clone; clones share the
 /// connection.
 #[derive(Clone)]
-pub struct Client {
+pub(crate) struct Client {
     conn: Connection,
     /// Wakes idle consumers after each enqueue (see [`wakeup`]).
     enqueued: Enqueued,
@@ -43,31 +43,31 @@ pub struct Client {
 /// archived, or completed within its retention), enqueuing it again reports
 /// [`EnqueueOutcome::Duplicate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewTask {
+pub(crate) struct NewTask {
     /// `event:<name>`, `listener:<event>:<listener>`, `job:<name>` ...
-    pub task_type: String,
+    pub(crate) task_type: String,
     /// The task id, the deduplication key.
-    pub id: String,
+    pub(crate) id: String,
     /// The task's payload, as the handler receives it.
-    pub payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
     /// Key-value metadata for the handler (asynq's task headers), such as
     /// a tenant or trace context. Empty by default.
-    pub headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
     /// The queue the task goes to.
-    pub queue: String,
+    pub(crate) queue: String,
     /// Retries after the first run fails; the task is archived after that.
-    pub max_retry: u32,
+    pub(crate) max_retry: u32,
     /// How long one run may take. Stored in whole seconds (rounded up),
     /// never zero, since a Go worker rejects tasks without a timeout.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// How long the task stays in `:completed` after success, deduplicating
     /// its id. Zero deletes it at once. Whole seconds.
-    pub retention: Duration,
+    pub(crate) retention: Duration,
 }
 
 /// What happened to one task of a batch that reached Valkey.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EnqueueOutcome {
+pub(crate) enum EnqueueOutcome {
     /// The task was added to its queue's pending list.
     Enqueued,
     /// A task with this id is already in the queue; nothing was written.
@@ -78,7 +78,11 @@ pub enum EnqueueOutcome {
 impl NewTask {
     /// A task for the default queue, with Go asynq's defaults: 25 retries,
     /// a 30-minute timeout and no retention.
-    pub fn new(task_type: impl Into<String>, id: impl Into<String>, payload: Vec<u8>) -> Self {
+    pub(crate) fn new(
+        task_type: impl Into<String>,
+        id: impl Into<String>,
+        payload: Vec<u8>,
+    ) -> Self {
         Self {
             task_type: task_type.into(),
             id: id.into(),
@@ -92,31 +96,31 @@ impl NewTask {
     }
 
     /// Sets the queue.
-    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+    pub(crate) fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
         self
     }
 
     /// Sets the headers.
-    pub fn headers(mut self, headers: BTreeMap<String, String>) -> Self {
+    pub(crate) fn headers(mut self, headers: BTreeMap<String, String>) -> Self {
         self.headers = headers;
         self
     }
 
     /// Sets the retries after the first failed run.
-    pub fn max_retry(mut self, max_retry: u32) -> Self {
+    pub(crate) fn max_retry(mut self, max_retry: u32) -> Self {
         self.max_retry = max_retry;
         self
     }
 
     /// Sets how long one run may take.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub(crate) fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
     /// Sets how long the task stays in `:completed` after success.
-    pub fn retention(mut self, retention: Duration) -> Self {
+    pub(crate) fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
@@ -157,7 +161,7 @@ impl Client {
     /// or password fails at start-up rather than at the first enqueue (the
     /// kit's tests; the kit connects with [`Client::from_config`]).
     #[cfg(test)]
-    pub async fn connect(
+    pub(crate) async fn connect(
         addr: &str,
         password: Option<&secrecy::SecretString>,
         db: u32,
@@ -173,7 +177,7 @@ impl Client {
 
     /// Connects with the project's `VALKEY_*` settings (an address, a URL
     /// or a Sentinel group) and PINGs.
-    pub async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
+    pub(crate) async fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
         let conn = Target::from_config(config)?.connect().await?;
         Ok(Self {
             conn,
@@ -184,17 +188,17 @@ impl Client {
 
     /// The shared connection, for commands of other modules (the
     /// scheduler's lease and state).
-    pub fn connection(&self) -> Connection {
+    pub(crate) fn connection(&self) -> Connection {
         self.conn.clone()
     }
 
     /// The signal every enqueue through this client (and its clones) gives.
-    pub fn enqueued(&self) -> &Enqueued {
+    pub(crate) fn enqueued(&self) -> &Enqueued {
         &self.enqueued
     }
 
     /// A dedicated connection subscribed to `channel`.
-    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, QueueError> {
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, QueueError> {
         self.conn.target().subscribe(channel).await
     }
 
@@ -222,7 +226,7 @@ impl Client {
     /// The outer error means the round trip failed and nothing is known.
     /// Otherwise there is one result per task, in order: an invalid task or
     /// a command the server refused is an `Err` for that task alone.
-    pub async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         tasks: &[NewTask],
     ) -> Result<Vec<Result<EnqueueOutcome, QueueError>>, QueueError> {

@@ -56,7 +56,7 @@ const DEFAULT_ADDR: &str = "localhost:6379";
 
 /// Where Valkey is, and how to connect and authenticate.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     kind: Kind,
     /// `VALKEY_CONNECT_TIMEOUT` and `VALKEY_RESPONSE_TIMEOUT`.
     timeouts: (Duration, Duration),
@@ -80,7 +80,7 @@ impl Target {
     /// The target the `VALKEY_*` settings name. Fails on an address that is
     /// not `host:port` or a CA file that cannot be read; the configuration
     /// itself checked that only one form is set.
-    pub fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
+    pub(crate) fn from_config(config: &ValkeyConfig) -> Result<Self, QueueError> {
         if let (Some(addrs), Some(master)) = (&config.sentinel_addrs, &config.sentinel_master) {
             return Self::sentinel(config, &addrs.0, master);
         }
@@ -206,7 +206,7 @@ impl Target {
 
     /// Connects (to the current master, under Sentinel) and PINGs, so that
     /// a wrong address, certificate or password fails at start-up.
-    pub async fn connect(&self) -> Result<Connection, QueueError> {
+    pub(crate) async fn connect(&self) -> Result<Connection, QueueError> {
         let connect = async {
             let mut link = match &self.kind {
                 Kind::Cluster(cluster, _) => Link::Cluster(cluster.get_async_connection().await?),
@@ -226,7 +226,7 @@ impl Target {
     }
 
     /// A dedicated connection subscribed to `channel`.
-    pub async fn subscribe(&self, channel: &str) -> Result<PubSub, QueueError> {
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<PubSub, QueueError> {
         let subscribe = async {
             let mut pubsub = self.client().await?.get_async_pubsub().await?;
             pubsub.subscribe(channel).await?;
@@ -376,7 +376,7 @@ fn install_crypto_provider() {
 /// node in a cluster). Under Sentinel it follows the master (see the
 /// module docs).
 #[derive(Clone)]
-pub struct Connection {
+pub(crate) struct Connection {
     shared: Arc<Shared>,
 }
 
@@ -425,7 +425,7 @@ struct Shared {
 
 impl Connection {
     /// What this connects to, for logs: `host:port` or the Sentinel master.
-    pub fn target(&self) -> &Target {
+    pub(crate) fn target(&self) -> &Target {
         &self.shared.target
     }
 

@@ -13,72 +13,72 @@ use super::{Client, QueueError, keys, scripts};
 
 /// One task as it is in Valkey now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TaskInfo {
+pub(crate) struct TaskInfo {
     /// The queue the task is in.
-    pub queue: String,
+    pub(crate) queue: String,
     /// The task id.
-    pub id: String,
+    pub(crate) id: String,
     /// `event:<name>`, `listener:<event>:<listener>` ...
     #[serde(rename = "type")]
-    pub task_type: String,
+    pub(crate) task_type: String,
     /// `pending`, `active`, `scheduled`, `retry`, `archived`, `completed`.
-    pub state: String,
+    pub(crate) state: String,
     /// Failed runs so far.
-    pub retried: i32,
+    pub(crate) retried: i32,
     /// Retries allowed after the first failed run.
-    pub max_retry: i32,
+    pub(crate) max_retry: i32,
     /// The error of the last failed run, if any.
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
     /// When the last run failed, if one did.
-    pub last_failed_at: Option<DateTime<Utc>>,
+    pub(crate) last_failed_at: Option<DateTime<Utc>>,
     /// When a task in `scheduled` or `retry` runs next; when an archived
     /// task was archived.
-    pub next_process_at: Option<DateTime<Utc>>,
+    pub(crate) next_process_at: Option<DateTime<Utc>>,
     /// When the task was archived, if it is.
-    pub archived_at: Option<DateTime<Utc>>,
+    pub(crate) archived_at: Option<DateTime<Utc>>,
     /// When the task completed, if it did.
-    pub completed_at: Option<DateTime<Utc>>,
+    pub(crate) completed_at: Option<DateTime<Utc>>,
 }
 
 /// How many tasks of a queue are in each state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct QueueCounts {
+pub(crate) struct QueueCounts {
     /// Waiting to run.
-    pub pending: u64,
+    pub(crate) pending: u64,
     /// Running now.
-    pub active: u64,
+    pub(crate) active: u64,
     /// Waiting for their time to come.
-    pub scheduled: u64,
+    pub(crate) scheduled: u64,
     /// Failed, waiting for a retry.
-    pub retry: u64,
+    pub(crate) retry: u64,
     /// Failed for good, kept for inspection.
-    pub archived: u64,
+    pub(crate) archived: u64,
     /// Done, kept for their retention.
-    pub completed: u64,
+    pub(crate) completed: u64,
 }
 
 /// A queue's state as Go asynq's `QueueInfo` gives it (and its `x/metrics`
 /// collector exports it), without groups, which this kit does not use.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QueueStats {
+pub(crate) struct QueueStats {
     /// The queue's name.
-    pub queue: String,
+    pub(crate) queue: String,
     /// Its tasks in each state.
-    pub counts: QueueCounts,
+    pub(crate) counts: QueueCounts,
     /// Tasks processed (succeeded or failed) since the queue existed.
-    pub processed_total: u64,
+    pub(crate) processed_total: u64,
     /// Tasks that failed since the queue existed.
-    pub failed_total: u64,
+    pub(crate) failed_total: u64,
     /// Whether the queue is paused.
-    pub paused: bool,
+    pub(crate) paused: bool,
     /// How long the oldest pending task has waited, in seconds (0 with
     /// none pending).
-    pub latency_seconds: f64,
+    pub(crate) latency_seconds: f64,
 }
 
 impl QueueStats {
     /// Tasks in the queue, in every state (Go's `QueueInfo.Size`).
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         let c = &self.counts;
         c.pending + c.active + c.scheduled + c.retry + c.archived + c.completed
     }
@@ -86,7 +86,7 @@ impl QueueStats {
 
 /// What asynq's "run" did to a task ([`Client::run_task`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunOutcome {
+pub(crate) enum RunOutcome {
     /// Moved to pending.
     Queued,
     /// No such task (deleted meanwhile).
@@ -121,7 +121,11 @@ impl Client {
     }
 
     /// The task `id` of `queue`, or `None` when the queue does not hold it.
-    pub async fn task_info(&self, queue: &str, id: &str) -> Result<Option<TaskInfo>, QueueError> {
+    pub(crate) async fn task_info(
+        &self,
+        queue: &str,
+        id: &str,
+    ) -> Result<Option<TaskInfo>, QueueError> {
         let ((encoded, state), retry_at, scheduled_at, archived_at): TaskReply = redis::pipe()
             .cmd("HMGET")
             .arg(keys::task(queue, id))
@@ -153,7 +157,7 @@ impl Client {
     }
 
     /// The number of tasks of `queue` in each state, in one round trip.
-    pub async fn queue_counts(&self, queue: &str) -> Result<QueueCounts, QueueError> {
+    pub(crate) async fn queue_counts(&self, queue: &str) -> Result<QueueCounts, QueueError> {
         let (pending, active, scheduled, retry, archived, completed) = redis::pipe()
             .llen(keys::pending(queue))
             .llen(keys::active(queue))
@@ -176,7 +180,7 @@ impl Client {
     /// The state of `queue` (Go's `Inspector.GetQueueInfo`), in up to three
     /// round trips: the counts, the totals with the oldest pending task,
     /// then (when there is one) when it was queued.
-    pub async fn queue_stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
+    pub(crate) async fn queue_stats(&self, queue: &str) -> Result<QueueStats, QueueError> {
         let counts = self.queue_counts(queue).await?;
         let (processed_total, failed_total, paused, oldest): (
             Option<u64>,
@@ -214,7 +218,7 @@ impl Client {
 
     /// The archived tasks of `queue` archived at or after `since` (all when
     /// `None`), oldest first, with when each was archived.
-    pub async fn archived_tasks(
+    pub(crate) async fn archived_tasks(
         &self,
         queue: &str,
         since: Option<DateTime<Utc>>,
@@ -224,7 +228,7 @@ impl Client {
 
     /// The tasks of `queue` waiting for a retry, soonest first, with when
     /// each runs next.
-    pub async fn retry_tasks(
+    pub(crate) async fn retry_tasks(
         &self,
         queue: &str,
     ) -> Result<Vec<(TaskMessage, DateTime<Utc>)>, QueueError> {
@@ -272,7 +276,7 @@ impl Client {
     /// Reads the task's state and group first, for the key of the set it
     /// waits in; the script checks they did not change meanwhile, else it
     /// tries again.
-    pub async fn run_task(&self, queue: &str, id: &str) -> Result<RunOutcome, QueueError> {
+    pub(crate) async fn run_task(&self, queue: &str, id: &str) -> Result<RunOutcome, QueueError> {
         let mut conn = self.conn();
         let task = keys::task(queue, id);
         for _ in 0..RUN_ATTEMPTS {
@@ -321,7 +325,7 @@ impl Client {
     /// Pauses `queue` (Go's `Inspector.PauseQueue`: the key `paused`, set
     /// to the time, which every consumer's dequeue checks): its pending
     /// tasks wait until it is resumed. False when it was paused already.
-    pub async fn pause(&self, queue: &str) -> Result<bool, QueueError> {
+    pub(crate) async fn pause(&self, queue: &str) -> Result<bool, QueueError> {
         let set: bool = redis::cmd("SET")
             .arg(keys::paused(queue))
             .arg(Utc::now().timestamp())
@@ -333,7 +337,7 @@ impl Client {
 
     /// Resumes a paused `queue` (Go's `Inspector.UnpauseQueue`). False
     /// when it was not paused.
-    pub async fn resume(&self, queue: &str) -> Result<bool, QueueError> {
+    pub(crate) async fn resume(&self, queue: &str) -> Result<bool, QueueError> {
         let removed: u64 = redis::cmd("DEL")
             .arg(keys::paused(queue))
             .query_async(&mut self.conn())

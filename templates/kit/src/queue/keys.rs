@@ -9,84 +9,84 @@
 use chrono::{DateTime, Utc};
 
 /// The set of all queue names, read by asynqmon and the asynq CLI.
-pub const ALL_QUEUES: &str = "asynq:queues";
+pub(crate) const ALL_QUEUES: &str = "asynq:queues";
 
 /// Sorted set of the server-info keys of running workers, scored by expiry.
-pub const ALL_SERVERS: &str = "asynq:servers";
+pub(crate) const ALL_SERVERS: &str = "asynq:servers";
 
 /// Sorted set of the workers keys of running workers, scored by expiry.
-pub const ALL_WORKERS: &str = "asynq:workers";
+pub(crate) const ALL_WORKERS: &str = "asynq:workers";
 
 /// The pub/sub channel on which asynqmon and Go's
 /// `Inspector.CancelProcessing` publish the id of a task to cancel.
-pub const CANCEL_CHANNEL: &str = "asynq:cancel";
+pub(crate) const CANCEL_CHANNEL: &str = "asynq:cancel";
 
 /// `asynq:servers:{<host>:<pid>:<server id>}`: a worker's `ServerInfo`.
-pub fn server_info(host: &str, pid: u32, server_id: &str) -> String {
+pub(crate) fn server_info(host: &str, pid: u32, server_id: &str) -> String {
     format!("asynq:servers:{{{host}:{pid}:{server_id}}}")
 }
 
 /// `asynq:workers:{<host>:<pid>:<server id>}`: a hash of the `WorkerInfo`
 /// of each task the worker runs, by task id.
-pub fn workers(host: &str, pid: u32, server_id: &str) -> String {
+pub(crate) fn workers(host: &str, pid: u32, server_id: &str) -> String {
     format!("asynq:workers:{{{host}:{pid}:{server_id}}}")
 }
 
 /// `asynq:{<queue>}:`, the prefix of every key of a queue.
-pub fn queue_prefix(queue: &str) -> String {
+pub(crate) fn queue_prefix(queue: &str) -> String {
     format!("asynq:{{{queue}}}:")
 }
 
 /// `asynq:{<queue>}:t:<id>`, the hash holding a task's `msg` and `state`.
-pub fn task(queue: &str, id: &str) -> String {
+pub(crate) fn task(queue: &str, id: &str) -> String {
     format!("asynq:{{{queue}}}:t:{id}")
 }
 
 /// [`task`] for an id as Valkey holds it, bytes that need not be UTF-8
 /// (a Go producer's id is any string of bytes).
-pub fn task_of(queue: &str, id: &[u8]) -> Vec<u8> {
+pub(crate) fn task_of(queue: &str, id: &[u8]) -> Vec<u8> {
     let mut key = format!("asynq:{{{queue}}}:t:").into_bytes();
     key.extend_from_slice(id);
     key
 }
 
 /// The list of pending task ids (pushed left, popped right).
-pub fn pending(queue: &str) -> String {
+pub(crate) fn pending(queue: &str) -> String {
     format!("asynq:{{{queue}}}:pending")
 }
 
 /// The list of ids being processed.
-pub fn active(queue: &str) -> String {
+pub(crate) fn active(queue: &str) -> String {
     format!("asynq:{{{queue}}}:active")
 }
 
 /// Sorted set of active ids, scored by lease expiry (Unix seconds).
-pub fn lease(queue: &str) -> String {
+pub(crate) fn lease(queue: &str) -> String {
     format!("asynq:{{{queue}}}:lease")
 }
 
 /// Exists while the queue is paused (by asynqmon or the CLI).
-pub fn paused(queue: &str) -> String {
+pub(crate) fn paused(queue: &str) -> String {
     format!("asynq:{{{queue}}}:paused")
 }
 
 /// Sorted set of ids scheduled for later, scored by when they are due.
-pub fn scheduled(queue: &str) -> String {
+pub(crate) fn scheduled(queue: &str) -> String {
     format!("asynq:{{{queue}}}:scheduled")
 }
 
 /// Sorted set of ids waiting for a retry, scored by when they are due.
-pub fn retry(queue: &str) -> String {
+pub(crate) fn retry(queue: &str) -> String {
     format!("asynq:{{{queue}}}:retry")
 }
 
 /// Sorted set of ids that ran out of retries, scored by when they died.
-pub fn archived(queue: &str) -> String {
+pub(crate) fn archived(queue: &str) -> String {
     format!("asynq:{{{queue}}}:archived")
 }
 
 /// Sorted set of succeeded ids kept for their retention, scored by expiry.
-pub fn completed(queue: &str) -> String {
+pub(crate) fn completed(queue: &str) -> String {
     format!("asynq:{{{queue}}}:completed")
 }
 
@@ -98,7 +98,7 @@ pub(crate) fn all_groups(queue: &str) -> String {
 
 /// The sorted set of a group's tasks (task aggregation, not used by this
 /// kit; Go services may group tasks).
-pub fn group(queue: &str, group: &str) -> String {
+pub(crate) fn group(queue: &str, group: &str) -> String {
     format!("asynq:{{{queue}}}:g:{group}")
 }
 
@@ -122,12 +122,12 @@ pub(crate) fn failed_on(queue: &str, day: DateTime<Utc>) -> String {
 }
 
 /// Count of tasks processed since the queue existed.
-pub fn processed_total(queue: &str) -> String {
+pub(crate) fn processed_total(queue: &str) -> String {
     format!("asynq:{{{queue}}}:processed")
 }
 
 /// Count of tasks that failed since the queue existed.
-pub fn failed_total(queue: &str) -> String {
+pub(crate) fn failed_total(queue: &str) -> String {
     format!("asynq:{{{queue}}}:failed")
 }
 

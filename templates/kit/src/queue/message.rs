@@ -17,68 +17,68 @@ use chrono::{DateTime, Utc};
 /// of the `msg` field of a task hash. Times are Unix seconds, durations
 /// whole seconds; zero means "not set".
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct TaskMessage {
+pub(crate) struct TaskMessage {
     /// The task type, such as `event:orderPlaced`.
     #[prost(string, tag = "1")]
-    pub r#type: String,
+    pub(crate) r#type: String,
     /// The payload, as the handler receives it.
     #[prost(bytes = "vec", tag = "2")]
-    pub payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
     /// Key-value metadata for the handler (asynq's task headers).
     #[prost(btree_map = "string, string", tag = "15")]
-    pub headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
     /// The task id, unique in its queue.
     #[prost(string, tag = "3")]
-    pub id: String,
+    pub(crate) id: String,
     /// The queue the task belongs to.
     #[prost(string, tag = "4")]
-    pub queue: String,
+    pub(crate) queue: String,
     /// Maximum number of retries.
     #[prost(int32, tag = "5")]
-    pub retry: i32,
+    pub(crate) retry: i32,
     /// Retries so far.
     #[prost(int32, tag = "6")]
-    pub retried: i32,
+    pub(crate) retried: i32,
     /// The error of the last failed run.
     #[prost(string, tag = "7")]
-    pub error_msg: String,
+    pub(crate) error_msg: String,
     /// When the last run failed, in Unix seconds.
     #[prost(int64, tag = "11")]
-    pub last_failed_at: i64,
+    pub(crate) last_failed_at: i64,
     /// How long one run may take, in seconds.
     #[prost(int64, tag = "8")]
-    pub timeout: i64,
+    pub(crate) timeout: i64,
     /// Unix time by which a run must finish.
     #[prost(int64, tag = "9")]
-    pub deadline: i64,
+    pub(crate) deadline: i64,
     /// The uniqueness lock of a Go `asynq.Unique` task; empty otherwise.
     #[prost(string, tag = "10")]
-    pub unique_key: String,
+    pub(crate) unique_key: String,
     /// The group of a Go aggregated task; empty otherwise.
     #[prost(string, tag = "14")]
-    pub group_key: String,
+    pub(crate) group_key: String,
     /// How long the task is kept in `:completed` after success, in seconds.
     #[prost(int64, tag = "12")]
-    pub retention: i64,
+    pub(crate) retention: i64,
     /// When the task completed, in Unix seconds.
     #[prost(int64, tag = "13")]
-    pub completed_at: i64,
+    pub(crate) completed_at: i64,
 }
 
 /// `google.protobuf.Timestamp`, as asynq.proto imports it.
 #[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
-pub struct Timestamp {
+pub(crate) struct Timestamp {
     /// Seconds since the Unix epoch.
     #[prost(int64, tag = "1")]
-    pub seconds: i64,
+    pub(crate) seconds: i64,
     /// Nanoseconds within that second.
     #[prost(int32, tag = "2")]
-    pub nanos: i32,
+    pub(crate) nanos: i32,
 }
 
 impl Timestamp {
     /// The time it stands for, if it is one chrono can hold.
-    pub fn to_datetime(self) -> Option<DateTime<Utc>> {
+    pub(crate) fn to_datetime(self) -> Option<DateTime<Utc>> {
         DateTime::from_timestamp(self.seconds, u32::try_from(self.nanos).ok()?)
     }
 }
@@ -95,76 +95,76 @@ impl From<DateTime<Utc>> for Timestamp {
 /// One worker process as asynqmon's Servers page and Go's
 /// `Inspector.Servers()` show it (`asynq.ServerInfo`).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ServerInfo {
+pub(crate) struct ServerInfo {
     /// The host name of the server.
     #[prost(string, tag = "1")]
-    pub host: String,
+    pub(crate) host: String,
     /// The process id of the server.
     #[prost(int32, tag = "2")]
-    pub pid: i32,
+    pub(crate) pid: i32,
     /// A UUID, new at each start.
     #[prost(string, tag = "3")]
-    pub server_id: String,
+    pub(crate) server_id: String,
     /// How many tasks the server runs at once.
     #[prost(int32, tag = "4")]
-    pub concurrency: i32,
+    pub(crate) concurrency: i32,
     /// Queue name to priority (its weight).
     #[prost(map = "string, int32", tag = "5")]
-    pub queues: HashMap<String, i32>,
+    pub(crate) queues: HashMap<String, i32>,
     /// Whether higher-priority queues are always emptied first; never for this kit's worker.
     #[prost(bool, tag = "6")]
-    pub strict_priority: bool,
+    pub(crate) strict_priority: bool,
     /// `active` while the server takes tasks.
     #[prost(string, tag = "7")]
-    pub status: String,
+    pub(crate) status: String,
     /// When the server started.
     #[prost(message, optional, tag = "8")]
-    pub start_time: Option<Timestamp>,
+    pub(crate) start_time: Option<Timestamp>,
     /// Tasks running now.
     #[prost(int32, tag = "9")]
-    pub active_worker_count: i32,
+    pub(crate) active_worker_count: i32,
     /// The kit's own, which Go asynq and asynqmon ignore: the layout of
     /// the ordered listeners' chains this worker keeps
     /// ([`CHAINS_LAYOUT`]), 0 for a server that keeps none of them (a Go
     /// asynq server, a worker of the kit's template set 22 or before).
     #[prost(uint32, tag = "100")]
-    pub kit_chains: u32,
+    pub(crate) kit_chains: u32,
 }
 
 /// The layout of the ordered listeners' chains the kit's workers keep now:
 /// beside each queue, in its hash slot (template set 23).
-pub const CHAINS_LAYOUT: u32 = 2;
+pub(crate) const CHAINS_LAYOUT: u32 = 2;
 
 /// One running task of a server (`asynq.WorkerInfo`).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct WorkerInfo {
+pub(crate) struct WorkerInfo {
     /// The host name of the server running the task.
     #[prost(string, tag = "1")]
-    pub host: String,
+    pub(crate) host: String,
     /// The process id of the server running the task.
     #[prost(int32, tag = "2")]
-    pub pid: i32,
+    pub(crate) pid: i32,
     /// The `server_id` of that server's [`ServerInfo`].
     #[prost(string, tag = "3")]
-    pub server_id: String,
+    pub(crate) server_id: String,
     /// The id of the running task.
     #[prost(string, tag = "4")]
-    pub task_id: String,
+    pub(crate) task_id: String,
     /// The type of the running task.
     #[prost(string, tag = "5")]
-    pub task_type: String,
+    pub(crate) task_type: String,
     /// The payload of the running task.
     #[prost(bytes = "vec", tag = "6")]
-    pub task_payload: Vec<u8>,
+    pub(crate) task_payload: Vec<u8>,
     /// The queue the task came from.
     #[prost(string, tag = "7")]
-    pub queue: String,
+    pub(crate) queue: String,
     /// When the run started.
     #[prost(message, optional, tag = "8")]
-    pub start_time: Option<Timestamp>,
+    pub(crate) start_time: Option<Timestamp>,
     /// When the run must end.
     #[prost(message, optional, tag = "9")]
-    pub deadline: Option<Timestamp>,
+    pub(crate) deadline: Option<Timestamp>,
 }
 
 #[cfg(test)]

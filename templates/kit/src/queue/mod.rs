@@ -46,18 +46,19 @@ mod completions;
 mod connection;
 mod consumer;
 mod inspect;
-pub mod keys;
-pub mod message;
-pub mod scripts;
+pub(crate) mod keys;
+pub(crate) mod message;
+pub(crate) mod scripts;
 pub(crate) mod wakeup;
 
-pub use crate::config::QueueWeights;
+pub(crate) use crate::config::QueueWeights;
 pub(crate) use broker::default_retry_delay;
-pub use client::{Client, EnqueueOutcome, NewTask};
+pub(crate) use client::{Client, EnqueueOutcome, NewTask};
 pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
-pub use connection::{Connection, Target};
-pub use consumer::{Consumer, ConsumerOptions, HandlerError, SkipRetry, Task};
-pub use inspect::{QueueCounts, QueueStats, RunOutcome, TaskInfo};
+pub(crate) use connection::{Connection, Target};
+pub use consumer::SkipRetry;
+pub(crate) use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
+pub(crate) use inspect::{QueueCounts, QueueStats, RunOutcome, TaskInfo};
 
 /// Why a queue operation failed. Never contains the Valkey password.
 #[derive(Debug, thiserror::Error)]

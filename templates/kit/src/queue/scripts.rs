@@ -30,7 +30,7 @@ use redis::Script;
 /// Adds a pending task unless its id exists. Returns 1, or 0 on conflict.
 ///
 /// KEYS: task hash, pending list. ARGV: encoded message, task id, now (ns).
-pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("EXISTS", KEYS[1]) == 1 then

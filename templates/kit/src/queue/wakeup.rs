@@ -18,35 +18,35 @@ use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
 /// The pub/sub channel an enqueue publishes its queues' names on.
-pub const CHANNEL: &str = "outbox:enqueued";
+pub(crate) const CHANNEL: &str = "outbox:enqueued";
 
 /// "A task was enqueued": shared by every clone of a [`Client`](super::Client).
 #[derive(Debug, Clone, Default)]
-pub struct Enqueued {
+pub(crate) struct Enqueued {
     notify: Arc<Notify>,
     publish: Arc<AtomicBool>,
 }
 
 impl Enqueued {
     /// Wakes every consumer waiting in this process.
-    pub fn signal(&self) {
+    pub(crate) fn signal(&self) {
         self.notify.notify_waiters();
     }
 
     /// A future that completes at the next [`signal`](Self::signal) after
     /// it is created. Enable it before looking for work, so that a signal
     /// between the look and the wait is not missed.
-    pub fn next(&self) -> Notified<'_> {
+    pub(crate) fn next(&self) -> Notified<'_> {
         self.notify.notified()
     }
 
     /// Also publish each enqueue on [`CHANNEL`], for other processes.
-    pub fn set_publish(&self, publish: bool) {
+    pub(crate) fn set_publish(&self, publish: bool) {
         self.publish.store(publish, Ordering::Relaxed);
     }
 
     /// Whether enqueues are published on [`CHANNEL`].
-    pub fn publish(&self) -> bool {
+    pub(crate) fn publish(&self) -> bool {
         self.publish.load(Ordering::Relaxed)
     }
 }

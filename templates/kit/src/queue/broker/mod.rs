@@ -1,11 +1,16 @@
 //! The consumer's state changes of a task, each one Go asynq script (or
 //! command) with Go asynq's arguments: dequeue under a lease, extend
-//! leases, done / completed, retry, archive, requeue, the periodic
-//! forward, lease recovery and completed-task cleanup, and the server state
-//! asynqmon's Servers page reads. Two are the kit's own, for the limits on
-//! listeners: a deferral (active to `:scheduled`, as Go's schedule leaves
-//! a task, no retry counted) and the promotion of deferred tasks back to
-//! pending before they are due.
+//! leases, done / completed, retry, archive, requeue. Beside them:
+//! - [`periodic`]: the forward, lease recovery and completed-task cleanup;
+//! - [`deferral`]: the kit's own two, for the limits on listeners: a
+//!   deferral (active to `:scheduled`, as Go's schedule leaves a task, no
+//!   retry counted) and the promotion of deferred tasks back to pending
+//!   before they are due;
+//! - [`server_state`]: the server state asynqmon's Servers page reads.
+
+mod deferral;
+mod periodic;
+mod server_state;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -13,9 +18,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use prost::Message as _;
 
-use super::connection::Connection;
-use super::message::{ServerInfo, TaskMessage, WorkerInfo};
+use super::message::TaskMessage;
 use super::{Client, QueueError, keys, scripts};
+pub(super) use deferral::due_score;
 
 /// How long daily and total counters live (Go: `statsTTL`).
 const STATS_TTL: TimeDelta = TimeDelta::days(90);
@@ -25,13 +30,6 @@ const ARCHIVE_EXPIRY: TimeDelta = TimeDelta::days(90);
 const MAX_ARCHIVE_SIZE: i64 = 10_000;
 /// How many archived tasks one trim script deletes at most.
 const TRIM_BATCH: usize = 100;
-/// How many expired completed tasks one cleanup script deletes.
-const CLEANUP_BATCH: isize = 100;
-/// How many due tasks one forward script moves (as Go asynq).
-const FORWARD_BATCH: isize = 100;
-/// How long a wake-up asked for while its task was still active waits for
-/// the task's deferral ([`Client::promote`]); older ones are dropped.
-const WOKEN_TTL: TimeDelta = TimeDelta::seconds(60);
 /// How many ids of the oldest pending tasks a dequeue asks for, to expect
 /// them at the next one: more than most dequeues take, so that ids another
 /// consumer took meanwhile can be skipped, but few, since each call sends
@@ -401,348 +399,6 @@ impl Client {
             .key(keys::task(queue, &message.id))
             .arg(&message.id)
             .invoke_async::<()>(&mut self.conn())
-            .await?;
-        Ok(())
-    }
-
-    /// Not a failure: the task waits in `:scheduled` until `until`, its
-    /// message (so its retry count and error) unchanged, its hash's state
-    /// `scheduled` as Go's schedule leaves it; the score is `until` in
-    /// whole seconds, rounded up, so that no forwarder moves it early. A
-    /// task [`Self::promote`]d while it was still active goes straight back
-    /// to the head of pending instead: `Ok(true)`. A task no longer active
-    /// is Go's `NOT FOUND`.
-    pub(super) async fn defer(
-        &self,
-        message: &TaskMessage,
-        until: DateTime<Utc>,
-    ) -> Result<bool, QueueError> {
-        let queue = &message.queue;
-        let woken: i64 = scripts::DEFER
-            .key(keys::task(queue, &message.id))
-            .key(keys::active(queue))
-            .key(keys::lease(queue))
-            .key(keys::scheduled(queue))
-            .key(keys::pending(queue))
-            .key(keys::woken(queue))
-            .arg(&message.id)
-            .arg(due_score(until))
-            .arg(Utc::now().timestamp_nanos_opt().unwrap_or_default())
-            .invoke_async(&mut self.conn())
-            .await?;
-        if woken == 1 {
-            self.enqueued().signal();
-        }
-        Ok(woken == 1)
-    }
-
-    /// Wakes the deferred tasks `ids` of `queue` now (a limit's turn came):
-    /// each still in `:scheduled` (and in no group) moves to the head of
-    /// pending, where the next dequeue takes it; one still active (its
-    /// handler's deferral on its way) is marked, so that its deferral sends
-    /// it to pending instead (within [`WOKEN_TTL`]); one pending already,
-    /// or scheduled in a group, is left to run as it is. Returns the ids of
-    /// the tasks that no longer wait at all (gone, completed, retried,
-    /// archived), so that a limit can pass their turn on.
-    pub(crate) async fn promote(
-        &self,
-        queue: &str,
-        ids: &[String],
-    ) -> Result<Vec<String>, QueueError> {
-        let tasks: Vec<(&str, Option<i64>)> = ids.iter().map(|id| (id.as_str(), None)).collect();
-        let results = self.run_promote(queue, &tasks, true).await?;
-        Ok(ids
-            .iter()
-            .zip(results)
-            .filter(|(_, result)| *result == 0)
-            .map(|(id, _)| id.clone())
-            .collect())
-    }
-
-    /// The consumer's own wake-up of tasks it deferred, now due: each
-    /// `(id, due)` still in `:scheduled` with a score of at most `due`
-    /// (not deferred again since, to later) moves to the head of pending.
-    pub(super) async fn wake_due(
-        &self,
-        queue: &str,
-        tasks: &[(String, i64)],
-    ) -> Result<(), QueueError> {
-        let tasks: Vec<(&str, Option<i64>)> = tasks
-            .iter()
-            .map(|(id, due)| (id.as_str(), Some(*due)))
-            .collect();
-        self.run_promote(queue, &tasks, false).await?;
-        Ok(())
-    }
-
-    /// [`scripts::PROMOTE`] on `tasks` (ids with an optional bound on
-    /// their score), marking the active ones when `mark_active`; its
-    /// result per task. Wakes this process's idle consumers when a task
-    /// moved, and publishes the wake-up as an enqueue does.
-    async fn run_promote(
-        &self,
-        queue: &str,
-        tasks: &[(&str, Option<i64>)],
-        mark_active: bool,
-    ) -> Result<Vec<i64>, QueueError> {
-        if tasks.is_empty() {
-            return Ok(Vec::new());
-        }
-        let now = Utc::now();
-        let mut invocation = scripts::PROMOTE.prepare_invoke();
-        invocation
-            .key(keys::scheduled(queue))
-            .key(keys::pending(queue))
-            .key(keys::woken(queue))
-            .arg(now.timestamp())
-            .arg(now.timestamp_nanos_opt().unwrap_or_default())
-            .arg((now - WOKEN_TTL).timestamp())
-            .arg(u8::from(mark_active));
-        for (id, bound) in tasks {
-            invocation.key(keys::task(queue, id)).arg(*id);
-            match bound {
-                Some(bound) => invocation.arg(*bound),
-                None => invocation.arg(""),
-            };
-        }
-        let mut conn = self.conn();
-        let results: Vec<i64> = invocation.invoke_async(&mut conn).await?;
-        if results.len() != tasks.len() {
-            return Err(QueueError::UnexpectedReply(format!(
-                "the promote script answered for {} tasks of {}",
-                results.len(),
-                tasks.len()
-            )));
-        }
-        if results.contains(&1) {
-            self.enqueued().signal();
-            if self.enqueued().publish() {
-                // Best effort, as an enqueue's: consumers poll anyway.
-                let published = redis::cmd("PUBLISH")
-                    .arg(super::wakeup::CHANNEL)
-                    .arg(queue)
-                    .query_async::<i64>(&mut conn)
-                    .await;
-                if let Err(err) = published {
-                    tracing::debug!(error = %err, "could not publish the wake-up");
-                }
-            }
-        }
-        Ok(results)
-    }
-
-    /// Moves the due tasks of `:scheduled` and `:retry` to pending: reads
-    /// up to [`FORWARD_BATCH`] due ids and their groups, then
-    /// [`scripts::FORWARD`] moves those still due, until none is left.
-    pub(super) async fn forward_due(&self, queue: &str) -> Result<(), QueueError> {
-        let mut conn = self.conn();
-        for source in [keys::scheduled(queue), keys::retry(queue)] {
-            loop {
-                let now = Utc::now();
-                let ids = due(&mut conn, &source, now.timestamp(), FORWARD_BATCH).await?;
-                if ids.is_empty() {
-                    break;
-                }
-                let mut groups = redis::pipe();
-                for id in &ids {
-                    groups.hget(keys::task(queue, id), "group");
-                }
-                let groups: Vec<Option<String>> = groups.query_async(&mut conn).await?;
-                let mut invocation = scripts::FORWARD.key(&source);
-                invocation
-                    .key(keys::pending(queue))
-                    .arg(now.timestamp())
-                    .arg(now.timestamp_nanos_opt().unwrap_or_default());
-                for (id, group) in ids.iter().zip(groups) {
-                    let group = group.unwrap_or_default();
-                    let task = keys::task(queue, id);
-                    let group_key = if group.is_empty() {
-                        task.clone()
-                    } else {
-                        keys::group(queue, &group)
-                    };
-                    invocation.key(task).key(group_key).arg(id).arg(group);
-                }
-                let moved: i64 = invocation.invoke_async(&mut conn).await?;
-                if moved == 0 || ids.len() < FORWARD_BATCH as usize {
-                    break;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The active tasks whose lease ran out before `cutoff`: their worker
-    /// died or lost Valkey. Reads the ids, then their messages; a task
-    /// settled in between is left out, and so is one whose message does
-    /// not decode (logged).
-    pub(super) async fn lease_expired(
-        &self,
-        queue: &str,
-        cutoff: DateTime<Utc>,
-    ) -> Result<Vec<TaskMessage>, QueueError> {
-        let mut conn = self.conn();
-        let ids = due(&mut conn, &keys::lease(queue), cutoff.timestamp(), -1).await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut messages = redis::pipe();
-        for id in &ids {
-            messages.hget(keys::task(queue, id), "msg");
-        }
-        let encoded: Vec<Option<Vec<u8>>> = messages.query_async(&mut conn).await?;
-        let mut expired = Vec::new();
-        for (id, bytes) in ids.iter().zip(encoded) {
-            let Some(bytes) = bytes else { continue };
-            match TaskMessage::decode(bytes.as_slice()) {
-                Ok(message) => expired.push(message),
-                Err(error) => {
-                    tracing::error!(%queue, %id, %error, "a leased task's message does not decode; skipped");
-                }
-            }
-        }
-        Ok(expired)
-    }
-
-    /// Deletes the completed tasks whose retention has passed: reads up to
-    /// [`CLEANUP_BATCH`] expired ids at a time, then
-    /// [`scripts::DELETE_EXPIRED`] deletes those still expired.
-    pub(super) async fn delete_expired_completed(&self, queue: &str) -> Result<(), QueueError> {
-        let mut conn = self.conn();
-        let completed = keys::completed(queue);
-        loop {
-            let now = Utc::now().timestamp();
-            let ids = due(&mut conn, &completed, now, CLEANUP_BATCH).await?;
-            if ids.is_empty() {
-                return Ok(());
-            }
-            let mut invocation = scripts::DELETE_EXPIRED.key(&completed);
-            invocation.arg(now);
-            for id in &ids {
-                invocation.key(keys::task(queue, id)).arg(id);
-            }
-            let deleted: i64 = invocation.invoke_async(&mut conn).await?;
-            if deleted == 0 || ids.len() < CLEANUP_BATCH as usize {
-                return Ok(());
-            }
-        }
-    }
-}
-
-/// The score of a task deferred to `until` in `:scheduled`: Unix seconds,
-/// rounded up, so that no forwarder (which compares whole seconds) moves
-/// it early.
-pub(super) fn due_score(until: DateTime<Utc>) -> i64 {
-    until.timestamp() + i64::from(until.timestamp_subsec_nanos() > 0)
-}
-
-/// Up to `limit` (-1: all) members of the sorted set `key` scored `max` or
-/// less, lowest first: the ids of the tasks due by then.
-async fn due(
-    conn: &mut Connection,
-    key: &str,
-    max: i64,
-    limit: isize,
-) -> Result<Vec<String>, QueueError> {
-    Ok(redis::cmd("ZRANGEBYSCORE")
-        .arg(key)
-        .arg("-inf")
-        .arg(max)
-        .arg("LIMIT")
-        .arg(0)
-        .arg(limit)
-        .query_async(conn)
-        .await?)
-}
-
-impl Client {
-    /// Writes this worker's `ServerInfo` and the `WorkerInfo` of each
-    /// running task, expiring after `ttl` unless written again (Go asynq's
-    /// `WriteServerState`).
-    pub(super) async fn write_server_state(
-        &self,
-        server: &ServerInfo,
-        workers: &[WorkerInfo],
-        ttl: Duration,
-    ) -> Result<(), QueueError> {
-        let pid = u32::try_from(server.pid).unwrap_or(0);
-        let server_key = keys::server_info(&server.host, pid, &server.server_id);
-        let workers_key = keys::workers(&server.host, pid, &server.server_id);
-        let expiry = (Utc::now() + TimeDelta::from_std(ttl).unwrap_or(TimeDelta::MAX)).timestamp();
-        let mut invocation = scripts::WRITE_SERVER_STATE.prepare_invoke();
-        invocation
-            .key(&server_key)
-            .key(&workers_key)
-            .arg(ttl.as_secs().max(1))
-            .arg(server.encode_to_vec());
-        for worker in workers {
-            invocation.arg(&worker.task_id).arg(worker.encode_to_vec());
-        }
-        // Two commands, not one pipeline: the keys are in different cluster
-        // slots.
-        let mut conn = self.conn();
-        redis::cmd("ZADD")
-            .arg(keys::ALL_SERVERS)
-            .arg(expiry)
-            .arg(&server_key)
-            .query_async::<()>(&mut conn)
-            .await?;
-        redis::cmd("ZADD")
-            .arg(keys::ALL_WORKERS)
-            .arg(expiry)
-            .arg(&workers_key)
-            .query_async::<()>(&mut conn)
-            .await?;
-        invocation.invoke_async::<()>(&mut conn).await?;
-        Ok(())
-    }
-
-    /// The servers whose state has not expired: asynqmon's Servers page
-    /// (Go's `Inspector.Servers()`).
-    pub(crate) async fn servers(&self) -> Result<Vec<ServerInfo>, QueueError> {
-        let mut conn = self.conn();
-        let names: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(keys::ALL_SERVERS)
-            .arg(Utc::now().timestamp())
-            .arg("+inf")
-            .query_async(&mut conn)
-            .await?;
-        if names.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One GET each: the keys are in different cluster slots.
-        let mut pipe = redis::pipe();
-        for name in &names {
-            pipe.get(name);
-        }
-        let infos: Vec<Option<Vec<u8>>> = pipe.query_async(&mut conn).await?;
-        Ok(infos
-            .into_iter()
-            .flatten()
-            .filter_map(|info| ServerInfo::decode(info.as_slice()).ok())
-            .collect())
-    }
-
-    /// Removes this worker's server state (at shutdown).
-    pub(super) async fn clear_server_state(&self, server: &ServerInfo) -> Result<(), QueueError> {
-        let pid = u32::try_from(server.pid).unwrap_or(0);
-        let server_key = keys::server_info(&server.host, pid, &server.server_id);
-        let workers_key = keys::workers(&server.host, pid, &server.server_id);
-        let mut conn = self.conn();
-        for (all, key) in [
-            (keys::ALL_SERVERS, &server_key),
-            (keys::ALL_WORKERS, &workers_key),
-        ] {
-            redis::cmd("ZREM")
-                .arg(all)
-                .arg(key)
-                .query_async::<()>(&mut conn)
-                .await?;
-        }
-        scripts::CLEAR_SERVER_STATE
-            .key(&server_key)
-            .key(&workers_key)
-            .invoke_async::<()>(&mut conn)
             .await?;
         Ok(())
     }
