@@ -137,21 +137,49 @@ pub(crate) struct Options {
     pub(crate) required: Vec<String>,
 }
 
-/// The kit files of `desired` that the project has at their old place,
-/// before the kit became a crate: new path to old path.
+/// The kit files of `desired` that the project has at an old place: new
+/// path to old path. A kit file moves when the kit became a crate
+/// (`src/queue/broker.rs` to `kit/src/queue/broker.rs`), and when a module
+/// of the kit becomes a folder (`kit/src/queue/consumer.rs` to
+/// `kit/src/queue/consumer/mod.rs`): the user's edits are merged into the
+/// folder's `mod.rs` (with conflict markers where the code went to another
+/// file of the folder) instead of staying beside it, where the crate would
+/// not build with the module in two places.
 fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
-    let prefix = format!("{KIT_DIR}/src/");
     desired
         .iter()
         .filter(|(path, file)| {
             file.owner == Owner::Kit && !project.manifest.files.contains_key(*path)
         })
         .filter_map(|(path, _)| {
-            let old = format!("src/{}", path.strip_prefix(&prefix)?);
-            let record = project.manifest.files.get(&old)?;
-            (record.owner == Owner::Kit && !desired.contains_key(&old)).then(|| (path.clone(), old))
+            let old = old_places(path).into_iter().find(|old| {
+                project
+                    .manifest
+                    .files
+                    .get(old)
+                    .is_some_and(|record| record.owner == Owner::Kit)
+                    && !desired.contains_key(old)
+            })?;
+            Some((path.clone(), old))
         })
         .collect()
+}
+
+/// Where the kit file at `path` may have been before, most recent first:
+/// the module file of a folder's `mod.rs` (in the crate, then in the
+/// service's `src/` of the sets before the crate), and the same path in
+/// the service's `src/`.
+fn old_places(path: &str) -> Vec<String> {
+    let Some(rest) = path.strip_prefix(&format!("{KIT_DIR}/src/")) else {
+        return Vec::new();
+    };
+    let mut places = Vec::new();
+    if let Some(module) = rest.strip_suffix("/mod.rs") {
+        places.push(format!("{KIT_DIR}/src/{module}.rs"));
+        places.push(format!("src/{module}.rs"));
+    }
+    places.push(format!("src/{rest}"));
+    places
 }
 
 /// What `gpkit add` and `gpkit upgrade templates` do to `project` to give
@@ -636,5 +664,19 @@ mod tests {
             String::from_utf8(text).unwrap(),
             "a\n<<<<<<< ours\nours\n=======\ntheirs\n>>>>>>> theirs\nc\n"
         );
+    }
+
+    #[test]
+    fn a_folders_mod_rs_was_its_module_file_before() {
+        assert_eq!(
+            old_places("kit/src/queue/consumer/mod.rs"),
+            [
+                "kit/src/queue/consumer.rs",
+                "src/queue/consumer.rs",
+                "src/queue/consumer/mod.rs"
+            ]
+        );
+        assert_eq!(old_places("kit/src/telemetry.rs"), ["src/telemetry.rs"]);
+        assert!(old_places("migrations/20200101000100_outbox.sql").is_empty());
     }
 }

@@ -1012,3 +1012,48 @@ fn the_kits_reference_moves_out_of_the_readme_and_the_users_text_stays() {
     assert_eq!(std::fs::read_to_string(&readme).unwrap(), inside);
     assert!(project.join("kit/docs/worker.md").is_file());
 }
+
+/// A kit module that became a folder (`kit/src/queue/consumer.rs` to
+/// `kit/src/queue/consumer/`) takes the user's edits of its old file into
+/// the folder's `mod.rs`: merged where that code stayed there, conflict
+/// markers where it went to another file of the folder. The old file never
+/// stays beside the folder, where the crate would not build.
+#[test]
+fn an_edited_module_that_became_a_folder_moves_into_its_mod_rs() {
+    const OLD: &str = "kit/src/queue/consumer.rs";
+    const NEW: &str = "kit/src/queue/consumer/mod.rs";
+    let edit = |from: &str, to: &str| {
+        let (dir, project) = fixture("v24-edited");
+        let path = project.join(OLD);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{OLD} no longer has {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        (dir, project)
+    };
+
+    // An edit of lines that stayed in the folder's mod.rs: merged there.
+    let (_dir, project) = edit(
+        "//! - Success: the task is deleted,",
+        "//! - Success (ours): the task is deleted,",
+    );
+    let (_, report) = upgrade(&project, &[]);
+    assert!(!project.join(OLD).exists(), "{OLD} stayed:\n{report}");
+    assert!(line(&report, NEW).contains("merged"), "{report}");
+    assert!(report.contains(&format!("moved from {OLD}")), "{report}");
+    let merged = std::fs::read_to_string(project.join(NEW)).unwrap();
+    assert!(merged.contains("Success (ours)"), "{merged}");
+    assert!(!merged.contains("<<<<<<<"), "{merged}");
+
+    // An edit of lines that went to another file: kept in mod.rs with
+    // conflict markers, and the upgrade says it conflicted.
+    let (_dir, project) = edit(
+        "let (id, task_type) = (&message.id, &message.r#type);",
+        "let (id, task_type) = (&message.id, &message.r#type); // ours",
+    );
+    let (code, report) = upgrade(&project, &[]);
+    assert_eq!(code, 3, "{report}");
+    assert!(!project.join(OLD).exists(), "{OLD} stayed:\n{report}");
+    assert!(line(&report, NEW).contains("conflicted"), "{report}");
+    let conflicted = std::fs::read_to_string(project.join(NEW)).unwrap();
+    assert!(conflicted.contains("<<<<<<<") && conflicted.contains("// ours"));
+}
