@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod binary;
+mod commit_hooks;
 pub mod config;
 #[cfg(feature = "worker")]
 pub mod console;
@@ -46,6 +47,8 @@ pub mod outbox;
 pub mod prelude;
 #[cfg(feature = "worker")]
 pub(crate) mod queue;
+#[cfg(feature = "worker")]
+mod replay;
 #[cfg(feature = "worker")]
 pub mod scheduler;
 pub mod signals;

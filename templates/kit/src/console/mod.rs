@@ -32,6 +32,8 @@
 //!   and (`replay`) the events matching a filter, delivered again; and
 //!   (`recorded`) the failures recorded in Postgres that fell off the
 //!   queue's archive, to send back;
+//! - `failed_tasks`: the failed listener tasks the queue holds, which
+//!   `failures` lists and `recorded` leaves out;
 //! - `queues`: each queue's tasks by state, to pause or resume;
 //! - `schedules`: each schedule's last and next tick, and the replica that
 //!   leads;
@@ -46,6 +48,7 @@
 //! is a POST, logged with what it matched.
 
 mod events;
+mod failed_tasks;
 mod failures;
 mod guard;
 mod overview;

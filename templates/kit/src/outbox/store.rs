@@ -44,7 +44,7 @@ impl Store {
         }
         let (id, seq, epoch): (i64, Option<i64>, Option<i64>) = query.fetch_one(executor).await?;
         // The commit of the transaction this runs in wakes the relays.
-        crate::database::events_stored();
+        crate::commit_hooks::events_stored();
         if let (Some(seq), Some(epoch)) = (seq, epoch) {
             write_place(&mut envelope.metadata, seq, epoch);
         }
