@@ -55,7 +55,7 @@ use uuid::Uuid;
 use self::lease::{Acquired, Lease};
 use self::progress::Progress;
 use self::spec::Spec;
-use crate::dispatch::Event;
+use crate::outbox::Event;
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
 use crate::outbox::wake::Wake;
 use crate::outbox::{Envelope, Metadata, Store};
