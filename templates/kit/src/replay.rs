@@ -32,37 +32,37 @@ const BATCH: usize = 500;
 /// `{"still_queued": [...]}`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct StillQueued {
-    pub event_id: Uuid,
-    pub queue: String,
+    pub(crate) event_id: Uuid,
+    pub(crate) queue: String,
 }
 
 /// One queued task (`--format json`: `{"replayed": [...]}`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Replayed {
-    pub event_id: Uuid,
-    pub queue: String,
-    pub task_id: String,
+    pub(crate) event_id: Uuid,
+    pub(crate) queue: String,
+    pub(crate) task_id: String,
     #[serde(rename = "type")]
-    pub task_type: String,
+    pub(crate) task_type: String,
 }
 
 /// A replay chosen by name and creation time, as `outbox replay --name`
 /// and the console's failures page choose it.
 #[derive(Debug, Clone)]
 pub(crate) struct ByName {
-    pub name: String,
-    pub since: DateTime<Utc>,
-    pub until: Option<DateTime<Utc>>,
+    pub(crate) name: String,
+    pub(crate) since: DateTime<Utc>,
+    pub(crate) until: Option<DateTime<Utc>>,
     /// One listener only, or the whole fan-out.
-    pub listener: Option<String>,
+    pub(crate) listener: Option<String>,
 }
 
 /// What a replay would queue: the events (oldest first) and the new tasks,
 /// one per event and queue, and the queues they go to.
 pub(crate) struct Planned {
-    pub events: usize,
-    pub queues: Vec<String>,
-    pub tasks: Vec<(Uuid, NewTask)>,
+    pub(crate) events: usize,
+    pub(crate) queues: Vec<String>,
+    pub(crate) tasks: Vec<(Uuid, NewTask)>,
 }
 
 /// Plans the replay of the published events `chosen` names.

@@ -36,31 +36,31 @@ use crate::replay::{
 #[derive(Debug, clap::Args)]
 #[command(group(ArgGroup::new("events").required(true).multiple(true).args(["ids", "name", "since"])))]
 #[command(group(ArgGroup::new("by_time").multiple(true).args(["name", "lost"])))]
-pub struct Args {
+pub(crate) struct Args {
     /// The ids of the events to replay
     #[arg(conflicts_with_all = ["name", "since", "until"])]
-    pub ids: Vec<Uuid>,
+    pub(crate) ids: Vec<Uuid>,
     /// Replay the published events with this name (with --since)
     #[arg(long, requires = "since")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// With --name (or --lost): events created at or after this time (2h:
     /// two hours ago, or 2026-11-30T08:00:00Z)
     #[arg(long, value_parser = time::parse_time, requires = "by_time")]
-    pub since: Option<DateTime<Utc>>,
+    pub(crate) since: Option<DateTime<Utc>>,
     /// With --since: events created before this time
     #[arg(long, value_parser = time::parse_time, requires = "since")]
-    pub until: Option<DateTime<Utc>>,
+    pub(crate) until: Option<DateTime<Utc>>,
     /// Deliver to this listener only
     #[arg(long, conflicts_with = "lost")]
-    pub listener: Option<String>,
+    pub(crate) listener: Option<String>,
     /// The recovery after Valkey lost data: queue each event under its own
     /// id, as the relay did, so that those Valkey still has are left as
     /// they are (with --since alone: every event name)
     #[arg(long)]
-    pub lost: bool,
+    pub(crate) lost: bool,
     /// Do not ask for confirmation
     #[arg(long, short)]
-    pub yes: bool,
+    pub(crate) yes: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

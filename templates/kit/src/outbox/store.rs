@@ -26,7 +26,7 @@ impl Store {
     /// envelope with an `order_key` in its metadata takes the key's next
     /// sequence number (`super::order`), which is written, with its
     /// numbering's epoch, into the row's metadata and into `envelope`'s.
-    pub async fn insert<'e>(
+    pub(crate) async fn insert<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         envelope: &mut Envelope,
