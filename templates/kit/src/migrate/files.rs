@@ -16,7 +16,7 @@ use super::naming::{is_timestamp, snake_case};
 use super::source::{self, DiscoveryError};
 
 /// goose v3.27's SQL migration template.
-pub(crate) const SQL_TEMPLATE: &str = "-- +goose Up
+pub const SQL_TEMPLATE: &str = "-- +goose Up
 SELECT 'up SQL query';
 
 -- +goose Down

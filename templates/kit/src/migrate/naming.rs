@@ -52,7 +52,7 @@ impl std::error::Error for VersionError {}
 
 /// The version of a migration file, from its name (any leading directories are
 /// ignored). Leading zeros and a leading `+` are accepted, as in goose.
-pub(crate) fn parse_version(file_name: &str) -> Result<i64, VersionError> {
+pub fn parse_version(file_name: &str) -> Result<i64, VersionError> {
     let base = Path::new(file_name)
         .file_name()
         .map_or(file_name.to_owned(), |name| {
@@ -111,7 +111,7 @@ fn quote(s: &str) -> String {
 /// Whether goose considers `version` a timestamp: its decimal form is exactly 14
 /// digits forming a valid `YYYYMMDDhhmmss` date and time, later than the Unix epoch.
 /// Any other version is "versioned" (sequential).
-pub(crate) fn is_timestamp(version: i64) -> bool {
+pub fn is_timestamp(version: i64) -> bool {
     let text = version.to_string();
     if text.len() != 14 || !text.bytes().all(|b| b.is_ascii_digit()) {
         return false;
@@ -144,7 +144,7 @@ fn days_in_month(year: u32, month: u32) -> u32 {
 /// other characters turned into one `_`, leading separators dropped. A trailing
 /// separator survives only after a single trailing non-alphanumeric character:
 /// `"foo!"` gives `foo_` but `"foo!!"` gives `foo`.
-pub(crate) fn snake_case(name: &str) -> String {
+pub fn snake_case(name: &str) -> String {
     #[derive(Clone, Copy, PartialEq, Eq)]
     enum State {
         Idle,
