@@ -2,14 +2,14 @@
 //! transaction.
 
 use std::fmt;
-use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 
+use crate::commit_hooks::CommitHooks;
+/// The inbox's transactions note their events as [`Transactor::run`] does.
+pub(crate) use crate::commit_hooks::noting_events;
 use crate::config::DatabaseConfig;
 
 /// A lazily connecting pool: building it needs no live database, so the
@@ -104,38 +104,33 @@ pub struct UnreachableError {
 #[derive(Clone)]
 pub struct Transactor {
     pool: PgPool,
-    after_commit: Option<AfterCommit>,
-    after_events: Option<AfterCommit>,
+    hooks: CommitHooks,
 }
-
-/// What runs after a successful commit.
-type AfterCommit = Arc<dyn Fn() + Send + Sync>;
 
 impl Transactor {
     /// A transactor on `pool`, with no after-commit hook.
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
-            after_commit: None,
-            after_events: None,
+            hooks: CommitHooks::default(),
         }
     }
 
     /// Runs `hook` after each successful commit of a transaction that
     /// stored events (through the outbox's dispatcher, see
-    /// [`events_stored`]): the relay's wake-up, which a transaction that
-    /// stored none (a listener's `ctx.once` that dispatches nothing) need
-    /// not send.
+    /// `commit_hooks::events_stored`): the relay's wake-up, which a
+    /// transaction that stored none (a listener's `ctx.once` that
+    /// dispatches nothing) need not send.
     #[cfg(feature = "worker")]
     pub(crate) fn after_events(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
-        self.after_events = Some(Arc::new(hook));
+        self.hooks.after_events(hook);
         self
     }
 
     /// Runs `hook` after every successful commit, such as a signal that
     /// wakes the outbox relay. The hook must be quick and must not fail.
     pub fn after_commit(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
-        self.after_commit = Some(Arc::new(hook));
+        self.hooks.after_commit(hook);
         self
     }
 
@@ -151,7 +146,7 @@ impl Transactor {
         match result {
             Ok(value) => {
                 tx.commit().await?;
-                self.committed(stored);
+                self.hooks.committed(stored);
                 Ok(value)
             }
             Err(err) => {
@@ -169,13 +164,9 @@ impl Transactor {
     /// [`Self::pool`] and committed by the caller (the inbox's, which must
     /// roll back, not commit, when the event was already handled), and
     /// that `stored` events or not ([`noting_events`]).
+    #[cfg(feature = "worker")]
     pub(crate) fn committed(&self, stored: bool) {
-        if let Some(hook) = &self.after_commit {
-            hook();
-        }
-        if let Some(hook) = self.after_events.as_ref().filter(|_| stored) {
-            hook();
-        }
+        self.hooks.committed(stored);
     }
 
     /// The pool the transactions are taken from.
@@ -183,47 +174,12 @@ impl Transactor {
         &self.pool
     }
 
-    /// The same pool and after-commit hook, with the transactions in
+    /// The same pool and after-commit hooks, with the transactions in
     /// SeaORM: what the application code uses.
     #[cfg(feature = "seaorm")]
     pub fn orm(&self) -> crate::orm::Transactor {
-        let transactor = crate::orm::Transactor::new(crate::orm::connection(&self.pool));
-        let transactor = match &self.after_commit {
-            Some(hook) => {
-                let hook = Arc::clone(hook);
-                transactor.after_commit(move || hook())
-            }
-            None => transactor,
-        };
-        match &self.after_events {
-            Some(hook) => {
-                let hook = Arc::clone(hook);
-                transactor.after_events(move || hook())
-            }
-            None => transactor,
-        }
+        crate::orm::Transactor::with_hooks(crate::orm::connection(&self.pool), self.hooks.clone())
     }
-}
-
-tokio::task_local! {
-    /// Set while a transactor's transaction runs its work: whether the work
-    /// stored events.
-    static STORED: Arc<AtomicBool>;
-}
-
-/// Runs `work`, noting whether it stores events ([`events_stored`]).
-pub(crate) async fn noting_events<F: Future>(work: F) -> (F::Output, bool) {
-    let stored = Arc::new(AtomicBool::new(false));
-    let output = STORED.scope(Arc::clone(&stored), work).await;
-    (output, stored.load(Ordering::Relaxed))
-}
-
-/// Notes that the transaction the current task runs (in
-/// [`Transactor::run`], or a listener's `ctx.once`) stored events, so that
-/// its commit wakes the relays. Outside one it does nothing: the relay
-/// finds the events at its next poll.
-pub(crate) fn events_stored() {
-    let _ = STORED.try_with(|stored| stored.store(true, Ordering::Relaxed));
 }
 
 impl fmt::Debug for Transactor {

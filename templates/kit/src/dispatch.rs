@@ -1,6 +1,6 @@
-//! The project's contract for publishing events: the [`Event`] and
-//! [`Dispatcher`] traits. A service stores an event with
-//! [`crate::dispatch()`], through the outbox's own dispatcher; tests may
-//! provide their own.
+//! The outbox's contract by an older path: `kit::dispatch::Event` and the
+//! rest are `kit::outbox`'s (and [`crate::prelude`]'s) names, kept here so
+//! that a service's code that names them this way still compiles. The
+//! documented `kit::dispatch` is the function, [`crate::dispatch()`].
 
 pub use crate::outbox::{DispatchError, Dispatcher, Event, StoreError};

@@ -1,11 +1,15 @@
 //! The service's kit: everything gpkit writes and keeps up to date, as a
 //! crate of its own. The service (`src/` beside this folder) calls it.
 //!
+//! - [`Transactor`] runs a unit of work in one transaction, and
+//!   [`dispatch()`] stores an event in the outbox within it; (feature
+//!   `worker`) `transactor()` builds the service's transactor, whose
+//!   commits wake the outbox relay.
 //! - [`config`]: typed configuration from the environment.
 //! - [`database`]: the Postgres pool and the [`database::Transactor`].
-//! - [`dispatch`](mod@dispatch): the [`dispatch::Event`] and [`dispatch::Dispatcher`] traits.
-//! - [`outbox`]: events stored with the business change, and (feature
-//!   `worker`) the relay that publishes them.
+//! - [`outbox`]: events stored with the business change ([`outbox::Event`],
+//!   [`outbox::Dispatcher`]), and (feature `worker`) the relay that
+//!   publishes them.
 //! - [`migrate`]: goose-compatible migrations, the `migrate` binary's code.
 //! - [`health`]: the `/healthz` and `/readyz` probes.
 //! - [`binary`]: the start of each binary (`.env`, settings, logs, runtime).
@@ -14,8 +18,7 @@
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT`) spans exported over OTLP.
 //! - [`testing`]: a configuration for tests.
 //!
-//! [`prelude`] holds the names a service uses most, and [`dispatch()`](fn@dispatch)
-//! stores an event in the outbox.
+//! [`prelude`] holds the names a service uses most.
 //!
 //! Feature `worker`: `queue` (the asynq wire format), `worker` (listeners,
 //! inbox, metrics), `scheduler`, `operations` (the `outbox` command) and
@@ -26,10 +29,12 @@
 #![deny(missing_docs)]
 
 pub mod binary;
+mod commit_hooks;
 pub mod config;
 #[cfg(feature = "worker")]
 pub mod console;
 pub mod database;
+#[doc(hidden)]
 pub mod dispatch;
 pub mod env_file;
 #[cfg(feature = "worker")]
@@ -47,6 +52,8 @@ pub mod prelude;
 #[cfg(feature = "worker")]
 pub(crate) mod queue;
 #[cfg(feature = "worker")]
+mod replay;
+#[cfg(feature = "worker")]
 pub mod scheduler;
 pub mod signals;
 mod spans;
@@ -56,7 +63,10 @@ pub mod trace_context;
 #[cfg(feature = "worker")]
 pub mod worker;
 
+pub use database::Transactor;
 pub use outbox::dispatch;
+#[cfg(feature = "worker")]
+pub use outbox::wake::transactor;
 
 #[cfg(test)]
 mod tests;

@@ -7,10 +7,11 @@
 //! too.
 
 use std::fmt;
-use std::sync::Arc;
 
 use sea_orm::{DatabaseConnection, DatabaseTransaction, SqlxPostgresConnector, TransactionTrait};
 use sqlx::PgPool;
+
+use crate::commit_hooks::{CommitHooks, noting_events};
 
 /// A SeaORM connection on `pool`: it opens no connections of its own.
 pub fn connection(pool: &PgPool) -> DatabaseConnection {
@@ -40,34 +41,25 @@ pub fn connection(pool: &PgPool) -> DatabaseConnection {
 #[derive(Clone)]
 pub struct Transactor {
     db: DatabaseConnection,
-    after_commit: Option<AfterCommit>,
-    after_events: Option<AfterCommit>,
+    hooks: CommitHooks,
 }
-
-/// What runs after every successful commit.
-type AfterCommit = Arc<dyn Fn() + Send + Sync>;
 
 impl Transactor {
     /// A transactor on the SeaORM connection `db`, with no after-commit hook.
     pub fn new(db: DatabaseConnection) -> Self {
-        Self {
-            db,
-            after_commit: None,
-            after_events: None,
-        }
+        Self::with_hooks(db, CommitHooks::default())
     }
 
-    /// Runs `hook` after each successful commit of a transaction that
-    /// stored events (`database::Transactor::after_events`).
-    pub(crate) fn after_events(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
-        self.after_events = Some(Arc::new(hook));
-        self
+    /// A transactor on `db` that runs `hooks` after each commit (those of
+    /// the `database::Transactor` it is the SeaORM form of).
+    pub(crate) fn with_hooks(db: DatabaseConnection, hooks: CommitHooks) -> Self {
+        Self { db, hooks }
     }
 
     /// Runs `hook` after every successful commit, such as a signal that
     /// wakes the outbox relay. The hook must be quick and must not fail.
     pub fn after_commit(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
-        self.after_commit = Some(Arc::new(hook));
+        self.hooks.after_commit(hook);
         self
     }
 
@@ -79,16 +71,11 @@ impl Transactor {
         F: AsyncFnOnce(&DatabaseTransaction) -> anyhow::Result<T>,
     {
         let tx = self.db.begin().await?;
-        let (result, stored) = crate::database::noting_events(work(&tx)).await;
+        let (result, stored) = noting_events(work(&tx)).await;
         match result {
             Ok(value) => {
                 tx.commit().await?;
-                if let Some(hook) = &self.after_commit {
-                    hook();
-                }
-                if let Some(hook) = self.after_events.as_ref().filter(|_| stored) {
-                    hook();
-                }
+                self.hooks.committed(stored);
                 Ok(value)
             }
             Err(err) => {

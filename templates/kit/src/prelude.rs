@@ -102,8 +102,8 @@ schedules.job(NightlyReport);
 )]
 
 pub use crate::database::Transactor;
-pub use crate::dispatch::{DispatchError, Event};
 pub use crate::outbox::dispatch;
+pub use crate::outbox::{DispatchError, Event};
 #[cfg(feature = "worker")]
 pub use crate::scheduler::Schedules;
 #[cfg(all(feature = "worker", feature = "seaorm"))]

@@ -12,79 +12,15 @@ use axum::Form;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::State as Console;
+use super::failed_tasks::{Failed, failed};
 use super::guard::{self, CSRF_FIELD};
 use super::page::{self, Depth, Section};
-use crate::outbox::Envelope;
 use crate::queue::RunOutcome;
 use crate::worker::failures;
-
-/// One failed listener task.
-#[derive(Debug, Clone)]
-struct Failed {
-    queue: String,
-    id: String,
-    /// `listener:<event>:<listener>`.
-    task_type: String,
-    error: String,
-    /// `retry` or `archived`.
-    state: &'static str,
-    /// When it runs next (retry) or was archived.
-    at: DateTime<Utc>,
-    retried: i32,
-    event_id: Option<uuid::Uuid>,
-}
-
-/// The failed listener tasks of every queue of the service.
-async fn failed(console: &Console) -> anyhow::Result<Vec<Failed>> {
-    let context = &console.context;
-    let client = context
-        .queue()
-        .await
-        .map_err(|err| anyhow::anyhow!("Valkey: {err:#}"))?;
-    let mut failed = Vec::new();
-    for queue in context.all_queues() {
-        let valkey = |err| anyhow::anyhow!("Valkey: {err}");
-        let retry = client.retry_tasks(&queue).await.map_err(valkey)?;
-        let archived = client.archived_tasks(&queue, None).await.map_err(valkey)?;
-        let waiting = retry
-            .into_iter()
-            .map(|task| ("retry", task))
-            .chain(archived.into_iter().map(|task| ("archived", task)));
-        for (state, (message, at)) in waiting {
-            if !message.r#type.starts_with("listener:") {
-                continue;
-            }
-            let event_id = serde_json::from_slice::<Envelope>(&message.payload)
-                .ok()
-                .map(|envelope| envelope.id);
-            failed.push(Failed {
-                queue: queue.clone(),
-                id: message.id,
-                task_type: message.r#type,
-                error: message.error_msg,
-                state,
-                at,
-                retried: message.retried,
-                event_id,
-            });
-        }
-    }
-    Ok(failed)
-}
-
-/// The ids of the failed listener tasks the queue holds.
-pub(crate) async fn failed_ids(console: &Console) -> anyhow::Result<Vec<String>> {
-    Ok(failed(console)
-        .await?
-        .into_iter()
-        .map(|task| task.id)
-        .collect())
-}
 
 /// The failed tasks by listener (task type) and error.
 fn groups(failed: Vec<Failed>) -> BTreeMap<(String, String), Vec<Failed>> {
@@ -359,6 +295,8 @@ async fn retry_group(console: &Console, task_type: &str, error: &str) -> anyhow:
 
 #[cfg(test)]
 mod tests {
+    use chrono::Utc;
+
     use super::*;
 
     fn task(task_type: &str, error: &str) -> Failed {

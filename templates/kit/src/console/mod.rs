@@ -32,6 +32,8 @@
 //!   and (`replay`) the events matching a filter, delivered again; and
 //!   (`recorded`) the failures recorded in Postgres that fell off the
 //!   queue's archive, to send back;
+//! - `failed_tasks`: the failed listener tasks the queue holds, which
+//!   `failures` lists and `recorded` leaves out;
 //! - `queues`: each queue's tasks by state, to pause or resume;
 //! - `schedules`: each schedule's last and next tick, and the replica that
 //!   leads;
@@ -46,6 +48,7 @@
 //! is a POST, logged with what it matched.
 
 mod events;
+mod failed_tasks;
 mod failures;
 mod guard;
 mod overview;
@@ -81,26 +84,26 @@ pub struct Console {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Options {
     /// No actions: the pages show, never change.
-    pub read_only: bool,
+    pub(crate) read_only: bool,
     /// Payload fields whose values are never shown (personal data).
-    pub masked_fields: Vec<String>,
+    pub(crate) masked_fields: Vec<String>,
     /// A link to an event's trace in the service's tracing backend, with
     /// `{trace_id}` where its id goes.
-    pub trace_url: Option<String>,
+    pub(crate) trace_url: Option<String>,
     /// Every request must carry it (see `guard`).
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// Where `gpkit dev` keeps the spans it receives (see `traces`).
-    pub traces: Option<PathBuf>,
+    pub(crate) traces: Option<PathBuf>,
 }
 
 /// What every page's handler works with.
 pub(crate) struct State {
-    pub context: Context,
-    pub options: Options,
+    pub(crate) context: Context,
+    pub(crate) options: Options,
     /// The secret every form carries back (see `guard`).
-    pub csrf: String,
+    pub(crate) csrf: String,
     /// The overview's figures over the last minutes.
-    pub samples: Mutex<overview::Samples>,
+    pub(crate) samples: Mutex<overview::Samples>,
 }
 
 impl Console {

@@ -29,29 +29,29 @@ pub(crate) const KEPT: usize = 180;
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Sample {
     /// Seconds since the console started.
-    pub at: f64,
+    pub(crate) at: f64,
     /// Age of the oldest unpublished event, in seconds (0 with none).
-    pub lag_seconds: f64,
+    pub(crate) lag_seconds: f64,
     /// Unpublished events.
-    pub backlog: i64,
+    pub(crate) backlog: i64,
     /// The newest row's id: events committed so far.
-    pub committed_total: i64,
+    pub(crate) committed_total: i64,
     /// Tasks processed and failed so far, over the service's queues.
-    pub processed_total: u64,
-    pub failed_total: u64,
-    pub queues: Vec<QueueFigures>,
+    pub(crate) processed_total: u64,
+    pub(crate) failed_total: u64,
+    pub(crate) queues: Vec<QueueFigures>,
 }
 
 /// One queue in a sample.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct QueueFigures {
-    pub queue: String,
-    pub size: u64,
-    pub pending: u64,
-    pub retry: u64,
-    pub archived: u64,
-    pub latency_seconds: f64,
-    pub paused: bool,
+    pub(crate) queue: String,
+    pub(crate) size: u64,
+    pub(crate) pending: u64,
+    pub(crate) retry: u64,
+    pub(crate) archived: u64,
+    pub(crate) latency_seconds: f64,
+    pub(crate) paused: bool,
 }
 
 /// The samples the charts draw, oldest first.
@@ -87,29 +87,29 @@ impl Samples {
 /// The figures now and the series over the kept samples.
 #[derive(Debug, Serialize)]
 pub(crate) struct Figures {
-    pub now: Now,
+    pub(crate) now: Now,
     /// `[seconds since start, value]` pairs, oldest first, by series.
-    pub series: Series,
+    pub(crate) series: Series,
 }
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Now {
-    pub lag_seconds: f64,
-    pub backlog: i64,
-    pub committed_per_second: Option<f64>,
-    pub published_per_second: Option<f64>,
-    pub processed_per_second: Option<f64>,
-    pub failed_per_second: Option<f64>,
-    pub queues: Vec<QueueFigures>,
+    pub(crate) lag_seconds: f64,
+    pub(crate) backlog: i64,
+    pub(crate) committed_per_second: Option<f64>,
+    pub(crate) published_per_second: Option<f64>,
+    pub(crate) processed_per_second: Option<f64>,
+    pub(crate) failed_per_second: Option<f64>,
+    pub(crate) queues: Vec<QueueFigures>,
 }
 
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct Series {
-    pub lag_seconds: Vec<(f64, f64)>,
-    pub backlog: Vec<(f64, f64)>,
-    pub published_per_second: Vec<(f64, f64)>,
-    pub processed_per_second: Vec<(f64, f64)>,
-    pub failed_per_second: Vec<(f64, f64)>,
+    pub(crate) lag_seconds: Vec<(f64, f64)>,
+    pub(crate) backlog: Vec<(f64, f64)>,
+    pub(crate) published_per_second: Vec<(f64, f64)>,
+    pub(crate) processed_per_second: Vec<(f64, f64)>,
+    pub(crate) failed_per_second: Vec<(f64, f64)>,
 }
 
 /// The rates between two samples: committed, published, processed and

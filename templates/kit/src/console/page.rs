@@ -26,7 +26,7 @@ pub(crate) enum Depth {
 
 impl Depth {
     /// The console's root, relative to a page at this depth.
-    pub fn root(self) -> &'static str {
+    pub(crate) fn root(self) -> &'static str {
         match self {
             Depth::Top => "./",
             Depth::Nested => "../",

@@ -109,7 +109,7 @@ struct Record {
 
 /// The records of the group `chosen` whose task is not in the queue.
 async fn records(console: &Console, chosen: &Chosen) -> anyhow::Result<Vec<Record>> {
-    let in_queue = super::failures::failed_ids(console).await?;
+    let in_queue = super::failed_tasks::failed_ids(console).await?;
     let rows: Vec<(String, String, Option<Uuid>)> = sqlx::query_as(
         "SELECT task_id, queue, event_id FROM listener_failures \
          WHERE event_name = $1 AND listener = $2 AND error = $3 AND NOT (task_id = ANY($4)) \

@@ -1,7 +1,7 @@
 //! Replaying the events that match a filter, from the failures page, as
 //! `outbox replay --name <event> --since <time> [--until] [--listener]`
-//! does (`crate::operations::replay`): the published events of that name
-//! created in the window are delivered again under new task ids, to every
+//! does, through the same `crate::replay`: the published events of that
+//! name created in the window are delivered again under new task ids, to every
 //! listener or to one. A page first says how many events and tasks it
 //! would queue, with the window fixed (an open end becomes the time of
 //! that page), then its button replays exactly those.
@@ -20,7 +20,7 @@ use super::State as Console;
 use super::guard::{self, CSRF_FIELD};
 use super::page::{self, Depth, Section};
 use crate::follow::time;
-use crate::operations::replay::{self, ByName};
+use crate::replay::{self, ByName};
 
 /// The filter, as the failures page's form (a query string) and the
 /// confirmation's form carry it.

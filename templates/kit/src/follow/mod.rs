@@ -27,12 +27,12 @@ use crate::worker::ordering::{Ordering, Standing};
 
 /// What the `outbox` command's subcommands and the console work with.
 pub(crate) struct Context {
-    pub pool: PgPool,
+    pub(crate) pool: PgPool,
     /// Connected at first use: `list` and `purge` work while Valkey is down.
     queue: OnceLock<Client>,
-    pub config: Config,
+    pub(crate) config: Config,
     /// This service's listeners, to find an event's listener tasks.
-    pub listeners: Listeners,
+    pub(crate) listeners: Listeners,
 }
 
 impl Context {
@@ -47,7 +47,7 @@ impl Context {
     }
 
     /// The queue, connected (and PINGed) the first time it is needed.
-    pub async fn queue(&self) -> anyhow::Result<&Client> {
+    pub(crate) async fn queue(&self) -> anyhow::Result<&Client> {
         if let Some(client) = self.queue.get() {
             return Ok(client);
         }
@@ -93,7 +93,7 @@ impl Context {
     }
 
     /// The event `id`, or an error that says it is not in the table.
-    pub async fn event(&self, id: Uuid) -> anyhow::Result<EventRow> {
+    pub(crate) async fn event(&self, id: Uuid) -> anyhow::Result<EventRow> {
         rows::by_ids(&self.pool, &[id])
             .await?
             .pop()
@@ -102,7 +102,7 @@ impl Context {
 }
 
 /// The error for ids that are not in `outbox_events`.
-pub fn unknown(ids: &[Uuid]) -> anyhow::Error {
+pub(crate) fn unknown(ids: &[Uuid]) -> anyhow::Error {
     let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
     anyhow::anyhow!(
         "no event {} in outbox_events (never stored, or purged after it was published)",

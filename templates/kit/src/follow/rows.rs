@@ -16,18 +16,18 @@ use crate::outbox::{Envelope, Metadata};
 /// One row of `outbox_events`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct EventRow {
-    pub id: Uuid,
-    pub name: String,
-    pub created_at: DateTime<Utc>,
+    pub(crate) id: Uuid,
+    pub(crate) name: String,
+    pub(crate) created_at: DateTime<Utc>,
     /// `None` while the relay has not published it.
-    pub published_at: Option<DateTime<Utc>>,
-    pub payload: serde_json::Value,
-    pub metadata: Metadata,
+    pub(crate) published_at: Option<DateTime<Utc>>,
+    pub(crate) payload: serde_json::Value,
+    pub(crate) metadata: Metadata,
 }
 
 impl EventRow {
     /// The envelope as the relay queued it.
-    pub fn envelope(&self) -> Envelope {
+    pub(crate) fn envelope(&self) -> Envelope {
         Envelope {
             id: self.id,
             name: self.name.clone(),
@@ -40,7 +40,7 @@ impl EventRow {
     /// The W3C trace id in the metadata's `traceparent`, if any.
     /// Only 32 lowercase hex digits count (W3C's form): the console puts
     /// it into a link.
-    pub fn trace_id(&self) -> Option<&str> {
+    pub(crate) fn trace_id(&self) -> Option<&str> {
         let traceparent = self.metadata.get("traceparent")?;
         traceparent.split('-').nth(1).filter(|id| {
             id.len() == 32
@@ -77,14 +77,14 @@ fn to_event((id, name, created_at, published_at, payload, metadata): Row) -> Eve
 /// Which events to list.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Filter {
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// `Some(true)`: published only; `Some(false)`: unpublished only.
-    pub published: Option<bool>,
+    pub(crate) published: Option<bool>,
     /// Created at or after.
-    pub since: Option<DateTime<Utc>>,
+    pub(crate) since: Option<DateTime<Utc>>,
     /// Created before.
-    pub until: Option<DateTime<Utc>>,
-    pub limit: Option<u32>,
+    pub(crate) until: Option<DateTime<Utc>>,
+    pub(crate) limit: Option<u32>,
     /// Newest first (lists) or oldest first (replays).
     pub(crate) newest_first: bool,
 }
@@ -100,7 +100,7 @@ pub(crate) async fn by_ids(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<EventRow>,
 }
 
 /// The events that pass `filter`.
-pub async fn list(pool: &PgPool, filter: &Filter) -> Result<Vec<EventRow>, sqlx::Error> {
+pub(crate) async fn list(pool: &PgPool, filter: &Filter) -> Result<Vec<EventRow>, sqlx::Error> {
     let mut query: QueryBuilder<Postgres> = QueryBuilder::new(COLUMNS);
     query.push(" WHERE true");
     if let Some(name) = &filter.name {
@@ -132,23 +132,23 @@ pub async fn list(pool: &PgPool, filter: &Filter) -> Result<Vec<EventRow>, sqlx:
 /// The table's figures for `outbox status`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub(crate) struct TableStats {
-    pub unpublished: i64,
+    pub(crate) unpublished: i64,
     /// Age of the oldest unpublished event: the relay's lag.
-    pub oldest_unpublished_age_seconds: Option<f64>,
-    pub published_last_minute: i64,
-    pub published_last_hour: i64,
+    pub(crate) oldest_unpublished_age_seconds: Option<f64>,
+    pub(crate) published_last_minute: i64,
+    pub(crate) published_last_hour: i64,
     /// Published longer ago than `OUTBOX_RETENTION`: the cleanup loop's
     /// next work.
-    pub due_for_cleanup: i64,
+    pub(crate) due_for_cleanup: i64,
     /// The table with its indexes and TOAST, in bytes.
-    pub table_bytes: i64,
+    pub(crate) table_bytes: i64,
 }
 
 type StatsRow = (i64, Option<f64>, i64, i64, i64, i64);
 
 /// The table's figures, in one statement: the unpublished rows through
 /// their partial index, the rest in one pass over the table.
-pub async fn stats(pool: &PgPool, retention: Duration) -> Result<TableStats, sqlx::Error> {
+pub(crate) async fn stats(pool: &PgPool, retention: Duration) -> Result<TableStats, sqlx::Error> {
     let (unpublished, oldest, last_minute, last_hour, due, bytes): StatsRow = sqlx::query_as(
         "SELECT u.count, u.oldest, p.last_minute, p.last_hour, p.due, \
                 pg_total_relation_size('outbox_events') \

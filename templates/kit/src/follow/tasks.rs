@@ -22,20 +22,20 @@ pub(crate) const MISSING: &str = "missing";
 /// One listener's task for an event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct ListenerTask {
-    pub listener: String,
+    pub(crate) listener: String,
     #[serde(flatten)]
-    pub task: TaskInfo,
+    pub(crate) task: TaskInfo,
 }
 
 /// An event's task in each outbox queue and each listener's task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct EventTasks {
-    pub event_tasks: Vec<TaskInfo>,
-    pub listener_tasks: Vec<ListenerTask>,
+    pub(crate) event_tasks: Vec<TaskInfo>,
+    pub(crate) listener_tasks: Vec<ListenerTask>,
 }
 
 /// Looks up the tasks of `event` in every queue of `OUTBOX_QUEUES`.
-pub async fn of_event(context: &Context, event: &EventRow) -> anyhow::Result<EventTasks> {
+pub(crate) async fn of_event(context: &Context, event: &EventRow) -> anyhow::Result<EventTasks> {
     let client = context.queue().await?;
     let id = event.id.to_string();
     let mut tasks = EventTasks {

@@ -27,7 +27,7 @@ pub(crate) fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
 }
 
 /// A duration such as `30s`, `5m` or `1h 30m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|err| {
         format!("`{text}` is not a duration ({err}); expected a duration such as 30s, 5m or 1h")
     })

@@ -25,7 +25,7 @@ SELECT 'down SQL query';
 
 /// What can go wrong creating or renaming files.
 #[derive(Debug, thiserror::Error)]
-pub enum FilesError {
+pub(crate) enum FilesError {
     /// The directory's existing files are not valid migrations.
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
@@ -49,7 +49,7 @@ pub enum FilesError {
 
 /// Creates a new migration file in `dir` (creating `dir` if needed) from the goose
 /// template and returns its path.
-pub fn create(dir: &Path, name: &str, sequential: bool) -> Result<PathBuf, FilesError> {
+pub(crate) fn create(dir: &Path, name: &str, sequential: bool) -> Result<PathBuf, FilesError> {
     let description = snake_case(name);
     if description.is_empty() {
         return Err(FilesError::EmptyName(name.to_owned()));
@@ -105,7 +105,7 @@ fn next_sequential_version(dir: &Path) -> Result<i64, FilesError> {
 
 /// Renames timestamped migrations in `dir` to sequential versions, oldest first.
 /// Returns the `(old, new)` paths in order.
-pub fn fix(dir: &Path) -> Result<Vec<(PathBuf, PathBuf)>, FilesError> {
+pub(crate) fn fix(dir: &Path) -> Result<Vec<(PathBuf, PathBuf)>, FilesError> {
     let migrations = source::collect(dir)?;
     let first = migrations
         .iter()

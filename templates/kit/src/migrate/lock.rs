@@ -18,11 +18,11 @@ pub(crate) const LOCK_ID: i64 = 4_097_083_626;
 
 /// How to wait for a lock held by someone else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockOptions {
+pub(crate) struct LockOptions {
     /// Time between two attempts.
-    pub poll_interval: Duration,
+    pub(crate) poll_interval: Duration,
     /// Attempts before giving up.
-    pub max_attempts: u32,
+    pub(crate) max_attempts: u32,
 }
 
 impl Default for LockOptions {
@@ -50,7 +50,7 @@ pub enum LockError {
 
 /// Takes the lock on `conn`, polling while another session holds it. `on_wait` is
 /// called once, before the first wait.
-pub async fn acquire(
+pub(crate) async fn acquire(
     conn: &mut PgConnection,
     options: LockOptions,
     on_wait: impl FnOnce(),
@@ -77,7 +77,7 @@ pub async fn acquire(
 }
 
 /// Releases the lock taken by [`acquire`] on the same connection.
-pub async fn release(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+pub(crate) async fn release(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(LOCK_ID)
         .execute(conn)

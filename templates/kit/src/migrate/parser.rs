@@ -36,14 +36,14 @@ use std::borrow::Cow;
 use std::fmt;
 
 /// Longest line goose's `bufio.Scanner` accepts (its buffer size), in bytes.
-pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
 
 /// goose's pointer to its documentation, appended to most state errors.
 const SEE_DOCS: &str = "see https://github.com/pressly/goose#sql-migrations";
 
 /// Which half of a migration file to extract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
+pub(crate) enum Direction {
     /// The statements after `-- +goose Up`.
     Up,
     /// The statements after `-- +goose Down`.
@@ -52,7 +52,7 @@ pub enum Direction {
 
 impl Direction {
     /// `"up"` or `"down"`, as goose prints it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Direction::Up => "up",
             Direction::Down => "down",
@@ -68,11 +68,11 @@ impl fmt::Display for Direction {
 
 /// The statements of one direction of a migration file.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ParsedSql {
+pub(crate) struct ParsedSql {
     /// Each entry is sent to the database as one simple-protocol query.
-    pub statements: Vec<String>,
+    pub(crate) statements: Vec<String>,
     /// `false` when the file contains `-- +goose NO TRANSACTION`.
-    pub use_tx: bool,
+    pub(crate) use_tx: bool,
 }
 
 /// Why a file could not be parsed.
@@ -119,7 +119,7 @@ impl std::error::Error for ParseError {}
 /// `env` looks up variables for `-- +goose ENVSUB ON` sections: `Some(value)` when
 /// the variable is set (possibly to an empty string), `None` when it is unset. The
 /// migration runner passes `process_env`.
-pub fn parse(
+pub(crate) fn parse(
     sql: &str,
     direction: Direction,
     env: &dyn Fn(&str) -> Option<String>,
@@ -590,14 +590,14 @@ fn is_go_printable(c: char) -> bool {
 /// One difference: expansions nested more than [`MAX_NESTING`](interpolate::MAX_NESTING) deep (`${A:-${B:-...}}`)
 /// are an error. Go's growable stack takes any depth; here a crafted line of
 /// 4 MiB would overflow the stack, and no migration needs that many.
-pub mod interpolate {
+pub(crate) mod interpolate {
     use std::fmt::Write as _;
 
     /// How deep `${...}` expansions may nest inside one another.
-    pub const MAX_NESTING: usize = 100;
+    pub(crate) const MAX_NESTING: usize = 100;
 
     /// Expands the variables in `input`, looking them up with `env`.
-    pub fn interpolate(
+    pub(crate) fn interpolate(
         input: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<String, String> {

@@ -97,20 +97,20 @@ fn missing_message(db_max: i64, missing: &[Migration]) -> String {
 
 /// One line of `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigrationStatus {
+pub(crate) struct MigrationStatus {
     /// The migration version.
-    pub version: i64,
+    pub(crate) version: i64,
     /// The file name.
-    pub file_name: String,
+    pub(crate) file_name: String,
     /// Whether the version's latest row is applied.
-    pub applied: bool,
+    pub(crate) applied: bool,
     /// When it was applied (`None` if pending, or if an old table has no time).
-    pub applied_at: Option<NaiveDateTime>,
+    pub(crate) applied_at: Option<NaiveDateTime>,
 }
 
 /// Runs migration commands from one directory against one version table.
 #[derive(Clone)]
-pub struct Migrator {
+pub(crate) struct Migrator {
     dir: PathBuf,
     store: VersionStore,
     allow_missing: bool,
@@ -122,7 +122,7 @@ pub struct Migrator {
 
 impl Migrator {
     /// A migrator for the files in `dir`, using the `goose_db_version` table.
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
             store: VersionStore::new("goose_db_version"),
@@ -134,13 +134,13 @@ impl Migrator {
     }
 
     /// Uses another version table (possibly schema-qualified).
-    pub fn table(mut self, table: impl Into<String>) -> Self {
+    pub(crate) fn table(mut self, table: impl Into<String>) -> Self {
         self.store = VersionStore::new(table);
         self
     }
 
     /// Applies missing (out-of-order) migrations instead of failing.
-    pub fn allow_missing(mut self, allow: bool) -> Self {
+    pub(crate) fn allow_missing(mut self, allow: bool) -> Self {
         self.allow_missing = allow;
         self
     }
@@ -156,13 +156,13 @@ impl Migrator {
     /// Changes how long to wait for the advisory lock (the kit's tests wait
     /// less than a run does).
     #[cfg(test)]
-    pub fn lock_options(mut self, options: LockOptions) -> Self {
+    pub(crate) fn lock_options(mut self, options: LockOptions) -> Self {
         self.lock = options;
         self
     }
 
     /// Sends log lines somewhere other than stderr.
-    pub fn logger(mut self, log: impl Fn(&str) + Send + Sync + 'static) -> Self {
+    pub(crate) fn logger(mut self, log: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.log = Arc::new(log);
         self
     }
@@ -172,14 +172,14 @@ impl Migrator {
     }
 
     /// `up`: applies all pending migrations. Returns the resulting version.
-    pub async fn up(&self, conn: &mut PgConnection) -> Result<i64, Error> {
+    pub(crate) async fn up(&self, conn: &mut PgConnection) -> Result<i64, Error> {
         self.lock(conn).await?;
         let result = self.apply_up(conn, i64::MAX, false).await;
         self.unlock(conn, result).await
     }
 
     /// `up-to V`: applies pending migrations with a version up to `target`.
-    pub async fn up_to(&self, conn: &mut PgConnection, target: i64) -> Result<i64, Error> {
+    pub(crate) async fn up_to(&self, conn: &mut PgConnection, target: i64) -> Result<i64, Error> {
         self.lock(conn).await?;
         let result = self.apply_up(conn, target, false).await;
         self.unlock(conn, result).await
@@ -187,21 +187,21 @@ impl Migrator {
 
     /// `up-by-one`: applies the next pending migration; [`Error::NoNextVersion`]
     /// when there is none.
-    pub async fn up_by_one(&self, conn: &mut PgConnection) -> Result<i64, Error> {
+    pub(crate) async fn up_by_one(&self, conn: &mut PgConnection) -> Result<i64, Error> {
         self.lock(conn).await?;
         let result = self.apply_up(conn, i64::MAX, true).await;
         self.unlock(conn, result).await
     }
 
     /// `down`: rolls back the current (most recently applied) migration.
-    pub async fn down(&self, conn: &mut PgConnection) -> Result<(), Error> {
+    pub(crate) async fn down(&self, conn: &mut PgConnection) -> Result<(), Error> {
         self.lock(conn).await?;
         let result = self.roll_back_current(conn, false).await;
         self.unlock(conn, result).await
     }
 
     /// `redo`: rolls back the current migration and applies it again.
-    pub async fn redo(&self, conn: &mut PgConnection) -> Result<(), Error> {
+    pub(crate) async fn redo(&self, conn: &mut PgConnection) -> Result<(), Error> {
         self.lock(conn).await?;
         let result = self.roll_back_current(conn, true).await;
         self.unlock(conn, result).await
@@ -209,21 +209,24 @@ impl Migrator {
 
     /// `down-to V`: rolls back migrations, most recent first, until the current
     /// version is `target` or lower. `down-to 0` rolls back everything.
-    pub async fn down_to(&self, conn: &mut PgConnection, target: i64) -> Result<(), Error> {
+    pub(crate) async fn down_to(&self, conn: &mut PgConnection, target: i64) -> Result<(), Error> {
         self.lock(conn).await?;
         let result = self.roll_back_to(conn, target).await;
         self.unlock(conn, result).await
     }
 
     /// `reset`: rolls back every applied migration, highest version first.
-    pub async fn reset(&self, conn: &mut PgConnection) -> Result<(), Error> {
+    pub(crate) async fn reset(&self, conn: &mut PgConnection) -> Result<(), Error> {
         self.lock(conn).await?;
         let result = self.roll_back_all(conn).await;
         self.unlock(conn, result).await
     }
 
     /// `status`: whether each migration file is applied, logged as goose's table.
-    pub async fn status(&self, conn: &mut PgConnection) -> Result<Vec<MigrationStatus>, Error> {
+    pub(crate) async fn status(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<MigrationStatus>, Error> {
         self.lock(conn).await?;
         let result = self.read_status(conn).await;
         self.unlock(conn, result).await
@@ -231,7 +234,7 @@ impl Migrator {
 
     /// `version`: the current (most recently applied) version, logged as
     /// `goose: version N`. Creates the version table if needed; takes no lock.
-    pub async fn version(&self, conn: &mut PgConnection) -> Result<i64, Error> {
+    pub(crate) async fn version(&self, conn: &mut PgConnection) -> Result<i64, Error> {
         let current = self.current_version(conn).await?;
         self.log(&format!("goose: version {current}"));
         Ok(current)

@@ -31,7 +31,7 @@ impl Migration {
 
     /// Reads the file and parses one direction, substituting `ENVSUB` variables from
     /// the process environment.
-    pub fn parse(&self, direction: Direction) -> Result<ParsedSql, LoadError> {
+    pub(crate) fn parse(&self, direction: Direction) -> Result<ParsedSql, LoadError> {
         let sql = std::fs::read_to_string(&self.path).map_err(|error| LoadError::Read {
             file: self.file_name(),
             error,
@@ -146,7 +146,7 @@ pub(crate) fn sql_files(dir: &Path) -> Result<Vec<PathBuf>, DiscoveryError> {
 }
 
 /// All migrations in `dir`, sorted by version.
-pub fn collect(dir: &Path) -> Result<Vec<Migration>, DiscoveryError> {
+pub(crate) fn collect(dir: &Path) -> Result<Vec<Migration>, DiscoveryError> {
     let mut migrations = Vec::new();
     for path in sql_files(dir)? {
         let name = path.file_name().unwrap_or_default().to_string_lossy();

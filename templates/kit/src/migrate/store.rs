@@ -30,9 +30,9 @@ use sqlx::{Executor as _, PgConnection};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct VersionRow {
     /// The migration version (0 for the initial row).
-    pub version: i64,
+    pub(crate) version: i64,
     /// Always `true` for rows written by current goose and by this tool.
-    pub is_applied: bool,
+    pub(crate) is_applied: bool,
 }
 
 /// Reads and writes one version table.
@@ -43,7 +43,7 @@ pub(crate) struct VersionStore {
 
 impl VersionStore {
     /// A store for the table named `table`.
-    pub fn new(table: impl Into<String>) -> Self {
+    pub(crate) fn new(table: impl Into<String>) -> Self {
         Self {
             table: table.into(),
         }
@@ -51,7 +51,7 @@ impl VersionStore {
 
     /// Creates the table and its version-0 row unless the table already exists.
     /// Returns whether it was created.
-    pub async fn ensure(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn ensure(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         if self.exists(conn).await? {
             return Ok(false);
         }
@@ -92,7 +92,10 @@ impl VersionStore {
     }
 
     /// Every row, newest first (`ORDER BY id DESC`).
-    pub async fn list(&self, conn: &mut PgConnection) -> Result<Vec<VersionRow>, sqlx::Error> {
+    pub(crate) async fn list(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<VersionRow>, sqlx::Error> {
         let sql = format!(
             "SELECT version_id, is_applied from {} ORDER BY id DESC",
             self.table
@@ -109,7 +112,7 @@ impl VersionStore {
 
     /// The latest row of `version`, by `tstamp` as goose's status query does:
     /// `(applied at, is applied)`, or `None` when the version has no row.
-    pub async fn latest(
+    pub(crate) async fn latest(
         &self,
         conn: &mut PgConnection,
         version: i64,
@@ -125,7 +128,11 @@ impl VersionStore {
     }
 
     /// Records `version` as applied.
-    pub async fn insert(&self, conn: &mut PgConnection, version: i64) -> Result<(), sqlx::Error> {
+    pub(crate) async fn insert(
+        &self,
+        conn: &mut PgConnection,
+        version: i64,
+    ) -> Result<(), sqlx::Error> {
         let sql = format!(
             "INSERT INTO {} (version_id, is_applied) VALUES ($1, $2)",
             self.table
@@ -139,7 +146,11 @@ impl VersionStore {
     }
 
     /// Forgets `version` (all its rows).
-    pub async fn delete(&self, conn: &mut PgConnection, version: i64) -> Result<(), sqlx::Error> {
+    pub(crate) async fn delete(
+        &self,
+        conn: &mut PgConnection,
+        version: i64,
+    ) -> Result<(), sqlx::Error> {
         let sql = format!("DELETE FROM {} WHERE version_id=$1", self.table);
         sqlx::query(&sql).bind(version).execute(conn).await?;
         Ok(())

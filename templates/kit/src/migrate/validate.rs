@@ -19,33 +19,33 @@ use super::source::{self, DiscoveryError};
 
 /// The result for one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FileReport {
+pub(crate) struct FileReport {
     /// The file name.
-    pub file: String,
+    pub(crate) file: String,
     /// The version from the name, if it has one.
-    pub version: Option<i64>,
+    pub(crate) version: Option<i64>,
     /// The Up direction.
-    pub up: DirectionReport,
+    pub(crate) up: DirectionReport,
     /// The Down direction.
-    pub down: DirectionReport,
+    pub(crate) down: DirectionReport,
     /// A problem with the file name (bad version, duplicate version).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// The result for one direction of one file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DirectionReport {
+pub(crate) struct DirectionReport {
     /// The statements goose would run (empty on error).
-    pub statements: Vec<String>,
+    pub(crate) statements: Vec<String>,
     /// Whether they run in a transaction (`false` on error, like goose).
-    pub use_tx: bool,
+    pub(crate) use_tx: bool,
     /// goose's parse error, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// The line of the error, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub line: Option<usize>,
+    pub(crate) line: Option<usize>,
 }
 
 impl DirectionReport {
@@ -67,7 +67,7 @@ impl FileReport {
 }
 
 /// Checks every `.sql` file in `dir`. Fails only if the directory cannot be read.
-pub fn validate(dir: &Path) -> Result<Vec<FileReport>, DiscoveryError> {
+pub(crate) fn validate(dir: &Path) -> Result<Vec<FileReport>, DiscoveryError> {
     let mut reports = Vec::new();
     let mut first_with_version: HashMap<i64, String> = HashMap::new();
     for path in source::sql_files(dir)? {

@@ -9,30 +9,30 @@ use crate::follow::Context;
 use crate::telemetry;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The address to listen on; one other machines can reach needs
     /// OUTBOX_CONSOLE_TOKEN
     #[arg(long, env = "OUTBOX_CONSOLE_ADDR", default_value_t = console::DEFAULT_ADDR)]
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// Every request must carry this token (`?token=` once in a browser,
     /// or `Authorization: Bearer`)
     #[arg(long, env = "OUTBOX_CONSOLE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// Show, never act: no retry, no replay
     #[arg(long, env = "OUTBOX_CONSOLE_READ_ONLY")]
-    pub read_only: bool,
+    pub(crate) read_only: bool,
     /// Payload fields whose values are never shown, comma-separated (such
     /// as email,phone)
     #[arg(long, env = "OUTBOX_CONSOLE_MASK", value_delimiter = ',')]
-    pub mask: Vec<String>,
+    pub(crate) mask: Vec<String>,
     /// A link to each event's trace, with {trace_id} where its id goes
     /// (such as https://jaeger.example.com/trace/{trace_id})
     #[arg(long, env = "OUTBOX_CONSOLE_TRACE_URL")]
-    pub trace_url: Option<String>,
+    pub(crate) trace_url: Option<String>,
     /// Where `gpkit dev` keeps the spans it receives, to draw each event's
     /// trace (gpkit dev sets it)
     #[arg(long, env = "OUTBOX_CONSOLE_TRACES")]
-    pub traces: Option<std::path::PathBuf>,
+    pub(crate) traces: Option<std::path::PathBuf>,
 }
 
 pub async fn run(context: Context, args: Args) -> anyhow::Result<ExitCode> {

@@ -12,35 +12,35 @@ use crate::follow::rows::{self, Filter};
 use crate::follow::{Context, time};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Only events with this name, such as orderPlaced
     #[arg(long)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Only events the relay has not published yet
     #[arg(long, conflicts_with = "published")]
-    pub unpublished: bool,
+    pub(crate) unpublished: bool,
     /// Only events the relay has published
     #[arg(long)]
-    pub published: bool,
+    pub(crate) published: bool,
     /// Only events created at or after this time (2h: two hours ago, or
     /// 2026-11-30T08:00:00Z)
     #[arg(long, value_parser = time::parse_time)]
-    pub since: Option<DateTime<Utc>>,
+    pub(crate) since: Option<DateTime<Utc>>,
     /// Only events created before this time
     #[arg(long, value_parser = time::parse_time)]
-    pub until: Option<DateTime<Utc>>,
+    pub(crate) until: Option<DateTime<Utc>>,
     /// At most this many events
     #[arg(long, default_value_t = 50)]
-    pub limit: u32,
+    pub(crate) limit: u32,
 }
 
 /// One listed event (`--format json`: `{"events": [...]}`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Listed {
-    pub id: Uuid,
-    pub name: String,
-    pub created_at: DateTime<Utc>,
-    pub published_at: Option<DateTime<Utc>>,
+    pub(crate) id: Uuid,
+    pub(crate) name: String,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) published_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

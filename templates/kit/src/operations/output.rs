@@ -23,7 +23,7 @@ pub(crate) fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
 }
 
 /// A time as RFC 3339 in UTC, to the microsecond Postgres stores.
-pub fn time(time: DateTime<Utc>) -> String {
+pub(crate) fn time(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
@@ -39,7 +39,7 @@ pub(crate) fn age(duration: Duration) -> String {
 
 /// Asks `question` on the terminal; true on `y` or `yes`. Without a
 /// terminal, or when `yes` was given, asks nothing: `Ok(yes)`.
-pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
+pub(crate) fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
     if yes {
         return Ok(true);
     }

@@ -16,33 +16,33 @@ use crate::follow::{Context, rows, time};
 use crate::outbox::cleanup::CLEANUP_BATCH;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Delete rows published before this time (7d: seven days ago, or
     /// 2026-11-30T08:00:00Z)
     #[arg(long, value_parser = time::parse_time)]
-    pub published_before: DateTime<Utc>,
+    pub(crate) published_before: DateTime<Utc>,
     /// Rows deleted per statement
     #[arg(long, default_value_t = CLEANUP_BATCH, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch_size: u32,
+    pub(crate) batch_size: u32,
     /// Delete the events held keys keep too (their ordered listeners'
     /// later runs then have no event left to look at)
     #[arg(long)]
-    pub include_held: bool,
+    pub(crate) include_held: bool,
     /// Do not ask for confirmation
     #[arg(long, short)]
-    pub yes: bool,
+    pub(crate) yes: bool,
 }
 
 /// What was deleted (`--format json`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Purged {
-    pub published_before: DateTime<Utc>,
-    pub deleted: u64,
+    pub(crate) published_before: DateTime<Utc>,
+    pub(crate) deleted: u64,
     /// Statements run, the last one short.
-    pub batches: u64,
+    pub(crate) batches: u64,
     /// Rows published before the time that held keys keep, left (0 with
     /// `--include-held`).
-    pub kept_held: u64,
+    pub(crate) kept_held: u64,
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {

@@ -15,10 +15,12 @@
 //! twice, and an event of an ordered key takes its own turn in the key
 //! (a replay with a new id joins the end of its key's order instead). With
 //! `--since` alone it takes every event name.
+//!
+//! This module chooses the events and asks; `crate::replay` plans their
+//! tasks and queues them, as it does for the console.
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::ArgGroup;
 use serde::Serialize;
@@ -26,62 +28,39 @@ use uuid::Uuid;
 
 use super::output::{self, Format};
 use crate::follow::rows::{self, EventRow, Filter};
-use crate::follow::{self, Context, tasks, time};
-use crate::outbox::order::Place;
-use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task, event_task_type};
-use crate::queue::{EnqueueOutcome, NewTask};
-use crate::worker::listeners::listener_task_type;
-use crate::worker::ordering::recovery_task;
-
-/// Tasks queued per round trip.
-const BATCH: usize = 500;
+use crate::follow::{self, Context, time};
+use crate::replay::{
+    ByName, Replayed, StillQueued, by_name_filter, enqueue, enqueue_lost, plan, plan_lost, queues,
+};
 
 #[derive(Debug, clap::Args)]
 #[command(group(ArgGroup::new("events").required(true).multiple(true).args(["ids", "name", "since"])))]
 #[command(group(ArgGroup::new("by_time").multiple(true).args(["name", "lost"])))]
-pub struct Args {
+pub(crate) struct Args {
     /// The ids of the events to replay
     #[arg(conflicts_with_all = ["name", "since", "until"])]
-    pub ids: Vec<Uuid>,
+    pub(crate) ids: Vec<Uuid>,
     /// Replay the published events with this name (with --since)
     #[arg(long, requires = "since")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// With --name (or --lost): events created at or after this time (2h:
     /// two hours ago, or 2026-11-30T08:00:00Z)
     #[arg(long, value_parser = time::parse_time, requires = "by_time")]
-    pub since: Option<DateTime<Utc>>,
+    pub(crate) since: Option<DateTime<Utc>>,
     /// With --since: events created before this time
     #[arg(long, value_parser = time::parse_time, requires = "since")]
-    pub until: Option<DateTime<Utc>>,
+    pub(crate) until: Option<DateTime<Utc>>,
     /// Deliver to this listener only
     #[arg(long, conflicts_with = "lost")]
-    pub listener: Option<String>,
+    pub(crate) listener: Option<String>,
     /// The recovery after Valkey lost data: queue each event under its own
     /// id, as the relay did, so that those Valkey still has are left as
     /// they are (with --since alone: every event name)
     #[arg(long)]
-    pub lost: bool,
+    pub(crate) lost: bool,
     /// Do not ask for confirmation
     #[arg(long, short)]
-    pub yes: bool,
-}
-
-/// One event task Valkey still had (`--lost`; `--format json`:
-/// `{"still_queued": [...]}`).
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct StillQueued {
-    pub event_id: Uuid,
-    pub queue: String,
-}
-
-/// One queued task (`--format json`: `{"replayed": [...]}`).
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Replayed {
-    pub event_id: Uuid,
-    pub queue: String,
-    pub task_id: String,
-    #[serde(rename = "type")]
-    pub task_type: String,
+    pub(crate) yes: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -157,124 +136,6 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
-/// A replay chosen by name and creation time, as `outbox replay --name`
-/// and the console's failures page choose it.
-#[derive(Debug, Clone)]
-pub(crate) struct ByName {
-    pub name: String,
-    pub since: DateTime<Utc>,
-    pub until: Option<DateTime<Utc>>,
-    /// One listener only, or the whole fan-out.
-    pub listener: Option<String>,
-}
-
-/// What a replay would queue: the events (oldest first) and the new tasks,
-/// one per event and queue, and the queues they go to.
-pub(crate) struct Planned {
-    pub events: usize,
-    pub queues: Vec<String>,
-    pub tasks: Vec<(Uuid, NewTask)>,
-}
-
-/// Plans the replay of the published events `chosen` names.
-pub(crate) async fn plan_by_name(context: &Context, chosen: &ByName) -> anyhow::Result<Planned> {
-    let events = rows::list(&context.pool, &by_name_filter(chosen)).await?;
-    let queues = queues(context, chosen.listener.as_deref())?;
-    let tasks = plan(context, &events, &queues, chosen.listener.as_deref())?;
-    Ok(Planned {
-        events: events.len(),
-        queues,
-        tasks,
-    })
-}
-
-/// The published events named `chosen.name` created in its window.
-fn by_name_filter(chosen: &ByName) -> Filter {
-    Filter {
-        name: Some(chosen.name.clone()),
-        published: Some(true),
-        since: Some(chosen.since),
-        until: chosen.until,
-        limit: None,
-        newest_first: false,
-    }
-}
-
-/// Queues `planned`, in batches; what was queued. An error says how many
-/// tasks were queued before it.
-pub(crate) async fn enqueue(
-    context: &Context,
-    planned: &[(Uuid, NewTask)],
-) -> anyhow::Result<Vec<Replayed>> {
-    let client = context.queue().await?;
-    let mut replayed = Vec::with_capacity(planned.len());
-    for chunk in planned.chunks(BATCH) {
-        let new_tasks: Vec<NewTask> = chunk.iter().map(|(_, task)| task.clone()).collect();
-        let results = client
-            .enqueue(&new_tasks)
-            .await
-            .with_context(|| format!("{} task(s) were queued before", replayed.len()))?;
-        for ((event_id, task), result) in chunk.iter().zip(results) {
-            match result {
-                Ok(EnqueueOutcome::Enqueued) => replayed.push(Replayed {
-                    event_id: *event_id,
-                    queue: task.queue.clone(),
-                    task_id: task.id.clone(),
-                    task_type: task.task_type.clone(),
-                }),
-                Ok(EnqueueOutcome::Duplicate) => {
-                    anyhow::bail!("task id {} is taken (should not happen)", task.id)
-                }
-                Err(err) => {
-                    return Err(anyhow::Error::new(err).context(format!(
-                        "cannot queue the replay of {event_id} ({} task(s) were queued before)",
-                        replayed.len()
-                    )));
-                }
-            }
-        }
-    }
-    Ok(replayed)
-}
-
-/// Queues `planned`, each event task under its event's id (`--lost`), in
-/// batches: what was queued, and what Valkey still had. An error says how
-/// many tasks were queued before it.
-async fn enqueue_lost(
-    context: &Context,
-    planned: &[(Uuid, NewTask)],
-) -> anyhow::Result<(Vec<Replayed>, Vec<StillQueued>)> {
-    let client = context.queue().await?;
-    let (mut replayed, mut still_queued) = (Vec::new(), Vec::new());
-    for chunk in planned.chunks(BATCH) {
-        let new_tasks: Vec<NewTask> = chunk.iter().map(|(_, task)| task.clone()).collect();
-        let results = client
-            .enqueue(&new_tasks)
-            .await
-            .with_context(|| format!("{} task(s) were queued before", replayed.len()))?;
-        for ((event_id, task), result) in chunk.iter().zip(results) {
-            match result.with_context(|| {
-                format!(
-                    "cannot queue {event_id} again ({} task(s) were queued before)",
-                    replayed.len()
-                )
-            })? {
-                EnqueueOutcome::Enqueued => replayed.push(Replayed {
-                    event_id: *event_id,
-                    queue: task.queue.clone(),
-                    task_id: task.id.clone(),
-                    task_type: task.task_type.clone(),
-                }),
-                EnqueueOutcome::Duplicate => still_queued.push(StillQueued {
-                    event_id: *event_id,
-                    queue: task.queue.clone(),
-                }),
-            }
-        }
-    }
-    Ok((replayed, still_queued))
-}
-
 /// The events to replay, oldest first. Unknown or unpublished ids are an
 /// error, before anything is queued.
 async fn choose(context: &Context, args: &Args) -> anyhow::Result<Vec<EventRow>> {
@@ -323,113 +184,4 @@ async fn choose(context: &Context, args: &Args) -> anyhow::Result<Vec<EventRow>>
     }
     events.sort_by_key(|e| e.created_at);
     Ok(events)
-}
-
-/// Where the replay goes: every `OUTBOX_QUEUES` queue, as the relay does;
-/// one listener's task goes to the outbox queues this service's workers
-/// consume (`WORKER_QUEUES`), as its fan-out would.
-fn queues(context: &Context, listener: Option<&str>) -> anyhow::Result<Vec<String>> {
-    let outbox = context.outbox_queues().to_vec();
-    if listener.is_none() {
-        return Ok(outbox);
-    }
-    let consumed: Vec<&str> = context.config.worker.queues.names().collect();
-    let queues: Vec<String> = outbox
-        .into_iter()
-        .filter(|q| consumed.contains(&q.as_str()))
-        .collect();
-    if queues.is_empty() {
-        anyhow::bail!(
-            "no queue of OUTBOX_QUEUES ({}) is in WORKER_QUEUES ({}), so no worker of this \
-             service would run the listener; nothing was replayed",
-            context.config.outbox.queues,
-            context.config.worker.queues
-        );
-    }
-    Ok(queues)
-}
-
-/// One task per event and queue (`--lost`): under its event's id, as the
-/// relay queued it; for an event of an ordered key whose number the queue's
-/// chains no longer keep (Valkey lost them) while the queue has its task
-/// still (the chains alone were lost, so its runs' tasks may be there
-/// too), a recovery instead, which takes the event's turn for the ordered
-/// listeners under new run ids (the others run from its own task).
-async fn plan_lost(
-    context: &Context,
-    events: &[EventRow],
-    queues: &[String],
-) -> anyhow::Result<Vec<(Uuid, NewTask)>> {
-    let retention = context.config.outbox.task_retention;
-    let ordering = context.ordering().await?;
-    let client = context.queue().await?;
-    let mut planned = Vec::with_capacity(events.len() * queues.len());
-    for event in events {
-        let envelope = event.envelope();
-        let place = Place::of(&event.metadata);
-        for queue in queues {
-            let lost_its_turn = match &place {
-                Some(place) => {
-                    !ordering.knows(queue, &place.key, place.epoch).await?
-                        && client.task_exists(queue, &event.id.to_string()).await?
-                }
-                None => false,
-            };
-            let task = if lost_its_turn {
-                recovery_task(&envelope, queue, retention)
-            } else {
-                event_task(&envelope, event.id.to_string(), queue, retention)
-            };
-            planned.push((event.id, task));
-        }
-    }
-    Ok(planned)
-}
-
-/// One new task per event and queue, each with a new id.
-fn plan(
-    context: &Context,
-    events: &[EventRow],
-    queues: &[String],
-    listener: Option<&str>,
-) -> anyhow::Result<Vec<(Uuid, NewTask)>> {
-    let retention = context.config.outbox.task_retention;
-    let mut planned = Vec::with_capacity(events.len() * queues.len());
-    for event in events {
-        let task_type = match listener {
-            None => event_task_type(&event.name),
-            Some(name) => {
-                let listeners = context.listeners.of(&event.name);
-                if !listeners.iter().any(|l| l.name() == name) {
-                    let known: Vec<&str> = listeners.iter().map(|l| l.name()).collect();
-                    anyhow::bail!(
-                        "event `{}` ({}) has no listener `{name}` in this service (its \
-                         listeners: {}); nothing was replayed",
-                        event.name,
-                        event.id,
-                        if known.is_empty() {
-                            "none".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    );
-                }
-                listener_task_type(&event.name, name)
-            }
-        };
-        let payload = serde_json::to_vec(&event.envelope())?;
-        for queue in queues {
-            let task = NewTask::new(
-                task_type.clone(),
-                tasks::new_task_id().to_string(),
-                payload.clone(),
-            )
-            .queue(queue)
-            .max_retry(MAX_RETRY)
-            .timeout(TASK_TIMEOUT)
-            .retention(retention);
-            planned.push((event.id, task));
-        }
-    }
-    Ok(planned)
 }

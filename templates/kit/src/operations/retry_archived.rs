@@ -20,26 +20,26 @@ use crate::worker::failures;
 use crate::worker::listeners::listener_task_type;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Only this listener's tasks: `audit`, or `orderPlaced:audit` for one
     /// event's
     #[arg(long)]
-    pub listener: Option<String>,
+    pub(crate) listener: Option<String>,
     /// Only tasks archived at or after this time (2h: two hours ago, or
     /// 2026-11-30T08:00:00Z)
     #[arg(long, value_parser = time::parse_time)]
-    pub since: Option<DateTime<Utc>>,
+    pub(crate) since: Option<DateTime<Utc>>,
 }
 
 /// One task put back (`--format json`: `{"retried": [...]}`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Retried {
-    pub queue: String,
-    pub id: String,
+    pub(crate) queue: String,
+    pub(crate) id: String,
     #[serde(rename = "type")]
-    pub task_type: String,
-    pub archived_at: DateTime<Utc>,
-    pub last_error: String,
+    pub(crate) task_type: String,
+    pub(crate) archived_at: DateTime<Utc>,
+    pub(crate) last_error: String,
 }
 
 #[derive(Debug, Clone, Serialize)]

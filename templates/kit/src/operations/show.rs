@@ -17,20 +17,20 @@ use crate::queue::TaskInfo;
 use crate::worker::ordering::Standing;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The event id (the envelope id)
-    pub id: Uuid,
+    pub(crate) id: Uuid,
 }
 
 /// The whole report (`--format json`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Shown {
-    pub event: EventRow,
-    pub trace_id: Option<String>,
+    pub(crate) event: EventRow,
+    pub(crate) trace_id: Option<String>,
     #[serde(flatten)]
-    pub tasks: EventTasks,
+    pub(crate) tasks: EventTasks,
     /// Its runs of ordered listeners not done yet.
-    pub ordered_runs: Vec<Standing>,
+    pub(crate) ordered_runs: Vec<Standing>,
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {

@@ -18,10 +18,10 @@ use crate::worker::failures;
 use crate::worker::ordering::{End, Moved};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The id of the listener task to move past (`outbox show <event id>`
     /// and `outbox status` name it)
-    pub task_id: String,
+    pub(crate) task_id: String,
 }
 
 /// What was done (`--format json`).

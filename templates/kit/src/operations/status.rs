@@ -18,7 +18,7 @@ use crate::queue::QueueCounts;
 use crate::worker::ordering::Held;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Exit 2 when the oldest unpublished event is older than this, such
     /// as 30s or 5m
     #[arg(long, value_parser = time::parse_duration)]
@@ -28,23 +28,23 @@ pub struct Args {
 /// One queue's counts.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct QueueStatus {
-    pub queue: String,
+    pub(crate) queue: String,
     #[serde(flatten)]
-    pub counts: QueueCounts,
+    pub(crate) counts: QueueCounts,
 }
 
 /// The whole report (`--format json`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Status {
-    pub outbox: TableStats,
+pub(crate) struct Status {
+    pub(crate) outbox: TableStats,
     /// `OUTBOX_RETENTION`, which `due_for_cleanup` counts against.
-    pub retention_seconds: u64,
-    pub queues: Vec<QueueStatus>,
+    pub(crate) retention_seconds: u64,
+    pub(crate) queues: Vec<QueueStatus>,
     /// What ordered listeners hold back.
-    pub ordering: Held,
-    pub max_lag_seconds: Option<f64>,
+    pub(crate) ordering: Held,
+    pub(crate) max_lag_seconds: Option<f64>,
     /// Whether the lag is above `--max-lag` (false without it).
-    pub lag_exceeded: bool,
+    pub(crate) lag_exceeded: bool,
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {

@@ -15,20 +15,20 @@ use super::{Envelope, Metadata};
 
 /// A row claimed for publishing: its row id and its event.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ClaimedEvent {
+pub(crate) struct ClaimedEvent {
     /// The row's `id` in `outbox_events`.
-    pub row_id: i64,
+    pub(crate) row_id: i64,
     /// The event the row holds.
-    pub envelope: Envelope,
+    pub(crate) envelope: Envelope,
 }
 
 /// How far behind the relay is.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backlog {
+pub(crate) struct Backlog {
     /// Unpublished rows.
-    pub events: i64,
+    pub(crate) events: i64,
     /// Age of the oldest unpublished row, if any.
-    pub oldest_age: Option<Duration>,
+    pub(crate) oldest_age: Option<Duration>,
 }
 
 type EventRow = (
@@ -43,7 +43,7 @@ type EventRow = (
 impl Store {
     /// Like [`Store::insert`], unless a row with the envelope's event id
     /// exists: then nothing is written. Returns whether the row was new.
-    pub async fn insert_unless_present<'e>(
+    pub(crate) async fn insert_unless_present<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         envelope: &Envelope,
@@ -71,7 +71,7 @@ impl Store {
     /// gives back with [`Store::unmark`]. `after` lets the index scan start
     /// past rows already published (the relay's keyset claiming); 0 scans
     /// from the start.
-    pub async fn claim_and_mark(
+    pub(crate) async fn claim_and_mark(
         &self,
         tx: &mut PgConnection,
         limit: u32,
@@ -108,7 +108,11 @@ impl Store {
 
     /// Gives back rows claimed in `tx` that did not reach the queue: they
     /// are unpublished again when `tx` commits.
-    pub async fn unmark(&self, tx: &mut PgConnection, row_ids: &[i64]) -> Result<u64, sqlx::Error> {
+    pub(crate) async fn unmark(
+        &self,
+        tx: &mut PgConnection,
+        row_ids: &[i64],
+    ) -> Result<u64, sqlx::Error> {
         if row_ids.is_empty() {
             return Ok(0);
         }
@@ -122,7 +126,7 @@ impl Store {
     /// Deletes up to `limit` rows published longer than `retention` ago and
     /// returns how many it deleted. Rows another cleaner holds are skipped,
     /// and so are the events a held key keeps ([`NOT_HELD`]).
-    pub async fn delete_published<'e>(
+    pub(crate) async fn delete_published<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         retention: Duration,
@@ -142,7 +146,10 @@ impl Store {
     }
 
     /// The number of unpublished rows and the age of the oldest.
-    pub async fn backlog<'e>(&self, executor: impl PgExecutor<'e>) -> Result<Backlog, sqlx::Error> {
+    pub(crate) async fn backlog<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+    ) -> Result<Backlog, sqlx::Error> {
         let (events, oldest_age): (i64, Option<f64>) = sqlx::query_as(
             "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8 \
              FROM outbox_events WHERE published_at IS NULL",

@@ -18,13 +18,13 @@ pub const CLEANUP_BATCH: u32 = 1_000;
 
 /// Deletes every row published longer ago than `retention`, batch by batch,
 /// and returns how many it deleted.
-pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
+pub(crate) async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
     in_batches(|| Store.delete_published(pool, retention, CLEANUP_BATCH)).await
 }
 
 /// Runs [`delete_expired`] at start and then every `interval`, until
 /// `shutdown` is cancelled.
-pub async fn run(
+pub(crate) async fn run(
     pool: PgPool,
     retention: Duration,
     interval: Duration,
@@ -55,7 +55,7 @@ where
 
 /// Runs `delete` at start and then every `interval` until `shutdown` is
 /// cancelled, logging how many `what` it deleted.
-pub async fn every<F, Fut>(
+pub(crate) async fn every<F, Fut>(
     what: &'static str,
     interval: Duration,
     shutdown: CancellationToken,

@@ -1,6 +1,7 @@
 //! The contract for publishing events: the [`Event`] and [`Dispatcher`]
 //! traits, which [`super::OutboxDispatcher`] implements; tests may provide
-//! their own dispatcher. The service names them through `crate::dispatch`.
+//! their own dispatcher. The service names them `kit::outbox::Event` and
+//! `kit::outbox::Dispatcher` (or through the prelude).
 
 use std::future::Future;
 
@@ -28,7 +29,7 @@ pub trait Event: Serialize + Send + Sync {
     /// same key waits for the first to commit or roll back.
     ///
     /// ```
-    /// use kit::dispatch::Event;
+    /// use kit::outbox::Event;
     ///
     /// #[derive(serde::Serialize)]
     /// struct OrderCancelled {

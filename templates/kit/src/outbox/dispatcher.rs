@@ -16,14 +16,14 @@ use crate::{spans, trace_context};
 
 /// Dispatches events by storing them in the outbox.
 #[derive(Debug, Clone, Default)]
-pub struct OutboxDispatcher {
+pub(crate) struct OutboxDispatcher {
     #[cfg_attr(feature = "seaorm", allow(dead_code))]
     store: Store,
 }
 
 impl OutboxDispatcher {
     /// A dispatcher that writes to `outbox_events`.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 

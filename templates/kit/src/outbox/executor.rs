@@ -126,7 +126,7 @@ async fn execute_insert(
         .await?
         .ok_or_else(|| DbErr::RecordNotInserted)?;
     // The commit of the transaction this runs in wakes the relays.
-    crate::database::events_stored();
+    crate::commit_hooks::events_stored();
     let seq = row.try_get_by_index::<Option<i64>>(1)?;
     let epoch = row.try_get_by_index::<Option<i64>>(2)?;
     Ok(seq.zip(epoch))

@@ -4,16 +4,16 @@
 //!
 //! - [`Envelope`]: the event as it travels: id, name, payload, metadata, time.
 //! - `Store`: the SQL on `outbox_events` (the relay's side: `claims`).
-//! - [`Event`] and [`Dispatcher`]: the contract for publishing events (the
-//!   service names them through `crate::dispatch`).
+//! - [`Event`] and [`Dispatcher`]: the contract for publishing events.
 //! - [`dispatch()`]: stores an event through the kit's `Dispatcher`
 //!   (`dispatcher::OutboxDispatcher`), backed by the store.
 //! - `Executor` (feature `seaorm`): what an event can be stored on: a
 //!   SeaORM transaction or connection, or a sqlx connection or pool.
 //! - `relay` (feature `worker`): moves committed rows to the queue.
 //! - `cleanup` (feature `worker`): deletes published rows after the retention.
-//! - [`wake`] (feature `worker`): wakes relays right after a commit, instead
-//!   of at the next poll; a service builds its [`wake::transactor`].
+//! - `wake` (feature `worker`): wakes relays right after a commit, instead
+//!   of at the next poll; a service builds its transactor with
+//!   `kit::transactor`.
 
 #[cfg(feature = "worker")]
 mod claims;
@@ -28,7 +28,10 @@ pub(crate) mod order;
 #[cfg(feature = "worker")]
 pub(crate) mod relay;
 mod store;
+// Public only for the older path `kit::outbox::wake::transactor`: the
+// service's transactor is `kit::transactor`.
 #[cfg(feature = "worker")]
+#[doc(hidden)]
 pub mod wake;
 
 #[cfg(feature = "worker")]

@@ -18,20 +18,22 @@ pub(crate) const ORDER_EPOCH: &str = "order_epoch";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Place {
     /// The event's key.
-    pub key: String,
+    pub(crate) key: String,
     /// Its sequence number: 1 for the key's first event, then one more
     /// per event, in the order their transactions committed.
-    pub seq: i64,
+    pub(crate) seq: i64,
     /// The numbering's epoch: the key's row in `outbox_keys` is deleted
     /// once idle, and a new row numbers from 1 again in a new epoch. 0 for
-    /// an event dispatched before template set 22.
-    pub epoch: i64,
+    /// an event whose metadata has no `order_epoch` (a kit that numbered
+    /// keys without epochs dispatched it).
+    pub(crate) epoch: i64,
 }
 
 #[cfg(feature = "worker")]
 impl Place {
     /// The place recorded in `metadata`; `None` for an event without a key
-    /// (or dispatched before template set 19, or by a Go service).
+    /// or without a sequence number (a kit that did not number keys, or a
+    /// Go service, dispatched it).
     pub(crate) fn of(metadata: &Metadata) -> Option<Self> {
         let key = metadata.get(ORDER_KEY)?;
         let seq = metadata.get(ORDER_SEQ)?.parse().ok()?;

@@ -52,9 +52,9 @@ use crate::queue::{self, Client, EnqueueOutcome, NewTask};
 use crate::trace_context::TraceContext;
 
 /// How often a task may be retried before it is archived (Go asynq's default).
-pub const MAX_RETRY: u32 = 25;
+pub(crate) const MAX_RETRY: u32 = 25;
 /// How long one handler run may take before asynq considers it failed.
-pub const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub(crate) const TASK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// How a relay round's transaction begins, in the same round trip as the
 /// `BEGIN`: its commit does not wait for the disk. That is safe here, and
 /// only here: a mark lost in a database crash just makes the next round
@@ -79,7 +79,7 @@ pub(crate) const RESCAN_EVERY: u32 = 100;
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What every event's task type starts with.
-pub const EVENT_TASK_PREFIX: &str = "event:";
+pub(crate) const EVENT_TASK_PREFIX: &str = "event:";
 
 /// The asynq task type of an event: `event:<name>`.
 pub(crate) fn event_task_type(event_name: &str) -> String {
@@ -106,20 +106,20 @@ pub(crate) fn event_task(
 
 /// What one round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Round {
+pub(crate) struct Round {
     /// Rows claimed.
-    pub claimed: usize,
+    pub(crate) claimed: usize,
     /// Rows marked published (new tasks and duplicates).
-    pub published: usize,
+    pub(crate) published: usize,
     /// Tasks the queues already had (with several `OUTBOX_QUEUES`, an
     /// event counts once per queue).
-    pub duplicates: usize,
+    pub(crate) duplicates: usize,
 }
 
 /// Why a round failed. Rows of the round that did reach the queue are
 /// marked published before the error is returned.
 #[derive(Debug, thiserror::Error)]
-pub enum RelayError {
+pub(crate) enum RelayError {
     /// Claiming or marking rows failed.
     #[error("outbox database error")]
     Database(#[from] sqlx::Error),
@@ -144,17 +144,17 @@ struct Batch {
 
 /// The relay's instruments. Cloning shares them.
 #[derive(Debug, Clone)]
-pub struct RelayMetrics {
+pub(crate) struct RelayMetrics {
     /// Events marked published (including duplicates).
-    pub published: Counter,
+    pub(crate) published: Counter,
     /// Events the queue already had.
-    pub duplicates: Counter,
+    pub(crate) duplicates: Counter,
     /// Relay rounds done, empty ones included.
-    pub rounds: Counter,
+    pub(crate) rounds: Counter,
     /// Failed relay rounds.
-    pub errors: Counter,
+    pub(crate) errors: Counter,
     /// Unpublished events.
-    pub backlog: Gauge,
+    pub(crate) backlog: Gauge,
     /// Age of the oldest unpublished event, in seconds.
     pub(crate) oldest_unpublished_age: Gauge<f64, AtomicU64>,
     /// When the last relay round (good or failed) finished, in Unix
@@ -181,7 +181,7 @@ impl Default for RelayMetrics {
 }
 
 /// The relay for one worker process.
-pub struct Relay {
+pub(crate) struct Relay {
     pool: PgPool,
     queue: Client,
     store: Store,
@@ -201,7 +201,12 @@ pub struct Relay {
 impl Relay {
     /// A relay that claims from `pool` and enqueues to `queue`, with the
     /// batch size, poll interval, task retention and queues of `config`.
-    pub fn new(pool: PgPool, queue: Client, config: &OutboxConfig, metrics: RelayMetrics) -> Self {
+    pub(crate) fn new(
+        pool: PgPool,
+        queue: Client,
+        config: &OutboxConfig,
+        metrics: RelayMetrics,
+    ) -> Self {
         Self {
             pool,
             queue,
@@ -220,14 +225,14 @@ impl Relay {
     /// Publishes to `queue` alone instead of `OUTBOX_QUEUES` (the kit's
     /// tests use their own).
     #[cfg(test)]
-    pub fn with_queue(self, queue: impl Into<String>) -> Self {
+    pub(crate) fn with_queue(self, queue: impl Into<String>) -> Self {
         self.with_queues(vec![queue.into()])
     }
 
     /// Publishes every event to each of `queues` instead of `OUTBOX_QUEUES`
     /// (the kit's tests).
     #[cfg(test)]
-    pub fn with_queues(mut self, queues: Vec<String>) -> Self {
+    pub(crate) fn with_queues(mut self, queues: Vec<String>) -> Self {
         assert!(!queues.is_empty(), "a relay needs a queue to publish to");
         self.queue_names = queues;
         self
@@ -235,14 +240,14 @@ impl Relay {
 
     /// A handle that wakes the relay at once (for example right after a
     /// commit that stored events); wake-ups are coalesced.
-    pub fn waker(&self) -> Arc<Notify> {
+    pub(crate) fn waker(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
     }
 
     /// One round: claim, enqueue, mark, commit (the kit's tests drive the
     /// relay round by round).
     #[cfg(test)]
-    pub async fn publish_batch(&self) -> Result<Round, RelayError> {
+    pub(crate) async fn publish_batch(&self) -> Result<Round, RelayError> {
         // Until this round ends well, the next one starts from the beginning.
         let after = self.after.swap(0, Ordering::Relaxed);
         let batch = self.claim_batch(after).await?;
@@ -438,7 +443,7 @@ impl Relay {
     /// the queue then is dropped, which rolls it back (its events go out in
     /// the next round, the queue reporting any it already has as
     /// duplicates). No transaction is held while it waits.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
         // The batch claimed while the previous one was enqueued, if any.
         let mut next = None;
@@ -536,7 +541,7 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    pub fn new(base: Duration, cap: Duration) -> Self {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
         Self {
             base: base.max(Duration::from_millis(10)).min(cap),
             cap,
@@ -545,7 +550,7 @@ impl Backoff {
     }
 
     /// The ceiling of the next delay, without jitter.
-    pub fn ceiling(&self) -> Duration {
+    pub(crate) fn ceiling(&self) -> Duration {
         self.base
             .saturating_mul(1 << self.failures.min(20))
             .min(self.cap)
@@ -559,7 +564,7 @@ impl Backoff {
     }
 
     /// Back to the normal cadence after a good round.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.failures = 0;
     }
 }

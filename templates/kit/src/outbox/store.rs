@@ -26,7 +26,7 @@ impl Store {
     /// envelope with an `order_key` in its metadata takes the key's next
     /// sequence number (`super::order`), which is written, with its
     /// numbering's epoch, into the row's metadata and into `envelope`'s.
-    pub async fn insert<'e>(
+    pub(crate) async fn insert<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         envelope: &mut Envelope,
@@ -44,7 +44,7 @@ impl Store {
         }
         let (id, seq, epoch): (i64, Option<i64>, Option<i64>) = query.fetch_one(executor).await?;
         // The commit of the transaction this runs in wakes the relays.
-        crate::database::events_stored();
+        crate::commit_hooks::events_stored();
         if let (Some(seq), Some(epoch)) = (seq, epoch) {
             write_place(&mut envelope.metadata, seq, epoch);
         }

@@ -117,12 +117,18 @@ impl Wake {
     }
 }
 
-/// The transactor for a process that dispatches events: with
-/// `OUTBOX_WAKE=valkey`, every commit that stored events also wakes the
-/// workers' relays. It
-/// does not connect to Valkey (the first wake-up does, see
-/// `Wake::connecting`): a server starts while Valkey is down. The error is
-/// a Valkey setting that does not parse.
+/// The transactor for a process that dispatches events (`kit::transactor`):
+/// with `OUTBOX_WAKE=valkey`, every commit that stored events also wakes
+/// the workers' relays. It does not connect to Valkey (the first wake-up
+/// does, see `Wake::connecting`): a server starts while Valkey is down. The
+/// error is a Valkey setting that does not parse.
+///
+/// ```no_run
+/// # fn example(config: &kit::config::Config) -> anyhow::Result<kit::Transactor> {
+/// let pool = kit::database::connect_lazy(&config.database);
+/// let transactor = kit::transactor(pool, config)?;
+/// # Ok(transactor) }
+/// ```
 pub fn transactor(pool: PgPool, config: &Config) -> Result<Transactor, QueueError> {
     let transactor = Transactor::new(pool);
     Ok(match config.outbox.wake {

@@ -38,13 +38,13 @@ const HISTORY_LENGTH: isize = 1000;
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct SchedulerEntry {
     #[prost(string, tag = "1")]
-    pub id: String,
+    pub(crate) id: String,
     #[prost(string, tag = "2")]
-    pub spec: String,
+    pub(crate) spec: String,
     #[prost(string, tag = "3")]
-    pub task_type: String,
+    pub(crate) task_type: String,
     #[prost(bytes = "vec", tag = "4")]
-    pub task_payload: Vec<u8>,
+    pub(crate) task_payload: Vec<u8>,
     #[prost(string, repeated, tag = "5")]
     pub(crate) enqueue_options: Vec<String>,
     #[prost(message, optional, tag = "6")]
@@ -57,7 +57,7 @@ pub(crate) struct SchedulerEntry {
 #[derive(Clone, PartialEq, prost::Message)]
 pub(crate) struct SchedulerEnqueueEvent {
     #[prost(string, tag = "1")]
-    pub task_id: String,
+    pub(crate) task_id: String,
     #[prost(message, optional, tag = "2")]
     pub(crate) enqueue_time: Option<Timestamp>,
 }
@@ -165,7 +165,7 @@ pub(crate) async fn clear_entries(queue: &Client) {
 }
 
 /// Records that `tick` of `schedule` was enqueued now.
-pub async fn record(queue: &Client, schedule: &Entry, tick: &Tick) {
+pub(crate) async fn record(queue: &Client, schedule: &Entry, tick: &Tick) {
     let now = Utc::now();
     let event = SchedulerEnqueueEvent {
         task_id: tick.id.to_string(),
@@ -196,9 +196,9 @@ pub async fn record(queue: &Client, schedule: &Entry, tick: &Tick) {
 /// schedules.
 #[derive(Debug)]
 pub(crate) struct Leading {
-    pub scheduler_id: String,
-    pub until: DateTime<Utc>,
-    pub entries: Vec<SchedulerEntry>,
+    pub(crate) scheduler_id: String,
+    pub(crate) until: DateTime<Utc>,
+    pub(crate) entries: Vec<SchedulerEntry>,
 }
 
 /// Every scheduler whose state has not expired, this service's and any

@@ -56,13 +56,13 @@ return 0
 });
 
 /// The lease key of `service`: `scheduler:{<service>}:leader`.
-pub fn key(service: &str) -> String {
+pub(crate) fn key(service: &str) -> String {
     format!("scheduler:{{{service}}}:leader")
 }
 
 /// One replica's handle on the lease.
 #[derive(Clone)]
-pub struct Lease {
+pub(crate) struct Lease {
     conn: Connection,
     key: String,
     token: String,
@@ -71,7 +71,7 @@ pub struct Lease {
 
 /// The outcome of [`Lease::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Acquired {
+pub(crate) enum Acquired {
     /// This replica leads now.
     Leading,
     /// Another replica leads, for at most this long without renewing.
@@ -81,7 +81,7 @@ pub enum Acquired {
 impl Lease {
     /// The lease of `service`, held for `ttl` at a time. Each handle has a
     /// token of its own.
-    pub fn new(conn: Connection, service: &str, ttl: Duration) -> Self {
+    pub(crate) fn new(conn: Connection, service: &str, ttl: Duration) -> Self {
         Self {
             conn,
             key: key(service),
@@ -91,7 +91,7 @@ impl Lease {
     }
 
     /// How long a lease lasts without renewal.
-    pub fn ttl(&self) -> Duration {
+    pub(crate) fn ttl(&self) -> Duration {
         self.ttl
     }
 
@@ -102,7 +102,7 @@ impl Lease {
     }
 
     /// Tries to take the lease.
-    pub async fn acquire(&self) -> Result<Acquired, QueueError> {
+    pub(crate) async fn acquire(&self) -> Result<Acquired, QueueError> {
         let mut conn = self.conn.clone();
         let (set, left): (Option<String>, i64) = redis::pipe()
             .cmd("SET")
@@ -125,7 +125,7 @@ impl Lease {
     }
 
     /// Pushes the expiry back by the TTL if the lease is still ours.
-    pub async fn renew(&self) -> Result<bool, QueueError> {
+    pub(crate) async fn renew(&self) -> Result<bool, QueueError> {
         let mut conn = self.conn.clone();
         let renewed: i64 = RENEW
             .key(&self.key)
@@ -137,7 +137,7 @@ impl Lease {
     }
 
     /// Gives the lease up if it is still ours.
-    pub async fn release(&self) -> Result<(), QueueError> {
+    pub(crate) async fn release(&self) -> Result<(), QueueError> {
         let mut conn = self.conn.clone();
         RELEASE
             .key(&self.key)

@@ -55,7 +55,7 @@ use uuid::Uuid;
 use self::lease::{Acquired, Lease};
 use self::progress::Progress;
 use self::spec::Spec;
-use crate::dispatch::Event;
+use crate::outbox::Event;
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
 use crate::outbox::wake::Wake;
 use crate::outbox::{Envelope, Metadata, Store};
@@ -65,16 +65,16 @@ use crate::queue::{Client, Consumer, EnqueueOutcome, HandlerError, NewTask, Task
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ScheduleLabels {
     /// The schedule's name.
-    pub schedule: String,
+    pub(crate) schedule: String,
 }
 
 /// The scheduler's instruments. Cloning shares them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SchedulerMetrics {
     /// Ticks this replica enqueued as new, by schedule.
-    pub ticks: Family<ScheduleLabels, Counter>,
+    pub(crate) ticks: Family<ScheduleLabels, Counter>,
     /// 1 while this replica leads, else 0.
-    pub leader: Gauge,
+    pub(crate) leader: Gauge,
 }
 
 /// The prefix of a job's task type: `job:<name>`.
@@ -160,12 +160,12 @@ type RunJob = Arc<
 /// One registered schedule.
 pub(crate) struct Entry {
     /// The schedule's name, unique among the service's schedules.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// When it ticks: a cron expression.
-    pub cron: &'static str,
+    pub(crate) cron: &'static str,
     pub(crate) time_zone: &'static str,
     /// How many missed ticks a new leader enqueues (0: none).
-    pub catch_up: u32,
+    pub(crate) catch_up: u32,
     what: What,
 }
 
@@ -184,7 +184,7 @@ impl Entry {
     }
 
     /// The task type of the ticks: `event:<name>` or `job:<name>`.
-    pub fn task_type(&self) -> String {
+    pub(crate) fn task_type(&self) -> String {
         match &self.what {
             What::Event { name, .. } => crate::outbox::relay::event_task_type(name),
             What::Job(_) => format!("{JOB_TASK_PREFIX}{}", self.name),
@@ -305,7 +305,7 @@ pub(crate) struct TickOptions {
     /// The queue of job tasks.
     pub(crate) job_queue: String,
     /// How long a completed job task keeps deduplicating its id.
-    pub retention: Duration,
+    pub(crate) retention: Duration,
 }
 
 /// Enqueues one tick: an event into the outbox, a job into the queue.
@@ -425,7 +425,7 @@ impl Scheduler {
     /// Checks every schedule's spec (see [`Schedules::specs`]). `wake`
     /// wakes the relays when an event tick is in the outbox.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         schedules: Arc<Schedules>,
         lease: Lease,
         progress: Progress,
@@ -458,7 +458,7 @@ impl Scheduler {
 
     /// Takes part in the election and, while leading, enqueues every due
     /// tick, until `stop` is cancelled; the leader then gives the lease up.
-    pub async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(self, stop: CancellationToken) {
         let ttl = self.lease.ttl();
         loop {
             let sent = Instant::now();

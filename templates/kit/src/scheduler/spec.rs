@@ -49,7 +49,7 @@ enum Timing {
 impl Spec {
     /// Parses `spec` read in the IANA time zone `zone` (such as `UTC` or
     /// `Europe/Paris`).
-    pub fn parse(spec: &str, zone: &str) -> anyhow::Result<Self> {
+    pub(crate) fn parse(spec: &str, zone: &str) -> anyhow::Result<Self> {
         let zone = Tz::from_str(zone)
             .map_err(|_| anyhow::anyhow!("`{zone}` is not an IANA time zone, such as UTC"))?;
         let spec = spec.trim();
@@ -97,7 +97,7 @@ impl Spec {
 
     /// Up to `count` ticks at or before `at`, oldest first: the ticks a new
     /// leader catches up on.
-    pub fn latest(&self, at: DateTime<Utc>, count: u32) -> Vec<DateTime<Utc>> {
+    pub(crate) fn latest(&self, at: DateTime<Utc>, count: u32) -> Vec<DateTime<Utc>> {
         let mut ticks = Vec::new();
         match &self.timing {
             Timing::Every(every) => {

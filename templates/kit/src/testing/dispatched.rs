@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use sqlx::types::Json;
 
-use crate::dispatch::Event;
+use crate::outbox::Event;
 use crate::outbox::{Envelope, Metadata};
 
 /// The events in the outbox (published or not), in the order they were

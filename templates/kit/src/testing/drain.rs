@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::TestDatabase;
 use crate::database::Transactor;
-use crate::dispatch::Event;
+use crate::outbox::Event;
 use crate::outbox::{Envelope, Store};
 use crate::queue::Task;
 use crate::worker::listeners::{Listener, ListenerContext, ListenerError, Listeners};
