@@ -19,11 +19,11 @@ use crate::dispatch::Event;
 use crate::outbox::dispatch;
 use crate::queue::{Client, Consumer, ConsumerOptions, NewTask, SkipRetry};
 use crate::worker::listeners::{
-    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure, listener_task_id,
-    listener_task_type,
+    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure,
 };
 use crate::worker::metrics::ListenerMetrics;
 use crate::worker::ordering::{self, End, Held};
+use crate::worker::task_names::{listener_task_id, listener_task_type};
 use crate::worker::{failures, handle_events};
 
 /// A step of an aggregate: its key and its number in the key, which the

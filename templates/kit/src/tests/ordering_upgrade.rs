@@ -17,8 +17,8 @@ use super::support::{TestDatabase, TestQueue, eventually};
 use crate::outbox::dispatch;
 use crate::outbox::order::Place;
 use crate::queue::NewTask;
-use crate::worker::listeners::{listener_task_id, listener_task_type};
 use crate::worker::ordering::{ChainRun, EventRuns, Held, ORDERED_HEADER, Ordering};
+use crate::worker::task_names::{listener_task_id, listener_task_type};
 
 /// Set 22's namespace of `db`'s database.
 fn old_prefix(db: &TestDatabase) -> String {

@@ -41,8 +41,8 @@ use crate::worker::handle_events;
 use crate::worker::listeners::ListenerContext;
 use crate::worker::listeners::Listeners;
 use crate::worker::listeners::SkipRetry;
-use crate::worker::listeners::listener_task_id;
 use crate::worker::metrics::{ListenerLabels, ListenerMetrics};
+use crate::worker::task_names::listener_task_id;
 
 use super::support::{self, OwnServer, eventually, valkey_addr};
 

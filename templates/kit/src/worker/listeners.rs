@@ -44,6 +44,7 @@ pub use super::listener_options::{ListenerOptions, OnFailure};
 use super::ordering::{Fence, Ordered};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
+use super::task_names::listener_task_type;
 use crate::database::Transactor;
 use crate::dispatch::Event;
 use crate::outbox::{Envelope, Metadata};
@@ -481,48 +482,5 @@ impl Listeners {
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Listener> {
         self.by_event.values().flatten()
-    }
-}
-
-/// `listener:<event>:<listener>`, the task type of one listener's work.
-pub(crate) fn listener_task_type(event: &str, listener: &str) -> String {
-    format!("listener:{event}:{listener}")
-}
-
-/// The task id of `listener`'s task for the event task `event_task_id`: a
-/// UUIDv5 of the listener's name in the event task id's namespace, the same
-/// on every retry. The relay's event task id is the event id, so the
-/// listener tasks of an event are `listener_task_id(event_id, name)`.
-pub(crate) fn listener_task_id(event_task_id: Uuid, listener: &str) -> Uuid {
-    Uuid::new_v5(&event_task_id, listener.as_bytes())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listener_task_ids_are_stable_and_distinct() {
-        let event = Uuid::now_v7();
-        assert_eq!(
-            listener_task_id(event, "audit"),
-            listener_task_id(event, "audit")
-        );
-        assert_ne!(
-            listener_task_id(event, "audit"),
-            listener_task_id(event, "email")
-        );
-        assert_ne!(
-            listener_task_id(event, "audit"),
-            listener_task_id(Uuid::now_v7(), "audit")
-        );
-    }
-
-    #[test]
-    fn listener_task_types_follow_the_go_kit() {
-        assert_eq!(
-            listener_task_type("orderPlaced", "audit"),
-            "listener:orderPlaced:audit"
-        );
     }
 }

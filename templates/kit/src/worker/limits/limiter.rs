@@ -15,7 +15,7 @@ use super::metrics::{LimitKind, LimitLabels, LimitMetrics};
 use super::scripts::{FREE_SLOT, RENEW_SLOT, TAKE_SLOT, TAKE_TURN};
 use super::settings::{Limits, Rate};
 use crate::queue::{Client, QueueError, Task};
-use crate::worker::listeners::listener_task_type;
+use crate::worker::task_names::listener_task_type;
 
 /// How long a concurrency slot stays taken without a renewal: a killed
 /// worker's slots free themselves within it. Renewed every third of it.

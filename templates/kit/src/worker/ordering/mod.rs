@@ -78,6 +78,7 @@ pub(crate) mod foreign;
 mod from_postgres;
 mod from_set_22;
 pub(crate) mod keys;
+mod ordered;
 mod orphans;
 pub(crate) mod owner;
 mod reconcile;
@@ -86,7 +87,8 @@ mod stale;
 mod waits;
 
 pub(crate) use fence::{Fence, Superseded};
-pub(crate) use reconcile::{Ordered, look_after_chains};
+pub(crate) use ordered::Ordered;
+pub(crate) use reconcile::look_after_chains;
 pub(crate) use stale::{RECOVERED_HEADER, recovery_task};
 
 /// The header that marks a listener task as a run of a chain (its value is
