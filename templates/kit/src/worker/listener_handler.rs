@@ -63,7 +63,9 @@ impl ListenerHandler {
         }
     }
 
-    /// Runs the listener on `task`, in its turn for an ordered listener.
+    /// Runs the listener on `task`, in its turn for an ordered listener:
+    /// the turn, the limits, the run, the failure it no longer has, the
+    /// metrics, and the chain moved on.
     pub(crate) async fn handle(&self, task: Task) -> Result<(), HandlerError> {
         let held = match self.take_turn(&task).await? {
             Step::Run(held) => held,
@@ -76,26 +78,14 @@ impl ListenerHandler {
             .as_ref()
             .map(|held| Fence::new(self.ordering.queue_client(), &queue, &task_id, held.token));
         let started = std::time::Instant::now();
-        let result = super::run_listener(
-            &self.listener,
-            self.transactor.clone(),
-            task,
-            self.duplicates.clone(),
-            fence.clone(),
-        )
-        .await;
+        let result = self.run(task, fence.clone()).await;
         if let Some(permit) = permit {
             permit.release().await;
         }
         if result.is_ok() && failed_before {
             self.forget_failure(task_id.clone());
         }
-        self.metrics.record(
-            self.listener.event(),
-            self.listener.name(),
-            result.is_ok(),
-            started.elapsed(),
-        );
+        self.record(&result, started.elapsed());
         match (held, fence) {
             (Some(held), Some(fence)) => {
                 self.after_turn(&queue, &task_id, held, &fence, result)
@@ -153,6 +143,19 @@ impl ListenerHandler {
         }
     }
 
+    /// The run itself ([`super::run_listener`]), holding `fence` when it
+    /// holds its chain's turn.
+    async fn run(&self, task: Task, fence: Option<Fence>) -> Result<(), HandlerError> {
+        super::run_listener(
+            &self.listener,
+            self.transactor.clone(),
+            task,
+            self.duplicates.clone(),
+            fence,
+        )
+        .await
+    }
+
     /// A task that failed before and now succeeds has no failure left to
     /// keep (asynqmon's "run" of an archived task): forgotten beside the
     /// task's completion, not before it.
@@ -163,6 +166,16 @@ impl ListenerHandler {
                 tracing::warn!(error = %err, "could not forget the failure of a listener task that succeeded");
             }
         });
+    }
+
+    /// Counts the run, its outcome and how long it took.
+    fn record(&self, result: &Result<(), HandlerError>, took: Duration) {
+        self.metrics.record(
+            self.listener.event(),
+            self.listener.name(),
+            result.is_ok(),
+            took,
+        );
     }
 
     /// After a run that held its chain's turn: a success moves the chain on
