@@ -15,6 +15,7 @@ use axum::routing::get;
 use sqlx::PgPool;
 
 use super::metrics::RelayMetrics;
+use crate::config::OutboxConfig;
 use crate::outbox::relay::MAX_BACKOFF;
 use crate::queue::Client;
 
@@ -41,13 +42,13 @@ pub type Check = (&'static str, Result<(), String>);
 
 impl Readiness {
     /// Checks `pool`, `queue`, and the relay that records its rounds in
-    /// `relay` and waits `poll_interval` between rounds when idle.
-    pub fn new(pool: PgPool, queue: Client, relay: RelayMetrics, poll_interval: Duration) -> Self {
+    /// `relay` and waits `outbox.poll_interval` between rounds when idle.
+    pub fn new(pool: PgPool, queue: Client, relay: RelayMetrics, outbox: &OutboxConfig) -> Self {
         Self {
             pool,
             queue,
             relay,
-            stuck_after: poll_interval.max(MAX_BACKOFF) + ROUND_LIMIT,
+            stuck_after: outbox.poll_interval.max(MAX_BACKOFF) + ROUND_LIMIT,
             started: SystemTime::now(),
         }
     }
