@@ -235,7 +235,7 @@ async fn prepare_chains(
         .await
         .context("cannot move the chains of ordered listeners from Postgres to Valkey")?;
     chains
-        .move_from_set_22()
+        .move_from_database_namespace()
         .await
         .context("cannot move the chains of ordered listeners of template set 22")?;
     for (queue, listener, keys) in chains.orphans(ordered).await? {
@@ -618,7 +618,7 @@ pub(crate) async fn run_listener(
     );
     // The consumer runs the task in the trace of its headers (the relay
     // writes them; a Go producer's middleware may have continued the trace
-    // there). A task without (enqueued by a relay before template set 8)
+    // there). A task without them (enqueued by a relay that wrote none)
     // continues the trace of the dispatch, from the envelope.
     let fallback = TraceContext::from_metadata(&task.headers)
         .is_none()

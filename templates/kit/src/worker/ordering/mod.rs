@@ -75,8 +75,8 @@ pub(crate) use waits::{RunArgs, Waiting};
 
 mod fence;
 pub(crate) mod foreign;
+mod from_database_namespace;
 mod from_postgres;
-mod from_set_22;
 pub(crate) mod keys;
 mod ordered;
 mod orphans;
@@ -338,8 +338,8 @@ impl Ordering {
         self.drain(&keys, place, next).await
     }
 
-    /// Fans out `waiting`, the event at `place` in `queue` (moved from an
-    /// earlier template set's chains), as its own task would be.
+    /// Fans out `waiting`, the event at `place` in `queue` (moved from the
+    /// chains of an older layout), as its own task would be.
     pub(crate) async fn fan_out_waiting(
         &self,
         queue: &str,
@@ -624,7 +624,7 @@ impl Ordering {
 
     /// Appends `runs` (each with its key) to the ends of their chains in
     /// `queue`, in their order, unless there already ([`APPEND`]): runs
-    /// moved from an earlier template set's chains.
+    /// moved from the chains of an older layout.
     async fn append(&self, queue: &str, runs: &[(String, RunArgs)]) -> Result<(), QueueError> {
         let keys = Namespace::of_queue(queue);
         for batch in runs.chunks(100) {

@@ -1,5 +1,5 @@
-//! The worker's look after the chains, every [`REQUEUE_AFTER`]: what was
-//! left by older template sets is moved; the events that waited long are
+//! The worker's look after the chains, every [`REQUEUE_AFTER`]: what is
+//! left in the chains' older layouts is moved; the events that waited long are
 //! looked at (`super::stale`); the service's record on its queues is kept
 //! (`super::owner`); chains of listeners no worker orders are reported and
 //! released (`super::orphans`); and each head that has been one for
@@ -276,7 +276,7 @@ pub(crate) async fn look_after_chains(
                     }
                 }
             }
-            if let Err(err) = ordering.move_from_set_22().await {
+            if let Err(err) = ordering.move_from_database_namespace().await {
                 tracing::warn!(error = %err, "could not move the chains of ordered listeners of template set 22");
             }
             if let Err(err) = ordering.move_from_postgres().await {
