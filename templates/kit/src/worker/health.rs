@@ -38,12 +38,17 @@ pub(crate) struct Readiness {
 }
 
 /// One check: its name and, when it failed, why.
-pub type Check = (&'static str, Result<(), String>);
+pub(crate) type Check = (&'static str, Result<(), String>);
 
 impl Readiness {
     /// Checks `pool`, `queue`, and the relay that records its rounds in
     /// `relay` and waits `outbox.poll_interval` between rounds when idle.
-    pub fn new(pool: PgPool, queue: Client, relay: RelayMetrics, outbox: &OutboxConfig) -> Self {
+    pub(crate) fn new(
+        pool: PgPool,
+        queue: Client,
+        relay: RelayMetrics,
+        outbox: &OutboxConfig,
+    ) -> Self {
         Self {
             pool,
             queue,
@@ -54,7 +59,7 @@ impl Readiness {
     }
 
     /// Runs every check, concurrently.
-    pub async fn check(&self) -> [Check; 3] {
+    pub(crate) async fn check(&self) -> [Check; 3] {
         let postgres = bounded(async {
             sqlx::query("SELECT 1")
                 .execute(&self.pool)
@@ -85,7 +90,7 @@ impl Readiness {
     }
 
     /// `GET /healthz` and `GET /readyz`.
-    pub fn router(self) -> Router {
+    pub(crate) fn router(self) -> Router {
         let readiness = Arc::new(self);
         Router::new()
             .route("/healthz", get(|| async { "ok" }))

@@ -189,28 +189,28 @@ pub(crate) struct Listener {
 
 impl Listener {
     /// The wire name of the event it listens to.
-    pub fn event(&self) -> &'static str {
+    pub(crate) fn event(&self) -> &'static str {
         self.event
     }
 
     /// The listener's name, unique among the event's listeners.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Whether it is ordered, and what a failure for good does to its key.
-    pub fn ordered(&self) -> Option<OnFailure> {
+    pub(crate) fn ordered(&self) -> Option<OnFailure> {
         self.ordered
     }
 
     /// Its limits across every worker.
-    pub fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         self.limits
     }
 
     /// The partition its limits apply to for the event in `payload` (a
     /// task's envelope); empty without one.
-    pub fn partition_of(&self, payload: &[u8]) -> String {
+    pub(crate) fn partition_of(&self, payload: &[u8]) -> String {
         let Some(partition) = &self.partition else {
             return String::new();
         };
@@ -220,7 +220,7 @@ impl Listener {
     }
 
     /// `listener:<event>:<listener>`.
-    pub fn task_type(&self) -> String {
+    pub(crate) fn task_type(&self) -> String {
         listener_task_type(self.event, &self.name)
     }
 
@@ -230,7 +230,7 @@ impl Listener {
     /// Its [`ListenerContext::once`] runs in `transactor`'s transactions.
     /// (The kit's tests; the worker counts duplicates, `call_counted`.)
     #[cfg(test)]
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         envelope: Envelope,
         headers: BTreeMap<String, String>,

@@ -100,7 +100,8 @@ pub(crate) use self::metrics::LimitMetrics;
 pub(crate) use self::metrics::{LimitKind, LimitLabels};
 #[cfg(test)]
 pub(crate) use self::scripts::scripts;
+pub(crate) use self::settings::Limits;
 #[cfg(test)]
 pub(crate) use self::settings::parse_overrides;
-pub use self::settings::{InvalidLimit, Limits, Rate};
+pub use self::settings::{InvalidLimit, Rate};
 pub(crate) use self::settings::{LimitOverrides, overrides_from_env};

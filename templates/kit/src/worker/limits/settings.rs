@@ -24,18 +24,18 @@ const ENTRY_FORM: &str = "<event>.<listener>=concurrency:N,rate:N/s|N/m|N/h,burs
 
 /// The limits of one listener. [`Limits::default`] has none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// At most this many runs at once, across every worker (per partition
     /// when the listener has one).
-    pub concurrency: Option<u32>,
+    pub(crate) concurrency: Option<u32>,
     /// At most this many runs started per period, across every worker (per
     /// partition when the listener has one).
-    pub rate: Option<Rate>,
+    pub(crate) rate: Option<Rate>,
 }
 
 impl Limits {
     /// Whether there is no limit at all.
-    pub fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         self.concurrency.is_none() && self.rate.is_none()
     }
 }
@@ -298,11 +298,11 @@ pub struct InvalidLimit(String);
 /// expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{LIMITS_VAR}: the entry `{entry}` {problem}; expected {ENTRY_FORM}")]
-pub struct LimitsError {
+pub(crate) struct LimitsError {
     /// The entry as written.
-    pub entry: String,
+    pub(crate) entry: String,
     /// What is wrong with it.
-    pub problem: String,
+    pub(crate) problem: String,
 }
 
 /// The limits of listeners by (event, listener), as `WORKER_LIMITS` sets
