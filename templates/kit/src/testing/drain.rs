@@ -300,7 +300,7 @@ async fn deliver(
     let (owned, task) = (listener.clone(), listener_task(listener, envelope));
     let (transactor, counted) = (transactor.clone(), duplicates.clone());
     let mut run = tokio::spawn(async move {
-        crate::worker::run_listener(&owned, transactor, task, counted, None).await
+        crate::worker::listener_handler::run_listener(&owned, transactor, task, counted, None).await
     });
     let outcome = match tokio::time::timeout(timeout, &mut run).await {
         Err(_) => {

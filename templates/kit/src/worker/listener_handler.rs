@@ -1,7 +1,8 @@
 //! The handler of one listener's tasks ([`ListenerHandler`]), step by
 //! step: the turn of an ordered listener's run in its key's chain, the
-//! listener's limits, the run itself, and what follows it (the failure it
-//! no longer has, the metrics, the chain moved on).
+//! listener's limits, the run itself ([`run_listener`], which the test
+//! drain uses too), and what follows it (the failure it no longer has, the
+//! metrics, the chain moved on).
 
 use std::time::Duration;
 
@@ -13,7 +14,9 @@ use super::listeners::Listener;
 use super::metrics::ListenerMetrics;
 use super::ordering::{End, Fence, Moved, ORDERED_HEADER, Ordering, Superseded, Turn};
 use crate::database::Transactor;
+use crate::outbox::Envelope;
 use crate::queue::{HandlerError, Task};
+use crate::trace_context::{self, TraceContext};
 
 /// How long a run that is not its chain's head waits in the queue's
 /// schedule before it looks again; the run before it sends it to pending
@@ -143,10 +146,10 @@ impl ListenerHandler {
         }
     }
 
-    /// The run itself ([`super::run_listener`]), holding `fence` when it
-    /// holds its chain's turn.
+    /// The run itself ([`run_listener`]), holding `fence` when it holds its
+    /// chain's turn.
     async fn run(&self, task: Task, fence: Option<Fence>) -> Result<(), HandlerError> {
-        super::run_listener(
+        run_listener(
             &self.listener,
             self.transactor.clone(),
             task,
@@ -233,4 +236,60 @@ enum Step {
     Run(Option<Held>),
     /// Return this at once.
     Return(Result<(), HandlerError>),
+}
+
+/// A `listener:<event>:<listener>` run: decodes the event and runs the
+/// listener, inside the trace context of the task's headers or, without
+/// one, of the dispatch (so events it dispatches in turn continue the same
+/// trace).
+///
+/// A payload that is not an envelope at all is archived at once (retrying
+/// cannot fix it), and so is a run that fails with a
+/// [`SkipRetry`](crate::queue::SkipRetry); an event
+/// whose payload does not decode into the listener's type is retried, see
+/// [`Listeners::listen`](super::listeners::Listeners::listen).
+/// A run that holds a chain's turn carries its `fence`: its `ctx.once`
+/// commits only while it holds it, and a run that no longer does is
+/// [`HandlerError::superseded`].
+pub(crate) async fn run_listener(
+    listener: &Listener,
+    transactor: Transactor,
+    task: Task,
+    duplicates: Counter,
+    fence: Option<Fence>,
+) -> Result<(), HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    let span = tracing::info_span!(
+        "listener",
+        event = listener.event(),
+        listener = listener.name(),
+        event_id = %envelope.id,
+        retried = task.retried,
+    );
+    // The consumer runs the task in the trace of its headers (the relay
+    // writes them; a Go producer's middleware may have continued the trace
+    // there). A task without them (enqueued by a relay that wrote none)
+    // continues the trace of the dispatch, from the envelope.
+    let fallback = TraceContext::from_metadata(&task.headers)
+        .is_none()
+        .then(|| TraceContext::from_metadata(&envelope.metadata))
+        .flatten();
+    let run = listener.call_counted(envelope, task.headers, transactor, duplicates, fence);
+    let run = tracing::Instrument::instrument(run, span);
+    let result = match fallback {
+        Some(parent) => trace_context::scope(parent.child(), run).await,
+        None => run.await,
+    };
+    result.map_err(|err| {
+        if Superseded::is_in(&err) {
+            HandlerError::superseded(err)
+        } else {
+            HandlerError::from(err)
+        }
+    })
 }

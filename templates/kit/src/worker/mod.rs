@@ -26,8 +26,9 @@ pub(crate) mod failures;
 pub(crate) mod health;
 pub(crate) mod inbox;
 pub(crate) mod limits;
+mod listener_context;
 mod listener_error;
-mod listener_handler;
+pub(crate) mod listener_handler;
 mod listener_options;
 pub mod listeners;
 pub(crate) mod metrics;
@@ -44,7 +45,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -55,18 +55,17 @@ use self::limits::{LimitMetrics, Limiter};
 use self::listener_handler::ListenerHandler;
 use self::listeners::{Listener, Listeners, OnFailure};
 use self::metrics::{ListenerMetrics, Metrics};
-use self::ordering::{ChainRun, EventRuns, Fence, Ordering, Superseded};
+use self::ordering::{ChainRun, EventRuns, Ordering};
 use self::task_names::listener_task_id;
 use crate::config::{Config, OutboxConfig, WakeMode, WorkerConfig};
 use crate::database;
 use crate::outbox::order::Place;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
-use crate::outbox::{Envelope, cleanup, wake};
+use crate::outbox::{cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 use crate::scheduler::lease::Lease;
 use crate::scheduler::progress::Progress;
 use crate::scheduler::{Scheduler, Schedules, TickOptions};
-use crate::trace_context::{self, TraceContext};
 
 /// Runs the worker until `shutdown` completes: it wires the parts (the
 /// relay, the consumer and its listeners, the chains of ordered listeners,
@@ -581,60 +580,4 @@ pub(crate) async fn fan_out(
         runs,
     };
     ordering.fan_out(&place, &event, replay).await
-}
-
-/// A `listener:<name>:<listener>` handler: decodes the event and runs the
-/// listener, inside the trace context of the task's headers or, without
-/// one, of the dispatch (so events it dispatches in turn continue the same
-/// trace).
-///
-/// A payload that is not an envelope at all is archived at once (retrying
-/// cannot fix it), and so is a run that fails with a
-/// [`SkipRetry`](crate::queue::SkipRetry); an event
-/// whose payload does not decode into the listener's type is retried, see
-/// [`Listeners::listen`].
-/// A run that holds a chain's turn carries its `fence`: its `ctx.once`
-/// commits only while it holds it, and a run that no longer does is
-/// [`HandlerError::superseded`].
-pub(crate) async fn run_listener(
-    listener: &Listener,
-    transactor: database::Transactor,
-    task: Task,
-    duplicates: Counter,
-    fence: Option<Fence>,
-) -> Result<(), HandlerError> {
-    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
-        HandlerError::skip_retry(anyhow::anyhow!(
-            "task {} is not an event envelope: {err}",
-            task.id
-        ))
-    })?;
-    let span = tracing::info_span!(
-        "listener",
-        event = listener.event(),
-        listener = listener.name(),
-        event_id = %envelope.id,
-        retried = task.retried,
-    );
-    // The consumer runs the task in the trace of its headers (the relay
-    // writes them; a Go producer's middleware may have continued the trace
-    // there). A task without them (enqueued by a relay that wrote none)
-    // continues the trace of the dispatch, from the envelope.
-    let fallback = TraceContext::from_metadata(&task.headers)
-        .is_none()
-        .then(|| TraceContext::from_metadata(&envelope.metadata))
-        .flatten();
-    let run = listener.call_counted(envelope, task.headers, transactor, duplicates, fence);
-    let run = tracing::Instrument::instrument(run, span);
-    let result = match fallback {
-        Some(parent) => trace_context::scope(parent.child(), run).await,
-        None => run.await,
-    };
-    result.map_err(|err| {
-        if Superseded::is_in(&err) {
-            HandlerError::superseded(err)
-        } else {
-            HandlerError::from(err)
-        }
-    })
 }
