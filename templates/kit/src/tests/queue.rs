@@ -1708,7 +1708,7 @@ fn failure_recording_consumer(
 ) -> Consumer {
     let listeners = Arc::new(listeners);
     let mut consumer = Consumer::new(queue.client.clone(), queue.options());
-    crate::worker::failures::record_before_archive(
+    crate::worker::before_archive::record_before_archive(
         &mut consumer,
         db.pool.clone(),
         listeners.failure_hook(),

@@ -22,6 +22,7 @@
 //! (and no lock) outlives the process. A loop stuck on a hung database or
 //! Valkey call is dropped within a second.
 
+pub(crate) mod before_archive;
 pub(crate) mod failures;
 pub(crate) mod health;
 pub(crate) mod inbox;
@@ -408,7 +409,7 @@ fn consumer(
     };
     let mut consumer = Consumer::new(ordering.queue_client(), options);
     // A listener task is archived only once its failure is recorded.
-    failures::record_before_archive(
+    before_archive::record_before_archive(
         &mut consumer,
         transactor.pool().clone(),
         listeners.failure_hook(),
@@ -426,11 +427,11 @@ fn consumer(
 }
 
 /// What a run of an ordered listener that failed for good does to its key,
-/// by task type (`failures::OrderedFailures`).
+/// by task type (`before_archive::OrderedFailures`).
 pub(crate) fn ordered_failures(
     listeners: &Listeners,
     ordering: &Ordering,
-) -> failures::OrderedFailures {
+) -> before_archive::OrderedFailures {
     let of = |policy: fn(OnFailure) -> bool| {
         listeners
             .all()
@@ -438,7 +439,7 @@ pub(crate) fn ordered_failures(
             .map(Listener::task_type)
             .collect::<HashSet<String>>()
     };
-    failures::OrderedFailures {
+    before_archive::OrderedFailures {
         ordered: of(|_| true),
         moving_on: of(|policy| policy == OnFailure::MoveOn),
         ordering: ordering.clone(),

@@ -91,10 +91,8 @@ pub(crate) use ordered::Ordered;
 pub(crate) use reconcile::look_after_chains;
 pub(crate) use stale::{RECOVERED_HEADER, recovery_task};
 
-/// The header that marks a listener task as a run of a chain (its value is
-/// the key). A listener task without it (queued before its listener was
-/// ordered, or for an event without a key) runs as any other.
-pub(crate) const ORDERED_HEADER: &str = "gpkit-ordered-key";
+/// The header that marks a listener task as a run of a chain.
+pub(crate) use super::task_names::ORDERED_HEADER;
 
 /// The listener tasks of one keyed event that join their chains: the
 /// event's task (its queue, payload and headers, which each run's task
