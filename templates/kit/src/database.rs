@@ -7,9 +7,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 
-use crate::commit_hooks::CommitHooks;
-/// The inbox's transactions note their events as [`Transactor::run`] does.
-pub(crate) use crate::commit_hooks::noting_events;
+use crate::commit_hooks::{CommitHooks, noting_events};
 use crate::config::DatabaseConfig;
 
 /// A lazily connecting pool: building it needs no live database, so the

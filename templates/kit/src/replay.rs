@@ -22,8 +22,8 @@ use crate::follow::{Context, tasks};
 use crate::outbox::order::Place;
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task, event_task_type};
 use crate::queue::{EnqueueOutcome, NewTask};
-use crate::worker::listeners::listener_task_type;
 use crate::worker::ordering::recovery_task;
+use crate::worker::task_names::listener_task_type;
 
 /// Tasks queued per round trip.
 const BATCH: usize = 500;

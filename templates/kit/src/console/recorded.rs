@@ -23,7 +23,7 @@ use super::page::{self, Depth, Section};
 use crate::follow::rows;
 use crate::queue::EnqueueOutcome;
 use crate::worker::failures;
-use crate::worker::listeners::listener_task_type;
+use crate::worker::task_names::listener_task_type;
 
 /// One group of recorded failures no longer in the queue.
 pub(crate) struct Group {

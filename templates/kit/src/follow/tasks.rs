@@ -12,7 +12,7 @@ use super::Context;
 use super::rows::EventRow;
 use crate::outbox::relay::event_task_type;
 use crate::queue::{Client, QueueError, TaskInfo};
-use crate::worker::listeners::{listener_task_id, listener_task_type};
+use crate::worker::task_names::{listener_task_id, listener_task_type};
 
 /// What `show` reports for a task that is not in the queue: not queued yet
 /// (the relay or the fan-out has not run), or gone (deleted after its

@@ -17,7 +17,7 @@ use super::output::{self, Format};
 use crate::follow::{Context, rows, time};
 use crate::queue::{EnqueueOutcome, RunOutcome};
 use crate::worker::failures;
-use crate::worker::listeners::listener_task_type;
+use crate::worker::task_names::listener_task_type;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {

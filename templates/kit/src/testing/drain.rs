@@ -274,7 +274,7 @@ async fn claim_all(pool: &PgPool) -> anyhow::Result<Vec<Envelope>> {
 fn listener_task(listener: &Listener, envelope: &Envelope) -> Task {
     Task {
         task_type: listener.task_type(),
-        id: crate::worker::listeners::listener_task_id(envelope.id, listener.name()).to_string(),
+        id: crate::worker::task_names::listener_task_id(envelope.id, listener.name()).to_string(),
         payload: serde_json::to_vec(envelope).expect("an envelope serialises"),
         headers: crate::trace_context::task_headers(&envelope.metadata),
         queue: crate::queue::DEFAULT_QUEUE.to_string(),
@@ -300,7 +300,7 @@ async fn deliver(
     let (owned, task) = (listener.clone(), listener_task(listener, envelope));
     let (transactor, counted) = (transactor.clone(), duplicates.clone());
     let mut run = tokio::spawn(async move {
-        crate::worker::run_listener(&owned, transactor, task, counted, None).await
+        crate::worker::listener_handler::run_listener(&owned, transactor, task, counted, None).await
     });
     let outcome = match tokio::time::timeout(timeout, &mut run).await {
         Err(_) => {

@@ -13,7 +13,8 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::queue::Client;
 use crate::scheduler::Schedules;
-use crate::worker::listeners::{Listeners, listener_task_id};
+use crate::worker::listeners::Listeners;
+use crate::worker::task_names::listener_task_id;
 
 /// How often [`TestWorker::wait_until_delivered`] looks.
 const POLL: Duration = Duration::from_millis(50);

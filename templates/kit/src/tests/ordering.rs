@@ -15,16 +15,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::support::{TestDatabase, TestQueue, eventually, valkey_addr};
 use crate::database::Transactor;
-use crate::dispatch::Event;
+use crate::outbox::Event;
 use crate::outbox::dispatch;
 use crate::queue::{Client, Consumer, ConsumerOptions, NewTask, SkipRetry};
+use crate::worker::handle_events;
 use crate::worker::listeners::{
-    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure, listener_task_id,
-    listener_task_type,
+    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure,
 };
 use crate::worker::metrics::ListenerMetrics;
 use crate::worker::ordering::{self, End, Held};
-use crate::worker::{failures, handle_events};
+use crate::worker::task_names::{listener_task_id, listener_task_type};
 
 /// A step of an aggregate: its key and its number in the key, which the
 /// test gives in the order the steps commit.
@@ -117,7 +117,7 @@ pub(super) fn worker_with(
         Duration::from_secs(60),
     );
     let mut consumer = Consumer::new(client, options);
-    failures::record_before_archive(
+    crate::worker::before_archive::record_before_archive(
         &mut consumer,
         pool.clone(),
         listeners.failure_hook(),

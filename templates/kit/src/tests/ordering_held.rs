@@ -320,7 +320,7 @@ async fn held_keys_do_not_keep_the_look_at_old_heads_from_the_others() {
     )
     .await
     .unwrap();
-    let run = crate::worker::listeners::listener_task_id(event.id, "ledger").to_string();
+    let run = crate::worker::task_names::listener_task_id(event.id, "ledger").to_string();
     let mut conn = queue.connection().await;
     let () = redis::pipe()
         .del(crate::queue::keys::task(&queue.name, &run))

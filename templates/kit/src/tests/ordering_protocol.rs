@@ -734,7 +734,10 @@ pub(super) async fn run_every_step_on(addr: &str) {
         case.dispatch(2).await;
     }
     super::ordering_upgrade::leave_set_22_chains(&case.db, &case.pool, &case.queue, "ledger").await;
-    case.ordering().move_from_set_22().await.unwrap();
+    case.ordering()
+        .move_from_database_namespace()
+        .await
+        .unwrap();
     let ops = [
         Op::Hold { key: 0 },
         Op::Dispatch { key: 0 },

@@ -19,10 +19,9 @@ use super::ordering::{
 use super::support::{TestDatabase, TestQueue, eventually};
 use crate::outbox::dispatch;
 use crate::queue::{Consumer, ConsumerOptions, SkipRetry};
-use crate::worker::listeners::{
-    ListenerContext, ListenerOptions, Listeners, OnFailure, listener_task_id,
-};
+use crate::worker::listeners::{ListenerContext, ListenerOptions, Listeners, OnFailure};
 use crate::worker::ordering::Held;
+use crate::worker::task_names::listener_task_id;
 
 /// An ordered `ledger` (`on_failure` when a run fails for good) that refuses
 /// (`SkipRetry`) the steps of key 1 in `refused`, and records the others.

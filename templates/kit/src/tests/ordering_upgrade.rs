@@ -17,8 +17,8 @@ use super::support::{TestDatabase, TestQueue, eventually};
 use crate::outbox::dispatch;
 use crate::outbox::order::Place;
 use crate::queue::NewTask;
-use crate::worker::listeners::{listener_task_id, listener_task_type};
 use crate::worker::ordering::{ChainRun, EventRuns, Held, ORDERED_HEADER, Ordering};
+use crate::worker::task_names::{listener_task_id, listener_task_type};
 
 /// Set 22's namespace of `db`'s database.
 fn old_prefix(db: &TestDatabase) -> String {
@@ -317,7 +317,7 @@ async fn chains_of_set_22_in_flight_move_beside_their_queue_and_run_in_order() {
 
     // Act: the worker of set 23 moves them before it consumes; step 4 is
     // published.
-    let moved = chains.move_from_set_22().await.unwrap();
+    let moved = chains.move_from_database_namespace().await.unwrap();
     let running = Running::start(&queue, &db.pool, ordered_ledger());
     publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::with_seed(22)).await;
     eventually(Duration::from_secs(20), "steps 2 to 5", || async {
@@ -346,6 +346,6 @@ async fn chains_of_set_22_in_flight_move_beside_their_queue_and_run_in_order() {
             format!("moved:{}", queue.name).as_str()
         ]
     );
-    assert_eq!(chains.move_from_set_22().await.unwrap(), 0);
+    assert_eq!(chains.move_from_database_namespace().await.unwrap(), 0);
     assert_eq!(chains.held().await.unwrap(), Held::default());
 }

@@ -41,8 +41,8 @@ use crate::worker::handle_events;
 use crate::worker::listeners::ListenerContext;
 use crate::worker::listeners::Listeners;
 use crate::worker::listeners::SkipRetry;
-use crate::worker::listeners::listener_task_id;
 use crate::worker::metrics::{ListenerLabels, ListenerMetrics};
+use crate::worker::task_names::listener_task_id;
 
 use super::support::{self, OwnServer, eventually, valkey_addr};
 
@@ -1708,7 +1708,7 @@ fn failure_recording_consumer(
 ) -> Consumer {
     let listeners = Arc::new(listeners);
     let mut consumer = Consumer::new(queue.client.clone(), queue.options());
-    crate::worker::failures::record_before_archive(
+    crate::worker::before_archive::record_before_archive(
         &mut consumer,
         db.pool.clone(),
         listeners.failure_hook(),

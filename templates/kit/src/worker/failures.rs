@@ -19,7 +19,6 @@
 //! and the record does not expire. It stops holding once the key moves past
 //! it (`outbox skip`, or the worker finding it no longer first).
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,8 +28,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::ordering::{End, ORDERED_HEADER, Ordering};
-use crate::queue::Consumer;
+use super::task_names::{ORDERED_HEADER, listener_of};
 use crate::queue::message::TaskMessage;
 
 /// One listener task that failed for good, as the hook of
@@ -66,11 +64,6 @@ pub(crate) type FailureHook =
 #[derive(serde::Deserialize)]
 struct EnvelopeId {
     id: Uuid,
-}
-
-/// `(event, listener)` of a task type `listener:<event>:<listener>`.
-fn listener_of(task_type: &str) -> Option<(&str, &str)> {
-    task_type.strip_prefix("listener:")?.split_once(':')
 }
 
 /// Records the failure of `message`, archived with `error` (holding its
@@ -123,81 +116,6 @@ pub(crate) async fn record(
         .await;
     }
     Ok(())
-}
-
-/// What a run of an ordered listener that failed for good does to its
-/// key: the task types of the ordered listeners, and of those among them
-/// that move on past it (`OnFailure::MoveOn`), with their chains.
-#[derive(Debug, Clone)]
-pub(crate) struct OrderedFailures {
-    /// Every ordered listener's task type.
-    pub ordered: HashSet<String>,
-    /// Those that move on past a run that failed for good.
-    pub moving_on: HashSet<String>,
-    /// Their chains.
-    pub ordering: Ordering,
-}
-
-impl OrderedFailures {
-    /// Whether the failure of `message` holds its key: a run of its chain,
-    /// of an ordered listener that does not move on.
-    fn holds_key(&self, message: &TaskMessage) -> bool {
-        message.headers.contains_key(ORDERED_HEADER)
-            && self.ordered.contains(&message.r#type)
-            && !self.moving_on.contains(&message.r#type)
-    }
-
-    /// Moves the chain of `message` on, if it is a run of a listener that
-    /// moves on (a run that is no longer its chain's head changes nothing).
-    async fn past(&self, message: &TaskMessage) -> Result<(), String> {
-        let (Some((_, listener)), Some(key)) = (
-            listener_of(&message.r#type),
-            message.headers.get(ORDERED_HEADER),
-        ) else {
-            return Ok(());
-        };
-        if !self.moving_on.contains(&message.r#type) {
-            return Ok(());
-        }
-        self.ordering
-            .move_on(
-                &message.queue,
-                listener,
-                key,
-                &message.id,
-                None,
-                End::Past,
-                None,
-            )
-            .await
-            .map(|_| ())
-            .map_err(|err| format!("cannot move the key `{key}` on past the failed run: {err}"))
-    }
-}
-
-/// Makes `consumer` archive a listener task only once its failure is
-/// recorded in `pool`'s `listener_failures` (and `hook` called), and, for
-/// a run of an ordered listener that moves on (`ordered`), its key moved
-/// on.
-pub(crate) fn record_before_archive(
-    consumer: &mut Consumer,
-    pool: PgPool,
-    hook: Option<FailureHook>,
-    ordered: Option<OrderedFailures>,
-) {
-    consumer.before_archive(Arc::new(move |message, error| {
-        let (pool, hook, ordered) = (pool.clone(), hook.clone(), ordered.clone());
-        Box::pin(async move {
-            let holds_key = ordered
-                .as_ref()
-                .is_some_and(|ordered| ordered.holds_key(&message));
-            record(&pool, hook.as_ref(), &message, &error, holds_key).await?;
-            match &ordered {
-                Some(ordered) => ordered.past(&message).await,
-                None => Ok(()),
-            }
-        })
-    }));
 }
 
 /// Stops the records of `task_ids` from holding their keys (moved past);
@@ -292,19 +210,4 @@ pub(crate) async fn forget(pool: &PgPool, task_ids: &[String]) -> Result<u64, sq
         .execute(pool)
         .await?;
     Ok(done.rows_affected())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_listener_task_type_names_its_event_and_listener() {
-        assert_eq!(
-            listener_of("listener:orderPlaced:email"),
-            Some(("orderPlaced", "email"))
-        );
-        assert_eq!(listener_of("event:orderPlaced"), None);
-        assert_eq!(listener_of("job:beat"), None);
-    }
 }

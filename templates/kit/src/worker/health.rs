@@ -15,6 +15,7 @@ use axum::routing::get;
 use sqlx::PgPool;
 
 use super::metrics::RelayMetrics;
+use crate::config::OutboxConfig;
 use crate::outbox::relay::MAX_BACKOFF;
 use crate::queue::Client;
 
@@ -37,23 +38,28 @@ pub(crate) struct Readiness {
 }
 
 /// One check: its name and, when it failed, why.
-pub type Check = (&'static str, Result<(), String>);
+pub(crate) type Check = (&'static str, Result<(), String>);
 
 impl Readiness {
     /// Checks `pool`, `queue`, and the relay that records its rounds in
-    /// `relay` and waits `poll_interval` between rounds when idle.
-    pub fn new(pool: PgPool, queue: Client, relay: RelayMetrics, poll_interval: Duration) -> Self {
+    /// `relay` and waits `outbox.poll_interval` between rounds when idle.
+    pub(crate) fn new(
+        pool: PgPool,
+        queue: Client,
+        relay: RelayMetrics,
+        outbox: &OutboxConfig,
+    ) -> Self {
         Self {
             pool,
             queue,
             relay,
-            stuck_after: poll_interval.max(MAX_BACKOFF) + ROUND_LIMIT,
+            stuck_after: outbox.poll_interval.max(MAX_BACKOFF) + ROUND_LIMIT,
             started: SystemTime::now(),
         }
     }
 
     /// Runs every check, concurrently.
-    pub async fn check(&self) -> [Check; 3] {
+    pub(crate) async fn check(&self) -> [Check; 3] {
         let postgres = bounded(async {
             sqlx::query("SELECT 1")
                 .execute(&self.pool)
@@ -84,7 +90,7 @@ impl Readiness {
     }
 
     /// `GET /healthz` and `GET /readyz`.
-    pub fn router(self) -> Router {
+    pub(crate) fn router(self) -> Router {
         let readiness = Arc::new(self);
         Router::new()
             .route("/healthz", get(|| async { "ok" }))

@@ -27,7 +27,7 @@ use super::ordering::Fence;
 use crate::database::Transactor;
 use crate::outbox::cleanup;
 /// Rows deleted per cleanup statement, as for the outbox.
-pub use crate::outbox::cleanup::CLEANUP_BATCH;
+pub(crate) use crate::outbox::cleanup::CLEANUP_BATCH;
 
 /// Records (listener, event id), or does nothing when a delivery before did.
 const RECORD: &str = "INSERT INTO inbox_processed (listener, event_id) VALUES ($1, $2) \
@@ -44,7 +44,7 @@ const UNDEFINED_TABLE: &str = "42P01";
 /// work dispatched wake the relays at once. With a `fence` (a run of an
 /// ordered listener's chain), the work commits only while the run holds
 /// its turn; else it rolls back with `Superseded`.
-pub async fn once<T, F>(
+pub(crate) async fn once<T, F>(
     transactor: &Transactor,
     listener: &str,
     event_id: Uuid,
@@ -68,7 +68,7 @@ where
         return Ok(None);
     }
     // On an error `tx` is dropped unfinished, which rolls it back.
-    let (value, stored) = crate::database::noting_events(work(&mut tx)).await;
+    let (value, stored) = crate::commit_hooks::noting_events(work(&mut tx)).await;
     let value = value?;
     if let Some(fence) = fence {
         fence.check().await?;
@@ -112,7 +112,7 @@ where
         return Ok(None);
     }
     // On an error `tx` is dropped unfinished, which rolls it back.
-    let (value, stored) = crate::database::noting_events(work(&tx)).await;
+    let (value, stored) = crate::commit_hooks::noting_events(work(&tx)).await;
     let value = value?;
     if let Some(fence) = fence {
         fence.check().await?;
@@ -140,7 +140,7 @@ fn explain(err: sqlx::Error) -> ListenerError {
 
 /// Deletes every record older than `retention`, batch by batch, and
 /// returns how many it deleted.
-pub async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
+pub(crate) async fn delete_expired(pool: &PgPool, retention: Duration) -> Result<u64, sqlx::Error> {
     cleanup::in_batches(|| async {
         let deleted = sqlx::query(
             "DELETE FROM inbox_processed WHERE (listener, event_id) IN ( \

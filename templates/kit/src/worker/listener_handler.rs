@@ -1,7 +1,8 @@
 //! The handler of one listener's tasks ([`ListenerHandler`]), step by
 //! step: the turn of an ordered listener's run in its key's chain, the
-//! listener's limits, the run itself, and what follows it (the failure it
-//! no longer has, the metrics, the chain moved on).
+//! listener's limits, the run itself ([`run_listener`], which the test
+//! drain uses too), and what follows it (the failure it no longer has, the
+//! metrics, the chain moved on).
 
 use std::time::Duration;
 
@@ -13,7 +14,9 @@ use super::listeners::Listener;
 use super::metrics::ListenerMetrics;
 use super::ordering::{End, Fence, Moved, ORDERED_HEADER, Ordering, Superseded, Turn};
 use crate::database::Transactor;
+use crate::outbox::Envelope;
 use crate::queue::{HandlerError, Task};
+use crate::trace_context::{self, TraceContext};
 
 /// How long a run that is not its chain's head waits in the queue's
 /// schedule before it looks again; the run before it sends it to pending
@@ -63,7 +66,9 @@ impl ListenerHandler {
         }
     }
 
-    /// Runs the listener on `task`, in its turn for an ordered listener.
+    /// Runs the listener on `task`, in its turn for an ordered listener:
+    /// the turn, the limits, the run, the failure it no longer has, the
+    /// metrics, and the chain moved on.
     pub(crate) async fn handle(&self, task: Task) -> Result<(), HandlerError> {
         let held = match self.take_turn(&task).await? {
             Step::Run(held) => held,
@@ -76,26 +81,14 @@ impl ListenerHandler {
             .as_ref()
             .map(|held| Fence::new(self.ordering.queue_client(), &queue, &task_id, held.token));
         let started = std::time::Instant::now();
-        let result = super::run_listener(
-            &self.listener,
-            self.transactor.clone(),
-            task,
-            self.duplicates.clone(),
-            fence.clone(),
-        )
-        .await;
+        let result = self.run(task, fence.clone()).await;
         if let Some(permit) = permit {
             permit.release().await;
         }
         if result.is_ok() && failed_before {
             self.forget_failure(task_id.clone());
         }
-        self.metrics.record(
-            self.listener.event(),
-            self.listener.name(),
-            result.is_ok(),
-            started.elapsed(),
-        );
+        self.record(&result, started.elapsed());
         match (held, fence) {
             (Some(held), Some(fence)) => {
                 self.after_turn(&queue, &task_id, held, &fence, result)
@@ -153,6 +146,19 @@ impl ListenerHandler {
         }
     }
 
+    /// The run itself ([`run_listener`]), holding `fence` when it holds its
+    /// chain's turn.
+    async fn run(&self, task: Task, fence: Option<Fence>) -> Result<(), HandlerError> {
+        run_listener(
+            &self.listener,
+            self.transactor.clone(),
+            task,
+            self.duplicates.clone(),
+            fence,
+        )
+        .await
+    }
+
     /// A task that failed before and now succeeds has no failure left to
     /// keep (asynqmon's "run" of an archived task): forgotten beside the
     /// task's completion, not before it.
@@ -163,6 +169,16 @@ impl ListenerHandler {
                 tracing::warn!(error = %err, "could not forget the failure of a listener task that succeeded");
             }
         });
+    }
+
+    /// Counts the run, its outcome and how long it took.
+    fn record(&self, result: &Result<(), HandlerError>, took: Duration) {
+        self.metrics.record(
+            self.listener.event(),
+            self.listener.name(),
+            result.is_ok(),
+            took,
+        );
     }
 
     /// After a run that held its chain's turn: a success moves the chain on
@@ -220,4 +236,60 @@ enum Step {
     Run(Option<Held>),
     /// Return this at once.
     Return(Result<(), HandlerError>),
+}
+
+/// A `listener:<event>:<listener>` run: decodes the event and runs the
+/// listener, inside the trace context of the task's headers or, without
+/// one, of the dispatch (so events it dispatches in turn continue the same
+/// trace).
+///
+/// A payload that is not an envelope at all is archived at once (retrying
+/// cannot fix it), and so is a run that fails with a
+/// [`SkipRetry`](crate::queue::SkipRetry); an event
+/// whose payload does not decode into the listener's type is retried, see
+/// [`Listeners::listen`](super::listeners::Listeners::listen).
+/// A run that holds a chain's turn carries its `fence`: its `ctx.once`
+/// commits only while it holds it, and a run that no longer does is
+/// [`HandlerError::superseded`].
+pub(crate) async fn run_listener(
+    listener: &Listener,
+    transactor: Transactor,
+    task: Task,
+    duplicates: Counter,
+    fence: Option<Fence>,
+) -> Result<(), HandlerError> {
+    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
+        HandlerError::skip_retry(anyhow::anyhow!(
+            "task {} is not an event envelope: {err}",
+            task.id
+        ))
+    })?;
+    let span = tracing::info_span!(
+        "listener",
+        event = listener.event(),
+        listener = listener.name(),
+        event_id = %envelope.id,
+        retried = task.retried,
+    );
+    // The consumer runs the task in the trace of its headers (the relay
+    // writes them; a Go producer's middleware may have continued the trace
+    // there). A task without them (enqueued by a relay that wrote none)
+    // continues the trace of the dispatch, from the envelope.
+    let fallback = TraceContext::from_metadata(&task.headers)
+        .is_none()
+        .then(|| TraceContext::from_metadata(&envelope.metadata))
+        .flatten();
+    let run = listener.call_counted(envelope, task.headers, transactor, duplicates, fence);
+    let run = tracing::Instrument::instrument(run, span);
+    let result = match fallback {
+        Some(parent) => trace_context::scope(parent.child(), run).await,
+        None => run.await,
+    };
+    result.map_err(|err| {
+        if Superseded::is_in(&err) {
+            HandlerError::superseded(err)
+        } else {
+            HandlerError::from(err)
+        }
+    })
 }

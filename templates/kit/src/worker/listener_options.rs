@@ -36,7 +36,7 @@ pub enum OnFailure {
 ///
 /// # #[derive(serde::Serialize)]
 /// # struct OrderCancelled;
-/// # impl kit::dispatch::Event for OrderCancelled { const NAME: &'static str = "orderCancelled"; }
+/// # impl kit::outbox::Event for OrderCancelled { const NAME: &'static str = "orderCancelled"; }
 /// // One event of an order at a time, in commit order; a run that keeps
 /// // failing holds the order's later events.
 /// let shipping = ListenerOptions::<OrderCancelled>::new().ordered();

@@ -28,146 +28,24 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
 use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
-use sqlx::{PgConnection, PgPool};
-use uuid::Uuid;
 
 use super::failures::FailureHook;
 pub use super::failures::ListenerFailure;
 use super::limits::Limits;
 pub use super::limits::{InvalidLimit, Rate};
+pub use super::listener_context::ListenerContext;
 pub use super::listener_error::{ListenerError, SkipRetry};
 use super::listener_options::Partition;
 pub use super::listener_options::{ListenerOptions, OnFailure};
 use super::ordering::{Fence, Ordered};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
+use super::task_names::listener_task_type;
 use crate::database::Transactor;
-use crate::dispatch::Event;
-use crate::outbox::{Envelope, Metadata};
-
-/// What a listener gets besides the event: its id and time, the task's
-/// headers, the database, and [`Self::once`].
-#[derive(Debug, Clone)]
-pub struct ListenerContext {
-    event_id: Uuid,
-    occurred_at: DateTime<Utc>,
-    metadata: Metadata,
-    headers: BTreeMap<String, String>,
-    pool: PgPool,
-    listener: String,
-    /// The worker's transactor on `pool`: its commits wake the relays.
-    transactor: Transactor,
-    /// Counts the deliveries [`Self::once`] skipped as duplicates.
-    duplicates: Counter,
-    /// The turn a run of an ordered listener's chain holds: its work
-    /// commits only while it holds it.
-    fence: Option<Fence>,
-}
-
-impl ListenerContext {
-    /// The context of `listener`'s delivery of `envelope`: its
-    /// [`Self::once`] runs in `transactor`'s transactions and counts the
-    /// deliveries it skips in `duplicates`.
-    pub(crate) fn new(
-        envelope: &Envelope,
-        headers: BTreeMap<String, String>,
-        listener: &str,
-        transactor: Transactor,
-        duplicates: Counter,
-        fence: Option<Fence>,
-    ) -> Self {
-        Self {
-            event_id: envelope.id,
-            occurred_at: envelope.occurred_at,
-            metadata: envelope.metadata.clone(),
-            headers,
-            pool: transactor.pool().clone(),
-            listener: listener.to_string(),
-            transactor,
-            duplicates,
-            fence,
-        }
-    }
-
-    /// The envelope id: the idempotency key for this event.
-    pub fn event_id(&self) -> Uuid {
-        self.event_id
-    }
-
-    /// When the event was dispatched.
-    pub fn occurred_at(&self) -> DateTime<Utc> {
-        self.occurred_at
-    }
-
-    /// The listener's name, its key in the inbox.
-    pub fn listener(&self) -> &str {
-        &self.listener
-    }
-
-    /// The headers of the listener's task (asynq task headers), which the
-    /// fan-out copies from the event's task.
-    pub fn headers(&self) -> &BTreeMap<String, String> {
-        &self.headers
-    }
-
-    /// The event's metadata: the trace context (`traceparent`,
-    /// `tracestate`) of its dispatch.
-    pub fn metadata(&self) -> &Metadata {
-        &self.metadata
-    }
-
-    /// The database, for work that need not happen once per event.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// Runs `work` in one transaction, once per event for this listener:
-    /// `Some` with its value when it ran and committed, `None` when an
-    /// earlier delivery of the event already did (see `super::inbox`). An
-    /// error rolls everything back, and the retry runs `work` again.
-    ///
-    /// Put the listener's database writes in `work`, and the events it
-    /// dispatches in turn (pass `tx` to the dispatcher). Work outside the
-    /// database (an e-mail, an HTTP call) does not belong here: make it
-    /// idempotent on [`Self::event_id`] by itself.
-    pub async fn once<T, F>(&self, work: F) -> Result<Option<T>, ListenerError>
-    where
-        F: AsyncFnOnce(&mut PgConnection) -> Result<T, ListenerError>,
-    {
-        let done = super::inbox::once(
-            &self.transactor,
-            &self.listener,
-            self.event_id,
-            self.fence.as_ref(),
-            work,
-        )
-        .await?;
-        if done.is_none() {
-            self.count_duplicate();
-        }
-        Ok(done)
-    }
-
-    /// Counts one delivery skipped by the inbox.
-    pub(crate) fn count_duplicate(&self) {
-        self.duplicates.inc();
-    }
-
-    /// The worker's transactor, whose commits wake the relays.
-    #[cfg(feature = "seaorm")]
-    pub(crate) fn transactor(&self) -> &Transactor {
-        &self.transactor
-    }
-
-    /// The turn the run holds, for a run of an ordered listener's chain.
-    #[cfg(feature = "seaorm")]
-    pub(crate) fn fence(&self) -> Option<&Fence> {
-        self.fence.as_ref()
-    }
-}
+use crate::outbox::Envelope;
+use crate::outbox::Event;
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<(), ListenerError>> + Send>>;
 type Run = Arc<dyn Fn(Envelope, ListenerContext) -> BoxFuture + Send + Sync>;
@@ -188,28 +66,28 @@ pub(crate) struct Listener {
 
 impl Listener {
     /// The wire name of the event it listens to.
-    pub fn event(&self) -> &'static str {
+    pub(crate) fn event(&self) -> &'static str {
         self.event
     }
 
     /// The listener's name, unique among the event's listeners.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Whether it is ordered, and what a failure for good does to its key.
-    pub fn ordered(&self) -> Option<OnFailure> {
+    pub(crate) fn ordered(&self) -> Option<OnFailure> {
         self.ordered
     }
 
     /// Its limits across every worker.
-    pub fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         self.limits
     }
 
     /// The partition its limits apply to for the event in `payload` (a
     /// task's envelope); empty without one.
-    pub fn partition_of(&self, payload: &[u8]) -> String {
+    pub(crate) fn partition_of(&self, payload: &[u8]) -> String {
         let Some(partition) = &self.partition else {
             return String::new();
         };
@@ -219,7 +97,7 @@ impl Listener {
     }
 
     /// `listener:<event>:<listener>`.
-    pub fn task_type(&self) -> String {
+    pub(crate) fn task_type(&self) -> String {
         listener_task_type(self.event, &self.name)
     }
 
@@ -229,7 +107,7 @@ impl Listener {
     /// Its [`ListenerContext::once`] runs in `transactor`'s transactions.
     /// (The kit's tests; the worker counts duplicates, `call_counted`.)
     #[cfg(test)]
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         envelope: Envelope,
         headers: BTreeMap<String, String>,
@@ -314,7 +192,7 @@ impl Listeners {
     /// As [`Self::listen`].
     ///
     /// ```
-    /// use kit::dispatch::Event;
+    /// use kit::outbox::Event;
     /// use kit::worker::listeners::{ListenerContext, ListenerError, ListenerOptions, Listeners};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
@@ -481,48 +359,5 @@ impl Listeners {
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &Listener> {
         self.by_event.values().flatten()
-    }
-}
-
-/// `listener:<event>:<listener>`, the task type of one listener's work.
-pub(crate) fn listener_task_type(event: &str, listener: &str) -> String {
-    format!("listener:{event}:{listener}")
-}
-
-/// The task id of `listener`'s task for the event task `event_task_id`: a
-/// UUIDv5 of the listener's name in the event task id's namespace, the same
-/// on every retry. The relay's event task id is the event id, so the
-/// listener tasks of an event are `listener_task_id(event_id, name)`.
-pub(crate) fn listener_task_id(event_task_id: Uuid, listener: &str) -> Uuid {
-    Uuid::new_v5(&event_task_id, listener.as_bytes())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listener_task_ids_are_stable_and_distinct() {
-        let event = Uuid::now_v7();
-        assert_eq!(
-            listener_task_id(event, "audit"),
-            listener_task_id(event, "audit")
-        );
-        assert_ne!(
-            listener_task_id(event, "audit"),
-            listener_task_id(event, "email")
-        );
-        assert_ne!(
-            listener_task_id(event, "audit"),
-            listener_task_id(Uuid::now_v7(), "audit")
-        );
-    }
-
-    #[test]
-    fn listener_task_types_follow_the_go_kit() {
-        assert_eq!(
-            listener_task_type("orderPlaced", "audit"),
-            "listener:orderPlaced:audit"
-        );
     }
 }

@@ -41,23 +41,23 @@ pub(crate) const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The labels of a listener's counters: `event="orderPlaced",listener="audit"`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ListenerLabels {
+pub(crate) struct ListenerLabels {
     /// The event's wire name.
-    pub event: String,
+    pub(crate) event: String,
     /// The listener's name.
-    pub listener: String,
+    pub(crate) listener: String,
 }
 
 /// The labels of a listener's run durations:
 /// `event="orderPlaced",listener="audit",outcome="succeeded"`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ListenerRunLabels {
+pub(crate) struct ListenerRunLabels {
     /// The event's wire name.
-    pub event: String,
+    pub(crate) event: String,
     /// The listener's name.
-    pub listener: String,
+    pub(crate) listener: String,
     /// `succeeded` or `failed`.
-    pub outcome: String,
+    pub(crate) outcome: String,
 }
 
 type Durations<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -70,16 +70,16 @@ pub(crate) fn duration_histogram() -> Histogram {
 /// Runs of each listener, by outcome, and how long they took. Cloning
 /// shares them.
 #[derive(Debug, Clone)]
-pub struct ListenerMetrics {
+pub(crate) struct ListenerMetrics {
     /// Runs that returned `Ok`.
-    pub succeeded: Family<ListenerLabels, Counter>,
+    pub(crate) succeeded: Family<ListenerLabels, Counter>,
     /// Runs that failed (each retry counts once).
-    pub failed: Family<ListenerLabels, Counter>,
+    pub(crate) failed: Family<ListenerLabels, Counter>,
     /// How long each run took, in seconds, by outcome.
-    pub durations: Durations<ListenerRunLabels>,
+    pub(crate) durations: Durations<ListenerRunLabels>,
     /// Deliveries whose `ctx.once` work was skipped: the inbox had the
     /// event already.
-    pub inbox_duplicates: Family<ListenerLabels, Counter>,
+    pub(crate) inbox_duplicates: Family<ListenerLabels, Counter>,
 }
 
 impl Default for ListenerMetrics {
@@ -96,7 +96,7 @@ impl Default for ListenerMetrics {
 impl ListenerMetrics {
     /// Exports both counts of `listener` of `event` at 0 until it runs, so
     /// that a rate over them exists from the start.
-    pub fn register(&self, event: &str, listener: &str) {
+    pub(crate) fn register(&self, event: &str, listener: &str) {
         let labels = ListenerLabels {
             event: event.to_string(),
             listener: listener.to_string(),
@@ -117,7 +117,7 @@ impl ListenerMetrics {
     }
 
     /// Counts one run of `listener` of `event` that took `took`.
-    pub fn record(&self, event: &str, listener: &str, succeeded: bool, took: Duration) {
+    pub(crate) fn record(&self, event: &str, listener: &str, succeeded: bool, took: Duration) {
         let labels = ListenerLabels {
             event: event.to_string(),
             listener: listener.to_string(),
@@ -141,13 +141,13 @@ impl ListenerMetrics {
 
 /// Every metric of the worker, registered for export.
 #[derive(Debug, Clone)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// The relay's instruments.
-    pub relay: RelayMetrics,
+    pub(crate) relay: RelayMetrics,
     /// The listeners' run counters.
-    pub listeners: ListenerMetrics,
+    pub(crate) listeners: ListenerMetrics,
     /// The scheduler's instruments.
-    pub scheduler: SchedulerMetrics,
+    pub(crate) scheduler: SchedulerMetrics,
     /// The queues' state, as Go asynq exports it.
     pub(crate) queues: QueueMetrics,
     /// What ordered listeners hold back.
@@ -162,17 +162,17 @@ pub struct Metrics {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct OrderingMetrics {
     /// Keys whose first run failed for good.
-    pub blocked_keys: Gauge,
+    pub(crate) blocked_keys: Gauge,
     /// Runs waiting for an earlier run of their key.
-    pub waiting_runs: Gauge,
+    pub(crate) waiting_runs: Gauge,
     /// Event tasks waiting for the fan-out of an earlier event of their key.
-    pub waiting_events: Gauge,
+    pub(crate) waiting_events: Gauge,
 }
 
 impl Metrics {
     /// New instruments, registered for export under the `outbox` and
     /// `asynq` prefixes.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let relay = RelayMetrics::default();
         let listeners = ListenerMetrics::default();
         let scheduler = SchedulerMetrics::default();
@@ -273,14 +273,14 @@ impl Metrics {
     }
 
     /// The metrics in the Prometheus text format.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
     }
 
     /// `GET /metrics`.
-    pub fn router(self) -> Router {
+    pub(crate) fn router(self) -> Router {
         Router::new().route(
             "/metrics",
             get(move || {

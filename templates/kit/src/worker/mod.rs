@@ -22,12 +22,14 @@
 //! (and no lock) outlives the process. A loop stuck on a hung database or
 //! Valkey call is dropped within a second.
 
+pub(crate) mod before_archive;
 pub(crate) mod failures;
 pub(crate) mod health;
 pub(crate) mod inbox;
 pub(crate) mod limits;
+mod listener_context;
 mod listener_error;
-mod listener_handler;
+pub(crate) mod listener_handler;
 mod listener_options;
 pub mod listeners;
 pub(crate) mod metrics;
@@ -36,6 +38,7 @@ pub(crate) mod ordering;
 mod orm_context;
 pub(crate) mod persistence;
 pub(crate) mod queue_metrics;
+pub(crate) mod task_names;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -43,7 +46,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -52,21 +54,24 @@ use uuid::Uuid;
 use self::health::Readiness;
 use self::limits::{LimitMetrics, Limiter};
 use self::listener_handler::ListenerHandler;
-use self::listeners::{Listener, Listeners, OnFailure, listener_task_id};
+use self::listeners::{Listener, Listeners, OnFailure};
 use self::metrics::{ListenerMetrics, Metrics};
-use self::ordering::{ChainRun, EventRuns, Fence, Ordering, Superseded};
-use crate::config::{Config, WakeMode};
+use self::ordering::{ChainRun, EventRuns, Ordering};
+use self::task_names::listener_task_id;
+use crate::config::{Config, OutboxConfig, WakeMode, WorkerConfig};
 use crate::database;
 use crate::outbox::order::Place;
 use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
-use crate::outbox::{Envelope, cleanup, wake};
+use crate::outbox::{cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 use crate::scheduler::lease::Lease;
 use crate::scheduler::progress::Progress;
 use crate::scheduler::{Scheduler, Schedules, TickOptions};
-use crate::trace_context::{self, TraceContext};
 
-/// Runs the worker until `shutdown` completes.
+/// Runs the worker until `shutdown` completes: it wires the parts (the
+/// relay, the consumer and its listeners, the chains of ordered listeners,
+/// the scheduler, the cleanups, the metrics endpoint), each built from its
+/// own section of `config`.
 pub async fn run(
     config: &Config,
     listeners: Listeners,
@@ -77,23 +82,13 @@ pub async fn run(
     schedules
         .specs()
         .context("a schedule in src/schedules/ is invalid")?;
-    database::check_reachable(&config.database)
-        .await
-        .context("the worker needs Postgres at start-up")?;
-    let pool = database::connect_lazy(&config.database);
-    let queue = Client::from_config(&config.valkey)
-        .await
-        .context("the worker needs Valkey at start-up")?;
-    // Consumers of other processes wake at once for what this one enqueues.
-    queue
-        .enqueued()
-        .set_publish(config.outbox.wake == WakeMode::Valkey);
+    let (pool, queue) = connect(config).await?;
     persistence::warn_if_off(&queue).await;
     let readiness = Readiness::new(
         pool.clone(),
         queue.clone(),
         metrics.relay.clone(),
-        config.outbox.poll_interval,
+        &config.outbox,
     );
     let stop = CancellationToken::new();
     let relay = Relay::new(
@@ -102,13 +97,7 @@ pub async fn run(
         &config.outbox,
         metrics.relay.clone(),
     );
-    // The events listeners store in `ctx.once` wake this worker's relay at
-    // once, and with OUTBOX_WAKE=valkey the relays of the other workers too
-    // (a commit that stored none wakes nothing).
-    let wake = match config.outbox.wake {
-        WakeMode::Off => wake::Wake::local(relay.waker()),
-        WakeMode::Valkey => wake::Wake::publishing(queue.clone()).and_local(relay.waker()),
-    };
+    let wake = relay_wake(&config.outbox, &queue, &relay);
     let transactor = database::Transactor::new(pool.clone()).after_events({
         let wake = wake.clone();
         move || wake.signal()
@@ -119,67 +108,10 @@ pub async fn run(
         .override_limits(&limits::overrides_from_env().context("WORKER_LIMITS cannot be read")?)?;
     let chains = Ordering::of_service(pool.clone(), queue.clone(), config);
     let ordered = listeners.ordered();
-    let service = ordering::owner::service_id(&pool, config.worker.service_id.as_deref())
-        .await
-        .context("the worker needs its service's id")?;
-    if !ordered.names.is_empty() {
-        // A queue of another service's would mix their events and chains.
-        chains.own_queues(&service).await?;
-        // Its listeners' chains are not another worker's to release.
-        chains.claim_listeners(&ordered).await?;
-        ordering::foreign::refuse_foreign_consumers(&queue, chains.queues()).await?;
-    }
-    // Before the consumer runs: a head in the queue must find its chain.
-    chains
-        .move_from_postgres()
-        .await
-        .context("cannot move the chains of ordered listeners from Postgres to Valkey")?;
-    chains
-        .move_from_set_22()
-        .await
-        .context("cannot move the chains of ordered listeners of template set 22")?;
-    for (queue, listener, keys) in chains.orphans(&ordered).await? {
-        tracing::warn!(
-            queue,
-            listener,
-            keys,
-            "a listener that this worker does not order has chains of ordered runs: they are \
-             released (their runs queued at once) an hour after a worker first saw this, unless a \
-             worker that orders it runs"
-        );
-    }
+    let service = prepare_chains(&chains, &pool, &config.worker, &ordered).await?;
     let mut consumer = consumer(config, &chains, transactor, Arc::new(listeners), &metrics);
     schedules.handle_jobs(&mut consumer, &pool);
-    let scheduler = (config.scheduler.enabled && !schedules.all().is_empty())
-        .then(|| {
-            let lease = Lease::new(
-                queue.connection(),
-                env!("CARGO_PKG_NAME"),
-                config.scheduler.lease_ttl,
-            );
-            let options = TickOptions {
-                job_queue: config
-                    .worker
-                    .queues
-                    .names()
-                    .next()
-                    .unwrap_or(crate::queue::DEFAULT_QUEUE)
-                    .to_string(),
-                retention: config.outbox.task_retention,
-            };
-            // Event ticks wake the relays as committed events do.
-            Scheduler::new(
-                Arc::new(schedules),
-                lease,
-                Progress::new(queue.connection(), env!("CARGO_PKG_NAME")),
-                pool.clone(),
-                queue.clone(),
-                wake,
-                options,
-                metrics.scheduler.clone(),
-            )
-        })
-        .transpose()?;
+    let scheduler = scheduler(config, schedules, &pool, &queue, wake, &metrics)?;
     let metrics_listener = tokio::net::TcpListener::bind(config.worker.metrics_addr)
         .await
         .with_context(|| format!("failed to listen on {}", config.worker.metrics_addr))?;
@@ -190,6 +122,180 @@ pub async fn run(
         concurrency = config.worker.concurrency,
         "worker started"
     );
+    warn_if_events_unserved(config);
+
+    let mut tasks = JoinSet::new();
+    if let Some(scheduler) = scheduler {
+        tasks.spawn(scheduler.run(stop.clone()));
+    }
+    if config.outbox.wake == WakeMode::Valkey {
+        tasks.spawn(wake::forward_published(
+            queue.clone(),
+            relay.waker(),
+            stop.clone(),
+        ));
+    }
+    tasks.spawn(relay.run(stop.clone()));
+    spawn_cleanups(&mut tasks, config, &pool, &chains, &stop);
+    tasks.spawn(ordering::look_after_chains(
+        chains.clone(),
+        ordered,
+        service,
+        stop.clone(),
+    ));
+    tasks.spawn(inbox::run_cleanup(
+        pool.clone(),
+        config.worker.inbox_retention,
+        config.outbox.cleanup_interval,
+        stop.clone(),
+    ));
+    tasks.spawn(metrics::watch_backlog(
+        pool.clone(),
+        queue.clone(),
+        chains,
+        watched_queues(config),
+        metrics.clone(),
+        stop.clone(),
+    ));
+    let metrics_server = axum::serve(metrics_listener, metrics.router().merge(readiness.router()))
+        .with_graceful_shutdown(stop.clone().cancelled_owned());
+    tasks.spawn(async move {
+        if let Err(err) = metrics_server.await {
+            tracing::error!(error = %err, "metrics endpoint failed");
+        }
+    });
+    let consuming = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop.cancel();
+    let (consumed, ()) = tokio::join!(consuming, stop_loops(&mut tasks));
+    if tokio::time::timeout(CLOSE_GRACE, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("Postgres did not answer at shutdown; its sessions end with the process");
+    }
+    consumed.context("the consumer panicked")??;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Postgres (checked reachable, then a lazy pool) and Valkey, as the worker
+/// needs them at start-up; with `OUTBOX_WAKE=valkey`, the consumers of
+/// other processes wake at once for what this one enqueues.
+async fn connect(config: &Config) -> anyhow::Result<(sqlx::PgPool, Client)> {
+    database::check_reachable(&config.database)
+        .await
+        .context("the worker needs Postgres at start-up")?;
+    let pool = database::connect_lazy(&config.database);
+    let queue = Client::from_config(&config.valkey)
+        .await
+        .context("the worker needs Valkey at start-up")?;
+    queue
+        .enqueued()
+        .set_publish(config.outbox.wake == WakeMode::Valkey);
+    Ok((pool, queue))
+}
+
+/// What the events listeners store in `ctx.once` wake: this worker's relay
+/// at once, and with `OUTBOX_WAKE=valkey` the relays of the other workers
+/// too (a commit that stored none wakes nothing).
+fn relay_wake(outbox: &OutboxConfig, queue: &Client, relay: &Relay) -> wake::Wake {
+    match outbox.wake {
+        WakeMode::Off => wake::Wake::local(relay.waker()),
+        WakeMode::Valkey => wake::Wake::publishing(queue.clone()).and_local(relay.waker()),
+    }
+}
+
+/// Readies the chains of ordered listeners before the consumer runs: the
+/// worker's queues owned by its service, its listeners' chains claimed,
+/// no foreign consumer on its queues, the chains of older layouts moved
+/// (a head in the queue must find its chain), and the chains of listeners
+/// it does not order reported. Returns the service's id.
+async fn prepare_chains(
+    chains: &Ordering,
+    pool: &sqlx::PgPool,
+    worker: &WorkerConfig,
+    ordered: &ordering::Ordered,
+) -> anyhow::Result<String> {
+    let service = ordering::owner::service_id(pool, worker.service_id.as_deref())
+        .await
+        .context("the worker needs its service's id")?;
+    if !ordered.names.is_empty() {
+        // A queue of another service's would mix their events and chains.
+        chains.own_queues(&service).await?;
+        // Its listeners' chains are not another worker's to release.
+        chains.claim_listeners(ordered).await?;
+        ordering::foreign::refuse_foreign_consumers(&chains.queue_client(), chains.queues())
+            .await?;
+    }
+    chains
+        .move_from_postgres()
+        .await
+        .context("cannot move the chains of ordered listeners from Postgres to Valkey")?;
+    chains
+        .move_from_database_namespace()
+        .await
+        .context("cannot move the chains of ordered listeners of template set 22")?;
+    for (queue, listener, keys) in chains.orphans(ordered).await? {
+        tracing::warn!(
+            queue,
+            listener,
+            keys,
+            "a listener that this worker does not order has chains of ordered runs: they are \
+             released (their runs queued at once) an hour after a worker first saw this, unless a \
+             worker that orders it runs"
+        );
+    }
+    Ok(service)
+}
+
+/// The scheduler of `schedules`, if it is enabled and there are any: its
+/// jobs go to the worker's first queue, and its event ticks wake the
+/// relays as committed events do.
+fn scheduler(
+    config: &Config,
+    schedules: Schedules,
+    pool: &sqlx::PgPool,
+    queue: &Client,
+    wake: wake::Wake,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<Scheduler>> {
+    if !config.scheduler.enabled || schedules.all().is_empty() {
+        return Ok(None);
+    }
+    let lease = Lease::new(
+        queue.connection(),
+        env!("CARGO_PKG_NAME"),
+        config.scheduler.lease_ttl,
+    );
+    let options = TickOptions {
+        job_queue: config
+            .worker
+            .queues
+            .names()
+            .next()
+            .unwrap_or(crate::queue::DEFAULT_QUEUE)
+            .to_string(),
+        retention: config.outbox.task_retention,
+    };
+    Ok(Some(Scheduler::new(
+        Arc::new(schedules),
+        lease,
+        Progress::new(queue.connection(), env!("CARGO_PKG_NAME")),
+        pool.clone(),
+        queue.clone(),
+        wake,
+        options,
+        metrics.scheduler.clone(),
+    )?))
+}
+
+/// Warns when the worker consumes none of the queues its events go to
+/// (`OUTBOX_QUEUES`): its listeners then run only if another process of
+/// the service consumes them.
+fn warn_if_events_unserved(config: &Config) {
     let own_queues: Vec<&str> = config.worker.queues.names().collect();
     if !config
         .outbox
@@ -205,19 +311,17 @@ pub async fn run(
              its listeners run only if another process of this service consumes them"
         );
     }
+}
 
-    let mut tasks = JoinSet::new();
-    if let Some(scheduler) = scheduler {
-        tasks.spawn(scheduler.run(stop.clone()));
-    }
-    if config.outbox.wake == WakeMode::Valkey {
-        tasks.spawn(wake::forward_published(
-            queue.clone(),
-            relay.waker(),
-            stop.clone(),
-        ));
-    }
-    tasks.spawn(relay.run(stop.clone()));
+/// Spawns the cleanups of the outbox, of idle order keys and of expired
+/// listener failures, every `OUTBOX_CLEANUP_INTERVAL` until `stop`.
+fn spawn_cleanups(
+    tasks: &mut JoinSet<()>,
+    config: &Config,
+    pool: &sqlx::PgPool,
+    chains: &Ordering,
+    stop: &CancellationToken,
+) {
     tasks.spawn(cleanup::run(
         pool.clone(),
         config.outbox.retention,
@@ -251,68 +355,33 @@ pub async fn run(
             },
         )
     });
-    tasks.spawn(ordering::look_after_chains(
-        chains.clone(),
-        ordered,
-        service,
-        stop.clone(),
-    ));
-    tasks.spawn(inbox::run_cleanup(
-        pool.clone(),
-        config.worker.inbox_retention,
-        config.outbox.cleanup_interval,
-        stop.clone(),
-    ));
-    // The queues this worker serves or publishes to, for the asynq gauges.
+}
+
+/// The queues this worker serves or publishes to, for the asynq gauges.
+fn watched_queues(config: &Config) -> Vec<String> {
     let mut watched: Vec<String> = config.worker.queues.names().map(str::to_string).collect();
     for queue in config.outbox.queues.names() {
         if !watched.contains(queue) {
             watched.push(queue.clone());
         }
     }
-    tasks.spawn(metrics::watch_backlog(
-        pool.clone(),
-        queue.clone(),
-        chains,
-        watched,
-        metrics.clone(),
-        stop.clone(),
-    ));
-    let metrics_server = axum::serve(metrics_listener, metrics.router().merge(readiness.router()))
-        .with_graceful_shutdown(stop.clone().cancelled_owned());
-    tasks.spawn(async move {
-        if let Err(err) = metrics_server.await {
-            tracing::error!(error = %err, "metrics endpoint failed");
-        }
-    });
-    let consuming = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
-
-    shutdown.await;
-    tracing::info!("shutting down");
-    stop.cancel();
-    let (consumed, ()) = tokio::join!(consuming, stop_loops(&mut tasks));
-    if tokio::time::timeout(CLOSE_GRACE, pool.close())
-        .await
-        .is_err()
-    {
-        tracing::warn!("Postgres did not answer at shutdown; its sessions end with the process");
-    }
-    consumed.context("the consumer panicked")??;
-    tracing::info!("worker stopped");
-    Ok(())
+    watched
 }
 
 /// How long the loops may take to stop once shutdown began before
 /// whatever still waits on a hung call is dropped.
-pub(crate) const STOP_GRACE: Duration = Duration::from_millis(800);
+pub(crate) const LOOPS_STOP_GRACE: Duration = Duration::from_millis(800);
 /// How long closing the pool may take: it waits for the connections in
 /// use, which a hung Postgres never gives back.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_millis(300);
 
-/// Waits for `tasks` to stop, at most [`STOP_GRACE`]; then aborts the rest.
+/// Waits for `tasks` to stop, at most [`LOOPS_STOP_GRACE`]; then aborts the rest.
 async fn stop_loops(tasks: &mut JoinSet<()>) {
     let stopped = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {
+    if tokio::time::timeout(LOOPS_STOP_GRACE, stopped)
+        .await
+        .is_err()
+    {
         tracing::warn!(
             loops = tasks.len(),
             "stopping loops stuck on a hung database or Valkey call"
@@ -340,7 +409,7 @@ fn consumer(
     };
     let mut consumer = Consumer::new(ordering.queue_client(), options);
     // A listener task is archived only once its failure is recorded.
-    failures::record_before_archive(
+    before_archive::record_before_archive(
         &mut consumer,
         transactor.pool().clone(),
         listeners.failure_hook(),
@@ -358,11 +427,11 @@ fn consumer(
 }
 
 /// What a run of an ordered listener that failed for good does to its key,
-/// by task type (`failures::OrderedFailures`).
+/// by task type (`before_archive::OrderedFailures`).
 pub(crate) fn ordered_failures(
     listeners: &Listeners,
     ordering: &Ordering,
-) -> failures::OrderedFailures {
+) -> before_archive::OrderedFailures {
     let of = |policy: fn(OnFailure) -> bool| {
         listeners
             .all()
@@ -370,7 +439,7 @@ pub(crate) fn ordered_failures(
             .map(Listener::task_type)
             .collect::<HashSet<String>>()
     };
-    failures::OrderedFailures {
+    before_archive::OrderedFailures {
         ordered: of(|_| true),
         moving_on: of(|policy| policy == OnFailure::MoveOn),
         ordering: ordering.clone(),
@@ -512,60 +581,4 @@ pub(crate) async fn fan_out(
         runs,
     };
     ordering.fan_out(&place, &event, replay).await
-}
-
-/// A `listener:<name>:<listener>` handler: decodes the event and runs the
-/// listener, inside the trace context of the task's headers or, without
-/// one, of the dispatch (so events it dispatches in turn continue the same
-/// trace).
-///
-/// A payload that is not an envelope at all is archived at once (retrying
-/// cannot fix it), and so is a run that fails with a
-/// [`SkipRetry`](crate::queue::SkipRetry); an event
-/// whose payload does not decode into the listener's type is retried, see
-/// [`Listeners::listen`].
-/// A run that holds a chain's turn carries its `fence`: its `ctx.once`
-/// commits only while it holds it, and a run that no longer does is
-/// [`HandlerError::superseded`].
-pub(crate) async fn run_listener(
-    listener: &Listener,
-    transactor: database::Transactor,
-    task: Task,
-    duplicates: Counter,
-    fence: Option<Fence>,
-) -> Result<(), HandlerError> {
-    let envelope: Envelope = serde_json::from_slice(&task.payload).map_err(|err| {
-        HandlerError::skip_retry(anyhow::anyhow!(
-            "task {} is not an event envelope: {err}",
-            task.id
-        ))
-    })?;
-    let span = tracing::info_span!(
-        "listener",
-        event = listener.event(),
-        listener = listener.name(),
-        event_id = %envelope.id,
-        retried = task.retried,
-    );
-    // The consumer runs the task in the trace of its headers (the relay
-    // writes them; a Go producer's middleware may have continued the trace
-    // there). A task without (enqueued by a relay before template set 8)
-    // continues the trace of the dispatch, from the envelope.
-    let fallback = TraceContext::from_metadata(&task.headers)
-        .is_none()
-        .then(|| TraceContext::from_metadata(&envelope.metadata))
-        .flatten();
-    let run = listener.call_counted(envelope, task.headers, transactor, duplicates, fence);
-    let run = tracing::Instrument::instrument(run, span);
-    let result = match fallback {
-        Some(parent) => trace_context::scope(parent.child(), run).await,
-        None => run.await,
-    };
-    result.map_err(|err| {
-        if Superseded::is_in(&err) {
-            HandlerError::superseded(err)
-        } else {
-            HandlerError::from(err)
-        }
-    })
 }

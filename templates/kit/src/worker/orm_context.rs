@@ -8,8 +8,8 @@ use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::listener_context::ListenerContext;
 use super::listener_error::ListenerError;
-use super::listeners::ListenerContext;
 use crate::outbox::Metadata;
 
 /// What a listener of a SeaORM service gets besides the event: the same as

@@ -14,11 +14,11 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the server persists, as far as it tells.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Persistence {
+pub(crate) struct Persistence {
     /// `appendonly yes`: every write goes to the append-only file.
     pub(crate) append_only: bool,
     /// The `save` rules (`3600 1 300 100 60 10000`); empty: no snapshots.
-    pub save: String,
+    pub(crate) save: String,
 }
 
 impl Persistence {
@@ -29,7 +29,7 @@ impl Persistence {
 }
 
 /// The server's persistence settings; `None` where it refuses `CONFIG`.
-pub async fn read(queue: &Client) -> Option<Persistence> {
+pub(crate) async fn read(queue: &Client) -> Option<Persistence> {
     let settings = async {
         let append_only = queue.config_get("appendonly").await.ok()?;
         let save = queue.config_get("save").await.ok()?;

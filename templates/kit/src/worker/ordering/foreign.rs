@@ -1,7 +1,7 @@
 //! Other processes on a worker's queues that keep no chains of ordered
-//! listeners: a Go asynq server, or a worker of an earlier template set of
-//! the kit. Such a process takes any task of the queue: a keyed event's
-//! task it fans out to its own listeners without taking the event's turn
+//! listeners: a Go asynq server, or an older kit worker that keeps none.
+//! Such a process takes any task of the queue: a keyed event's task it
+//! fans out to its own listeners without taking the event's turn
 //! (the key's later events wait, and are looked at after a minute), and an
 //! ordered run it completes without moving the chain on (the worker moves
 //! it on after 10 s, `ordering`'s look at old heads) or archives without a

@@ -1,8 +1,8 @@
-//! The move of what the chains in Postgres still hold into Valkey: template
-//! sets 19-21 kept the chains of ordered listeners in Postgres
+//! The move of what the chains in Postgres still hold into Valkey: an older
+//! layout kept the chains of ordered listeners in Postgres
 //! (`outbox_keys.fanned_out`, `outbox_key_waits`, `ordered_runs`); a worker
-//! of set 22 or later moves them before it consumes, and again with its
-//! loop of old heads (after a worker of an earlier set left some).
+//! moves them before it consumes, and again with its loop of old heads
+//! (in case an older worker left some meanwhile).
 
 use std::collections::BTreeMap;
 
@@ -41,8 +41,8 @@ type Run = (
 );
 
 impl Ordering {
-    /// Moves what the chains in Postgres still hold (template sets 19-21
-    /// kept them there: `outbox_keys.fanned_out`, `outbox_key_waits`,
+    /// Moves what the chains in Postgres still hold (an older layout kept
+    /// them there: `outbox_keys.fanned_out`, `outbox_key_waits`,
     /// `ordered_runs`) into Valkey, under a lock of the database's, in
     /// their order; the rows go once Valkey has them. A run already in
     /// Valkey is not added twice. Returns how many rows it moved. The

@@ -1,6 +1,6 @@
 //! Ordered listeners: a listener registered with
 //! [`ListenerOptions::ordered`](super::listeners::ListenerOptions::ordered)
-//! runs the events that share a key ([`Event::order_key`](crate::dispatch::Event::order_key))
+//! runs the events that share a key ([`Event::order_key`](crate::outbox::Event::order_key))
 //! one at a time, in the order their transactions committed, on whichever
 //! worker, retries included. The chains live in Valkey beside the queue the
 //! events come through, under `ordered:{<queue>}:` ([`keys`]), each step one
@@ -75,9 +75,10 @@ pub(crate) use waits::{RunArgs, Waiting};
 
 mod fence;
 pub(crate) mod foreign;
+mod from_database_namespace;
 mod from_postgres;
-mod from_set_22;
 pub(crate) mod keys;
+mod ordered;
 mod orphans;
 pub(crate) mod owner;
 mod reconcile;
@@ -86,13 +87,12 @@ mod stale;
 mod waits;
 
 pub(crate) use fence::{Fence, Superseded};
-pub(crate) use reconcile::{Ordered, look_after_chains};
+pub(crate) use ordered::Ordered;
+pub(crate) use reconcile::look_after_chains;
 pub(crate) use stale::{RECOVERED_HEADER, recovery_task};
 
-/// The header that marks a listener task as a run of a chain (its value is
-/// the key). A listener task without it (queued before its listener was
-/// ordered, or for an event without a key) runs as any other.
-pub(crate) const ORDERED_HEADER: &str = "gpkit-ordered-key";
+/// The header that marks a listener task as a run of a chain.
+pub(crate) use super::task_names::ORDERED_HEADER;
 
 /// The listener tasks of one keyed event that join their chains: the
 /// event's task (its queue, payload and headers, which each run's task
@@ -336,8 +336,8 @@ impl Ordering {
         self.drain(&keys, place, next).await
     }
 
-    /// Fans out `waiting`, the event at `place` in `queue` (moved from an
-    /// earlier template set's chains), as its own task would be.
+    /// Fans out `waiting`, the event at `place` in `queue` (moved from the
+    /// chains of an older layout), as its own task would be.
     pub(crate) async fn fan_out_waiting(
         &self,
         queue: &str,
@@ -622,7 +622,7 @@ impl Ordering {
 
     /// Appends `runs` (each with its key) to the ends of their chains in
     /// `queue`, in their order, unless there already ([`APPEND`]): runs
-    /// moved from an earlier template set's chains.
+    /// moved from the chains of an older layout.
     async fn append(&self, queue: &str, runs: &[(String, RunArgs)]) -> Result<(), QueueError> {
         let keys = Namespace::of_queue(queue);
         for batch in runs.chunks(100) {

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use super::keys::Namespace;
-use super::reconcile::Ordered;
+use super::ordered::Ordered;
 use super::scripts::RELEASE;
 use super::{Ordering, millis, now_millis};
 use crate::queue::QueueError;

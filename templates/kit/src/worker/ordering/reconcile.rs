@@ -1,5 +1,5 @@
-//! The worker's look after the chains, every [`REQUEUE_AFTER`]: what was
-//! left by older template sets is moved; the events that waited long are
+//! The worker's look after the chains, every [`REQUEUE_AFTER`]: what is
+//! left in the chains' older layouts is moved; the events that waited long are
 //! looked at (`super::stale`); the service's record on its queues is kept
 //! (`super::owner`); chains of listeners no worker orders are reported and
 //! released (`super::orphans`); and each head that has been one for
@@ -17,13 +17,13 @@
 //! chain's head (moved past, released, or its chain lost), so that the
 //! outbox's cleanup no longer keeps its key's events.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use super::keys::Namespace;
+use super::ordered::Ordered;
 use super::scripts::REQUEUE_HEAD;
 use super::{End, Ordering, REQUEUE_AFTER, STALE_AFTER, StoredRun, millis, now_millis, parse};
 use crate::queue::message::TaskMessage;
@@ -33,16 +33,6 @@ use crate::worker::failures;
 /// The most heads looked at a queue a round, oldest first (each counts
 /// as a head from then on, so that the next round looks at others).
 pub(crate) const REQUEUE_BATCH: isize = 1_000;
-
-/// The ordered listeners of this worker, and what a failure for good does
-/// to their keys: what the look needs to know of them.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ordered {
-    /// Every ordered listener's name.
-    pub names: HashSet<String>,
-    /// The names of those that move on past a run that failed for good.
-    pub moving_on: HashSet<String>,
-}
 
 impl Ordering {
     /// Looks at the heads that have been heads longer than `older_than`
@@ -286,7 +276,7 @@ pub(crate) async fn look_after_chains(
                     }
                 }
             }
-            if let Err(err) = ordering.move_from_set_22().await {
+            if let Err(err) = ordering.move_from_database_namespace().await {
                 tracing::warn!(error = %err, "could not move the chains of ordered listeners of template set 22");
             }
             if let Err(err) = ordering.move_from_postgres().await {

@@ -401,7 +401,7 @@ return ''
 });
 
 /// Appends runs to their chains' ends, unless there already (runs moved
-/// from an earlier template set's chains, in their order); a run that
+/// from the chains of an older layout, in their order); a run that
 /// becomes a head is delivered. KEYS: the delivery's three, runs, heads,
 /// listeners, then per run three: its chain, its listener's keys, its task
 /// hash. ARGV: the delivery's three, now (ms), then per run four:

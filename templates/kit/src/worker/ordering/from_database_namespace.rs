@@ -1,5 +1,5 @@
-//! The move of the chains template set 22 kept under `ordered:{<database>}:`
-//! (one namespace per database name, apart from the queue) into the
+//! The move of chains kept under `ordered:{<database>}:` (the older layout:
+//! one namespace per database name, apart from the queue) into the
 //! namespaces of the queues ([`super::keys`]). A worker moves them before it
 //! consumes, under a lock of the database's, in their order: the keys' last
 //! fanned-out numbers into each queue it consumes (once a queue: a mark
@@ -21,13 +21,13 @@ use crate::queue::{HandlerError, QueueError};
 /// Runs looked at per round trip.
 const BATCH: usize = 500;
 
-/// The names of set 22's keys of one database.
+/// The names of the older layout's keys of one database.
 struct Old {
     prefix: String,
 }
 
 impl Old {
-    /// Set 22's namespace of `pool`'s database (its user's name when the URL
+    /// The older layout's namespace of `pool`'s database (its user's name when the URL
     /// names none; braces and `%` percent-encoded).
     fn of_pool(pool: &PgPool) -> Self {
         let options = pool.connect_options();
@@ -70,9 +70,9 @@ impl Old {
 }
 
 impl Ordering {
-    /// Moves what set 22 left under the database's namespace (module docs);
+    /// Moves what is left under the database's namespace (module docs);
     /// how many keys, runs and waiting events it moved.
-    pub(crate) async fn move_from_set_22(&self) -> anyhow::Result<u64> {
+    pub(crate) async fn move_from_database_namespace(&self) -> anyhow::Result<u64> {
         let old = Old::of_pool(&self.pool);
         let mut conn = self.queue.connection();
         let mut pipe = redis::pipe();
