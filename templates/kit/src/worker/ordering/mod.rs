@@ -5,6 +5,9 @@
 //! worker, retries included. The chains live in Valkey beside the queue the
 //! events come through, under `ordered:{<queue>}:` ([`keys`]), each step one
 //! script ([`scripts`]) that also moves the queue's tasks.
+//! [`Ordering`] is the handle on them: its steps are the fan-out of an
+//! event ([`fan_out`]) and a run's turn and move on ([`turns`]); what it
+//! reads without changing is in [`inspection`].
 //!
 //! - **Commit order**: dispatching a keyed event takes the key's next
 //!   sequence number in its own transaction, under the lock of the key's
@@ -63,20 +66,19 @@ use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::outbox::Metadata;
-use crate::outbox::order::{ORDER_KEY, Place};
 use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
 use crate::queue::message::TaskMessage;
-use crate::queue::{Client, HandlerError, NewTask, QueueError, Task};
+use crate::queue::{Client, NewTask, QueueError};
 
 use keys::Namespace;
-use scripts::{APPEND, DELIVER_HEAD, FAN_OUT, MOVE_ON, MOVE_PAST, REJOIN, TURN};
-pub(crate) use waits::{RunArgs, Waiting};
+pub(crate) use waits::RunArgs;
 
+mod fan_out;
 mod fence;
 pub(crate) mod foreign;
 mod from_database_namespace;
 mod from_postgres;
+mod inspection;
 pub(crate) mod keys;
 mod ordered;
 mod orphans;
@@ -84,6 +86,7 @@ pub(crate) mod owner;
 mod reconcile;
 pub(crate) mod scripts;
 mod stale;
+mod turns;
 mod waits;
 
 pub(crate) use fence::{Fence, Superseded};
@@ -255,22 +258,6 @@ impl Ordering {
         &self.queues
     }
 
-    /// Whether `queue` keeps the last fanned-out number of `key` in
-    /// `epoch`: `false` after Valkey lost it (the recovery's replay then
-    /// makes the key's events take their turns again, `outbox replay
-    /// --lost`).
-    pub(crate) async fn knows(
-        &self,
-        queue: &str,
-        key: &str,
-        epoch: i64,
-    ) -> Result<bool, QueueError> {
-        Ok(redis::cmd("EXISTS")
-            .arg(Namespace::of_queue(queue).fanned(key, epoch))
-            .query_async(&mut self.queue.connection())
-            .await?)
-    }
-
     /// The queue's client.
     pub(crate) fn queue_client(&self) -> Client {
         self.queue.clone()
@@ -301,492 +288,6 @@ impl Ordering {
         }
     }
 
-    /// Fans out the keyed event at `place` to its ordered listeners
-    /// (`event`), in its key's sequence ([`FAN_OUT`]): added to their
-    /// chains now if the event before it was fanned out, else kept waiting
-    /// until it is; then each waiting event that is next. `replay`: the
-    /// task is a replay, whose runs join the end of the chains if the
-    /// event was fanned out already.
-    pub(crate) async fn fan_out(
-        &self,
-        place: &Place,
-        event: &EventRuns,
-        replay: bool,
-    ) -> Result<(), HandlerError> {
-        let mut headers = event.headers.clone();
-        headers.insert(ORDERED_HEADER.into(), place.key.clone());
-        let runs = event
-            .runs
-            .iter()
-            .map(|run| {
-                let task = NewTask::new(&run.task_type, &run.task_id, event.payload.clone())
-                    .queue(&event.queue)
-                    .headers(headers.clone());
-                Ok(RunArgs {
-                    listener: run.listener.clone(),
-                    task_id: run.task_id.clone(),
-                    message: self.run_task(task).to_message()?.encode_to_vec(),
-                })
-            })
-            .collect::<Result<Vec<_>, QueueError>>()?;
-        let keys = Namespace::of_queue(&event.queue);
-        let next = self
-            .fan_out_runs(&keys, place, &event.event_id.to_string(), &runs, replay)
-            .await?;
-        self.drain(&keys, place, next).await
-    }
-
-    /// Fans out `waiting`, the event at `place` in `queue` (moved from the
-    /// chains of an older layout), as its own task would be.
-    pub(crate) async fn fan_out_waiting(
-        &self,
-        queue: &str,
-        place: &Place,
-        waiting: &Waiting,
-    ) -> Result<(), HandlerError> {
-        let keys = Namespace::of_queue(queue);
-        let next = self
-            .fan_out_runs(&keys, place, &waiting.event_id, &waiting.runs, false)
-            .await?;
-        self.drain(&keys, place, next).await
-    }
-
-    /// Fans out `next`, the waiting event of `place`'s key that is next,
-    /// and each one that is next after it, each with its runs' keys.
-    async fn drain(
-        &self,
-        keys: &Namespace,
-        place: &Place,
-        mut next: Option<(i64, Waiting)>,
-    ) -> Result<(), HandlerError> {
-        while let Some((seq, waiting)) = next {
-            let place = Place {
-                seq,
-                ..place.clone()
-            };
-            next = self
-                .fan_out_runs(keys, &place, &waiting.event_id, &waiting.runs, false)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// One call of [`FAN_OUT`]; the waiting event that is next now.
-    async fn fan_out_runs(
-        &self,
-        keys: &Namespace,
-        place: &Place,
-        event_id: &str,
-        runs: &[RunArgs],
-        replay: bool,
-    ) -> Result<Option<(i64, Waiting)>, HandlerError> {
-        let mut script = FAN_OUT.prepare_invoke();
-        self.delivery(keys, &mut script);
-        script
-            .key(keys.runs())
-            .key(keys.heads())
-            .key(keys.listeners())
-            .key(keys.waiting())
-            .key(keys.fanned(&place.key, place.epoch))
-            .key(keys.waits(&place.key))
-            .arg(place.seq)
-            .arg(i32::from(replay))
-            .arg(millis(self.numbers_kept))
-            .arg(now_millis())
-            .arg(place.epoch)
-            .arg(&place.key)
-            .arg(event_id);
-        for run in runs {
-            script
-                .key(keys.chain(&run.listener, &place.key))
-                .key(keys.keys_of(&run.listener))
-                .key(keys.task(&run.task_id))
-                .arg(&run.listener)
-                .arg(&run.task_id)
-                .arg(&run.message);
-        }
-        let (delivered, next): (i64, Option<(i64, Vec<u8>)>) = match script
-            .invoke_async::<redis::Value>(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?
-        {
-            redis::Value::Array(values) => {
-                let mut values = values.into_iter();
-                let delivered: i64 = parse(values.next().unwrap_or(redis::Value::Int(0)))?;
-                let next = match (values.next(), values.next()) {
-                    (Some(seq), Some(entry)) => Some((parse(seq)?, parse(entry)?)),
-                    _ => None,
-                };
-                (delivered, next)
-            }
-            other => {
-                return Err(QueueError::UnexpectedReply(format!(
-                    "the fan-out script returned {other:?}"
-                ))
-                .into());
-            }
-        };
-        self.delivered(delivered);
-        Ok(match next {
-            Some((seq, entry)) => match Waiting::decode(&entry) {
-                Some(waiting) => Some((seq, waiting)),
-                None => {
-                    tracing::error!(
-                        key = place.key,
-                        seq,
-                        "a waiting event's entry in Valkey does not read; it is left where it is"
-                    );
-                    None
-                }
-            },
-            None => None,
-        })
-    }
-
-    /// Where the run of `task` (its task id, in its queue), of `listener`'s
-    /// chain for `key`, stands as it starts ([`TURN`]); a run in no chain
-    /// joins its chain's end ([`REJOIN`]).
-    pub(crate) async fn turn(
-        &self,
-        listener: &str,
-        key: &str,
-        task: &Task,
-    ) -> Result<Turn, HandlerError> {
-        let keys = Namespace::of_queue(&task.queue);
-        let reply: Vec<redis::Value> = TURN
-            .key(keys.chain(listener, key))
-            .key(keys.task(&task.id))
-            .arg(&task.id)
-            .invoke_async(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?;
-        match turn_of(reply)? {
-            Some(turn) => Ok(turn),
-            None => {
-                let message = self
-                    .run_task(
-                        NewTask::new(&task.task_type, &task.id, task.payload.clone())
-                            .queue(&task.queue)
-                            .headers(task.headers.clone()),
-                    )
-                    .to_message()?
-                    .encode_to_vec();
-                let reply: Vec<redis::Value> = REJOIN
-                    .key(keys.chain(listener, key))
-                    .key(keys.runs())
-                    .key(keys.heads())
-                    .key(keys.listeners())
-                    .key(keys.keys_of(listener))
-                    .key(keys.task(&task.id))
-                    .arg(&task.id)
-                    .arg(message)
-                    .arg(now_millis())
-                    .arg(listener)
-                    .arg(key)
-                    .invoke_async(&mut self.queue.connection())
-                    .await
-                    .map_err(QueueError::from)?;
-                tracing::info!(
-                    task = %task.id,
-                    listener,
-                    key,
-                    "a run of an ordered listener was in no chain (sent back after it was moved past, \
-                     or its chain was lost): it joins its key's order at the end"
-                );
-                Ok(match turn_of(reply)? {
-                    Some(Turn::After(_)) | None => Turn::Rejoined,
-                    Some(turn) => turn,
-                })
-            }
-        }
-    }
-
-    /// The run of `task_id` in `queue`, of `listener`'s chain for `key`,
-    /// is over ([`MOVE_ON`]) as `end` says: it leaves its chain and the next
-    /// run goes to the queue. `token`: the run's ([`Turn::Now`]), or `None`
-    /// for one moved past for an operator or the recoverer. `next`: the run
-    /// after it as the turn saw it.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn move_on(
-        &self,
-        queue: &str,
-        listener: &str,
-        key: &str,
-        task_id: &str,
-        token: Option<i64>,
-        end: End,
-        next: Option<&str>,
-    ) -> Result<Moved, HandlerError> {
-        let keys = Namespace::of_queue(queue);
-        let mut script = MOVE_ON.prepare_invoke();
-        self.delivery(&keys, &mut script);
-        script
-            .key(keys.chain(listener, key))
-            .key(keys.runs())
-            .key(keys.heads())
-            .key(keys.listeners())
-            .key(keys.keys_of(listener))
-            .key(keys.task(task_id))
-            .arg(task_id)
-            .arg(token.map_or_else(String::new, |token| token.to_string()))
-            .arg(end.as_str())
-            .arg(now_millis())
-            .arg(listener)
-            .arg(key)
-            .arg(next.unwrap_or_default());
-        if let Some(next) = next {
-            script.key(keys.task(next));
-        }
-        let reply: Vec<redis::Value> = script
-            .invoke_async(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?;
-        let mut reply = reply.into_iter();
-        let int = |value: Option<redis::Value>| -> Result<i64, QueueError> {
-            parse(value.unwrap_or(redis::Value::Int(0)))
-        };
-        match int(reply.next())? {
-            0 => return Ok(Moved::Superseded),
-            2 => return Ok(Moved::NotFailed),
-            _ => {}
-        }
-        self.delivered(int(reply.next())?);
-        if let Some(other) = reply.next() {
-            // The next run is not the one the turn saw: delivered apart.
-            let other: String = parse(other)?;
-            self.deliver_head(&keys, listener, key, &other, true)
-                .await?;
-        }
-        Ok(Moved::On)
-    }
-
-    /// Delivers the head `task_id` of `listener`'s chain for `key`
-    /// ([`DELIVER_HEAD`]), promoting it from scheduled when asked.
-    async fn deliver_head(
-        &self,
-        keys: &Namespace,
-        listener: &str,
-        key: &str,
-        task_id: &str,
-        promote: bool,
-    ) -> Result<(), QueueError> {
-        let mut script = DELIVER_HEAD.prepare_invoke();
-        self.delivery(keys, &mut script);
-        let delivered: i64 = script
-            .key(keys.chain(listener, key))
-            .key(keys.runs())
-            .key(keys.task(task_id))
-            .arg(task_id)
-            .arg(i32::from(promote))
-            .invoke_async(&mut self.queue.connection())
-            .await?;
-        self.delivered(delivered);
-        Ok(())
-    }
-
-    /// Moves the last fanned-out number of `key` in `epoch`, in `queue`,
-    /// on to `number` (unless it is later already) and fans out the waiting
-    /// events that follow it ([`MOVE_PAST`]).
-    async fn move_past(
-        &self,
-        queue: &str,
-        key: &str,
-        epoch: i64,
-        number: i64,
-    ) -> Result<(), HandlerError> {
-        let keys = Namespace::of_queue(queue);
-        let reply: Vec<redis::Value> = MOVE_PAST
-            .key(keys.fanned(key, epoch))
-            .key(keys.waits(key))
-            .arg(number)
-            .arg(millis(self.numbers_kept))
-            .arg(epoch)
-            .invoke_async(&mut self.queue.connection())
-            .await
-            .map_err(QueueError::from)?;
-        let next = match reply.as_slice() {
-            [seq, entry] => {
-                let seq: i64 = parse(seq.clone())?;
-                let entry: Vec<u8> = parse(entry.clone())?;
-                Waiting::decode(&entry).map(|waiting| (seq, waiting))
-            }
-            _ => None,
-        };
-        let place = Place {
-            key: key.to_string(),
-            seq: number,
-            epoch,
-        };
-        self.drain(&keys, &place, next).await
-    }
-
-    /// Appends `runs` (each with its key) to the ends of their chains in
-    /// `queue`, in their order, unless there already ([`APPEND`]): runs
-    /// moved from the chains of an older layout.
-    async fn append(&self, queue: &str, runs: &[(String, RunArgs)]) -> Result<(), QueueError> {
-        let keys = Namespace::of_queue(queue);
-        for batch in runs.chunks(100) {
-            let mut script = APPEND.prepare_invoke();
-            self.delivery(&keys, &mut script);
-            script
-                .key(keys.runs())
-                .key(keys.heads())
-                .key(keys.listeners())
-                .arg(now_millis());
-            for (key, run) in batch {
-                script
-                    .key(keys.chain(&run.listener, key))
-                    .key(keys.keys_of(&run.listener))
-                    .key(keys.task(&run.task_id))
-                    .arg(&run.listener)
-                    .arg(key)
-                    .arg(&run.task_id)
-                    .arg(&run.message);
-            }
-            let delivered: i64 = script.invoke_async(&mut self.queue.connection()).await?;
-            self.delivered(delivered);
-        }
-        Ok(())
-    }
-
-    /// The chain of the run of `task_id`, if it is in one.
-    pub(crate) async fn run_of(&self, task_id: &str) -> Result<Option<RunOf>, QueueError> {
-        for queue in self.queues.iter() {
-            let keys = Namespace::of_queue(queue);
-            let run: Option<Vec<u8>> = redis::cmd("HGET")
-                .arg(keys.runs())
-                .arg(task_id)
-                .query_async(&mut self.queue.connection())
-                .await?;
-            if let Some(run) = run.as_deref().and_then(StoredRun::decode) {
-                return Ok(Some(RunOf {
-                    queue: queue.clone(),
-                    listener: run.listener,
-                    key: run.key,
-                }));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Where the run of `task_id` in `queue`, of `listener`'s chain for
-    /// `key`, stands, without taking a turn: 0 for the head, `None` for a
-    /// run in no chain.
-    pub(crate) async fn position(
-        &self,
-        queue: &str,
-        listener: &str,
-        key: &str,
-        task_id: &str,
-    ) -> Result<Option<i64>, QueueError> {
-        Ok(redis::cmd("LPOS")
-            .arg(Namespace::of_queue(queue).chain(listener, key))
-            .arg(task_id)
-            .query_async(&mut self.queue.connection())
-            .await?)
-    }
-
-    /// What ordering holds back now: counts from Valkey, and the heads
-    /// that failed for good from `listener_failures`.
-    pub(crate) async fn held(&self) -> anyhow::Result<Held> {
-        let mut held = Held::default();
-        for queue in self.queues.iter() {
-            let keys = Namespace::of_queue(queue);
-            let failed: Vec<String> = sqlx::query_scalar(
-                "SELECT task_id FROM listener_failures WHERE queue = $1 AND holds_key",
-            )
-            .bind(queue)
-            .fetch_all(&self.pool)
-            .await?;
-            let mut pipe = redis::pipe();
-            pipe.zcard(keys.heads())
-                .hlen(keys.runs())
-                .zcard(keys.waiting());
-            let (heads, runs, waiting_events, failed_heads): (i64, i64, i64, Vec<Option<f64>>) =
-                if failed.is_empty() {
-                    let (heads, runs, waiting): (i64, i64, i64) = pipe
-                        .query_async(&mut self.queue.connection())
-                        .await
-                        .map_err(QueueError::from)?;
-                    (heads, runs, waiting, Vec::new())
-                } else {
-                    pipe.cmd("ZMSCORE").arg(keys.heads()).arg(&failed);
-                    pipe.query_async(&mut self.queue.connection())
-                        .await
-                        .map_err(QueueError::from)?
-                };
-            let blocked = failed_heads.iter().flatten().count();
-            held.blocked_keys += i64::try_from(blocked).unwrap_or(i64::MAX);
-            held.waiting_runs += (runs - heads).max(0);
-            held.waiting_events += waiting_events;
-        }
-        Ok(held)
-    }
-
-    /// The runs of the event `event_id`, of key `key`, still in their
-    /// chains.
-    pub(crate) async fn standing(
-        &self,
-        event_id: Uuid,
-        key: &str,
-    ) -> Result<Vec<Standing>, QueueError> {
-        let mut conn = self.queue.connection();
-        let mut standing = Vec::new();
-        for queue in self.queues.iter() {
-            let keys = Namespace::of_queue(queue);
-            let listeners: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(keys.listeners())
-                .query_async(&mut conn)
-                .await?;
-            for listener in listeners {
-                let chain: Vec<String> = redis::cmd("LRANGE")
-                    .arg(keys.chain(&listener, key))
-                    .arg(0)
-                    .arg(-1)
-                    .query_async(&mut conn)
-                    .await?;
-                if chain.is_empty() {
-                    continue;
-                }
-                let runs: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-                    .arg(keys.runs())
-                    .arg(&chain)
-                    .query_async(&mut conn)
-                    .await?;
-                for (after, (task_id, run)) in chain.iter().zip(runs).enumerate() {
-                    let Some(run) = run.as_deref().and_then(StoredRun::decode) else {
-                        continue;
-                    };
-                    if run.event_id != Some(event_id) {
-                        continue;
-                    }
-                    standing.push(Standing {
-                        task_id: task_id.clone(),
-                        listener: run.listener,
-                        key: run.key,
-                        after: i64::try_from(after).unwrap_or(i64::MAX),
-                        waits_for: (after > 0).then(|| chain[0].clone()),
-                    });
-                }
-            }
-        }
-        standing.sort_by(|a, b| a.listener.cmp(&b.listener));
-        Ok(standing)
-    }
-
-    /// The runs of the event `event_id`, with `metadata`, still in their
-    /// chains: none for an event without a key.
-    pub(crate) async fn standing_of(
-        &self,
-        event_id: Uuid,
-        metadata: &Metadata,
-    ) -> Result<Vec<Standing>, QueueError> {
-        match metadata.get(ORDER_KEY) {
-            Some(key) => self.standing(event_id, key).await,
-            None => Ok(Vec::new()),
-        }
-    }
-
     /// The task of the run `head`: the listener tasks' retries, timeout
     /// and retention.
     fn run_task(&self, head: NewTask) -> NewTask {
@@ -794,28 +295,6 @@ impl Ordering {
             .timeout(TASK_TIMEOUT)
             .retention(self.retention)
     }
-}
-
-/// The [`Turn`] of a reply of [`TURN`] or [`REJOIN`]; `None` for a run in
-/// no chain.
-fn turn_of(reply: Vec<redis::Value>) -> Result<Option<Turn>, QueueError> {
-    let mut reply = reply.into_iter();
-    let at: i64 = parse(reply.next().unwrap_or(redis::Value::Int(-2)))?;
-    Ok(match at {
-        0 => {
-            let token: i64 = parse(reply.next().unwrap_or(redis::Value::Int(0)))?;
-            let next: String = reply.next().map(parse).transpose()?.unwrap_or_default();
-            let rebuilt: i64 = reply.next().map(parse).transpose()?.unwrap_or(0);
-            Some(Turn::Now {
-                token,
-                next: (!next.is_empty()).then_some(next),
-                rebuilt: rebuilt == 1,
-            })
-        }
-        -1 => Some(Turn::Done),
-        -2 => None,
-        before => Some(Turn::After(before)),
-    })
 }
 
 /// A run as the chains keep it: its task's message, whose headers carry
