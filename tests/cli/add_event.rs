@@ -83,7 +83,7 @@ fn a_hand_edited_project_keeps_every_edit() {
         startup.contains("pub shop_name: String,")
             && startup.contains("shop_name: \"Ours\".into(),")
     );
-    assert!(startup.contains("pub transactor: kit::database::Transactor,"));
+    assert!(startup.contains("pub transactor: kit::Transactor,"));
 }
 
 #[test]
@@ -372,7 +372,7 @@ fn a_missing_region_stops_it_with_the_code_to_restore() {
         .unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(
-        stderr.contains("pub transactor: kit::database::Transactor,"),
+        stderr.contains("pub transactor: kit::Transactor,"),
         "{stderr}"
     );
 }
@@ -404,7 +404,7 @@ fn dry_run_shows_every_change_and_writes_nothing() {
         );
     }
     assert!(
-        text.contains("+    pub transactor: kit::database::Transactor,"),
+        text.contains("+    pub transactor: kit::Transactor,"),
         "{text}"
     );
     assert_eq!(disk_state(&project, &[]), before);

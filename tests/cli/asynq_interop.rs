@@ -141,7 +141,7 @@ DROP TABLE listener_runs;
 const DISPATCH: &str = r#"//! Dispatches `<count>` `orderPlaced` events in one committed transaction,
 //! in the trace of `TRACEPARENT`/`TRACESTATE`; prints each envelope as JSON.
 
-use kit::database::Transactor;
+use kit::Transactor;
 use kit::trace_context::{self, TraceContext};
 use shop::events::order_placed::OrderPlaced;
 

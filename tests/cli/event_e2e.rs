@@ -42,7 +42,7 @@ pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), List
 /// in a rolled-back one, as a request handler would.
 const DISPATCH_DEMO: &str = r#"//! Dispatches `orderPlaced` twice: once committed, once rolled back.
 
-use kit::database::Transactor;
+use kit::Transactor;
 use shop::events::order_placed::OrderPlaced;
 
 #[tokio::main]

@@ -221,12 +221,15 @@ fn the_printed_next_steps_give_a_migrated_database_a_server_and_a_worker() {
     );
     assert!(!printed.contains("export "), "{printed}");
 
-    // The README's "Run it" steps, in the project, are the printed steps
-    // after the `cd`; gpkit's own Quickstart is `gpkit new project shop`
-    // and the printed steps. Running these runs both as written.
+    // The README's "Run it" steps and the worker's step ("The worker"), in
+    // the project, are the printed steps after the `cd`; gpkit's own
+    // Quickstart is `gpkit new project shop` and the printed steps. Running
+    // these runs both as written.
     let readme = std::fs::read_to_string(parent.path().join("shop/README.md")).unwrap();
     assert_eq!(steps[0], "cd shop", "{printed}");
-    assert_eq!(readme_steps(&readme, "## Run it"), &steps[1..], "{readme}");
+    let mut written = readme_steps(&readme, "## Run it");
+    written.extend(readme_steps(&readme, "## The worker"));
+    assert_eq!(written, &steps[1..], "{readme}");
     let ours = std::fs::read_to_string(crate::support::repo().join("README.md")).unwrap();
     let mut quickstart = vec!["gpkit new project shop".to_string()];
     quickstart.extend(steps.iter().cloned());

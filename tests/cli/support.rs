@@ -580,16 +580,20 @@ pub fn section<'a>(text: &'a str, heading: &str) -> &'a str {
     &rest[..end]
 }
 
-/// The Rust examples of the README's "Events and listeners": the handler
-/// of `POST /orders` and, with the worker, the listener `confirm`, each
-/// word for word in the example set `set` (`templates/example` or
+/// The Rust examples of the README: the handler of `POST /orders` ("Events
+/// and listeners") and the listener `confirm` ("The worker"), each word for
+/// word in the example set `set` (`templates/example` or
 /// `templates/example-seaorm`) that `gpkit new project --example` writes.
 pub fn readme_examples(readme: &str, set: &str) -> Vec<String> {
-    let examples: Vec<String> = section(readme, "## Events and listeners")
-        .split("```rust,ignore\n")
-        .skip(1)
-        .map(|block| block.split("```").next().unwrap().to_string())
-        .collect();
+    let examples: Vec<String> = [
+        section(readme, "## Events and listeners"),
+        section(readme, "## The worker"),
+    ]
+    .concat()
+    .split("```rust,ignore\n")
+    .skip(1)
+    .map(|block| block.split("```").next().unwrap().to_string())
+    .collect();
     assert_eq!(examples.len(), 2, "{readme}");
     let files = [
         "src/routes/orders.rs",

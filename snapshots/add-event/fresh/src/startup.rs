@@ -20,7 +20,7 @@ pub struct AppState {
     /// Runs a unit of work in one transaction (commit on `Ok`): call
     /// `kit::dispatch(&mut *tx, &event)` in it, and the event commits or
     /// rolls back with your writes.
-    pub transactor: kit::database::Transactor,
+    pub transactor: kit::Transactor,
     // gpkit:end state-fields
 }
 
@@ -42,7 +42,7 @@ impl Application {
         let pool = database::connect_lazy(&config.database);
         let state = AppState {
             // gpkit:begin state-init
-            transactor: kit::outbox::wake::transactor(pool.clone(), config)?,
+            transactor: kit::transactor(pool.clone(), config)?,
             // gpkit:end state-init
             pool,
         };

@@ -2,16 +2,13 @@
 //! process runs; `/readyz` follows the database. And the pool's statement
 //! timeout, which keeps a hung query from holding a request forever.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::TestDatabase;
+use kit::database;
+use kit::testing::TestDatabase;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-use kit::database;
 
 use shop::startup::Application;
 
@@ -44,17 +41,10 @@ async fn spawn_app(database_url: &str) -> (SocketAddr, tokio::sync::oneshot::Sen
     (addr, stop)
 }
 
-fn url_of(db: &TestDatabase) -> String {
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let mut url = url::Url::parse(&base).unwrap();
-    url.set_path(db.options.get_database().unwrap());
-    url.to_string()
-}
-
 #[tokio::test]
 async fn both_probes_answer_200_when_the_database_is_up() {
-    let db = TestDatabase::empty().await;
-    let (addr, _stop) = spawn_app(&url_of(&db)).await;
+    let db = TestDatabase::new().await;
+    let (addr, _stop) = spawn_app(db.url()).await;
 
     assert_eq!(get(addr, "/healthz").await, 200);
     assert_eq!(get(addr, "/readyz").await, 200);
@@ -75,7 +65,7 @@ async fn the_server_stops_on_request() {
     assert_eq!(get(addr, "/healthz").await, 200);
 
     stop.send(()).unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
 
     assert!(
         TcpStream::connect(addr).await.is_err(),
@@ -85,8 +75,8 @@ async fn the_server_stops_on_request() {
 
 #[tokio::test]
 async fn postgres_cancels_a_statement_past_the_statement_timeout() {
-    let db = TestDatabase::empty().await;
-    let mut config = kit::testing::config(&url_of(&db)).database;
+    let db = TestDatabase::new().await;
+    let mut config = db.config().database;
     config.statement_timeout = Duration::from_millis(200);
     let pool = database::connect_lazy(&config);
 

@@ -2,7 +2,7 @@
 //! they build once. `gpkit add event <name> --listener <listener>` writes a
 //! module and declares it between the markers below; declare your own
 //! modules outside them. Each test gets a database of its own
-//! (`kit::testing::TestDatabase`): see the README's "Tests".
+//! (`kit::testing::TestDatabase`): see `kit/README.md`, "The testing kit".
 
 // gpkit:begin modules
 mod order_placed_audit;

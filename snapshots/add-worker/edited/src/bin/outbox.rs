@@ -1,6 +1,7 @@
 //! `outbox`: operates the outbox and its queue, with the worker's
 //! configuration (`.env` and the environment). `outbox --help` lists the
-//! subcommands; the README documents them and their JSON output.
+//! subcommands; `kit/docs/operations.md` documents them and their JSON
+//! output.
 
 use std::process::ExitCode;
 
@@ -16,24 +17,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    // Then, while the process has one thread: `.env` sets variables.
-    if let Err(err) = kit::env_file::load() {
-        eprintln!("error: {err}");
-        return ExitCode::FAILURE;
-    }
-    run(cli)
-}
-
-#[tokio::main]
-async fn run(cli: Cli) -> ExitCode {
-    let settings = match Settings::from_env() {
-        Ok(settings) => settings,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut listeners = Listeners::new();
-    register_listeners(&mut listeners);
-    operations::run(settings.kit, listeners, cli).await
+    kit::binary::run_command(async move || {
+        let settings = Settings::from_env()?;
+        let mut listeners = Listeners::new();
+        register_listeners(&mut listeners);
+        Ok(operations::run(settings.kit, listeners, cli).await)
+    })
 }

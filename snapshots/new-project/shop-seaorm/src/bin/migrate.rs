@@ -3,19 +3,9 @@
 
 use std::process::ExitCode;
 
-use kit::env_file;
 use kit::migrate::cli;
 
 fn main() -> ExitCode {
-    // First, while the process has one thread: `.env` sets variables.
-    if let Err(err) = env_file::load() {
-        eprintln!("migrate: {err}");
-        return ExitCode::FAILURE;
-    }
-    run()
-}
-
-#[tokio::main]
-async fn run() -> ExitCode {
-    cli::main().await
+    // The command line is read after `.env`: `DATABASE_URL` may come from it.
+    kit::binary::run_command(async || Ok(cli::main().await))
 }
