@@ -141,28 +141,45 @@ pub(crate) struct Options {
 /// path to old path. A kit file moves when the kit became a crate
 /// (`src/queue/broker.rs` to `kit/src/queue/broker.rs`), and when a module
 /// of the kit becomes a folder (`kit/src/queue/consumer.rs` to
-/// `kit/src/queue/consumer/mod.rs`): the user's edits are merged into the
-/// folder's `mod.rs` (with conflict markers where the code went to another
-/// file of the folder) instead of staying beside it, where the crate would
-/// not build with the module in two places.
-fn moves(project: &Project, desired: &Tree) -> BTreeMap<String, String> {
-    desired
-        .iter()
-        .filter(|(path, file)| {
-            file.owner == Owner::Kit && !project.manifest.files.contains_key(*path)
-        })
-        .filter_map(|(path, _)| {
-            let old = old_places(path).into_iter().find(|old| {
-                project
-                    .manifest
-                    .files
-                    .get(old)
-                    .is_some_and(|record| record.owner == Owner::Kit)
-                    && !desired.contains_key(old)
-            })?;
-            Some((path.clone(), old))
-        })
-        .collect()
+/// `kit/src/queue/consumer/mod.rs`) and the user edited the module file:
+/// the edits are merged into the folder's `mod.rs` (with conflict markers
+/// where the code went to another file of the folder) instead of staying
+/// beside it, where the crate would not build with the module in two
+/// places. An unedited module file is deleted like any file the kit no
+/// longer has.
+fn moves(project: &Project, desired: &Tree) -> Result<BTreeMap<String, String>> {
+    let mut moves = BTreeMap::new();
+    for path in desired.iter().filter_map(|(path, file)| {
+        (file.owner == Owner::Kit && !project.manifest.files.contains_key(path)).then_some(path)
+    }) {
+        for old in old_places(path) {
+            let recorded = project
+                .manifest
+                .files
+                .get(&old)
+                .is_some_and(|record| record.owner == Owner::Kit);
+            if !recorded || desired.contains_key(&old) {
+                continue;
+            }
+            // Into the crate (`src/` to `kit/src/`) always; within it, only
+            // to carry the user's edits.
+            if !old.starts_with(&format!("{KIT_DIR}/")) || edited(project, &old)? {
+                moves.insert(path.clone(), old);
+            }
+            break;
+        }
+    }
+    Ok(moves)
+}
+
+/// Whether the user changed the kit file at `path` since gpkit wrote it
+/// (a file with no known base counts as changed).
+fn edited(project: &Project, path: &str) -> Result<bool> {
+    let Some(current) = project.current(path)? else {
+        return Ok(false);
+    };
+    let base = Bases::read(project, path)?.base;
+    Ok(base.as_deref() != Some(line_endings::to_lf(current).as_slice()))
 }
 
 /// Where the kit file at `path` may have been before, most recent first:
@@ -225,7 +242,7 @@ pub(crate) fn reconcile(
     desired: &Tree,
     options: &Options,
 ) -> Result<Vec<FileChange>> {
-    let moves = moves(project, desired);
+    let moves = moves(project, desired)?;
     let carry = ApiCarry::new(project)?;
     // `Cargo.toml` is merged last, with the service's code as the other
     // changes leave it: where it is in `changes`, and its inputs.
