@@ -87,6 +87,15 @@ fn add_bench_sources(project: &Path) {
         std::fs::copy(&source, &dest)
             .unwrap_or_else(|err| panic!("cannot copy {}: {err}", source.display()));
     }
+    // What scripts/bench-outbox adds too: the benchmark names `uuid`, which
+    // a project lists only when an event of its own has a uuid field.
+    let manifest = project.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    if !text.lines().any(|line| line.starts_with("uuid ")) {
+        let line = r#"uuid = { version = "1", features = ["v4", "v5", "v7"] }"#;
+        let text = text.replacen("[dependencies]\n", &format!("[dependencies]\n{line}\n"), 1);
+        std::fs::write(&manifest, text).unwrap();
+    }
 }
 
 fn write(project: &Path, path: &str, text: &str) {
