@@ -493,6 +493,11 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("snapshots/schedule-spec-errors.txt");
         if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+            // Never under CI, where a rewritten snapshot would pass anything.
+            assert!(
+                !std::env::var("CI").is_ok_and(|ci| ci == "true"),
+                "GPKIT_UPDATE_SNAPSHOTS is set under CI=true; unset it"
+            );
             std::fs::write(&path, &text).unwrap();
         }
         let expected = std::fs::read_to_string(&path).unwrap_or_default();

@@ -61,6 +61,19 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|ci| ci == "true")
 }
 
+/// Whether the tests rewrite the snapshots they compare with
+/// (`GPKIT_UPDATE_SNAPSHOTS=1`). Never under CI: a rewritten snapshot
+/// passes whatever the code does, so there it stops the test.
+pub fn updating_snapshots() -> bool {
+    let updating = std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some();
+    assert!(
+        !(updating && in_ci()),
+        "GPKIT_UPDATE_SNAPSHOTS is set under CI=true: snapshots are recorded on a \
+         developer's machine and reviewed, never rewritten by CI; unset it"
+    );
+    updating
+}
+
 /// The tool a test needs (`go`, `valkey-server`, ...), found on `PATH`, or
 /// `None` and the test should return (see [`require`]; for `go`,
 /// `GPKIT_REQUIRE_GO`, which `scripts/test` sets under CI, also makes it
@@ -352,7 +365,7 @@ pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
             .and_then(|rest| std::fs::read(repo().join("templates/kit").join(rest)).ok())
     };
     let in_kit = |path: &str, contents: &[u8]| template(path).is_some_and(|kit| kit == contents);
-    if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+    if updating_snapshots() {
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_file(&listing);
         let mut kit = Vec::new();
@@ -444,7 +457,7 @@ pub fn assert_tree_snapshot(name: &str, actual: &BTreeMap<String, Vec<u8>>) {
 /// `GPKIT_UPDATE_SNAPSHOTS=1`.
 pub fn assert_text_snapshot(name: &str, actual: &str) {
     let path = repo().join("snapshots").join(name);
-    if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+    if updating_snapshots() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
         return;

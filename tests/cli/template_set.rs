@@ -64,7 +64,7 @@ fn rendered_output_changes_only_with_a_new_template_set_version() {
              GPKIT_UPDATE_SNAPSHOTS=1"
         );
     }
-    if std::env::var_os("GPKIT_UPDATE_SNAPSHOTS").is_some() {
+    if crate::support::updating_snapshots() {
         std::fs::write(&lock_path, lock).unwrap();
         return;
     }
