@@ -15,6 +15,7 @@ mod example;
 mod first_hour;
 mod go_peers;
 mod goose_interop;
+mod guarantees;
 mod help;
 mod inbox_e2e;
 mod interrupted;
