@@ -13,6 +13,9 @@
 //! screenshot in `target/screenshots/` for people to look at. Apart: an
 //! address others can reach is refused without a token, a read-only
 //! console refuses actions, and a Postgres that is down is named (503).
+//! And on its default address (loopback), a console masks the fields
+//! `--mask` names, and each of its four forms that act is refused without
+//! the console's CSRF secret, with a wrong one or from another site.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -36,9 +39,20 @@ impl Console {
     /// `outbox` (a project's binary) serving its console with the token
     /// [`TOKEN`] on a free port, once it answers.
     pub(crate) fn start(outbox: &std::path::Path, database_url: &str, redis: &RedisServer) -> Self {
+        Self::start_with(outbox, database_url, redis, &[])
+    }
+
+    /// [`Console::start`], with `args` after `console --addr <addr>`.
+    fn start_with(
+        outbox: &std::path::Path,
+        database_url: &str,
+        redis: &RedisServer,
+        args: &[&str],
+    ) -> Self {
         let addr = format!("127.0.0.1:{}", free_port());
         let child = Command::new(outbox)
             .args(["console", "--addr", &addr])
+            .args(args)
             .env_clear()
             .env("DATABASE_URL", database_url)
             .env("VALKEY_ADDR", redis.addr())
@@ -57,6 +71,37 @@ impl Console {
 
     fn url(&self, path: &str) -> String {
         format!("http://{}/{path}", self.addr)
+    }
+
+    /// `POST path` of the form `form` with the token and `headers`: the
+    /// status and the page.
+    fn post_form(&self, path: &str, form: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let extra: String = headers
+            .iter()
+            .map(|(name, value)| format!("{name}: {value}\r\n"))
+            .collect();
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+             Authorization: Bearer {TOKEN}\r\n{extra}\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            self.addr,
+            form.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, body)| body)
+            .to_string();
+        (status, body)
     }
 
     /// `GET path` with the token: the status and the page.
@@ -515,4 +560,161 @@ fn a_page_names_the_store_that_is_down_and_shows_again_once_it_is_back() {
         valkey_back.as_secs_f64(),
         postgres_back.as_secs_f64()
     );
+}
+
+/// `outbox console` as an operator runs it on their machine, with no
+/// address and no token: it listens on 127.0.0.1:9320, the default
+/// address (this is the only test that uses that port), and serves there.
+#[test]
+#[ignore = "builds a generated project"]
+fn without_an_address_the_console_listens_on_loopback() {
+    let (_, bins) = built();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut console = Command::new(bins.join("outbox"))
+        .arg("console")
+        .env_clear()
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:9/none")
+        .env("VALKEY_ADDR", "127.0.0.1:9")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log.reopen().unwrap())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let read_log = || std::fs::read_to_string(log.path()).unwrap();
+    wait_until(Duration::from_secs(30), "the console listens", || {
+        if let Some(exit) = console.try_wait().unwrap() {
+            panic!(
+                "the console exited ({exit}) when given no address:\n{}",
+                read_log()
+            );
+        }
+        read_log().contains("console listening on http://")
+    });
+    let answer = request_with_headers("127.0.0.1:9320", "GET", "/assets/console.css", None, &[]);
+    let _ = console.kill();
+    let _ = console.wait();
+    let log = read_log();
+    assert!(
+        log.contains("console listening on http://127.0.0.1:9320/"),
+        "{log}"
+    );
+    assert_eq!(answer.map(|(status, _)| status), Some(200));
+}
+
+/// `--mask email,card`: an event's page shows those fields' values as
+/// `***` at any depth, and every other field as it is.
+#[test]
+#[ignore = "builds a generated project"]
+fn the_console_masks_the_fields_mask_names_at_any_depth() {
+    let (project, bins) = built();
+    let db = Database::create("gpkit_console_mask");
+    migrate(project, &db, &["up"]);
+    let event = "0193a5c2-5b6e-7d1f-9a2b-3c4d5e6f7a8c";
+    psql(
+        &db.url(),
+        &format!(
+            "INSERT INTO outbox_events (event_id, event_name, payload, published_at) \
+             VALUES ('{event}', 'orderPlaced', '{{\"order_id\": 7, \"email\": \"ann@example.com\", \
+             \"billing\": {{\"card\": \"4111-1111\", \"city\": \"Lyon\"}}}}', now())"
+        ),
+    );
+    let redis = RedisServer::start();
+    let console = Console::start_with(
+        &bins.join("outbox"),
+        &db.url(),
+        &redis,
+        &["--mask", "email,card"],
+    );
+    let (status, page) = console.get(&format!("/events/{event}"));
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        !page.contains("ann@example.com") && !page.contains("4111-1111"),
+        "a masked value is shown:\n{page}"
+    );
+    assert_eq!(page.matches("***").count(), 2, "{page}");
+    assert!(page.contains("Lyon") && page.contains("order_id"), "{page}");
+}
+
+/// The CSRF secret the console put in a page's forms.
+fn csrf_in(page: &str) -> String {
+    let (_, after) = page
+        .split_once(r#"name="csrf" value=""#)
+        .unwrap_or_else(|| panic!("no CSRF field in the page:\n{page}"));
+    after.split('"').next().unwrap().to_string()
+}
+
+/// Each of the four forms that act (retry, pause, send back, replay) is
+/// refused (403) without the console's CSRF secret, with a wrong one, and
+/// from another site, changing nothing; with the secret its pages carry,
+/// the same forms are taken (the replay queues a task, the queue pauses).
+#[test]
+#[ignore = "builds a generated project"]
+fn each_form_that_acts_is_refused_without_the_consoles_csrf_secret() {
+    let (project, bins) = built();
+    let db = Database::create("gpkit_console_csrf");
+    migrate(project, &db, &["up"]);
+    psql(
+        &db.url(),
+        "INSERT INTO outbox_events (event_id, event_name, payload, published_at) \
+         VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 1}', now())",
+    );
+    let redis = RedisServer::start();
+    let console = Console::start(&bins.join("outbox"), &db.url(), &redis);
+    // Each form with fields its handler takes.
+    let forms = [
+        (
+            "/failures/retry",
+            "type=listener%3AorderPlaced%3Aaudit&error=x",
+        ),
+        ("/queues/pause", "queue=default&paused=true"),
+        (
+            "/failures/send-back",
+            "event=orderPlaced&listener=audit&error=x",
+        ),
+        (
+            "/failures/replay",
+            "name=orderPlaced&since=1h&listener=audit",
+        ),
+    ];
+    let secret = csrf_in(&console.get("/queues").1);
+    let first = if secret.starts_with('0') { '1' } else { '0' };
+    let wrong = format!("{first}{}", &secret[1..]);
+    let other_site = [("Origin", "http://evil.example")];
+    let mut outcomes = Vec::new();
+    for (path, form) in forms {
+        for (how, form, headers) in [
+            ("without the secret", form.to_string(), &[][..]),
+            ("with a wrong one", format!("{form}&csrf={wrong}"), &[][..]),
+            (
+                "from another site",
+                format!("{form}&csrf={secret}"),
+                &other_site[..],
+            ),
+        ] {
+            let (status, page) = console.post_form(path, &form, headers);
+            let refused = status == 403
+                && (page.contains("CSRF secret") || page.contains("sent from another site"));
+            let outcome = if refused { "refused" } else { "TAKEN" };
+            outcomes.push(format!("{path} {how}: {outcome} ({status})"));
+        }
+    }
+    assert!(
+        outcomes.iter().all(|o| o.contains(": refused")),
+        "{}",
+        outcomes.join("\n")
+    );
+    // Nothing changed: the queue runs, and nothing was queued.
+    let paused = || redis.cli(&["EXISTS", "asynq:{default}:paused"]);
+    let pending = || redis.cli(&["LLEN", "asynq:{default}:pending"]);
+    assert_eq!(paused().as_deref(), Some("0"));
+    assert_eq!(pending().as_deref(), Some("0"));
+
+    // With the secret, the same forms are taken.
+    for (path, form) in forms {
+        let (status, page) = console.post_form(path, &format!("{form}&csrf={secret}"), &[]);
+        assert_ne!(status, 403, "{path}: {page}");
+    }
+    assert_eq!(paused().as_deref(), Some("1"));
+    assert_eq!(pending().as_deref(), Some("1"), "the replay's task");
 }

@@ -266,10 +266,13 @@ fn the_outbox_command_follows_replays_retries_and_purges_events() {
         || count(&redis, "ZCARD", "archived") == "3" && runs(&db) == "email:1,2,3",
         &[("succeeded", "email", 3), ("failed", "audit", 3)],
     );
+    // Order 4, unpublished, created 40 s ago: the relay's lag `status`
+    // reports.
     psql(
         &db.url(),
-        "INSERT INTO outbox_events (event_id, event_name, payload) \
-         VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 4}')",
+        "INSERT INTO outbox_events (event_id, event_name, payload, created_at) \
+         VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 4}', \
+                 now() - interval '40 seconds')",
     );
     let (one, two, three, four) = (
         event_id(&db, 1),
@@ -285,12 +288,11 @@ fn the_outbox_command_follows_replays_retries_and_purges_events() {
     assert_eq!(status["outbox"]["published_last_hour"], 4);
     assert_eq!(status["outbox"]["due_for_cleanup"], 0);
     assert!(status["outbox"]["table_bytes"].as_i64().unwrap() > 0);
-    assert!(
-        status["outbox"]["oldest_unpublished_age_seconds"]
-            .as_f64()
-            .unwrap()
-            >= 0.0
-    );
+    // 40 s, plus the moments between the insert and the command.
+    let lag = status["outbox"]["oldest_unpublished_age_seconds"]
+        .as_f64()
+        .unwrap();
+    assert!((40.0..45.0).contains(&lag), "the lag of order 4: {lag} s");
     assert_eq!(status["retention_seconds"], 604_800);
     let default = &status["queues"][0];
     assert_eq!(default["queue"], "default");
@@ -314,14 +316,13 @@ fn the_outbox_command_follows_replays_retries_and_purges_events() {
         "{text}"
     );
 
-    // --max-lag: exit 2 above it, 0 below.
-    std::thread::sleep(Duration::from_millis(50));
-    let lagging = ops.run(&["status", "--max-lag", "10ms", "--format", "json"]);
+    // --max-lag: exit 2 above the 40 s lag, 0 below.
+    let lagging = ops.run(&["status", "--max-lag", "30s", "--format", "json"]);
     assert_eq!(lagging.status.code(), Some(2));
     let lagging: Value = serde_json::from_slice(&lagging.stdout).unwrap();
     assert_eq!(
         (&lagging["lag_exceeded"], &lagging["max_lag_seconds"]),
-        (&Value::from(true), &Value::from(0.01))
+        (&Value::from(true), &Value::from(30.0))
     );
     assert!(
         ops.ok(&["status", "--max-lag", "1h"])

@@ -6,9 +6,11 @@
 //! too), and a Sentinel group and a cluster that speak only TLS
 //! (`VALKEY_TLS`). Each run goes from committed outbox rows to listener
 //! runs recorded in Postgres; the Sentinel and cluster tests count every
-//! run, repeats included. The TLS-against-plaintext, Sentinel and cluster
-//! tests print their figures (relay throughput, failover time, repeated
-//! runs, events delivered); nothing is asserted on speed.
+//! run, repeats included, and check each key's order and the bound of
+//! `email`'s concurrency limit from the times each run recorded. The
+//! TLS-against-plaintext, Sentinel and cluster tests print their figures
+//! (relay throughput, failover time, repeated runs, events delivered);
+//! nothing is asserted on speed.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -18,7 +20,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::e2e::{Database, build_binaries, migrate, psql};
-use crate::event_e2e::listener_body;
 use crate::support::gpkit;
 use crate::test_ca::{make_ca, make_server_cert};
 use crate::worker_e2e::wait_until;
@@ -35,6 +36,38 @@ fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// A listener of the project: records its run, with the time it started
+/// (read from Postgres once its slot is taken) and, by the column's
+/// default, the time it ended (before it frees its slot).
+fn listener_body(listener: &str) -> String {
+    format!(
+        r#"//! `{listener}`: a listener of `orderPlaced`, filled in by the test.
+
+use crate::events::order_placed::OrderPlaced;
+use kit::worker::listeners::{{ListenerContext, ListenerError}};
+
+/// Records the run, with the event id, the typed payload and its start.
+pub async fn handle(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {{
+    let (started,): (String,) = sqlx::query_as("SELECT clock_timestamp()::text")
+        .fetch_one(ctx.pool())
+        .await?;
+    sqlx::query(
+        "INSERT INTO listener_runs (listener, event_id, order_id, note, started_at) \
+         VALUES ($1, $2, $3, $4, $5::timestamptz)",
+    )
+    .bind("{listener}")
+    .bind(ctx.event_id())
+    .bind(event.order_id)
+    .bind(&event.note)
+    .bind(started)
+    .execute(ctx.pool())
+    .await?;
+    Ok(())
+}}
+"#
+    )
 }
 
 /// What makes the project's listeners ordered (`gpkit add event
@@ -74,7 +107,7 @@ pub(crate) fn project() -> &'static Path {
         std::fs::write(
             project.join("migrations/20270115080000_listener_runs.sql"),
             "-- +goose Up\nCREATE TABLE listener_runs (listener text NOT NULL, event_id uuid NOT NULL, \
-             order_id bigint NOT NULL, note text NOT NULL, \
+             order_id bigint NOT NULL, note text NOT NULL, started_at timestamptz NOT NULL, \
              ran_at timestamptz NOT NULL DEFAULT clock_timestamp());\n\n-- +goose Down\nDROP TABLE listener_runs;\n",
         )
         .unwrap();
@@ -125,6 +158,32 @@ fn assert_the_limit_deferred_email(metrics: u16, setup: &str) {
     assert!(
         deferred > 0.0,
         "no run of `email` was deferred: the limit was not exercised ({setup})"
+    );
+}
+
+/// Asserts that no more than `limit` runs of `email` overlapped, each from
+/// its start to its end as it recorded them (both inside the time it held
+/// its slot, so the overlap counted is never more than the runs that held
+/// one), over the runs `runs` selects from `listener_runs r` (a WHERE
+/// clause).
+fn assert_at_most_concurrent_email_runs(db: &Database, limit: u64, runs: &str, setup: &str) {
+    let most = psql(
+        &db.url(),
+        &format!(
+            "WITH runs AS (SELECT started_at, ran_at FROM listener_runs r \
+               WHERE r.listener = 'email' AND {runs}), \
+             edges AS (SELECT started_at AS at, 1 AS d FROM runs \
+               UNION ALL SELECT ran_at, -1 FROM runs) \
+             SELECT coalesce(max(n), 0) || ' ' || (SELECT count(*) FROM runs) FROM \
+               (SELECT sum(d) OVER (ORDER BY at, d ROWS UNBOUNDED PRECEDING) AS n FROM edges) o"
+        ),
+    );
+    let (most, counted) = most.split_once(' ').unwrap();
+    let most: u64 = most.parse().unwrap();
+    eprintln!("{setup}: at most {most} of {counted} runs of `email` at once (limit {limit})");
+    assert!(
+        most <= limit,
+        "{setup}: {most} runs of `email` at once, over its concurrency limit of {limit}"
     );
 }
 
@@ -782,6 +841,16 @@ fn under_sentinel_events_keep_flowing_after_the_master_is_killed() {
     });
     let promoted = unix_now() - killed_at;
     wait_for_listeners(&db, all.len(), Duration::from_secs(120));
+    // The bound, but for the runs in flight at the kill: a slot taken on
+    // the master and not yet on the replica is lost with it.
+    assert_at_most_concurrent_email_runs(
+        &db,
+        1,
+        &format!(
+            "NOT (r.started_at <= to_timestamp({killed_at}) AND r.ran_at >= to_timestamp({killed_at}))"
+        ),
+        "sentinel",
+    );
     assert_the_limit_deferred_email(metrics, "sentinel");
     assert_each_key_ran_in_order(&db, "sentinel");
     // Every task settled on the new master: a task whose completion the
@@ -1086,6 +1155,7 @@ fn on_a_cluster_of_three_masters_ten_thousand_events_become_tasks_exactly_once()
         "cluster: {EVENTS} events relayed and both listeners run in {:.1?}",
         start.elapsed()
     );
+    assert_at_most_concurrent_email_runs(&db, 3, "true", "cluster");
     assert_the_limit_deferred_email(metrics, "cluster");
     assert_each_key_ran_in_order(&db, "cluster");
 
