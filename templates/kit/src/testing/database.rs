@@ -40,7 +40,7 @@ const SERVER_VARIABLES: [&str; 2] = ["TEST_DATABASE_URL", "DATABASE_URL"];
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// # if std::env::var_os("DATABASE_URL").is_none() { return; } // needs a server
+/// # if !kit::testing::example_has_a_database() { return; }
 /// let db = kit::testing::TestDatabase::new().await;
 /// let (tables,): (i64,) = sqlx::query_as(
 ///     "SELECT count(*) FROM information_schema.tables WHERE table_name = 'outbox_events'",

@@ -17,7 +17,7 @@ use crate::outbox::{Envelope, Metadata};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// # if std::env::var_os("DATABASE_URL").is_none() { return; } // needs a server
+/// # if !kit::testing::example_has_a_database() { return; }
 /// use kit::prelude::*;
 /// use serde::{Deserialize, Serialize};
 ///

@@ -5,9 +5,10 @@
 //! A delivery takes the path the worker's takes: the relay's claim marks
 //! the rows published, each event becomes the task the fan-out would queue
 //! for each listener (its payload, headers and id), and the worker's
-//! listener handler runs it, `ctx.once` and its inbox included. Only the
-//! queue is left out, and with it the retries: a failure is reported, not
-//! retried, and a `SkipRetry` is reported as archived.
+//! listener handler runs it, `ctx.once` and its inbox included, in the
+//! trace the consumer would run it in. Only the queue is left out, and
+//! with it the retries: a failure is reported, not retried, and a
+//! `SkipRetry` is reported as archived.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,6 +25,7 @@ use crate::database::Transactor;
 use crate::outbox::Event;
 use crate::outbox::{Envelope, Store};
 use crate::queue::Task;
+use crate::trace_context::{self, TraceContext};
 use crate::worker::listeners::{Listener, ListenerContext, ListenerError, Listeners};
 
 /// How many generations of events a drain follows before it calls the
@@ -44,7 +46,7 @@ const CLAIM_BATCH: u32 = 1000;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// # if std::env::var_os("DATABASE_URL").is_none() { return; } // needs a server
+/// # if !kit::testing::example_has_a_database() { return; }
 /// use kit::prelude::*;
 /// use serde::{Deserialize, Serialize};
 ///
@@ -299,9 +301,19 @@ async fn deliver(
     let duplicates = Counter::default();
     let (owned, task) = (listener.clone(), listener_task(listener, envelope));
     let (transactor, counted) = (transactor.clone(), duplicates.clone());
-    let mut run = tokio::spawn(async move {
+    // In the trace the consumer runs a task in: its headers' (the relay's),
+    // continued, or a new one; so the events a listener dispatches carry
+    // the trace they carry under the worker.
+    let retried = i32::try_from(task.retried).unwrap_or(i32::MAX);
+    let span = crate::spans::process(&task.id, &task.task_type, &task.queue, retried);
+    let context = trace_context::start(&span, TraceContext::from_metadata(&task.headers).as_ref());
+    let run = async move {
         crate::worker::listener_handler::run_listener(&owned, transactor, task, counted, None).await
-    });
+    };
+    let mut run = tokio::spawn(trace_context::within(
+        context,
+        tracing::Instrument::instrument(run, span),
+    ));
     let outcome = match tokio::time::timeout(timeout, &mut run).await {
         Err(_) => {
             run.abort();

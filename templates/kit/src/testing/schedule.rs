@@ -13,7 +13,7 @@ use crate::scheduler::{ScheduledEvent, ScheduledJob, Schedules, Tick};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// # if std::env::var_os("DATABASE_URL").is_none() { return; } // needs a server
+/// # if !kit::testing::example_has_a_database() { return; }
 /// use kit::scheduler::{JobContext, ScheduledJob};
 ///
 /// struct Heartbeat;

@@ -653,6 +653,9 @@ async fn dispatch_all(pool: &PgPool, steps: &[(u32, u32)]) {
 /// Names the database and queue of the kill test's worker processes: the
 /// test binary runs the test again as a worker when it is set.
 const WORKER_OF: &str = "KIT_TEST_ORDERED_WORKER";
+/// A file the kill test's worker appends a line to as each run of its
+/// listener starts (`+`) and ends (`-`), when it is given one.
+const RUNS_LOG: &str = "KIT_TEST_ORDERED_RUNS_LOG";
 /// The kill test, which its worker processes run.
 const KILL_TEST: &str =
     "tests::ordering::ordered_runs_keep_their_order_when_a_worker_is_killed_midway";
@@ -681,12 +684,22 @@ async fn act_as_worker(url: &str, queue: &str) {
     let mut listeners = Listeners::new();
     let rng = Arc::new(std::sync::Mutex::new(fastrand::Rng::new()));
     let placed = rng.clone();
+    let log: Option<Arc<std::fs::File>> = std::env::var_os(RUNS_LOG).map(|path| {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        Arc::new(file)
+    });
+    let placed_log = log.clone();
     listeners.listen_with(
         "ledger",
         ListenerOptions::new().ordered(),
         move |event: Placed, context: ListenerContext| {
             let roll = placed.lock().unwrap().u32(0..8);
-            async move { run_step(roll, &context, event.key, event.n).await }
+            let log = placed_log.clone();
+            async move { logged(log, run_step(roll, &context, event.key, event.n)).await }
         },
     );
     listeners.listen_with(
@@ -694,7 +707,8 @@ async fn act_as_worker(url: &str, queue: &str) {
         ListenerOptions::new().ordered(),
         move |event: Cancelled, context: ListenerContext| {
             let roll = rng.lock().unwrap().u32(0..8);
-            async move { run_step(roll, &context, event.key, event.n).await }
+            let log = log.clone();
+            async move { logged(log, run_step(roll, &context, event.key, event.n)).await }
         },
     );
     let options = ConsumerOptions {
@@ -712,6 +726,53 @@ async fn act_as_worker(url: &str, queue: &str) {
         .run(std::future::pending::<()>())
         .await
         .expect("the consumer runs until the worker is killed");
+}
+
+/// Runs `run`, with a line in `log` (if any) as it starts and as it ends:
+/// a run whose start has no end in the log of a dead process was in
+/// flight when it died.
+async fn logged(
+    log: Option<Arc<std::fs::File>>,
+    run: impl Future<Output = Result<(), ListenerError>>,
+) -> Result<(), ListenerError> {
+    use std::io::Write as _;
+    if let Some(file) = &log {
+        (&**file).write_all(b"+\n").unwrap();
+    }
+    let result = run.await;
+    if let Some(file) = &log {
+        (&**file).write_all(b"-\n").unwrap();
+    }
+    result
+}
+
+/// The runs started and not ended in the runs log at `path`.
+fn runs_in_flight(path: &std::path::Path) -> usize {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let started = log.lines().filter(|line| *line == "+").count();
+    started - log.lines().filter(|line| *line == "-").count()
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// The kill test's worker processes, killed when the test ends, also when
+/// it fails.
+struct WorkerProcesses(Vec<std::process::Child>);
+
+impl Drop for WorkerProcesses {
+    fn drop(&mut self) {
+        for worker in &mut self.0 {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
+    }
 }
 
 #[tokio::test]
@@ -781,17 +842,25 @@ async fn ordered_runs_keep_their_order_when_a_worker_is_killed_midway() {
             })
         })
         .collect();
-    let mut workers: Vec<std::process::Child> = (0..3)
-        .map(|_| {
-            std::process::Command::new(std::env::current_exe().unwrap())
-                .args([KILL_TEST, "--exact", "--nocapture", "--test-threads=1"])
-                .env(WORKER_OF, format!("{} {}", db.url(), queue.name))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    // The worker to be killed logs its runs, so that the test kills it in
+    // the middle of one.
+    let runs_log = std::env::temp_dir().join(format!("kit-kill-{}", queue.name));
+    let mut workers = WorkerProcesses(
+        (0..3)
+            .map(|n| {
+                let mut worker = std::process::Command::new(std::env::current_exe().unwrap());
+                worker
+                    .args([KILL_TEST, "--exact", "--nocapture", "--test-threads=1"])
+                    .env(WORKER_OF, format!("{} {}", db.url(), queue.name))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null());
+                if n == 0 {
+                    worker.env(RUNS_LOG, &runs_log);
+                }
+                worker.spawn().unwrap()
+            })
+            .collect(),
+    );
     for tx in held_open {
         tx.commit().await.unwrap();
     }
@@ -800,7 +869,8 @@ async fn ordered_runs_keep_their_order_when_a_worker_is_killed_midway() {
     }
 
     // Act: the second half while the workers run; a worker is SIGKILLed
-    // once a third of the steps were seen. (The heads it held run again once
+    // once a third of the steps were seen, in the middle of a run (stopped,
+    // SIGSTOP, until one is in flight). (The heads it held run again once
     // their lease is 30 s past its end, as in Go asynq: most of the test's
     // time, spent waiting.)
     let second_half: Vec<(u32, u32)> = during
@@ -819,8 +889,24 @@ async fn ordered_runs_keep_their_order_when_a_worker_is_killed_midway() {
         count().await >= i64::from(total / 3)
     })
     .await;
-    workers[0].kill().unwrap();
-    workers[0].wait().unwrap();
+    let killed = workers.0[0].id();
+    eventually(
+        Duration::from_secs(60),
+        "the worker to kill to be in the middle of a run",
+        || async {
+            signal(killed, "-STOP");
+            let held = runs_in_flight(&runs_log) > 0;
+            if !held {
+                signal(killed, "-CONT");
+            }
+            held
+        },
+    )
+    .await;
+    let held_at_kill = runs_in_flight(&runs_log);
+    workers.0[0].kill().unwrap();
+    workers.0[0].wait().unwrap();
+    std::fs::remove_file(&runs_log).unwrap();
     let seen_at_kill = count().await;
     let done = tokio::time::timeout(Duration::from_secs(90), async {
         while count().await < i64::from(total) {
@@ -828,13 +914,15 @@ async fn ordered_runs_keep_their_order_when_a_worker_is_killed_midway() {
         }
     })
     .await;
-    for worker in &mut workers[1..] {
-        worker.kill().unwrap();
-        worker.wait().unwrap();
-    }
+    drop(workers);
     eprintln!(
-        "killed a worker with {seen_at_kill} of {total} steps seen; {} seen in the end",
+        "killed a worker in the middle of {held_at_kill} runs, with {seen_at_kill} of {total} \
+         steps seen; {} seen in the end",
         count().await
+    );
+    assert!(
+        held_at_kill > 0,
+        "the killed worker held no run (seed {seed})"
     );
     assert!(done.is_ok(), "not every step was seen (seed {seed})");
 

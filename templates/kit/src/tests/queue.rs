@@ -55,11 +55,16 @@ struct TestQueue {
 
 impl TestQueue {
     async fn new() -> Self {
+        Self::on(&valkey_addr()).await
+    }
+
+    /// A queue of its own on the server at `addr`.
+    async fn on(addr: &str) -> Self {
         let name = format!("test_{}", uuid::Uuid::now_v7().simple());
-        let client = Client::connect(&valkey_addr(), None, 0)
+        let client = Client::connect(addr, None, 0)
             .await
             .expect("these tests need Valkey or Redis at VALKEY_ADDR (default 127.0.0.1:6379)");
-        let redis = redis::Client::open(format!("redis://{}/", valkey_addr()))
+        let redis = redis::Client::open(format!("redis://{addr}/"))
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -469,12 +474,29 @@ fn sleepy_consumer(
     (Running::start(consumer), runs)
 }
 
+/// What the consumer logs once a poll found every queue empty: from then
+/// on it sleeps until an enqueue wakes it or its next poll.
+const IDLE: &str = "every queue empty: idle until an enqueue or the next poll";
+
+/// Waits until the consumer logging to `logs` has found its queues empty
+/// and gone to sleep.
+async fn until_idle(logs: &CapturedLogs) {
+    eventually(
+        Duration::from_secs(10),
+        "the consumer to find its queue empty",
+        || async { logs.contains(IDLE) },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn an_idle_consumer_wakes_when_its_own_process_enqueues() {
+    let logs = CapturedLogs::default();
+    let _captured = logs.capture();
     let queue = TestQueue::new().await;
     let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), false);
-    // Let it find the queue empty and go to sleep for its 15-45 s poll.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once it found the queue empty, it sleeps for its 15-45 s poll.
+    until_idle(&logs).await;
 
     let enqueued = Instant::now();
     queue.enqueue(&[queue.task("job:ping", "a")]).await;
@@ -505,13 +527,41 @@ fn assert_woke_at_once(took: Duration) {
 
 #[tokio::test]
 async fn an_idle_consumer_wakes_when_another_process_publishes_its_enqueue() {
-    let queue = TestQueue::new().await;
+    // A server of the test's own: its one subscriber is this consumer.
+    let server = OwnServer::start().await;
+    if !support::require(
+        "valkey-server or redis-server",
+        server.is_some(),
+        "set VALKEY_SERVER (gpkit's scripts/test installs valkey-server)",
+    ) {
+        return;
+    }
+    let server = server.unwrap();
+    let logs = CapturedLogs::default();
+    let _captured = logs.capture();
+    let queue = TestQueue::on(&server.addr()).await;
     let (running, mut runs) = sleepy_consumer(&queue, queue.client.clone(), true);
     // Another process: a client of its own, publishing its enqueues.
-    let other = Client::connect(&valkey_addr(), None, 0).await.unwrap();
+    let other = Client::connect(&server.addr(), None, 0).await.unwrap();
     other.enqueued().set_publish(true);
-    // Let the consumer go to sleep and subscribe.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Once it subscribed and found the queue empty, only a published
+    // enqueue can wake it before its 15-45 s poll.
+    let conn = server.redis().await;
+    eventually(
+        Duration::from_secs(10),
+        "the consumer to subscribe to enqueues",
+        || async {
+            let (_, subscribers): (String, u64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(crate::queue::wakeup::CHANNEL)
+                .query_async(&mut conn.clone())
+                .await
+                .unwrap();
+            subscribers == 1
+        },
+    )
+    .await;
+    until_idle(&logs).await;
 
     let enqueued = Instant::now();
     let outcome = other.enqueue(&[queue.task("job:ping", "b")]).await.unwrap();
@@ -833,6 +883,7 @@ impl CapturedLogs {
     fn capture(&self) -> tracing::subscriber::DefaultGuard {
         let subscriber = tracing_subscriber::fmt()
             .with_writer(self.clone())
+            .with_max_level(tracing::Level::DEBUG)
             .with_ansi(false)
             .finish();
         tracing::subscriber::set_default(subscriber)
@@ -1292,35 +1343,55 @@ async fn a_consumer_runs_at_most_its_concurrency_and_takes_nothing_ahead_of_runn
             }
         });
     }
-    let tasks: Vec<NewTask> = (0..6)
-        .map(|n| queue.task("job:gated", &format!("gated-{n}")))
-        .collect();
-    queue.enqueue(&tasks).await;
+    let gated = |range: std::ops::Range<usize>| -> Vec<NewTask> {
+        range
+            .map(|n| queue.task("job:gated", &format!("gated-{n}")))
+            .collect()
+    };
+    queue.enqueue(&gated(0..6)).await;
 
-    // Act: two handlers start and block; give the consumer time to take more.
+    // Act: two handlers start and block; then a second consumer takes what
+    // the first left in the queue.
     let consumer = Running::start(consumer);
     eventually(Duration::from_secs(10), "two handlers to run", || async {
         running.load(Ordering::SeqCst) == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = Arc::new(Mutex::new(Vec::new()));
+    let mut other = Consumer::new(queue.client.clone(), queue.options());
+    let log = taken.clone();
+    other.handle("job:gated", move |task: Task| {
+        log.lock().unwrap().push(task.id);
+        async { Ok(()) }
+    });
+    let other = Running::start(other);
+
+    // Assert: no task was taken ahead while both handlers still run (a
+    // task is taken ahead only for a slot whose completion is on its way):
+    // the other consumer ran the four the first did not start.
+    eventually(
+        Duration::from_secs(10),
+        "the other consumer to run the four tasks the first left",
+        || async { taken.lock().unwrap().len() == 4 },
+    )
+    .await;
+    other.stop().await;
     let mut redis = queue.redis.clone();
     let active: usize = redis.llen(keys::active(&queue.name)).await.unwrap();
-    let pending: usize = redis.llen(keys::pending(&queue.name)).await.unwrap();
+    assert_eq!(active, 2, "the first consumer holds its two running tasks");
 
-    // Assert: no task is taken ahead while both handlers still run (a task
-    // is taken ahead only for a slot whose completion is on its way).
-    assert_eq!((active, pending), (2, 4), "(active, pending)");
-
-    // And released one at a time, all six run, never more than two at once.
-    for _ in 0..6 {
+    // And released one at a time, its two and four more run, never more
+    // than two at once.
+    queue.enqueue(&gated(6..10)).await;
+    for released in 1..=6 {
         gate.add_permits(1);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        eventually(
+            Duration::from_secs(10),
+            "the released task to finish",
+            || async { done.load(Ordering::SeqCst) == released },
+        )
+        .await;
     }
-    eventually(Duration::from_secs(10), "all six to finish", || async {
-        done.load(Ordering::SeqCst) == 6
-    })
-    .await;
     eventually(
         Duration::from_secs(10),
         "every task to be completed",
@@ -1827,6 +1898,115 @@ async fn a_failure_for_good_is_recorded_before_the_archive_and_forgotten_when_th
             1
         )
     );
+}
+
+/// The task the fan-out queues for the one listener of [`Pinged`] in
+/// `listeners` on `envelope`, to be queued as it is.
+fn pinged_listener_task(queue: &TestQueue, listeners: &Listeners, envelope: &Envelope) -> NewTask {
+    let listener = &listeners.of(Pinged::NAME)[0];
+    NewTask::new(
+        listener.task_type(),
+        listener_task_id(envelope.id, listener.name()).to_string(),
+        serde_json::to_vec(envelope).unwrap(),
+    )
+    .queue(&queue.name)
+}
+
+#[tokio::test]
+async fn a_failure_whose_retries_are_spent_is_recorded_before_the_archive() {
+    // Arrange: a listener that always fails, on a task of one retry.
+    let queue = TestQueue::new().await;
+    let db = support::TestDatabase::migrated().await;
+    let mut listeners = Listeners::new();
+    listeners.listen("spent", |_: Pinged, _: ListenerContext| async {
+        Err(anyhow::anyhow!("provider down"))
+    });
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    let listener_task = pinged_listener_task(&queue, &listeners, &envelope).max_retry(1);
+    let task = listener_task.id.clone();
+    queue.enqueue(&[listener_task]).await;
+    let consumer = failure_recording_consumer(&queue, &db, listeners);
+
+    // Act
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state(&task).await.as_deref() == Some("archived") },
+    )
+    .await;
+    let at_archive = recorded(&db).await;
+    running.stop().await;
+
+    // Assert: the failure of its last run, recorded when it was archived.
+    assert_eq!(
+        at_archive,
+        [(
+            task,
+            Some(envelope.id),
+            Pinged::NAME.to_string(),
+            "spent".to_string(),
+            "provider down".to_string(),
+            2
+        )]
+    );
+}
+
+#[tokio::test]
+async fn a_failure_whose_lease_expired_with_no_retry_left_is_recorded_before_the_archive() {
+    // Arrange: a listener task of no retry, taken by a worker that died two
+    // minutes ago.
+    let queue = TestQueue::new().await;
+    let db = support::TestDatabase::migrated().await;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = ran.clone();
+    let mut listeners = Listeners::new();
+    listeners.listen("stalled", move |_: Pinged, _: ListenerContext| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok(()) }
+    });
+    let envelope = Envelope::new(Pinged::NAME, serde_json::json!({"count": 1}));
+    let listener_task = pinged_listener_task(&queue, &listeners, &envelope).max_retry(0);
+    let task = listener_task.id.clone();
+    queue.enqueue(&[listener_task]).await;
+    let mut redis = queue.redis.clone();
+    let _: () = redis::pipe()
+        .rpoplpush(keys::pending(&queue.name), keys::active(&queue.name))
+        .hset(keys::task(&queue.name, &task), "state", "active")
+        .zadd(
+            keys::lease(&queue.name),
+            &task,
+            chrono::Utc::now().timestamp() - 120,
+        )
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let consumer = failure_recording_consumer(&queue, &db, listeners);
+
+    // Act: the recoverer finds the lease expired.
+    let running = Running::start(consumer);
+    eventually(
+        Duration::from_secs(10),
+        "the task to be archived",
+        || async { queue.state(&task).await.as_deref() == Some("archived") },
+    )
+    .await;
+    let at_archive = recorded(&db).await;
+    running.stop().await;
+
+    // Assert: recorded with the recoverer's error, and never run here.
+    assert_eq!(
+        at_archive,
+        [(
+            task,
+            Some(envelope.id),
+            Pinged::NAME.to_string(),
+            "stalled".to_string(),
+            "asynq: task lease expired".to_string(),
+            1
+        )]
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the listener never ran");
 }
 
 #[tokio::test]

@@ -494,7 +494,18 @@ async fn child_process_creates_a_database() {
         .await
         .unwrap();
     println!("widgets: {n}");
+    let (marked,): (bool,) = sqlx::query_as(&format!(
+        "SELECT to_regclass('{TEMPLATE_MARKER}') IS NOT NULL"
+    ))
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    println!("template marker: {marked}");
 }
+
+/// A table the test adds to a built template, and so only a database
+/// copied from it has: no migration makes it.
+const TEMPLATE_MARKER: &str = "made_from_the_template";
 
 /// Runs `child_process_creates_a_database` in a process of its own.
 fn child(dir: &std::path::Path, env: &[(&str, &str)]) -> Command {
@@ -555,6 +566,31 @@ fn processes_at_once_share_one_template_and_a_changed_migration_makes_a_new_one(
         before.len(),
         initial.len() + 1,
         "four processes, one template: {initial:?} then {before:?}"
+    );
+    // A database of the test is a copy of that template, not one migrated
+    // on its own: a table added to the template only is in the next one.
+    let template = before
+        .iter()
+        .find(|name| !initial.contains(name))
+        .unwrap()
+        .clone();
+    let mut url = url::Url::parse(&std::env::var("DATABASE_URL").unwrap()).unwrap();
+    url.set_path(&template);
+    on_server(async |_| {
+        let marking = sqlx::PgPool::connect(url.as_str()).await.unwrap();
+        sqlx::query(&format!("CREATE TABLE {TEMPLATE_MARKER} ()"))
+            .execute(&marking)
+            .await
+            .unwrap();
+        // A template is copied only while no one is connected to it.
+        marking.close().await;
+    });
+    let output = child(&dir, &[]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("widgets: 3") && stdout.contains("template marker: true"),
+        "the test database is not a copy of `{template}`: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
     );
 
     migrations(&dir, 7);
@@ -701,6 +737,209 @@ async fn the_real_worker_delivers_through_the_queue_and_names_what_is_pending() 
         "{message}"
     );
     worker.stop().await.unwrap();
+}
+
+/// The table the comparison's listeners record what they saw in.
+const SAW: &str = "CREATE TABLE saw (listener text NOT NULL, event_name text NOT NULL, \
+     event_id uuid NOT NULL, payload jsonb NOT NULL, header_names text NOT NULL, \
+     header_trace text, metadata_trace text)";
+
+/// Records in `saw` what `ctx`'s listener saw of the event named `name`
+/// with `payload`: its id, its task's headers (their names, and the trace
+/// id of `traceparent`) and the trace id of its metadata.
+async fn record_saw(
+    ctx: &ListenerContext,
+    tx: &mut sqlx::PgConnection,
+    name: &str,
+    payload: serde_json::Value,
+) -> Result<(), ListenerError> {
+    let headers = ctx.headers();
+    let header_trace = headers
+        .get("traceparent")
+        .and_then(|traceparent| traceparent.split('-').nth(1))
+        .map(str::to_string);
+    let metadata_trace = crate::trace_context::TraceContext::from_metadata(ctx.metadata())
+        .map(|context| context.trace_id().to_string());
+    sqlx::query("INSERT INTO saw VALUES ($1, $2, $3, $4, $5, $6, $7)")
+        .bind(ctx.listener())
+        .bind(name)
+        .bind(ctx.event_id())
+        .bind(payload)
+        .bind(headers.keys().cloned().collect::<Vec<_>>().join(","))
+        .bind(header_trace)
+        .bind(metadata_trace)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Records the order and dispatches its `invoiceDue`, once per event.
+async fn saw_and_invoices(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {
+    ctx.once(async |tx| {
+        record_saw(&ctx, tx, OrderPlaced::NAME, serde_json::to_value(&event)?).await?;
+        let invoice = InvoiceDue {
+            order_id: event.order_id,
+        };
+        dispatch(&mut *tx, &invoice).await?;
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+async fn saw_order(event: OrderPlaced, ctx: ListenerContext) -> Result<(), ListenerError> {
+    ctx.once(async |tx| {
+        record_saw(&ctx, tx, OrderPlaced::NAME, serde_json::to_value(&event)?).await
+    })
+    .await?;
+    Ok(())
+}
+
+async fn saw_invoice(event: InvoiceDue, ctx: ListenerContext) -> Result<(), ListenerError> {
+    ctx.once(async |tx| {
+        record_saw(&ctx, tx, InvoiceDue::NAME, serde_json::to_value(&event)?).await
+    })
+    .await?;
+    Ok(())
+}
+
+/// One row of `saw`, with whether the outbox holds the event the listener
+/// was given (its id, name and payload).
+type Saw = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    bool,
+);
+
+/// What the listeners recorded in `pool`, in one order, each trace id
+/// other than `trace` read as "a new trace" (a run's own, random).
+async fn what_the_listeners_saw(pool: &sqlx::PgPool, trace: &str) -> Vec<Saw> {
+    let ours = |id: Option<String>| {
+        id.map(|id| {
+            if id == trace {
+                id
+            } else {
+                "a new trace".into()
+            }
+        })
+    };
+    let rows: Vec<Saw> = sqlx::query_as(
+        "SELECT s.listener, s.event_name, s.payload::text, s.header_names, s.header_trace, \
+           s.metadata_trace, EXISTS (SELECT 1 FROM outbox_events o WHERE o.event_id = s.event_id \
+             AND o.event_name = s.event_name AND o.payload = s.payload) \
+         FROM saw s ORDER BY 1, 2, 3",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(
+            |(listener, name, payload, headers, header_trace, metadata_trace, held)| {
+                assert_eq!(
+                    header_trace, metadata_trace,
+                    "a task's headers carry its event's trace"
+                );
+                (
+                    listener,
+                    name,
+                    payload,
+                    headers,
+                    ours(header_trace),
+                    ours(metadata_trace),
+                    held,
+                )
+            },
+        )
+        .collect()
+}
+
+/// Dispatches `orders` on `db`, the first two inside the trace `trace`, as
+/// a traced request would; makes the listeners' table.
+async fn dispatch_orders(db: &TestDatabase, orders: &[OrderPlaced], trace: &str) {
+    sqlx::query(SAW).execute(db.pool()).await.unwrap();
+    let context =
+        crate::trace_context::TraceContext::parse(&format!("00-{trace}-00f067aa0ba902b7-01"), None)
+            .unwrap();
+    crate::trace_context::scope(context, async {
+        for order in &orders[..2] {
+            dispatch_one(db, order).await;
+        }
+    })
+    .await;
+    for order in &orders[2..] {
+        dispatch_one(db, order).await;
+    }
+}
+
+/// The listeners of the comparison: two of `orderPlaced` (one dispatching
+/// `invoiceDue`), one of `invoiceDue`.
+fn saw_listeners() -> Listeners {
+    crate::testing::listeners(|l| {
+        l.listen("invoices", saw_and_invoices)
+            .listen("audit", saw_order)
+            .listen("invoice", saw_invoice);
+    })
+}
+
+#[tokio::test]
+async fn the_drain_gives_listeners_what_the_real_worker_gives_them() {
+    // Arrange: the same three orders (two of them traced) in two databases.
+    let orders = [placed(1), placed(2), placed(3)];
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let (drained, worked) = (TestDatabase::new().await, TestDatabase::new().await);
+    dispatch_orders(&drained, &orders, trace).await;
+    dispatch_orders(&worked, &orders, trace).await;
+    let queue = support::TestQueue::new().await;
+    let mut config = worked.config();
+    config.valkey.addr = Some(support::valkey_addr());
+    config.worker.queues = format!("{}=1", queue.name).parse().unwrap();
+    config.outbox.queues = queue.name.parse().unwrap();
+    config.outbox.poll_interval = Duration::from_millis(100);
+
+    // Act: one through the drain, the other through the worker and queue.
+    drained.drain(&saw_listeners()).await.assert_all_succeeded();
+    let worker =
+        crate::testing::TestWorker::start(config, saw_listeners(), Default::default()).await;
+    worker
+        .wait_until_delivered(Duration::from_secs(30))
+        .await
+        .unwrap();
+    worker.stop().await.unwrap();
+
+    // Assert: each listener saw the same events, payloads, headers and
+    // trace, the events the outbox holds, once each.
+    let (by_drain, by_worker) = (
+        what_the_listeners_saw(drained.pool(), trace).await,
+        what_the_listeners_saw(worked.pool(), trace).await,
+    );
+    assert_eq!(by_drain, by_worker, "the drain, then the worker");
+    assert_eq!(
+        by_drain.len(),
+        9,
+        "three listeners, three orders: {by_drain:#?}"
+    );
+    assert!(by_drain.iter().all(|saw| saw.6), "{by_drain:#?}");
+    let traced = by_drain
+        .iter()
+        .filter(|saw| saw.4.as_deref() == Some(trace) && saw.5.as_deref() == Some(trace))
+        .count();
+    assert_eq!(
+        traced, 6,
+        "the traced orders and their invoices: {by_drain:#?}"
+    );
+    let untraced_invoice = by_drain
+        .iter()
+        .find(|saw| saw.1 == InvoiceDue::NAME && saw.4.as_deref() != Some(trace))
+        .unwrap();
+    assert_eq!(
+        untraced_invoice.4.as_deref(),
+        Some("a new trace"),
+        "an untraced event's listener runs in a trace of its own"
+    );
 }
 
 #[cfg(feature = "seaorm")]

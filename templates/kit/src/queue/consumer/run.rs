@@ -115,7 +115,14 @@ impl Consumer {
             };
             let pause = match dequeued {
                 Ok(true) => continue,
-                Ok(false) => jittered(options.poll_interval),
+                Ok(false) => {
+                    let pause = jittered(options.poll_interval);
+                    tracing::debug!(
+                        ?pause,
+                        "every queue empty: idle until an enqueue or the next poll"
+                    );
+                    pause
+                }
                 Err(err) => {
                     tracing::error!(error = %err, "dequeue failed; retrying in 1s");
                     Duration::from_secs(1)
