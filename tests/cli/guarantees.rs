@@ -55,7 +55,11 @@ fn every_test_the_table_of_promises_names_exists_and_its_counts_add_up() {
             }
         }
     }
-    assert!(problems.is_empty(), "docs/guarantees.md:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/guarantees.md:\n{}",
+        problems.join("\n")
+    );
 
     let all: Vec<&Cell> = rows.iter().flat_map(|(_, cells)| cells).collect();
     let count = |wanted: fn(&Cell) -> bool| all.iter().filter(|cell| wanted(cell)).count();
