@@ -26,6 +26,7 @@ mod outbox_ops;
 mod own_postgres;
 mod postgres_tls;
 mod prompts;
+mod release_fixtures;
 mod schedule;
 mod seaorm;
 mod secrets;
