@@ -12,6 +12,7 @@ mod e2e;
 mod event_e2e;
 mod event_sequences;
 mod example;
+mod figures;
 mod first_hour;
 mod go_peers;
 mod goose_interop;
