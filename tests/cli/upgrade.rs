@@ -344,7 +344,8 @@ fn the_hyphenated_spelling_works_too() {
 }
 
 /// Every released template set has a fixture with typical user edits; its
-/// upgrade to the current set is pinned by a report snapshot.
+/// upgrade to the current set keeps them, conflicts exactly as declared,
+/// and is pinned by a report snapshot.
 #[test]
 fn release_fixtures_upgrade_to_the_current_templates() {
     let releases: Vec<String> = fixture_names()
@@ -352,10 +353,17 @@ fn release_fixtures_upgrade_to_the_current_templates() {
         .filter(|n| n.starts_with('v') && n.ends_with("-edited"))
         .collect();
     assert!(releases.contains(&"v1-edited".to_string()), "{releases:?}");
+    // What tests/fixtures/upgrade/expectations.toml declares: the user's
+    // edits kept, and exit 3 (conflicts) only where it declares conflicts.
+    // The oldest and the newest fixtures are also compiled (e2e.rs).
+    let expectations = crate::release_fixtures::Expectations::load();
+    let fresh = tempfile::tempdir().unwrap();
+    expectations.assert_edits_are_not_in(&crate::support::new_project(fresh.path(), &[]));
     for release in releases {
         let (_dir, project) = fixture(&release);
+        expectations.assert_edits_before_the_upgrade(&release, &project);
         let (code, report) = upgrade(&project, &[]);
-        assert!(code == 0 || code == 3, "{release}: exit {code}\n{report}");
+        expectations.assert_upgraded(&release, &project, code, &report);
         assert_text_snapshot(&format!("upgrade/{release}/report.txt"), &report);
         let (code, _) = upgrade(&project, &["--check"]);
         assert_eq!(code, 0, "{release}: not up to date after the upgrade");
