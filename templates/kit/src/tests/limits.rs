@@ -1074,3 +1074,64 @@ fn worker_limits_replace_a_listeners_own_and_name_an_unknown_listener() {
          (its listeners: limitMailed.email)"
     );
 }
+
+/// A killed worker's slot frees itself when its lease runs out, also while
+/// another run holds a slot of the same limit and keeps renewing it (so
+/// that the holders' key itself never expires): each holder's lease is
+/// its own.
+#[tokio::test]
+async fn a_killed_workers_slot_frees_itself_while_another_run_keeps_renewing_its_own() {
+    // Arrange: two slots, leased for 1 s; one held by a live run.
+    let queue = TestQueue::new().await;
+    let listener = TestListener::new(&queue);
+    let limits = Limits {
+        concurrency: Some(2),
+        rate: None,
+    };
+    let limiter = Limiter::new(queue.client.clone(), EVENT, &listener.name, limits)
+        .with_slot_lease(Duration::from_secs(1));
+    let Acquired::Granted(live) = limiter.acquire("", &task(&queue, "live")).await.unwrap() else {
+        panic!("the live run takes a free slot");
+    };
+    // The other, by a worker killed while it holds it (its runtime, with
+    // the lease's renewal, is gone; nothing released it).
+    let killed = {
+        let (name, task) = (listener.name.clone(), task(&queue, "killed"));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let client = worker_client().await;
+                let limiter = Limiter::new(client, EVENT, &name, limits)
+                    .with_slot_lease(Duration::from_secs(1));
+                let acquired = limiter.acquire("", &task).await.unwrap();
+                assert!(matches!(acquired, Acquired::Granted(_)), "{acquired:?}");
+                std::mem::forget(acquired);
+            });
+        })
+    };
+    tokio::task::spawn_blocking(move || killed.join().unwrap())
+        .await
+        .unwrap();
+    assert!(matches!(
+        limiter.acquire("", &task(&queue, "next")).await.unwrap(),
+        Acquired::Wait { .. }
+    ));
+
+    // Act + Assert: the killed worker's slot comes free, the live run's
+    // lease renewed all along.
+    eventually(
+        Duration::from_secs(20),
+        "the killed worker's slot, beside a renewed one",
+        || async {
+            matches!(
+                limiter.acquire("", &task(&queue, "next")).await.unwrap(),
+                Acquired::Granted(_)
+            )
+        },
+    )
+    .await;
+    live.release().await;
+}

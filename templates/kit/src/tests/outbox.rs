@@ -182,6 +182,31 @@ async fn a_dispatch_inside_a_trace_stores_the_trace_context() {
     assert_eq!(metadata["traceparent"], stored.traceparent());
 }
 
+/// Without a current trace and without span export, a dispatch starts no
+/// trace: nothing would record it, and a listener would run in a trace
+/// no one can find.
+#[tokio::test]
+async fn a_dispatch_outside_a_trace_without_export_stores_no_trace_context() {
+    let (db, _, dispatcher) = setup().await;
+
+    let envelope = dispatcher
+        .dispatch(&db.pool, &OrderPlaced { order_id: 3 })
+        .await
+        .expect("dispatch on the pool");
+
+    assert_eq!(
+        TraceContext::from_metadata(&envelope.metadata),
+        None,
+        "metadata: {:?}",
+        envelope.metadata
+    );
+    let (metadata,): (serde_json::Value,) = sqlx::query_as("SELECT metadata FROM outbox_events")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(metadata.get("traceparent"), None, "stored: {metadata}");
+}
+
 #[test]
 fn migration_sql_is_the_up_section_of_the_outbox_migration() {
     let file = std::fs::read_to_string(support::migrations_dir().join("20200101000100_outbox.sql"))

@@ -255,3 +255,48 @@ async fn a_keyed_event_takes_its_keys_next_number_in_a_seaorm_transaction() {
     .unwrap();
     assert_eq!(stored, numbers);
 }
+
+/// `Executor::insert_event`, the insert without the numbering the
+/// dispatcher asks for, stores its row on each kind of executor.
+#[tokio::test]
+async fn insert_event_stores_the_row_on_every_kind_of_executor() {
+    use crate::outbox::{Envelope, Executor};
+
+    // Arrange
+    let (db, transactor, _) = setup().await;
+    let envelope = |n: i64| Envelope::new("orderPlaced", serde_json::json!({ "order_id": n }));
+    let (in_tx, on_connection, on_pg_connection, on_pool) =
+        (envelope(1), envelope(2), envelope(3), envelope(4));
+
+    // Act
+    transactor
+        .run(async |tx| Ok::<_, anyhow::Error>(tx.insert_event(&in_tx).await?))
+        .await
+        .expect("insert in a SeaORM transaction");
+    transactor
+        .connection()
+        .insert_event(&on_connection)
+        .await
+        .expect("insert on the SeaORM connection");
+    let mut connection = db.pool.acquire().await.expect("a connection");
+    (&mut *connection)
+        .insert_event(&on_pg_connection)
+        .await
+        .expect("insert on a sqlx connection");
+    (&db.pool)
+        .insert_event(&on_pool)
+        .await
+        .expect("insert on the pool");
+
+    // Assert: the four rows, unpublished, in their order.
+    let rows: Vec<(uuid::Uuid, Option<chrono::DateTime<chrono::Utc>>)> = outbox_rows(&db)
+        .await
+        .into_iter()
+        .map(|(id, _, _, published)| (id, published))
+        .collect();
+    let expected: Vec<_> = [&in_tx, &on_connection, &on_pg_connection, &on_pool]
+        .into_iter()
+        .map(|envelope| (envelope.id, None))
+        .collect();
+    assert_eq!(rows, expected);
+}

@@ -557,3 +557,149 @@ async fn a_published_wake_up_reaches_the_relay_of_another_process() {
     running.await.unwrap();
     subscriber.await.unwrap();
 }
+
+/// A scheduler's event tick goes into the outbox under the tick's id, so
+/// that replicas that both fire it store it once: a second insert of the
+/// same event writes nothing, and says so.
+#[tokio::test]
+async fn insert_unless_present_stores_an_event_once_and_says_whether_it_was_new() {
+    let db = TestDatabase::migrated().await;
+    let envelope = Envelope::new("orderPlaced", serde_json::json!({ "order_id": 1 }));
+
+    let first = crate::outbox::Store
+        .insert_unless_present(&db.pool, &envelope)
+        .await
+        .expect("the first insert");
+    let again = crate::outbox::Store
+        .insert_unless_present(&db.pool, &envelope)
+        .await
+        .expect("the second insert");
+
+    assert!(first, "the first insert stores a new row");
+    assert!(!again, "the second finds the row there");
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events WHERE event_id = $1")
+        .bind(envelope.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+/// A claim that finds nothing past the relay's position starts again from
+/// the beginning in the same round: a late commit below the position goes
+/// out in that round, not one round later.
+#[tokio::test]
+async fn a_round_that_finds_nothing_past_its_position_claims_from_the_beginning_at_once() {
+    // Arrange: a transaction takes the lowest row id and stays open.
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let relay = relay(&db, &queue);
+    let mut late = db.pool.begin().await.unwrap();
+    let late_event = OutboxDispatcher::new()
+        .dispatch(&mut *late, &OrderPlaced { order_id: 9_999 })
+        .await
+        .unwrap();
+    dispatch_events(&db, 200).await;
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 100);
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 100);
+
+    // Act: the late commit, below the position the full rounds left.
+    late.commit().await.unwrap();
+    let round = relay.publish_batch().await.unwrap();
+
+    // Assert
+    assert_eq!(round.claimed, 1, "the late row, in the same round");
+    assert_eq!(unpublished(&db).await, 0);
+    assert!(
+        queue
+            .pending_ids()
+            .await
+            .contains(&late_event.id.to_string())
+    );
+}
+
+/// Under a steady backlog the claim past the relay's position never comes
+/// back empty, so every `RESCAN_EVERY` full rounds it starts from the
+/// beginning: a late commit below the position goes out then, not after
+/// the whole backlog.
+#[tokio::test]
+async fn under_a_steady_backlog_the_claim_starts_from_the_beginning_every_rescan_every_rounds() {
+    use crate::outbox::relay::RESCAN_EVERY;
+
+    // Arrange: one event per round; a transaction takes the lowest row id.
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    let mut config = crate::testing::config("postgres://unused@localhost/unused");
+    config.outbox.batch_size = 1;
+    let relay = Relay::new(
+        db.pool.clone(),
+        queue.client.clone(),
+        &config.outbox,
+        Metrics::new().relay,
+    )
+    .with_queue(queue.name.clone());
+    let mut late = db.pool.begin().await.unwrap();
+    let late_event = OutboxDispatcher::new()
+        .dispatch(&mut *late, &OrderPlaced { order_id: 9_999 })
+        .await
+        .unwrap();
+    dispatch_events(&db, RESCAN_EVERY + 5).await;
+    assert_eq!(relay.publish_batch().await.unwrap().claimed, 1);
+
+    // Act: the late commit, then as many full rounds as make a rescan.
+    late.commit().await.unwrap();
+    for _ in 0..RESCAN_EVERY {
+        assert_eq!(relay.publish_batch().await.unwrap().claimed, 1);
+    }
+
+    // Assert: the first round's event, RESCAN_EVERY - 1 more past the
+    // position, then the late one, found by the rescan.
+    let queued = queue.pending_ids().await;
+    let late_at = queued
+        .iter()
+        .position(|id| *id == late_event.id.to_string());
+    assert_eq!(late_at, Some(RESCAN_EVERY as usize));
+}
+
+/// The worker's cleanup task deletes expired rows as it starts, and ends
+/// when shut down, also while it waits for its next run.
+#[tokio::test]
+async fn cleanup_runs_as_it_starts_and_stops_when_shut_down() {
+    // Arrange: 3 rows published past the retention.
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    dispatch_events(&db, 3).await;
+    drain(&relay(&db, &queue)).await;
+    sqlx::query("UPDATE outbox_events SET published_at = now() - interval '2 hours'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let count = async || -> i64 {
+        let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox_events")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        count
+    };
+
+    // Act: an hour between runs, so only the first one can delete.
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(cleanup::run(
+        db.pool.clone(),
+        Duration::from_secs(3600),
+        Duration::from_secs(3600),
+        shutdown.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count().await > 0 {
+        assert!(Instant::now() < deadline, "the cleanup deleted nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+
+    // Assert
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the cleanup ends when shut down")
+        .unwrap();
+}
