@@ -93,11 +93,14 @@ fn cell(text: &str) -> Cell {
     Cell::Covered(names)
 }
 
-/// Whether the test a cell names is there: a test function in the kit's or
-/// gpkit's tests, or the chaos run and one of its `--break` modes.
+/// Whether the test a cell names is there: a test function in a module of
+/// the kit's or gpkit's tests that the test binary declares (not commented
+/// out, not compiled out by a `#[cfg]`), or the chaos run and one of its
+/// `--break` short forms, as scripts/test runs them in CI.
 fn exists(root: &Path, name: &str) -> Result<(), String> {
     if name == "chaos" {
-        return script(root, "scripts/chaos").map(drop);
+        script(root, "scripts/chaos")?;
+        return ci_runs(root, "scripts/chaos --seed");
     }
     if let Some(mode) = name.strip_prefix("chaos --break ") {
         let source = script(root, "scripts/chaos")?;
@@ -105,25 +108,69 @@ fn exists(root: &Path, name: &str) -> Result<(), String> {
             .lines()
             .find(|line| line.contains("\"--break\"") && line.contains("choices="))
             .ok_or("scripts/chaos declares no --break choices")?;
-        return match choices.contains(&format!("\"{mode}\"")) {
-            true => Ok(()),
-            false => Err(format!("scripts/chaos has no --break {mode}")),
-        };
+        if !choices.contains(&format!("\"{mode}\"")) {
+            return Err(format!("scripts/chaos has no --break {mode}"));
+        }
+        return ci_runs(root, &format!("--break {mode}"));
     }
-    let (file, test) = match name.split("::").collect::<Vec<_>>()[..] {
-        ["kit", file, test] => (format!("templates/kit/src/tests/{file}.rs"), test),
-        ["cli", file, test] => (format!("tests/cli/{file}.rs"), test),
+    let (modules, file, test) = match name.split("::").collect::<Vec<_>>()[..] {
+        ["kit", file, test] => (
+            "templates/kit/src/tests.rs",
+            format!("templates/kit/src/tests/{file}.rs"),
+            test,
+        ),
+        ["cli", file, test] => ("tests/cli/main.rs", format!("tests/cli/{file}.rs"), test),
         _ => return Err("not a `kit::file::test`, `cli::file::test` or `chaos` name".into()),
     };
+    let module = Path::new(&file).file_stem().unwrap().to_str().unwrap();
+    if !script(root, modules)?
+        .lines()
+        .any(|line| line.trim() == format!("mod {module};"))
+    {
+        return Err(format!("{modules} does not declare `mod {module};`"));
+    }
     let source = std::fs::read_to_string(root.join(&file)).map_err(|_| format!("no {file}"))?;
-    let at = source
-        .find(&format!("fn {test}("))
+    let lines: Vec<&str> = source.lines().collect();
+    let at = lines
+        .iter()
+        .position(|line| {
+            let line = line.trim_start();
+            !line.starts_with("//") && line.contains(&format!("fn {test}("))
+        })
         .ok_or_else(|| format!("no test {test} in {file}"))?;
-    // The attributes just above the function: `#[test]`, `#[tokio::test(..)]`.
-    let above = &source[source[..at].rfind("\n\n").unwrap_or(0)..at];
-    match above.contains("test]") || above.contains("test(") {
+    // The attributes and doc comment just above the function.
+    let attributes: Vec<&str> = lines[..at]
+        .iter()
+        .rev()
+        .map(|line| line.trim())
+        .take_while(|line| line.starts_with("#[") || line.starts_with("///"))
+        .filter(|line| line.starts_with("#["))
+        .collect();
+    if !attributes.iter().any(|line| line.contains("test")) {
+        return Err(format!("{test} in {file} is not a test"));
+    }
+    // The kit's tests run with all its features; any other `cfg` may
+    // compile the test out.
+    if attributes
+        .iter()
+        .any(|line| line.starts_with("#[cfg(") && !line.starts_with("#[cfg(feature"))
+    {
+        return Err(format!("{test} in {file} is compiled only under a #[cfg]"));
+    }
+    // CI runs gpkit's ignored tests (`--include-ignored`), not the kit's.
+    if modules.starts_with("templates/kit")
+        && attributes.iter().any(|line| line.starts_with("#[ignore"))
+    {
+        return Err(format!("{test} in {file} is ignored: CI does not run it"));
+    }
+    Ok(())
+}
+
+/// Whether scripts/test, the suite CI runs, runs `command`.
+fn ci_runs(root: &Path, command: &str) -> Result<(), String> {
+    match script(root, "scripts/test")?.contains(command) {
         true => Ok(()),
-        false => Err(format!("{test} in {file} is not a test")),
+        false => Err(format!("scripts/test does not run `{command}`")),
     }
 }
 
