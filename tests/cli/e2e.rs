@@ -793,6 +793,10 @@ fn the_release_fixtures_upgrade_keep_their_edits_and_the_oldest_and_newest_build
                 assert!(releases.contains(name), "{name} is no release fixture");
             }
             releases.retain(|release| named.contains(release));
+            assert!(
+                !releases.is_empty(),
+                "GPKIT_COMPILE_RELEASE_FIXTURES names no fixture: `all` or their names"
+            );
         }
         Err(_) => {
             let newest = releases.split_off(releases.len() - 3);
