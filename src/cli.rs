@@ -253,7 +253,8 @@ Examples:
   gpkit add event order_placed --field note:Option<string> --listener audit --listener email
   gpkit add event orderPlaced --listener shipping
   gpkit add event order_cancelled --field order_id:i64 --listener shipping --ordered-by order_id
-  gpkit add event orderPlaced --listener email --concurrency 5 --rate 10/s")]
+  gpkit add event orderPlaced --listener email --concurrency 5 --rate 10/s
+  gpkit add event paymentDue --listener charge --retries 3 --timeout 60s --backoff fixed:20s")]
     Event(AddEventArgs),
     /// Add a schedule: an event dispatched, or a job run, on every tick
     ///
@@ -340,6 +341,21 @@ pub(crate) struct AddEventArgs {
     /// The burst `--rate` allows: runs that may start at once (default 1)
     #[arg(long, value_name = "N")]
     pub(crate) burst: Option<u32>,
+
+    /// Retry a failed run of the listeners at most N times, then archive it
+    /// (default 25)
+    #[arg(long, value_name = "N")]
+    pub(crate) retries: Option<u32>,
+
+    /// Stop a run of the listeners that takes longer, and retry it: 500ms,
+    /// 90s, 10m or 1h (default 30m)
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) timeout: Option<String>,
+
+    /// The delay before each retry: fixed:<delay>, exponential:<first>:<most>
+    /// (doubling, with jitter) or asynq (Go asynq's, the default)
+    #[arg(long, value_name = "BACKOFF")]
+    pub(crate) backoff: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,7 +10,7 @@ use anyhow::{Result, bail};
 use super::Context;
 use crate::cli::AddEventArgs;
 use crate::domain::events::{self, EventNames};
-use crate::domain::listener_options::ListenerRun;
+use crate::domain::listener_options::{ListenerRun, RunFlags};
 use crate::engine::manifest::{DataLayer, EventSpec, FieldSpec};
 use crate::engine::reconcile::Options;
 
@@ -19,16 +19,20 @@ pub(crate) fn run(ctx: &Context, args: AddEventArgs) -> Result<ExitCode> {
     let names = EventNames::parse(&args.name)?;
     let fields = parse_fields(&args.fields)?;
     let listeners = parse_listeners(&args.listeners)?;
-    let run = ListenerRun::from_flags(
-        args.ordered_by.is_some(),
-        args.concurrency,
-        args.rate.as_deref(),
-        args.burst,
-    )?;
+    let run = ListenerRun::from_flags(RunFlags {
+        ordered: args.ordered_by.is_some(),
+        concurrency: args.concurrency,
+        rate: args.rate.as_deref(),
+        burst: args.burst,
+        retries: args.retries,
+        timeout: args.timeout.as_deref(),
+        backoff: args.backoff.as_deref(),
+    })?;
     if run.is_some() && listeners.is_empty() {
         bail!(
-            "`--ordered-by`, `--concurrency`, `--rate` and `--burst` say how the listeners given \
-             with them run, and none is given; nothing was changed\n\
+            "`--ordered-by`, `--concurrency`, `--rate`, `--burst`, `--retries`, `--timeout` and \
+             `--backoff` say how the listeners given with them run, and none is given; nothing \
+             was changed\n\
              help: add `--listener <name>`"
         );
     }

@@ -261,13 +261,25 @@ pub(crate) struct OptionsView {
     pub(crate) doc: Vec<String>,
     /// The body's lines, indented as rustfmt leaves them.
     pub(crate) body: Vec<String>,
+    /// Whether the body names `Duration` (its module imports it).
+    pub(crate) duration: bool,
 }
 
 impl OptionsView {
     fn new(run: &ListenerRun, ordered_by: Option<&str>) -> Self {
         let mut summary = format!("How the worker runs it: {}.", run.summary(ordered_by));
-        if run.concurrency.is_some() || run.rate.is_some() {
-            summary.push_str(" `WORKER_LIMITS` overrides its limits at deploy time.");
+        match (run.has_limits(), run.has_retry_policy()) {
+            (true, true) => summary.push_str(
+                " `WORKER_LIMITS` overrides its limits, and `WORKER_RETRIES` its retries, at \
+                 deploy time.",
+            ),
+            (true, false) => {
+                summary.push_str(" `WORKER_LIMITS` overrides its limits at deploy time.");
+            }
+            (false, true) => {
+                summary.push_str(" `WORKER_RETRIES` overrides its retries at deploy time.");
+            }
+            (false, false) => {}
         }
         let calls = run.calls();
         let body = if run.fits_one_line() {
@@ -283,6 +295,7 @@ impl OptionsView {
         Self {
             doc: wrap(&summary, 76),
             body,
+            duration: run.uses_duration(),
         }
     }
 }

@@ -1,9 +1,13 @@
 //! How a listener runs, as `gpkit add event`'s flags say (`--ordered-by`,
-//! `--concurrency`, `--rate`, `--burst`): the rules those flags follow, and
-//! the kit's `ListenerOptions` the listener's `options()` returns.
+//! `--concurrency`, `--rate`, `--burst`, and the retry policy's
+//! `--retries`, `--timeout`, `--backoff`, read in [`super::retry_flags`]):
+//! the rules those flags follow, and the kit's `ListenerOptions` the
+//! listener's `options()` returns.
 
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
+
+use super::retry_flags::RetryFlags;
 
 /// How one listener runs besides its handler, as recorded in `gpkit.toml`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +24,27 @@ pub(crate) struct ListenerRun {
     /// The burst the rate allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) burst: Option<u32>,
+    /// Retries after the first failed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) retries: Option<u32>,
+    /// The longest one run may take (`10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) timeout: Option<String>,
+    /// The delay before each retry (`fixed:30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) backoff: Option<String>,
+}
+
+/// `gpkit add event`'s flags on how the listeners given with them run.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RunFlags<'a> {
+    pub(crate) ordered: bool,
+    pub(crate) concurrency: Option<u32>,
+    pub(crate) rate: Option<&'a str>,
+    pub(crate) burst: Option<u32>,
+    pub(crate) retries: Option<u32>,
+    pub(crate) timeout: Option<&'a str>,
+    pub(crate) backoff: Option<&'a str>,
 }
 
 /// A rate as `--rate` takes it: `N/s`, `N/m` or `N/h`.
@@ -80,12 +105,17 @@ impl Rate {
 impl ListenerRun {
     /// The run `gpkit add event`'s flags ask for: ordered or not, and the
     /// limits, checked; `None` when they ask for nothing.
-    pub(crate) fn from_flags(
-        ordered: bool,
-        concurrency: Option<u32>,
-        rate: Option<&str>,
-        burst: Option<u32>,
-    ) -> Result<Option<Self>> {
+    pub(crate) fn from_flags(flags: RunFlags<'_>) -> Result<Option<Self>> {
+        let RunFlags {
+            ordered,
+            concurrency,
+            rate,
+            burst,
+            retries,
+            timeout,
+            backoff,
+        } = flags;
+        RetryFlags::parse(retries, timeout, backoff)?;
         if concurrency == Some(0) {
             bail!(
                 "`--concurrency 0` would never run the listener\n\
@@ -108,8 +138,37 @@ impl ListenerRun {
             concurrency,
             rate: rate.map(str::to_string),
             burst,
+            retries,
+            timeout: timeout.map(str::to_string),
+            backoff: backoff.map(str::to_string),
         };
         Ok((run != Self::default()).then_some(run))
+    }
+
+    /// Its retry policy, read (`from_flags` checked it; a hand-edited
+    /// `gpkit.toml` that no longer reads counts as none).
+    fn retry(&self) -> RetryFlags {
+        RetryFlags::parse(
+            self.retries,
+            self.timeout.as_deref(),
+            self.backoff.as_deref(),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Whether its `options()` names `std::time::Duration`.
+    pub(crate) fn uses_duration(&self) -> bool {
+        self.retry().uses_duration()
+    }
+
+    /// Whether it sets limits (`WORKER_LIMITS` overrides them).
+    pub(crate) fn has_limits(&self) -> bool {
+        self.concurrency.is_some() || self.rate.is_some()
+    }
+
+    /// Whether it sets a retry policy (`WORKER_RETRIES` overrides it).
+    pub(crate) fn has_retry_policy(&self) -> bool {
+        self.retry() != RetryFlags::default()
     }
 
     /// Its rate, read (`from_flags` checked it).
@@ -134,6 +193,7 @@ impl ListenerRun {
                 .unwrap_or_default();
             calls.push(format!("rate({}{burst})", rate.code()));
         }
+        calls.extend(self.retry().calls());
         calls
     }
 
@@ -171,6 +231,10 @@ impl ListenerRun {
         }
         if !limits.is_empty() {
             parts.push(format!("{}, across every worker", limits.join(" and ")));
+        }
+        let retry = self.retry().words();
+        if !retry.is_empty() {
+            parts.push(retry);
         }
         parts.join("; ")
     }
@@ -219,12 +283,18 @@ mod tests {
     #[test]
     fn flags_are_checked_and_nothing_asked_is_none() {
         assert_eq!(
-            ListenerRun::from_flags(false, None, None, None).unwrap(),
+            ListenerRun::from_flags(RunFlags::default()).unwrap(),
             None
         );
-        let run = ListenerRun::from_flags(true, Some(5), Some("10/s"), Some(20))
-            .unwrap()
-            .unwrap();
+        let run = ListenerRun::from_flags(RunFlags {
+            ordered: true,
+            concurrency: Some(5),
+            rate: Some("10/s"),
+            burst: Some(20),
+            ..RunFlags::default()
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(
             run.calls(),
             [
@@ -246,9 +316,14 @@ mod tests {
             ((None, Some("1/x"), None), "`x` is not a period"),
         ] {
             let (concurrency, rate, burst) = flags;
-            let err = ListenerRun::from_flags(false, concurrency, rate, burst)
-                .unwrap_err()
-                .to_string();
+            let err = ListenerRun::from_flags(RunFlags {
+                concurrency,
+                rate,
+                burst,
+                ..RunFlags::default()
+            })
+            .unwrap_err()
+            .to_string();
             assert!(err.contains(message), "{err}");
             assert!(err.contains("help:"), "{err}");
         }
@@ -260,7 +335,7 @@ mod tests {
             ordered,
             concurrency,
             rate: rate.map(str::to_string),
-            burst: None,
+            ..ListenerRun::default()
         };
         // Checked against rustfmt (edition 2024).
         assert!(run(true, None, None).fits_one_line());
@@ -268,6 +343,49 @@ mod tests {
         assert!(run(false, None, Some("10/s")).fits_one_line());
         assert!(!run(false, Some(5), Some("10/s")).fits_one_line());
         assert!(!run(true, None, Some("1000/m")).fits_one_line());
+    }
+
+    #[test]
+    fn a_retry_policy_is_checked_written_after_the_limits_and_said() {
+        let run = ListenerRun::from_flags(RunFlags {
+            concurrency: Some(2),
+            retries: Some(3),
+            timeout: Some("10m"),
+            backoff: Some("exponential:1s:1m"),
+            ..RunFlags::default()
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            run.calls(),
+            [
+                "concurrency(2)",
+                "retries(3)",
+                "timeout(Duration::from_secs(600))",
+                "backoff(Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)))"
+            ]
+        );
+        assert!(run.uses_duration() && run.has_retry_policy() && run.has_limits());
+        assert_eq!(
+            run.summary(None),
+            "at most 2 at once, across every worker; at most 3 retries, from 1 second apart, \
+             doubling up to 1 minute, with jitter; each run stopped after 10 minutes"
+        );
+        let retries_only = ListenerRun::from_flags(RunFlags {
+            retries: Some(2),
+            ..RunFlags::default()
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(retries_only.calls(), ["retries(2)"]);
+        assert!(!retries_only.uses_duration() && !retries_only.has_limits());
+        let err = ListenerRun::from_flags(RunFlags {
+            timeout: Some("soon"),
+            ..RunFlags::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`--timeout soon`"), "{err}");
     }
 
     #[test]

@@ -208,8 +208,64 @@ fn ordered_listeners_are_registered_in_order_of_the_events_key() {
         ],
         "`--concurrency 0` would never run the listener",
     );
+    // A retry policy: after the limits, with `Duration` imported for it.
+    gpkit(&project)
+        .args(["add", "event", "orderCancelled", "--listener", "charge"])
+        .args(["--retries", "3", "--timeout", "60s", "--backoff", "fixed:20s"])
+        .assert()
+        .success();
+    let charge =
+        std::fs::read_to_string(project.join("src/listeners/order_cancelled/charge.rs")).unwrap();
+    assert!(
+        charge.contains("use std::time::Duration;\n\nuse kit::prelude::*;"),
+        "{charge}"
+    );
+    assert!(
+        charge.contains(
+            "/// How the worker runs it: at most 3 retries, 20 seconds apart; each run\n\
+             /// stopped after 1 minute. `WORKER_RETRIES` overrides its retries at deploy\n\
+             /// time.\n\
+             pub fn options() -> ListenerOptions<OrderCancelled> {\n    \
+             ListenerOptions::new()\n        .retries(3)\n        \
+             .timeout(Duration::from_secs(60))\n        \
+             .backoff(Backoff::fixed(Duration::from_secs(20)))\n}"
+        ),
+        "{charge}"
+    );
+    for (flag, value, message) in [
+        ("--timeout", "10", "`--timeout 10` has no unit"),
+        ("--backoff", "linear", "`--backoff linear` is not a backoff"),
+        (
+            "--backoff",
+            "exponential:1m:1s",
+            "the most, 1 second, is less than the first delay, 1 minute",
+        ),
+    ] {
+        assert_refused(
+            &project,
+            &[
+                "add",
+                "event",
+                "orderCancelled",
+                "--listener",
+                "sms",
+                flag,
+                value,
+            ],
+            message,
+        );
+    }
+    assert_refused(
+        &project,
+        &["add", "event", "orderCancelled", "--retries", "2"],
+        "say how the listeners given with them run, and none is given",
+    );
     let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
     assert!(manifest.contains("ordered_by = \"order_id\""), "{manifest}");
+    assert!(
+        manifest.contains("retries = 3\ntimeout = \"60s\"\nbackoff = \"fixed:20s\""),
+        "{manifest}"
+    );
 }
 
 /// Runs `args` in `project` and checks it fails with `message` (and a

@@ -1,5 +1,6 @@
 //! Property: any sequence of `gpkit add event` / `--listener` calls, with
-//! names of every length (1 to 40) and spelling, leaves the project
+//! names of every length (1 to 40) and spelling, and the flags that say how
+//! the listeners run (limits, retry policy), leaves the project
 //! `cargo fmt`-clean. rustfmt sorts `mod` declarations and breaks long
 //! lines, so the order of additions and the names' lengths must not matter.
 //!
@@ -76,9 +77,41 @@ fn camel(snake: &str, upper_first: bool) -> String {
     out
 }
 
-/// One `add event` call: an event and zero to two listeners.
-fn call() -> impl Strategy<Value = (String, Vec<String>)> {
-    (event_name(), prop::collection::vec(snake_name(), 0..3))
+/// How the listeners of a call run, as `add event`'s flags say: nothing,
+/// limits, a retry policy, or both (each flag set's `options()` has its own
+/// width and imports).
+const RUN_FLAGS: &[&[&str]] = &[
+    &[],
+    &[],
+    &["--concurrency", "5"],
+    &["--rate", "1000/m", "--burst", "20"],
+    &["--retries", "3"],
+    &["--timeout", "90s", "--backoff", "exponential:1s:10m"],
+    &["--concurrency", "2", "--retries", "0", "--backoff", "fixed:1500ms"],
+];
+
+/// One `add event` call: an event, zero to two listeners, and how they run
+/// (an index into [`RUN_FLAGS`]).
+fn call() -> impl Strategy<Value = Call> {
+    (
+        event_name(),
+        prop::collection::vec(snake_name(), 0..3),
+        0..RUN_FLAGS.len(),
+    )
+        .prop_map(|(event, listeners, run)| Call {
+            event,
+            listeners,
+            run,
+        })
+}
+
+/// One `add event` call of a sequence.
+#[derive(Debug, Clone)]
+struct Call {
+    event: String,
+    listeners: Vec<String>,
+    /// Its flags, in [`RUN_FLAGS`] (used only with listeners).
+    run: usize,
 }
 
 /// The last call of a forced sequence: a new listener for an event an
@@ -94,7 +127,7 @@ struct AddListener {
 /// The calls of one case.
 #[derive(Debug, Clone)]
 struct Sequence {
-    calls: Vec<(String, Vec<String>)>,
+    calls: Vec<Call>,
     then: Option<AddListener>,
 }
 
@@ -167,11 +200,14 @@ fn copy_project(files: &BTreeMap<String, Vec<u8>>, dir: &Path) -> PathBuf {
     project
 }
 
-/// `add event <event> --listener <l>...`; whether it succeeded.
-fn add_event(project: &Path, event: &str, listeners: &[String]) -> bool {
+/// `add event <event> --listener <l>... <flags>`; whether it succeeded.
+fn add_event(project: &Path, event: &str, listeners: &[String], flags: &[&str]) -> bool {
     let mut args = vec!["add", "event", event];
     for listener in listeners {
         args.extend(["--listener", listener.as_str()]);
+    }
+    if !listeners.is_empty() {
+        args.extend_from_slice(flags);
     }
     run_gpkit(project, &args)
 }
@@ -189,10 +225,15 @@ fn play(project: &Path, sequence: &Sequence) -> Result<Played, TestCaseError> {
     let mut events: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut created = Vec::new();
     let mut applied = 0;
-    for (event, listeners) in &sequence.calls {
+    for Call {
+        event,
+        listeners,
+        run,
+    } in &sequence.calls
+    {
         // A repeated event without new listeners, or a repeated listener,
         // is refused; the project must still be clean.
-        if add_event(project, event, listeners) {
+        if add_event(project, event, listeners, RUN_FLAGS[*run]) {
             applied += 1;
             let module = EventNames::parse(event).unwrap().module;
             if !events.contains_key(&module) {
@@ -207,7 +248,7 @@ fn play(project: &Path, sequence: &Sequence) -> Result<Played, TestCaseError> {
         prop_assume!(!events[module].contains(&then.listener));
         let event = spell(module, then.spelling);
         prop_assert!(
-            add_event(project, &event, std::slice::from_ref(&then.listener)),
+            add_event(project, &event, std::slice::from_ref(&then.listener), &[]),
             "after {:?}, adding the listener `{}` to the existing event `{event}` failed",
             sequence.calls,
             then.listener
@@ -308,6 +349,14 @@ fn any_sequence_of_add_event_calls_leaves_the_project_fmt_clean() {
     let dir = tempfile::tempdir().unwrap();
     let project = fresh_project(dir.path());
     play(&project, &sequence).unwrap();
+    // Every form of `options()` is compiled, whatever the sequence drew.
+    for (i, flags) in RUN_FLAGS.iter().enumerate() {
+        let listener = format!("runs_{i}");
+        assert!(
+            add_event(&project, "flagsChecked", &[listener], flags),
+            "add event flagsChecked {flags:?}"
+        );
+    }
     let fmt = Command::new(env!("CARGO"))
         .args(["fmt", "--check"])
         .current_dir(&project)
