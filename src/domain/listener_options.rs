@@ -282,10 +282,7 @@ mod tests {
 
     #[test]
     fn flags_are_checked_and_nothing_asked_is_none() {
-        assert_eq!(
-            ListenerRun::from_flags(RunFlags::default()).unwrap(),
-            None
-        );
+        assert_eq!(ListenerRun::from_flags(RunFlags::default()).unwrap(), None);
         let run = ListenerRun::from_flags(RunFlags {
             ordered: true,
             concurrency: Some(5),

@@ -20,9 +20,7 @@ pub(crate) struct FlagDuration {
 impl FlagDuration {
     /// Reads `raw`; `flag` names the flag for the error (`--timeout`).
     pub(crate) fn parse(raw: &str, flag: &str) -> Result<Self> {
-        let unit_at = raw
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(raw.len());
+        let unit_at = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
         let (number, unit) = raw.split_at(unit_at);
         let scale = match unit {
             "ms" => 1,
@@ -264,7 +262,10 @@ mod tests {
             ("fixed", "is not a backoff"),
             ("fixed:30", "has no unit"),
             ("exponential:1s", "is not a backoff"),
-            ("exponential:10m:1s", "the most, 1 second, is less than the first delay"),
+            (
+                "exponential:10m:1s",
+                "the most, 1 second, is less than the first delay",
+            ),
             ("asynq:1s", "is not a backoff"),
         ] {
             let err = FlagBackoff::parse(bad).unwrap_err().to_string();
