@@ -211,7 +211,14 @@ fn ordered_listeners_are_registered_in_order_of_the_events_key() {
     // A retry policy: after the limits, with `Duration` imported for it.
     gpkit(&project)
         .args(["add", "event", "orderCancelled", "--listener", "charge"])
-        .args(["--retries", "3", "--timeout", "60s", "--backoff", "fixed:20s"])
+        .args([
+            "--retries",
+            "3",
+            "--timeout",
+            "60s",
+            "--backoff",
+            "fixed:20s",
+        ])
         .assert()
         .success();
     let charge =

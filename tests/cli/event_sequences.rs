@@ -87,7 +87,14 @@ const RUN_FLAGS: &[&[&str]] = &[
     &["--rate", "1000/m", "--burst", "20"],
     &["--retries", "3"],
     &["--timeout", "90s", "--backoff", "exponential:1s:10m"],
-    &["--concurrency", "2", "--retries", "0", "--backoff", "fixed:1500ms"],
+    &[
+        "--concurrency",
+        "2",
+        "--retries",
+        "0",
+        "--backoff",
+        "fixed:1500ms",
+    ],
 ];
 
 /// One `add event` call: an event, zero to two listeners, and how they run
