@@ -87,9 +87,8 @@ impl RunningConsumer {
                     }
                 }
             } else {
-                let retried = u32::try_from(message.retried).unwrap_or(0);
-                let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
-                    .unwrap_or(TimeDelta::MAX);
+                let delay =
+                    TimeDelta::from_std(self.retry_delay(&message)).unwrap_or(TimeDelta::MAX);
                 self.client
                     .retry(&message, Utc::now() + delay, LEASE_EXPIRED, Some(cutoff))
                     .await
