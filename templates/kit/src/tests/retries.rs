@@ -468,3 +468,71 @@ async fn a_snooze_past_its_bound_spends_an_attempt() {
     assert_eq!(metrics.snoozes.get_or_create(&labels()).get(), 1);
     assert_eq!(metrics.failed.get_or_create(&labels()).get(), 2);
 }
+
+#[tokio::test]
+async fn an_ordered_listener_that_snoozes_keeps_its_keys_turn_and_its_policy() {
+    // Arrange: an ordered listener with a policy of its own, whose run of
+    // a key's first step snoozes once; two steps of the key.
+    use super::ordering::{Placed, Running, SEEN, dispatch_step, publish_shuffled, record, seen};
+    let db = TestDatabase::migrated().await;
+    let queue = TestQueue::new().await;
+    sqlx::query(SEEN).execute(&db.pool).await.unwrap();
+    let snoozed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "ledger",
+        ListenerOptions::new()
+            .ordered()
+            .retries(3)
+            .timeout(Duration::from_secs(9)),
+        {
+            let snoozed = Arc::clone(&snoozed);
+            move |event: Placed, ctx: ListenerContext| {
+                let snoozed = Arc::clone(&snoozed);
+                async move {
+                    if event.n == 1 && !snoozed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        return Err(Snooze::after(SNOOZE).into());
+                    }
+                    record(&ctx, event.key, event.n).await
+                }
+            }
+        },
+    );
+    dispatch_step(&db.pool, 1, 1).await;
+    dispatch_step(&db.pool, 1, 3).await;
+    let events: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox_events ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+
+    // Act
+    let running = Running::start(&queue, &db.pool, listeners);
+    publish_shuffled(&db.pool, &queue, &mut fastrand::Rng::new()).await;
+    eventually(WAIT, "both steps seen", || async {
+        seen(&db.pool)
+            .await
+            .get(&1)
+            .is_some_and(|steps| steps.len() == 2)
+    })
+    .await;
+    running.stop().await;
+
+    // Assert: the second step waited for the first, which snoozed.
+    assert!(snoozed.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(seen(&db.pool).await[&1], vec![1, 3]);
+    let first = listener_task_id(events[0], "ledger").to_string();
+    let stored = message(&queue, &first).await.expect("the first step's run");
+    assert_eq!(
+        (stored.retry, stored.timeout, stored.retried),
+        (3, 9, 0),
+        "the run's task has its listener's policy, no attempt spent"
+    );
+    assert_eq!(
+        stored
+            .headers
+            .get(crate::queue::SNOOZES_HEADER)
+            .map(String::as_str),
+        Some("1")
+    );
+}
