@@ -4,6 +4,8 @@
 //! with N retries gets, a run stopped at its timeout with its `ctx.once`
 //! work rolled back, and snoozes that spend no attempt, up to their bound.
 
+#![cfg(feature = "worker")]
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,9 +38,12 @@ impl crate::dispatch::Event for Charged {
 /// The longest any of these tests waits for a condition.
 const WAIT: Duration = Duration::from_secs(8);
 
-/// Start instants of a listener's runs, and when each returned.
+/// When a run started, and when it returned.
+type Run = (Instant, Option<Instant>);
+
+/// A listener's runs.
 #[derive(Clone, Default)]
-struct Runs(Arc<Mutex<Vec<(Instant, Option<Instant>)>>>);
+struct Runs(Arc<Mutex<Vec<Run>>>);
 
 impl Runs {
     fn start(&self) -> usize {
@@ -55,7 +60,7 @@ impl Runs {
         self.0.lock().unwrap().len()
     }
 
-    fn all(&self) -> Vec<(Instant, Option<Instant>)> {
+    fn all(&self) -> Vec<Run> {
         self.0.lock().unwrap().clone()
     }
 }

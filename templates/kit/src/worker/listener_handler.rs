@@ -301,11 +301,7 @@ pub(crate) async fn run_listener(
         }
         let bound = listener.policy().max_snoozes;
         match Snooze::find(&err) {
-            Some(snooze) if snoozed < bound => HandlerError::snooze(
-                chrono::Utc::now()
-                    + chrono::TimeDelta::from_std(snooze.duration())
-                        .unwrap_or(chrono::TimeDelta::MAX),
-            ),
+            Some(snooze) if snoozed < bound => HandlerError::snooze(later_by(snooze.duration())),
             Some(_) => HandlerError::from(err.context(format!(
                 "snoozed {} times, past its bound of {bound}",
                 u64::from(snoozed) + 1
@@ -313,4 +309,12 @@ pub(crate) async fn run_listener(
             None => HandlerError::from(err),
         }
     })
+}
+
+/// Now and `after`, or the latest time there is.
+fn later_by(after: Duration) -> chrono::DateTime<chrono::Utc> {
+    chrono::TimeDelta::from_std(after)
+        .ok()
+        .and_then(|after| chrono::Utc::now().checked_add_signed(after))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
 }

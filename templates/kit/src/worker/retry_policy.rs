@@ -233,15 +233,15 @@ pub(crate) struct DurationText(pub(crate) Duration);
 impl fmt::Display for DurationText {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let duration = self.0;
-        if duration.subsec_nanos() % 1_000_000 != 0 {
+        if !duration.subsec_nanos().is_multiple_of(1_000_000) {
             return write!(f, "{}", humantime::format_duration(duration));
         }
         let millis = duration.as_millis();
         match millis {
             0 => f.write_str("0s"),
-            _ if millis % 3_600_000 == 0 => write!(f, "{}h", millis / 3_600_000),
-            _ if millis % 60_000 == 0 => write!(f, "{}m", millis / 60_000),
-            _ if millis % 1000 == 0 => write!(f, "{}s", millis / 1000),
+            _ if millis.is_multiple_of(3_600_000) => write!(f, "{}h", millis / 3_600_000),
+            _ if millis.is_multiple_of(60_000) => write!(f, "{}m", millis / 60_000),
+            _ if millis.is_multiple_of(1000) => write!(f, "{}s", millis / 1000),
             _ => write!(f, "{millis}ms"),
         }
     }

@@ -66,8 +66,7 @@ impl RunningConsumer {
                 } else {
                     let delay = self.retry_delay(message);
                     tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
-                    let retry_at =
-                        Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    let retry_at = later_by(delay);
                     Settlement::Retry { retry_at, error }
                 }
             }
@@ -196,4 +195,13 @@ impl RunningConsumer {
             Err(err) => Err(err),
         }
     }
+}
+
+/// Now and `delay`: a retry's time. A delay past the last time there is (a
+/// listener's backoff may say anything) waits until then.
+pub(super) fn later_by(delay: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(delay)
+        .ok()
+        .and_then(|delay| Utc::now().checked_add_signed(delay))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
