@@ -541,3 +541,46 @@ async fn an_ordered_listener_that_snoozes_keeps_its_keys_turn_and_its_policy() {
         Some("1")
     );
 }
+
+#[tokio::test]
+async fn tasks_made_again_carry_their_listeners_policy_and_event_tasks_the_default() {
+    // Arrange: a listener with a policy of its own, as `outbox replay` and
+    // the console's "Send back" see it; one stored event.
+    let db = TestDatabase::empty().await;
+    let mut listeners = Listeners::new();
+    listeners.listen_with(
+        "payment",
+        ListenerOptions::new()
+            .retries(2)
+            .timeout(Duration::from_secs(7)),
+        |_: Charged, _: ListenerContext| async { Ok(()) },
+    );
+    let context = crate::follow::Context::new(crate::testing::config(&db.url()), listeners);
+    let row = crate::follow::rows::EventRow {
+        id: uuid::Uuid::now_v7(),
+        name: Charged::NAME.to_string(),
+        created_at: chrono::Utc::now(),
+        published_at: None,
+        payload: serde_json::json!({"order": 7}),
+        metadata: Default::default(),
+    };
+    let queues = ["default".to_string()];
+
+    // Act
+    let replayed = crate::replay::plan(&context, &[row.clone()], &queues, Some("payment")).unwrap();
+    let event = crate::replay::plan(&context, &[row.clone()], &queues, None).unwrap();
+    let sent_back = crate::worker::failures::sent_back_task(
+        &row.envelope(),
+        "listener:policyCharged:payment".to_string(),
+        "a-task".to_string(),
+        "default",
+        Duration::from_secs(60),
+        context.listeners.policy_of(Charged::NAME, "payment"),
+    );
+
+    // Assert
+    let policy = |task: &NewTask| (task.max_retry, task.timeout.as_secs());
+    assert_eq!(policy(&replayed[0].1), (2, 7), "outbox replay --listener");
+    assert_eq!(policy(&sent_back), (2, 7), "send back");
+    assert_eq!(policy(&event[0].1), (25, 1800), "an event task");
+}
