@@ -567,8 +567,9 @@ async fn tasks_made_again_carry_their_listeners_policy_and_event_tasks_the_defau
     let queues = ["default".to_string()];
 
     // Act
-    let replayed = crate::replay::plan(&context, &[row.clone()], &queues, Some("payment")).unwrap();
-    let event = crate::replay::plan(&context, &[row.clone()], &queues, None).unwrap();
+    let rows = std::slice::from_ref(&row);
+    let replayed = crate::replay::plan(&context, rows, &queues, Some("payment")).unwrap();
+    let event = crate::replay::plan(&context, rows, &queues, None).unwrap();
     let sent_back = crate::worker::failures::sent_back_task(
         &row.envelope(),
         "listener:policyCharged:payment".to_string(),
