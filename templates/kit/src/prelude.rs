@@ -110,5 +110,6 @@ pub use crate::scheduler::Schedules;
 pub use crate::worker::listeners::OrmListenerContext;
 #[cfg(feature = "worker")]
 pub use crate::worker::listeners::{
-    ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure, Rate, SkipRetry,
+    Backoff, ListenerContext, ListenerError, ListenerOptions, Listeners, OnFailure, Rate,
+    SkipRetry, Snooze,
 };

@@ -20,9 +20,10 @@ use uuid::Uuid;
 use crate::follow::rows::{self, EventRow, Filter};
 use crate::follow::{Context, tasks};
 use crate::outbox::order::Place;
-use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT, event_task, event_task_type};
+use crate::outbox::relay::{event_task, event_task_type};
 use crate::queue::{EnqueueOutcome, NewTask};
 use crate::worker::ordering::recovery_task;
+use crate::worker::retry_policy::RetryPolicy;
 use crate::worker::task_names::listener_task_type;
 
 /// Tasks queued per round trip.
@@ -235,6 +236,9 @@ pub(crate) fn plan(
     let retention = context.config.outbox.task_retention;
     let mut planned = Vec::with_capacity(events.len() * queues.len());
     for event in events {
+        // Event tasks keep the default policy; a listener's task has its
+        // listener's.
+        let mut policy = RetryPolicy::default();
         let task_type = match listener {
             None => event_task_type(&event.name),
             Some(name) => {
@@ -253,6 +257,9 @@ pub(crate) fn plan(
                         }
                     );
                 }
+                if let Some(own) = context.listeners.policy_of(&event.name, name) {
+                    policy = own;
+                }
                 listener_task_type(&event.name, name)
             }
         };
@@ -264,9 +271,8 @@ pub(crate) fn plan(
                 payload.clone(),
             )
             .queue(queue)
-            .max_retry(MAX_RETRY)
-            .timeout(TASK_TIMEOUT)
             .retention(retention);
+            let task = policy.apply(task);
             planned.push((event.id, task));
         }
     }

@@ -22,6 +22,7 @@ mod outbox_seaorm;
 mod queue;
 mod relay;
 mod relay_seaorm;
+mod retries;
 mod scheduler;
 mod script_keys;
 mod support;

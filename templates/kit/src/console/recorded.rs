@@ -239,6 +239,7 @@ async fn send(console: &Console, chosen: &Chosen) -> anyhow::Result<(usize, usiz
             record.task_id.clone(),
             &record.queue,
             retention,
+            context.listeners.policy_of(&chosen.event, &chosen.listener),
         ));
     }
     let client = context.queue().await?;

@@ -60,11 +60,11 @@ impl Context {
     /// The chains of ordered listeners beside the queues this service's
     /// workers consume (`WORKER_QUEUES`; in Valkey, connected at first use).
     pub(crate) async fn ordering(&self) -> anyhow::Result<Ordering> {
-        Ok(Ordering::of_service(
-            self.pool.clone(),
-            self.queue().await?.clone(),
-            &self.config,
-        ))
+        Ok(
+            Ordering::of_service(self.pool.clone(), self.queue().await?.clone(), &self.config)
+                // Runs it makes again from Postgres have their listeners' policies.
+                .with_policies(self.listeners.task_policies()),
+        )
     }
 
     /// The runs of `event` still waiting in their keys' order (`outbox

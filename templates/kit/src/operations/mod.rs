@@ -43,7 +43,17 @@ pub(crate) const LAG_EXCEEDED: u8 = 2;
 pub(crate) const USAGE: u8 = 64;
 
 /// Connects to Postgres and Valkey and runs `cli`'s subcommand.
-pub async fn run(config: Config, listeners: Listeners, cli: Cli) -> ExitCode {
+pub async fn run(config: Config, mut listeners: Listeners, cli: Cli) -> ExitCode {
+    // The tasks it makes again (replay, retry-archived, the console's send
+    // back) take the listeners' policies as the worker's `WORKER_RETRIES`
+    // gives them, when it is set here too.
+    let overridden = crate::worker::retry_settings::overrides_from_env()
+        .map_err(anyhow::Error::from)
+        .and_then(|overrides| listeners.override_policies(&overrides));
+    if let Err(err) = overridden {
+        eprintln!("error: {err:#}");
+        return ExitCode::FAILURE;
+    }
     let context = Context::new(config, listeners);
     match dispatch(context, cli.command, cli.format).await {
         Ok(code) => code,

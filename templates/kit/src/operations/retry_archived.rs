@@ -158,7 +158,7 @@ async fn recorded_again(
     let events = rows::by_ids(&context.pool, &ids).await?;
     let retention = context.config.outbox.task_retention;
     let (mut tasks, mut sent, mut past_retention) = (Vec::new(), Vec::new(), 0);
-    for ((task_id, queue, event_id, _, _, error, failed_at), task_type) in missing {
+    for ((task_id, queue, event_id, event_name, listener, error, failed_at), task_type) in missing {
         let Some(event) = events.iter().find(|event| Some(event.id) == event_id) else {
             past_retention += 1;
             continue;
@@ -169,6 +169,7 @@ async fn recorded_again(
             task_id.clone(),
             &queue,
             retention,
+            context.listeners.policy_of(&event_name, &listener),
         ));
         sent.push(Retried {
             queue,

@@ -52,12 +52,12 @@ pub(crate) mod scripts;
 pub(crate) mod wakeup;
 
 pub(crate) use crate::config::QueueWeights;
-pub(crate) use broker::default_retry_delay;
+pub(crate) use broker::{default_retry_delay, snoozes_of};
 pub(crate) use client::{Client, EnqueueOutcome, NewTask};
 pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
 pub(crate) use connection::{Connection, Target};
 pub use consumer::SkipRetry;
-pub(crate) use consumer::{Consumer, ConsumerOptions, HandlerError, Task};
+pub(crate) use consumer::{Consumer, ConsumerOptions, HandlerError, SNOOZES_HEADER, Task};
 pub(crate) use inspect::{QueueCounts, QueueStats, RunOutcome, TaskInfo};
 
 /// Why a queue operation failed. Never contains the Valkey password.

@@ -334,15 +334,17 @@ return redis.status_reply("OK")
 });
 
 /// The kit's own: defers an active task (not a failure; a listener's limit
-/// is reached) to `:scheduled`, due at the given time, exactly as Go
+/// is reached, or it snoozed) to `:scheduled`, due at the given time, exactly as Go
 /// asynq's schedule leaves a task there (`state` scheduled, the message
 /// unchanged), off active and its lease, no counter touched. A task woken
 /// while it was still active (its id in the woken set, see [`PROMOTE`])
 /// goes to the head of pending instead, as [`FORWARD`] leaves a task, and
-/// the script returns 1; else 0.
+/// the script returns 1; else 0. A snooze gives the task's message with its
+/// count of snoozes one up (a header), written in the same step; a plain
+/// deferral gives "" and leaves the message unchanged.
 ///
 /// KEYS: task hash, active, lease, scheduled, pending, woken. ARGV: task
-/// id, due (Unix s), now (ns).
+/// id, due (Unix s), now (ns), the new message or "".
 pub(crate) static DEFER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -351,6 +353,9 @@ if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
 end
 if redis.call("ZREM", KEYS[3], ARGV[1]) == 0 then
   return redis.error_reply("NOT FOUND")
+end
+if ARGV[4] ~= "" then
+    redis.call("HSET", KEYS[1], "msg", ARGV[4])
 end
 if redis.call("ZREM", KEYS[6], ARGV[1]) == 1 then
     redis.call("RPUSH", KEYS[5], ARGV[1])

@@ -282,7 +282,7 @@ fn listener_task(listener: &Listener, envelope: &Envelope) -> Task {
         queue: crate::queue::DEFAULT_QUEUE.to_string(),
         retried: 0,
         failed_before: false,
-        max_retry: crate::outbox::relay::MAX_RETRY,
+        max_retry: listener.policy().retries,
     }
 }
 

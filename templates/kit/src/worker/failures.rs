@@ -158,25 +158,26 @@ pub(crate) async fn delete_expired(pool: &PgPool, retention: Duration) -> Result
 /// (from the outbox), the trace context of its dispatch, and, for an event
 /// with a key, the mark of a run of its key's order (an ordered listener's
 /// run joins its key's order at the end). Kept `retention` after it
-/// succeeds.
+/// succeeds; the retries and timeout of `policy`, its listener's (the
+/// default one's for a listener the service no longer has).
 pub(crate) fn sent_back_task(
     envelope: &crate::outbox::Envelope,
     task_type: String,
     task_id: String,
     queue: &str,
     retention: Duration,
+    policy: Option<super::retry_policy::RetryPolicy>,
 ) -> crate::queue::NewTask {
     let payload = serde_json::to_vec(envelope).expect("an envelope serialises");
     let mut headers = crate::trace_context::task_headers(&envelope.metadata);
     if let Some(key) = envelope.metadata.get(crate::outbox::order::ORDER_KEY) {
         headers.insert(ORDERED_HEADER.into(), key.clone());
     }
-    crate::queue::NewTask::new(task_type, task_id, payload)
+    let task = crate::queue::NewTask::new(task_type, task_id, payload)
         .queue(queue)
         .headers(headers)
-        .max_retry(crate::outbox::relay::MAX_RETRY)
-        .timeout(crate::outbox::relay::TASK_TIMEOUT)
-        .retention(retention)
+        .retention(retention);
+    policy.unwrap_or_default().apply(task)
 }
 
 /// Forgets the records of `task_ids` written before `before` (sent back

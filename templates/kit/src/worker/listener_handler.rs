@@ -1,8 +1,8 @@
 //! The handler of one listener's tasks ([`ListenerHandler`]), step by
 //! step: the turn of an ordered listener's run in its key's chain, the
 //! listener's limits, the run itself ([`run_listener`], which the test
-//! drain uses too), and what follows it (the failure it no longer has, the
-//! metrics, the chain moved on).
+//! drain uses too, where a [`Snooze`] becomes a deferral), and what follows
+//! it (the failure it no longer has, the metrics, the chain moved on).
 
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use super::limits::{Acquired, Limiter, Permit};
 use super::listeners::Listener;
 use super::metrics::ListenerMetrics;
 use super::ordering::{End, Fence, Moved, ORDERED_HEADER, Ordering, Superseded, Turn};
+use super::retry_policy::Snooze;
 use crate::database::Transactor;
 use crate::outbox::Envelope;
 use crate::queue::{HandlerError, Task};
@@ -171,8 +172,13 @@ impl ListenerHandler {
         });
     }
 
-    /// Counts the run, its outcome and how long it took.
+    /// Counts the run, its outcome and how long it took; a snooze apart.
     fn record(&self, result: &Result<(), HandlerError>, took: Duration) {
+        if result.as_ref().is_err_and(HandlerError::is_snooze) {
+            self.metrics
+                .record_snooze(self.listener.event(), self.listener.name());
+            return;
+        }
         self.metrics.record(
             self.listener.event(),
             self.listener.name(),
@@ -245,7 +251,10 @@ enum Step {
 ///
 /// A payload that is not an envelope at all is archived at once (retrying
 /// cannot fix it), and so is a run that fails with a
-/// [`SkipRetry`](crate::queue::SkipRetry); an event
+/// [`SkipRetry`](crate::queue::SkipRetry); one that returns a
+/// [`Snooze`] is deferred (a snooze the task counts), unless the task
+/// snoozed as many times as its listener allows: then it is a failure. An
+/// event
 /// whose payload does not decode into the listener's type is retried, see
 /// [`Listeners::listen`](super::listeners::Listeners::listen).
 /// A run that holds a chain's turn carries its `fence`: its `ctx.once`
@@ -279,6 +288,7 @@ pub(crate) async fn run_listener(
         .is_none()
         .then(|| TraceContext::from_metadata(&envelope.metadata))
         .flatten();
+    let snoozed = crate::queue::snoozes_of(&task.headers);
     let run = listener.call_counted(envelope, task.headers, transactor, duplicates, fence);
     let run = tracing::Instrument::instrument(run, span);
     let result = match fallback {
@@ -287,9 +297,24 @@ pub(crate) async fn run_listener(
     };
     result.map_err(|err| {
         if Superseded::is_in(&err) {
-            HandlerError::superseded(err)
-        } else {
-            HandlerError::from(err)
+            return HandlerError::superseded(err);
+        }
+        let bound = listener.policy().max_snoozes;
+        match Snooze::find(&err) {
+            Some(snooze) if snoozed < bound => HandlerError::snooze(later_by(snooze.duration())),
+            Some(_) => HandlerError::from(err.context(format!(
+                "snoozed {} times, past its bound of {bound}",
+                u64::from(snoozed) + 1
+            ))),
+            None => HandlerError::from(err),
         }
     })
+}
+
+/// Now and `after`, or the latest time there is.
+fn later_by(after: Duration) -> chrono::DateTime<chrono::Utc> {
+    chrono::TimeDelta::from_std(after)
+        .ok()
+        .and_then(|after| chrono::Utc::now().checked_add_signed(after))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
 }

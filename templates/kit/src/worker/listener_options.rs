@@ -1,13 +1,16 @@
 //! How a listener runs besides what its handler does: in the order of its
 //! events' keys or not, what a run that keeps failing does to that order,
-//! and the limits on how many of its runs go at once and how fast they
-//! start, across every worker (`super::limits`). Given to
+//! the limits on how many of its runs go at once and how fast they start,
+//! across every worker (`super::limits`), and its retries, timeout, backoff
+//! and bound on snoozes (`super::retry_policy`). Given to
 //! [`Listeners::listen_with`](super::listeners::Listeners::listen_with).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::limits::{Limits, Rate};
+use super::retry_policy::{Backoff, RetryPolicy};
 
 /// The partition of a run's limits, from its event's payload.
 pub(crate) type Partition = Arc<dyn Fn(&serde_json::Value) -> String + Send + Sync>;
@@ -32,7 +35,8 @@ pub enum OnFailure {
 /// [`Listeners::listen`](super::listeners::Listeners::listen) runs one.
 ///
 /// ```
-/// use kit::worker::listeners::{ListenerOptions, OnFailure, Rate};
+/// use std::time::Duration;
+/// use kit::worker::listeners::{Backoff, ListenerOptions, OnFailure, Rate};
 ///
 /// # #[derive(serde::Serialize)]
 /// # struct OrderCancelled;
@@ -48,12 +52,22 @@ pub enum OnFailure {
 /// let email = ListenerOptions::<OrderCancelled>::new()
 ///     .concurrency(5)
 ///     .rate(Rate::per_second(10));
-/// # let _ = (shipping, projection, email);
+/// // Given up after 3 runs in about a minute, each stopped after 10 s.
+/// let payment = ListenerOptions::<OrderCancelled>::new()
+///     .retries(2)
+///     .timeout(Duration::from_secs(10))
+///     .backoff(Backoff::exponential(Duration::from_secs(10), Duration::from_secs(40)));
+/// // May take 10 minutes; put off at most 20 times by `Snooze`.
+/// let thumbnail = ListenerOptions::<OrderCancelled>::new()
+///     .timeout(Duration::from_secs(600))
+///     .max_snoozes(20);
+/// # let _ = (shipping, projection, email, payment, thumbnail);
 /// ```
 pub struct ListenerOptions<E> {
     pub(crate) ordered: Option<OnFailure>,
     pub(crate) limits: Limits,
     pub(crate) partition: Option<Partition>,
+    pub(crate) policy: RetryPolicy,
     _event: PhantomData<fn(&E)>,
 }
 
@@ -65,6 +79,7 @@ impl<E> ListenerOptions<E> {
             ordered: None,
             limits: Limits::default(),
             partition: None,
+            policy: RetryPolicy::default(),
             _event: PhantomData,
         }
     }
@@ -122,6 +137,42 @@ impl<E> ListenerOptions<E> {
     }
 }
 
+/// Retries, timeout, backoff and snoozes (`WORKER_RETRIES` overrides the
+/// first three at deploy time).
+impl<E> ListenerOptions<E> {
+    /// Retries after the first failed run (25 unless said): a listener
+    /// with `.retries(2)` runs at most 3 times, then its task is archived
+    /// (and recorded in `listener_failures`).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.policy.retries = retries;
+        self
+    }
+
+    /// The longest one run may take (30 minutes unless said), in whole
+    /// seconds (rounded up). A run past it is stopped: its `ctx.once`
+    /// transaction rolls back, and the run counts as failed (retried or
+    /// archived as its retries say).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.policy.timeout = timeout;
+        self
+    }
+
+    /// The wait before each retry ([`Backoff::asynq`], Go asynq's, unless
+    /// said).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy.backoff = backoff;
+        self
+    }
+
+    /// How many times a task of the listener may put itself off with a
+    /// [`Snooze`](super::listeners::Snooze) (100 unless said); a snooze
+    /// past it counts as a failure.
+    pub fn max_snoozes(mut self, snoozes: u32) -> Self {
+        self.policy.max_snoozes = snoozes;
+        self
+    }
+}
+
 impl<E> Default for ListenerOptions<E> {
     fn default() -> Self {
         Self::new()
@@ -134,6 +185,7 @@ impl<E> std::fmt::Debug for ListenerOptions<E> {
             .field("ordered", &self.ordered)
             .field("limits", &self.limits)
             .field("partition", &self.partition.is_some())
+            .field("policy", &self.policy)
             .finish()
     }
 }

@@ -42,6 +42,9 @@ pub use super::listener_options::{ListenerOptions, OnFailure};
 use super::ordering::{Fence, Ordered};
 #[cfg(feature = "seaorm")]
 pub use super::orm_context::OrmListenerContext;
+use super::retry_policy::RetryPolicy;
+pub use super::retry_policy::{Backoff, Snooze};
+use super::retry_settings::RetryOverrides;
 use super::task_names::listener_task_type;
 use crate::database::Transactor;
 use crate::outbox::Envelope;
@@ -62,6 +65,9 @@ pub(crate) struct Listener {
     /// Its limits (`WORKER_LIMITS` applied), and the partition they apply to.
     limits: Limits,
     partition: Option<Partition>,
+    /// Its retries, timeout, backoff and snoozes (`WORKER_RETRIES`
+    /// applied).
+    policy: RetryPolicy,
 }
 
 impl Listener {
@@ -83,6 +89,11 @@ impl Listener {
     /// Its limits across every worker.
     pub(crate) fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// Its retries, timeout, backoff and bound on snoozes.
+    pub(crate) fn policy(&self) -> &RetryPolicy {
+        &self.policy
     }
 
     /// The partition its limits apply to for the event in `payload` (a
@@ -256,6 +267,7 @@ impl Listeners {
             ordered: options.ordered,
             limits: options.limits,
             partition: options.partition,
+            policy: options.policy,
         });
         self
     }
@@ -305,23 +317,66 @@ impl Listeners {
                 .get_mut(event.as_str())
                 .and_then(|listeners| listeners.iter_mut().find(|l| &l.name == name));
             let Some(listener) = found else {
-                let known: Vec<String> = self
-                    .all()
-                    .map(|l| format!("{}.{}", l.event, l.name))
-                    .collect();
                 anyhow::bail!(
                     "WORKER_LIMITS names `{event}.{name}`, which is no listener of this service \
                      (its listeners: {})",
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
+                    self.known()
                 );
             };
             listener.limits = *limits;
         }
         Ok(())
+    }
+
+    /// Sets what `overrides` (`WORKER_RETRIES`) names of the policies of
+    /// the listeners it names. An override of a listener the service does
+    /// not have is an error that names it and lists them.
+    pub(crate) fn override_policies(&mut self, overrides: &RetryOverrides) -> anyhow::Result<()> {
+        for ((event, name), settings) in overrides {
+            let found = self
+                .by_event
+                .get_mut(event.as_str())
+                .and_then(|listeners| listeners.iter_mut().find(|l| &l.name == name));
+            let Some(listener) = found else {
+                anyhow::bail!(
+                    "{} names `{event}.{name}`, which is no listener of this service \
+                     (its listeners: {})",
+                    super::retry_settings::RETRIES_VAR,
+                    self.known()
+                );
+            };
+            settings.apply_to(&mut listener.policy);
+        }
+        Ok(())
+    }
+
+    /// `event.listener` of every listener, or `none`.
+    fn known(&self) -> String {
+        let known: Vec<String> = self
+            .all()
+            .map(|l| format!("{}.{}", l.event, l.name))
+            .collect();
+        if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        }
+    }
+
+    /// The policy of the listener `name` of the event `event`, if the
+    /// service has it.
+    pub(crate) fn policy_of(&self, event: &str, name: &str) -> Option<RetryPolicy> {
+        self.of(event)
+            .iter()
+            .find(|l| l.name == name)
+            .map(|l| l.policy)
+    }
+
+    /// Each listener's policy by its task type (`listener:<event>:<name>`).
+    pub(crate) fn task_policies(&self) -> BTreeMap<String, RetryPolicy> {
+        self.all()
+            .map(|listener| (listener.task_type(), listener.policy))
+            .collect()
     }
 
     /// The hook of [`Self::on_failure`], if any.

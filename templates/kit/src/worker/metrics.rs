@@ -3,9 +3,9 @@
 //!
 //! - under `outbox_`: the relay's counters of published events, duplicates
 //!   and errors, its round durations, gauges of the outbox backlog and of
-//!   the relay's last round, each listener's counts of successful and
-//!   failed runs and its run durations, and the scheduler's ticks and
-//!   leadership;
+//!   the relay's last round, each listener's counts of successful,
+//!   failed and snoozed runs and its run durations, and the scheduler's
+//!   ticks and leadership;
 //! - under `asynq_`: the queues' sizes, latency and totals under Go asynq's
 //!   names (its `x/metrics` collector, `worker::queue_metrics`), so
 //!   that dashboards made for asynq read them unchanged.
@@ -80,6 +80,8 @@ pub(crate) struct ListenerMetrics {
     /// Deliveries whose `ctx.once` work was skipped: the inbox had the
     /// event already.
     pub(crate) inbox_duplicates: Family<ListenerLabels, Counter>,
+    /// Runs that snoozed (no failure; not counted in `failed`).
+    pub(crate) snoozes: Family<ListenerLabels, Counter>,
 }
 
 impl Default for ListenerMetrics {
@@ -89,6 +91,7 @@ impl Default for ListenerMetrics {
             failed: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
             inbox_duplicates: Family::default(),
+            snoozes: Family::default(),
         }
     }
 }
@@ -104,6 +107,17 @@ impl ListenerMetrics {
         drop(self.succeeded.get_or_create(&labels));
         drop(self.failed.get_or_create(&labels));
         drop(self.inbox_duplicates.get_or_create(&labels));
+        drop(self.snoozes.get_or_create(&labels));
+    }
+
+    /// Counts one run of `listener` of `event` that snoozed.
+    pub(crate) fn record_snooze(&self, event: &str, listener: &str) {
+        self.snoozes
+            .get_or_create(&ListenerLabels {
+                event: event.to_string(),
+                listener: listener.to_string(),
+            })
+            .inc();
     }
 
     /// The counter of `listener`'s deliveries that its inbox skipped.
@@ -214,6 +228,11 @@ impl Metrics {
             "listener_failed",
             "Listener runs that failed, by event and listener",
             listeners.failed.clone(),
+        );
+        registry.register(
+            "listener_snoozes",
+            "Listener runs that snoozed (not failures), by event and listener",
+            listeners.snoozes.clone(),
         );
         registry.register(
             "inbox_duplicates",

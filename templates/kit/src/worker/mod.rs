@@ -38,6 +38,8 @@ pub(crate) mod ordering;
 mod orm_context;
 pub(crate) mod persistence;
 pub(crate) mod queue_metrics;
+pub(crate) mod retry_policy;
+pub(crate) mod retry_settings;
 pub(crate) mod task_names;
 
 use std::collections::HashSet;
@@ -61,7 +63,7 @@ use self::task_names::listener_task_id;
 use crate::config::{Config, OutboxConfig, WakeMode, WorkerConfig};
 use crate::database;
 use crate::outbox::order::Place;
-use crate::outbox::relay::{EVENT_TASK_PREFIX, MAX_RETRY, Relay, TASK_TIMEOUT};
+use crate::outbox::relay::{EVENT_TASK_PREFIX, Relay};
 use crate::outbox::{cleanup, wake};
 use crate::queue::{Client, Consumer, ConsumerOptions, HandlerError, NewTask, Task};
 use crate::scheduler::lease::Lease;
@@ -106,7 +108,11 @@ pub async fn run(
     let mut listeners = listeners;
     listeners
         .override_limits(&limits::overrides_from_env().context("WORKER_LIMITS cannot be read")?)?;
-    let chains = Ordering::of_service(pool.clone(), queue.clone(), config);
+    listeners.override_policies(
+        &retry_settings::overrides_from_env().context("WORKER_RETRIES cannot be read")?,
+    )?;
+    let chains = Ordering::of_service(pool.clone(), queue.clone(), config)
+        .with_policies(listeners.task_policies());
     let ordered = listeners.ordered();
     let service = prepare_chains(&chains, &pool, &config.worker, &ordered).await?;
     let mut consumer = consumer(config, &chains, transactor, Arc::new(listeners), &metrics);
@@ -458,6 +464,8 @@ pub(crate) fn handle_events(
     metrics: ListenerMetrics,
     limit_metrics: LimitMetrics,
 ) {
+    // The chains make the runs' tasks with their listeners' policies.
+    let ordering = &ordering.clone().with_policies(listeners.task_policies());
     // Every event, with listeners or not, is fanned out (to none, for an
     // event nobody listens to), so no event task is left to fail.
     consumer.handle(EVENT_TASK_PREFIX, {
@@ -480,6 +488,14 @@ pub(crate) fn handle_events(
             )
             .with_metrics(limit_metrics.clone())
         });
+        // Go asynq's backoff is the consumer's own.
+        let backoff = listener.policy().backoff;
+        if !backoff.is_asynq() {
+            consumer.retry_delay_of(
+                listener.task_type(),
+                Arc::new(move |retried| backoff.delay(retried)),
+            );
+        }
         let handler = ListenerHandler::new(
             listener.clone(),
             transactor.clone(),
@@ -515,8 +531,9 @@ struct EnvelopeHead {
 /// done). The relay's event task has the event id as its id; a replay
 /// (`outbox replay`) queues the same envelope under a new task id, and so
 /// gets new listener tasks. Each listener task carries the event task's
-/// headers. The runs of ordered listeners of a keyed event join their
-/// chains instead, in the key's order (module `ordering`).
+/// headers, and its listener's retries and timeout. The runs of ordered
+/// listeners of a keyed event join their chains instead, in the key's
+/// order (module `ordering`).
 pub(crate) async fn fan_out(
     ordering: &Ordering,
     listeners: &Listeners,
@@ -542,16 +559,17 @@ pub(crate) async fn fan_out(
         .filter(|_| !recovered)
         .filter(|listener| place.is_none() || listener.ordered().is_none())
         .map(|listener| {
-            NewTask::new(
+            let listener_task = NewTask::new(
                 listener.task_type(),
                 listener_task_id(namespace, listener.name()).to_string(),
                 task.payload.clone(),
-            )
-            .queue(task.queue.as_str())
-            .headers(task.headers.clone())
-            .max_retry(MAX_RETRY)
-            .timeout(TASK_TIMEOUT)
-            .retention(ordering.retention())
+            );
+            listener
+                .policy()
+                .apply(listener_task)
+                .queue(task.queue.as_str())
+                .headers(task.headers.clone())
+                .retention(ordering.retention())
         })
         .collect();
     for result in ordering.queue_client().enqueue(&tasks).await? {

@@ -1,11 +1,15 @@
-//! The kit's own state changes of a task, for the limits on listeners: a
-//! deferral (active to `:scheduled`, as Go's schedule leaves a task, no
-//! retry counted), and the promotion of deferred tasks back to pending
+//! The kit's own state changes of a task, for the limits on listeners and
+//! snoozes: a deferral (active to `:scheduled`, as Go's schedule leaves a
+//! task, no retry counted; a snooze counted in a header), and the promotion of deferred tasks back to pending
 //! before they are due (a limit's turn came) or the moment they are (the
 //! consumer's own wake-up, ahead of the forwarder).
 
-use chrono::{DateTime, TimeDelta, Utc};
+use std::collections::BTreeMap;
 
+use chrono::{DateTime, TimeDelta, Utc};
+use prost::Message as _;
+
+use crate::queue::SNOOZES_HEADER;
 use crate::queue::message::TaskMessage;
 use crate::queue::{Client, QueueError, keys, scripts, wakeup};
 
@@ -20,13 +24,25 @@ impl Client {
     /// whole seconds, rounded up, so that no forwarder moves it early. A
     /// task [`Self::promote`]d while it was still active goes straight back
     /// to the head of pending instead: `Ok(true)`. A task no longer active
-    /// is Go's `NOT FOUND`.
+    /// is Go's `NOT FOUND`. A `snooze` counts in the message's
+    /// [`SNOOZES_HEADER`], one up, written with the deferral.
     pub(in crate::queue) async fn defer(
         &self,
         message: &TaskMessage,
         until: DateTime<Utc>,
+        snooze: bool,
     ) -> Result<bool, QueueError> {
         let queue = &message.queue;
+        let counted = if snooze {
+            let mut counted = message.clone();
+            let snoozes = snoozes_of(&counted.headers).saturating_add(1);
+            counted
+                .headers
+                .insert(SNOOZES_HEADER.to_string(), snoozes.to_string());
+            counted.encode_to_vec()
+        } else {
+            Vec::new()
+        };
         let woken: i64 = scripts::DEFER
             .key(keys::task(queue, &message.id))
             .key(keys::active(queue))
@@ -37,6 +53,7 @@ impl Client {
             .arg(&message.id)
             .arg(due_score(until))
             .arg(Utc::now().timestamp_nanos_opt().unwrap_or_default())
+            .arg(counted)
             .invoke_async(&mut self.conn())
             .await?;
         if woken == 1 {
@@ -146,4 +163,13 @@ impl Client {
 /// it early.
 pub(in crate::queue) fn due_score(until: DateTime<Utc>) -> i64 {
     until.timestamp() + i64::from(until.timestamp_subsec_nanos() > 0)
+}
+
+/// How many times the task of `headers` snoozed ([`SNOOZES_HEADER`]; 0
+/// without it, or with a value that is no count).
+pub(crate) fn snoozes_of(headers: &BTreeMap<String, String>) -> u32 {
+    headers
+        .get(SNOOZES_HEADER)
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0)
 }

@@ -21,6 +21,7 @@ use prost::Message as _;
 use super::message::TaskMessage;
 use super::{Client, QueueError, keys, scripts};
 pub(super) use deferral::due_score;
+pub(crate) use deferral::snoozes_of;
 
 /// How long daily and total counters live (Go: `statsTTL`).
 const STATS_TTL: TimeDelta = TimeDelta::days(90);

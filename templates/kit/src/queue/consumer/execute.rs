@@ -29,9 +29,11 @@ pub(super) enum Outcome {
         error: String,
         skip_retry: bool,
     },
-    /// The handler deferred the task to `until` (not a failure).
+    /// The handler deferred the task to `until` (not a failure); a snooze
+    /// counts in the task's `SNOOZES_HEADER`.
     Deferred {
         until: DateTime<Utc>,
+        snooze: bool,
     },
     /// The lease ran out (Valkey unreachable): the recoverer owns the task.
     LeaseLost,
@@ -88,7 +90,7 @@ impl RunningConsumer {
                 Ok(Ok(())) => Outcome::Succeeded,
                 Ok(Err(err)) if err.is_superseded() => Outcome::Superseded { error: err.to_string() },
                 Ok(Err(err)) => match err.deferred_until() {
-                    Some(until) => Outcome::Deferred { until },
+                    Some(until) => Outcome::Deferred { until, snooze: err.is_snooze() },
                     None => Outcome::Failed {
                         error: err.to_string(),
                         skip_retry: err.skips_retry(),

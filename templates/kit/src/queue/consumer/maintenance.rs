@@ -87,11 +87,9 @@ impl RunningConsumer {
                     }
                 }
             } else {
-                let retried = u32::try_from(message.retried).unwrap_or(0);
-                let delay = TimeDelta::from_std((self.options.retry_delay)(retried))
-                    .unwrap_or(TimeDelta::MAX);
+                let retry_at = super::settle::later_by(self.retry_delay(&message));
                 self.client
-                    .retry(&message, Utc::now() + delay, LEASE_EXPIRED, Some(cutoff))
+                    .retry(&message, retry_at, LEASE_EXPIRED, Some(cutoff))
                     .await
             };
             match result {

@@ -113,10 +113,12 @@ use super::message::{ServerInfo, TaskMessage};
 use active::ActiveTasks;
 pub(crate) use options::ConsumerOptions;
 pub use task::SkipRetry;
-pub(crate) use task::{HandlerError, Task};
+pub(crate) use task::{HandlerError, SNOOZES_HEADER, Task};
 use wakeups::Wakeups;
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
+/// The wait before retry n + 1 of a task, n failed runs so far.
+pub(crate) type RetryDelay = Arc<dyn Fn(u32) -> std::time::Duration + Send + Sync>;
 type BoxedHandler = Arc<dyn Fn(Task) -> HandlerFuture + Send + Sync>;
 
 /// Called with a task and its error before the task is archived (see
@@ -147,6 +149,20 @@ pub(crate) struct Consumer {
     options: ConsumerOptions,
     handlers: HashMap<String, BoxedHandler>,
     before_archive: Option<ArchiveHook>,
+    retry_delays: HashMap<String, RetryDelay>,
+}
+
+impl RunningConsumer {
+    /// The wait before the retry of `message`'s task after its
+    /// `message.retried`-th failed run: its type's own delay, else the
+    /// options'.
+    fn retry_delay(&self, message: &TaskMessage) -> std::time::Duration {
+        let retried = u32::try_from(message.retried).unwrap_or(0);
+        match self.retry_delays.get(&message.r#type) {
+            Some(delay) => delay(retried),
+            None => (self.options.retry_delay)(retried),
+        }
+    }
 }
 
 impl Consumer {
@@ -158,6 +174,7 @@ impl Consumer {
             options,
             handlers: HashMap::new(),
             before_archive: None,
+            retry_delays: HashMap::new(),
         }
     }
 
@@ -187,6 +204,19 @@ impl Consumer {
         self.handlers.insert(task_type.into(), boxed);
         self
     }
+
+    /// Retries the failed runs of the tasks of type `task_type` (exactly)
+    /// after `delay` rather than the options' `retry_delay`: whatever the
+    /// failure (an error, a panic, the timeout, a cancel, an expired
+    /// lease). A listener's backoff.
+    pub(crate) fn retry_delay_of(
+        &mut self,
+        task_type: impl Into<String>,
+        delay: RetryDelay,
+    ) -> &mut Self {
+        self.retry_delays.insert(task_type.into(), delay);
+        self
+    }
 }
 
 /// A [`Consumer`] once it runs: the state shared by its loop, its running
@@ -196,6 +226,9 @@ struct RunningConsumer {
     completions: Completions,
     handlers: HashMap<String, BoxedHandler>,
     before_archive: Option<ArchiveHook>,
+    /// The retry delays of task types of their own
+    /// ([`Consumer::retry_delay_of`]).
+    retry_delays: HashMap<String, RetryDelay>,
     options: ConsumerOptions,
     active: ActiveTasks,
     /// The tasks this consumer deferred, to move back to pending when due.

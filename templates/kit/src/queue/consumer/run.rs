@@ -53,6 +53,7 @@ impl Consumer {
             client: self.client,
             handlers: self.handlers,
             before_archive: self.before_archive,
+            retry_delays: self.retry_delays,
             options: self.options,
             active: ActiveTasks::default(),
             wakeups: Wakeups::default(),

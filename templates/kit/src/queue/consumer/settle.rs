@@ -36,6 +36,8 @@ pub(super) enum Settlement {
     },
     Defer {
         until: DateTime<Utc>,
+        /// Counted in the task's `SNOOZES_HEADER`.
+        snooze: bool,
     },
     Requeue,
 }
@@ -62,17 +64,15 @@ impl RunningConsumer {
                 if skip_retry || message.retried >= message.retry {
                     self.archive_or_retry(message, error).await
                 } else {
-                    let retried = u32::try_from(message.retried).unwrap_or(0);
-                    let delay = (self.options.retry_delay)(retried);
+                    let delay = self.retry_delay(message);
                     tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
-                    let retry_at =
-                        Utc::now() + TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    let retry_at = later_by(delay);
                     Settlement::Retry { retry_at, error }
                 }
             }
-            Outcome::Deferred { until } => {
-                tracing::debug!(%id, %task_type, %until, "task deferred");
-                Settlement::Defer { until }
+            Outcome::Deferred { until, snooze } => {
+                tracing::debug!(%id, %task_type, %until, snooze, "task deferred");
+                Settlement::Defer { until, snooze }
             }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
@@ -170,21 +170,23 @@ impl RunningConsumer {
                 self.client.retry(message, *retry_at, error, None).await
             }
             Settlement::Archive { error } => self.client.archive(message, error, None).await,
-            Settlement::Defer { until } => match self.client.defer(message, *until).await {
-                // Woken meanwhile: back in pending already.
-                Ok(true) => Ok(()),
-                Ok(false) => {
-                    let due = due_score(*until);
-                    let wakeup = Wakeup {
-                        queue: message.queue.clone(),
-                        id: message.id.clone(),
-                        due,
-                    };
-                    self.wakeups.add(instant_at(*until), wakeup);
-                    Ok(())
+            Settlement::Defer { until, snooze } => {
+                match self.client.defer(message, *until, *snooze).await {
+                    // Woken meanwhile: back in pending already.
+                    Ok(true) => Ok(()),
+                    Ok(false) => {
+                        let due = due_score(*until);
+                        let wakeup = Wakeup {
+                            queue: message.queue.clone(),
+                            id: message.id.clone(),
+                            due,
+                        };
+                        self.wakeups.add(instant_at(*until), wakeup);
+                        Ok(())
+                    }
+                    Err(err) => Err(err),
                 }
-                Err(err) => Err(err),
-            },
+            }
             Settlement::Requeue => self.client.requeue(message).await,
         };
         match written {
@@ -193,4 +195,13 @@ impl RunningConsumer {
             Err(err) => Err(err),
         }
     }
+}
+
+/// Now and `delay`: a retry's time. A delay past the last time there is (a
+/// listener's backoff may say anything) waits until then.
+pub(super) fn later_by(delay: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(delay)
+        .ok()
+        .and_then(|delay| Utc::now().checked_add_signed(delay))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }

@@ -1,6 +1,6 @@
 //! What a handler receives, [`Task`], and what it returns on failure,
-//! [`HandlerError`]: a retry, an archive ([`SkipRetry`]), a deferral, or
-//! a run superseded by another.
+//! [`HandlerError`]: a retry, an archive ([`SkipRetry`]), a deferral (counted in the task's
+//! [`SNOOZES_HEADER`] for a snooze), or a run superseded by another.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,6 +8,11 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 
 use crate::queue::message::TaskMessage;
+
+/// The header in which a task counts the times it snoozed
+/// ([`HandlerError::snooze`]); written by the deferral, read by the
+/// listener handler.
+pub(crate) const SNOOZES_HEADER: &str = "gpkit-snoozes";
 
 /// A task as a handler receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +65,9 @@ pub(crate) struct HandlerError {
     defer_until: Option<DateTime<Utc>>,
     /// Set by [`HandlerError::superseded`]: the task is another run's.
     superseded: bool,
+    /// Set by [`HandlerError::snooze`]: the deferral counts in the task's
+    /// [`SNOOZES_HEADER`].
+    snooze: bool,
 }
 
 impl HandlerError {
@@ -71,6 +79,7 @@ impl HandlerError {
             skip_retry: true,
             defer_until: None,
             superseded: false,
+            snooze: false,
         }
     }
 
@@ -85,7 +94,24 @@ impl HandlerError {
             skip_retry: false,
             defer_until: Some(until),
             superseded: false,
+            snooze: false,
         }
+    }
+
+    /// A deferral (as [`HandlerError::defer`]) that the task counts: the
+    /// deferral writes the count in the task's [`SNOOZES_HEADER`], one
+    /// more than it had. What a listener's `Snooze` returns.
+    pub(crate) fn snooze(until: DateTime<Utc>) -> Self {
+        Self {
+            error: anyhow::anyhow!("snoozed until {}", until.to_rfc3339()),
+            snooze: true,
+            ..Self::defer(until)
+        }
+    }
+
+    /// Whether it was made with [`HandlerError::snooze`].
+    pub(crate) fn is_snooze(&self) -> bool {
+        self.snooze
     }
 
     /// Not this run's to settle: another run of the task took it over (its
@@ -97,6 +123,7 @@ impl HandlerError {
             skip_retry: false,
             defer_until: None,
             superseded: true,
+            snooze: false,
         }
     }
 
@@ -126,6 +153,7 @@ impl<E: Into<anyhow::Error>> From<E> for HandlerError {
             skip_retry,
             defer_until: None,
             superseded: false,
+            snooze: false,
         }
     }
 }
@@ -151,6 +179,7 @@ impl fmt::Debug for HandlerError {
             .field("error", &self.error)
             .field("skip_retry", &self.skip_retry)
             .field("defer_until", &self.defer_until)
+            .field("snooze", &self.snooze)
             .finish()
     }
 }

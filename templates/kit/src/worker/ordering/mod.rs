@@ -66,7 +66,7 @@ use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::outbox::relay::{MAX_RETRY, TASK_TIMEOUT};
+use super::retry_policy::RetryPolicy;
 use crate::queue::message::TaskMessage;
 use crate::queue::{Client, NewTask, QueueError};
 
@@ -197,6 +197,9 @@ pub(crate) struct Ordering {
     /// How long a key's last fanned-out number is kept after its last
     /// fan-out, in case nothing deletes it ([`FANNED_KEPT`], or longer).
     numbers_kept: Duration,
+    /// The retries and timeouts of the runs' tasks, by task type; the
+    /// default policy for a type it does not have.
+    policies: Arc<BTreeMap<String, RetryPolicy>>,
 }
 
 impl std::fmt::Debug for Ordering {
@@ -224,7 +227,15 @@ impl Ordering {
             queues: Arc::new(queues),
             retention,
             numbers_kept: FANNED_KEPT.max(retention),
+            policies: Arc::default(),
         }
+    }
+
+    /// The same chains, whose runs' tasks take the retries and timeout of
+    /// `policies` (by task type), the default policy's for other types.
+    pub(crate) fn with_policies(mut self, policies: BTreeMap<String, RetryPolicy>) -> Self {
+        self.policies = Arc::new(policies);
+        self
     }
 
     /// The chains of the queues a service's workers consume
@@ -288,11 +299,15 @@ impl Ordering {
         }
     }
 
-    /// The task of the run `head`: the listener tasks' retries, timeout
-    /// and retention.
+    /// The task of the run `head`: its listener's retries and timeout
+    /// (the default policy's for a listener it does not know), and the
+    /// listener tasks' retention.
     fn run_task(&self, head: NewTask) -> NewTask {
-        head.max_retry(MAX_RETRY)
-            .timeout(TASK_TIMEOUT)
+        self.policies
+            .get(&head.task_type)
+            .copied()
+            .unwrap_or_default()
+            .apply(head)
             .retention(self.retention)
     }
 }
