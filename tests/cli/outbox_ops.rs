@@ -366,12 +366,32 @@ fn the_outbox_command_follows_replays_retries_and_purges_events() {
         (&Value::from("email"), &Value::from("completed"))
     );
     assert_ne!(audit["id"], email["id"]);
+    // Each listener's retry policy: the kit's default, or what
+    // `WORKER_RETRIES` says where the command runs.
+    assert_eq!(audit["policy"], "retries:25,timeout:30m,backoff:asynq");
+    let overridden = ops.run_with(
+        &[("WORKER_RETRIES", "orderPlaced.email=retries:3,backoff:fixed:20s")],
+        &["show", &one, "--format", "json"],
+    );
+    assert!(overridden.status.success(), "{overridden:?}");
+    let overridden: Value = serde_json::from_slice(&overridden.stdout).unwrap();
+    assert_eq!(
+        (
+            &overridden["listener_tasks"][0]["policy"],
+            &overridden["listener_tasks"][1]["policy"]
+        ),
+        (
+            &Value::from("retries:25,timeout:30m,backoff:asynq"),
+            &Value::from("retries:3,timeout:30m,backoff:fixed:20s")
+        )
+    );
     let text = ops.ok(&["show", &one]);
     for expected in [
         format!("event      {one} orderPlaced"),
         "trace id   4bf92f3577b34da6a3ce929d0e0e4731".to_string(),
         "payload    {\"order_id\":1}".to_string(),
         "order 1 refused (not retried)".to_string(),
+        "policy retries:25,timeout:30m,backoff:asynq".to_string(),
     ] {
         assert!(text.contains(&expected), "{expected:?} in\n{text}");
     }

@@ -23,6 +23,9 @@ pub(crate) const MISSING: &str = "missing";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct ListenerTask {
     pub(crate) listener: String,
+    /// The listener's retry policy as `WORKER_RETRIES` writes it
+    /// (`retries:25,timeout:30m,backoff:asynq`): what its next task gets.
+    pub(crate) policy: String,
     #[serde(flatten)]
     pub(crate) task: TaskInfo,
 }
@@ -52,6 +55,7 @@ pub(crate) async fn of_event(context: &Context, event: &EventRow) -> anyhow::Res
             let task_type = listener_task_type(&event.name, listener.name());
             tasks.listener_tasks.push(ListenerTask {
                 listener: listener.name().to_string(),
+                policy: listener.policy().to_string(),
                 task: lookup(client, queue, &task_id, &task_type).await?,
             });
         }

@@ -1,7 +1,8 @@
 //! `outbox show <event_id>`: one event on one screen: its row (name,
 //! times, payload, metadata, trace id), its task in each outbox queue and
-//! each listener's task, with state, retries and last error; for an ordered
-//! listener's run still in its key's order, the runs it waits for.
+//! each listener's task, with state, retries and last error, and the
+//! listener's retry policy; for an ordered listener's run still in its
+//! key's order, the runs it waits for.
 
 use std::process::ExitCode;
 
@@ -75,6 +76,7 @@ fn print_text(shown: &Shown) {
     }
     for listener in &shown.tasks.listener_tasks {
         print_task(&format!("listener {}", listener.listener), &listener.task);
+        println!("{:<24} policy {}", "", listener.policy);
     }
     for run in &shown.ordered_runs {
         let what = format!("ordered {}", run.listener);
