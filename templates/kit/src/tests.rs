@@ -7,6 +7,7 @@
 mod config;
 mod database;
 mod inbox;
+mod later;
 mod limits;
 mod migrate;
 mod ordering;
@@ -26,3 +27,4 @@ mod scheduler;
 mod script_keys;
 mod support;
 mod testing;
+mod unique;
