@@ -30,7 +30,8 @@ VALUES ($1, $2, $3, $4, $5, $6)";
 /// `outbox_events`, in due order, skipping rows another mover holds: a
 /// keyed event takes its key's next number there (one upsert per key, in
 /// key order, so that two movers lock keys in the same order). Returns how
-/// many it moved.
+/// many it moved, and in how many seconds the next event not yet due is
+/// (by the database's clock; null when none waits).
 #[cfg(feature = "worker")]
 pub(crate) const MOVE_DUE: &str = "\
 WITH due AS ( \
@@ -57,7 +58,9 @@ moved AS ( \
   FROM ranked r LEFT JOIN numbered n ON n.key = r.key \
   ORDER BY r.due_at, r.id \
   RETURNING 1) \
-SELECT count(*) FROM moved";
+SELECT (SELECT count(*) FROM moved), \
+  (SELECT extract(epoch FROM min(due_at) - clock_timestamp())::float8 FROM outbox_later \
+   WHERE due_at > coalesce($2::timestamptz, now()))";
 
 /// How many events wait, and when the next is due.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -109,12 +112,28 @@ impl Store {
         limit: u32,
         as_of: Option<DateTime<Utc>>,
     ) -> Result<u64, sqlx::Error> {
-        let moved: i64 = sqlx::query_scalar(MOVE_DUE)
+        Ok(self
+            .move_due_and_look_ahead(executor, limit, as_of)
+            .await?
+            .0)
+    }
+
+    /// [`Store::move_due`], and how long until the next event that is not
+    /// due yet is (`None` when none waits).
+    #[cfg(feature = "worker")]
+    pub(crate) async fn move_due_and_look_ahead<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        limit: u32,
+        as_of: Option<DateTime<Utc>>,
+    ) -> Result<(u64, Option<std::time::Duration>), sqlx::Error> {
+        let (moved, next_in): (i64, Option<f64>) = sqlx::query_as(MOVE_DUE)
             .bind(i64::from(limit))
             .bind(as_of)
             .fetch_one(executor)
             .await?;
-        Ok(moved.max(0) as u64)
+        let next_in = next_in.map(|seconds| std::time::Duration::from_secs_f64(seconds.max(0.0)));
+        Ok((moved.max(0) as u64, next_in))
     }
 
     /// How many events wait, and when the next is due.
@@ -177,31 +196,40 @@ pub(crate) mod mover {
     use super::super::Store;
     use super::super::relay::{Backoff, MAX_BACKOFF};
 
-    /// How often the mover looks for due events: a delayed event enters
-    /// `outbox_events` at most this long after its due time (while the
-    /// worker runs), and the relay, woken by the move, publishes it at
-    /// once.
+    /// How often the mover looks for due events at least. Between two
+    /// looks it sleeps until the next due time it saw, when that is
+    /// sooner: an event dispatched at least this long before it is due
+    /// enters `outbox_events` at its due time (to the few milliseconds of
+    /// a statement), and one dispatched closer to it at most this long
+    /// after it, while the worker runs. The relay, woken by the move,
+    /// publishes it at once.
     pub(crate) const MOVE_INTERVAL: Duration = Duration::from_secs(1);
 
     /// Events moved per statement.
     pub(crate) const MOVE_BATCH: u32 = 1_000;
 
-    /// Moves every event due now, batch by batch; the total moved.
-    pub(crate) async fn move_all_due(pool: &PgPool) -> Result<u64, sqlx::Error> {
+    /// Moves every event due now, batch by batch; the total moved, and
+    /// how long until the next event not due yet.
+    pub(crate) async fn move_all_due(
+        pool: &PgPool,
+    ) -> Result<(u64, Option<Duration>), sqlx::Error> {
         let mut total = 0;
         loop {
-            let moved = Store.move_due(pool, MOVE_BATCH, None).await?;
+            let (moved, next_in) = Store
+                .move_due_and_look_ahead(pool, MOVE_BATCH, None)
+                .await?;
             total += moved;
             if moved < u64::from(MOVE_BATCH) {
-                return Ok(total);
+                return Ok((total, next_in));
             }
         }
     }
 
-    /// Moves due events every [`MOVE_INTERVAL`] until `shutdown`, waking
-    /// the relay (`relay`) after a move; a failure backs off as the
-    /// relay's rounds do. On its own task and its own connection, so a
-    /// million waiting events never slow the relay's claim.
+    /// Moves due events until `shutdown`: every [`MOVE_INTERVAL`], or at
+    /// the next due time when that is sooner; wakes the relay (`relay`)
+    /// after a move; a failure backs off as the relay's rounds do. On its
+    /// own task and its own connection, so a million waiting events never
+    /// slow the relay's claim.
     pub(crate) async fn run(pool: PgPool, relay: Arc<Notify>, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(MOVE_INTERVAL, MAX_BACKOFF);
         while !shutdown.is_cancelled() {
@@ -210,13 +238,13 @@ pub(crate) mod mover {
                 moved = move_all_due(&pool) => moved,
             };
             let wait = match moved {
-                Ok(moved) => {
+                Ok((moved, next_in)) => {
                     backoff.reset();
                     if moved > 0 {
                         tracing::debug!(moved, "due events moved into the outbox");
                         relay.notify_one();
                     }
-                    MOVE_INTERVAL
+                    next_in.map_or(MOVE_INTERVAL, |next_in| next_in.min(MOVE_INTERVAL))
                 }
                 Err(err) => {
                     let wait = backoff.next_delay();
