@@ -286,19 +286,22 @@ pub(crate) async fn read_after(pool: &PgPool, after: i64) -> Result<Vec<Envelope
         .collect())
 }
 
+/// A row of `outbox_later`: a [`Row`] and its due time.
+type LaterRow = (
+    uuid::Uuid,
+    String,
+    Json<serde_json::Value>,
+    Json<Metadata>,
+    chrono::DateTime<chrono::Utc>,
+    chrono::DateTime<chrono::Utc>,
+);
+
 /// The events that wait in `outbox_later`, with their due times, earliest
 /// first.
 async fn read_later(
     pool: &PgPool,
 ) -> Result<Vec<(Envelope, chrono::DateTime<chrono::Utc>)>, sqlx::Error> {
-    let rows: Vec<(
-        uuid::Uuid,
-        String,
-        Json<serde_json::Value>,
-        Json<Metadata>,
-        chrono::DateTime<chrono::Utc>,
-        chrono::DateTime<chrono::Utc>,
-    )> = sqlx::query_as(
+    let rows: Vec<LaterRow> = sqlx::query_as(
         "SELECT event_id, event_name, payload, metadata, created_at, due_at \
          FROM outbox_later ORDER BY due_at, id",
     )

@@ -339,3 +339,35 @@ mod seaorm {
         assert_eq!(outbox.envelopes().len(), 1);
     }
 }
+
+/// The console's Later page, and `outbox status`'s figures, show what
+/// waits: how many, the next due, and the events by due time.
+#[tokio::test]
+async fn the_console_lists_the_waiting_events_by_due_time() {
+    let db = TestDatabase::new().await;
+    let in_two_hours = commit_in(&db, &reminder("g", 1), Duration::from_secs(7200)).await;
+    let in_one_hour = commit_in(&db, &reminder("g", 2), Duration::from_secs(3600)).await;
+    let due = db.dispatched().await.later()[0].1;
+
+    let waiting = Store.waiting(db.pool()).await.unwrap();
+    assert_eq!(waiting.events, 2);
+    assert_eq!(waiting.next_due, Some(due));
+
+    let console = crate::console::Console::new(db.config(), Listeners::new()).router();
+    let page = crate::testing::TestClient::new(console).get("/later").await;
+    assert_eq!(page.status(), 200, "{}", page.text());
+    let text = page.text();
+    assert!(
+        text.contains("2 events wait to be delivered later"),
+        "{text}"
+    );
+    let row = |id: uuid::Uuid| {
+        text.find(&format!("<tr data-event=\"{id}\">"))
+            .unwrap_or_else(|| panic!("no row for {id}: {text}"))
+    };
+    assert!(
+        row(in_one_hour.id) < row(in_two_hours.id),
+        "the next due first: {text}"
+    );
+    assert!(text.contains("<code>account:g</code>"), "{text}");
+}
