@@ -63,6 +63,7 @@ SELECT (SELECT count(*) FROM moved), \
    WHERE due_at > coalesce($2::timestamptz, now()))";
 
 /// How many events wait, and when the next is due.
+#[cfg(feature = "worker")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Waiting {
     /// Events in `outbox_later`.
@@ -72,6 +73,7 @@ pub(crate) struct Waiting {
 }
 
 /// One event that waits, as the console lists it.
+#[cfg(feature = "worker")]
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(crate) struct WaitingEvent {
     pub(crate) event_id: uuid::Uuid,
@@ -80,6 +82,17 @@ pub(crate) struct WaitingEvent {
     pub(crate) dispatched_at: DateTime<Utc>,
     pub(crate) due_at: DateTime<Utc>,
 }
+
+/// A row of [`Store::next_waiting`]: event id, name, order key, dispatch
+/// time, due time.
+#[cfg(feature = "worker")]
+type WaitingRow = (
+    uuid::Uuid,
+    String,
+    Option<String>,
+    DateTime<Utc>,
+    DateTime<Utc>,
+);
 
 impl Store {
     /// Inserts `envelope` into `outbox_later`, due at `due_at`. On a
@@ -105,7 +118,7 @@ impl Store {
     /// Moves up to `limit` events due at or before `as_of` (the
     /// database's clock when `None`) into `outbox_events`, in one
     /// statement ([`MOVE_DUE`]); returns how many it moved.
-    #[cfg(feature = "worker")]
+    #[cfg(all(feature = "worker", feature = "testing"))]
     pub(crate) async fn move_due<'e>(
         &self,
         executor: impl PgExecutor<'e>,
@@ -155,13 +168,7 @@ impl Store {
         executor: impl PgExecutor<'e>,
         limit: u32,
     ) -> Result<Vec<WaitingEvent>, sqlx::Error> {
-        let rows: Vec<(
-            uuid::Uuid,
-            String,
-            Option<String>,
-            DateTime<Utc>,
-            DateTime<Utc>,
-        )> = sqlx::query_as(
+        let rows: Vec<WaitingRow> = sqlx::query_as(
             "SELECT event_id, event_name, metadata ->> 'order_key', created_at, due_at \
                  FROM outbox_later ORDER BY due_at, id LIMIT $1",
         )
