@@ -44,21 +44,44 @@ pub trait Executor: Send {
     }
 
     /// Inserts `envelope` into `outbox_later`, due at `due_at`
-    /// ([`crate::dispatch_at`]).
+    /// ([`crate::dispatch_at`]). The kit's executors do; on another, an
+    /// error says it cannot.
     fn insert_later_event(
         self,
         envelope: &Envelope,
         due_at: DateTime<Utc>,
-    ) -> impl Future<Output = Result<(), DbErr>> + Send;
+    ) -> impl Future<Output = Result<(), DbErr>> + Send
+    where
+        Self: Sized,
+    {
+        let _ = (envelope, due_at);
+        async { Err(unsupported("dispatch_at")) }
+    }
 
     /// Takes `key` for `window` and inserts `envelope` if it got it, in one
-    /// statement ([`crate::dispatch_unique`]).
+    /// statement ([`crate::dispatch_unique`]). The kit's executors do; on
+    /// another, an error says it cannot.
     fn insert_unique_event(
         self,
         envelope: &mut Envelope,
         key: &str,
         window: Duration,
-    ) -> impl Future<Output = Result<Unique, DbErr>> + Send;
+    ) -> impl Future<Output = Result<Unique, DbErr>> + Send
+    where
+        Self: Sized,
+    {
+        let _ = (envelope, key, window);
+        async { Err(unsupported("dispatch_unique")) }
+    }
+}
+
+/// The error of a dispatch that an executor other than the kit's cannot
+/// store.
+fn unsupported(what: &str) -> DbErr {
+    DbErr::Custom(format!(
+        "{what} needs one of the kit's executors (a SeaORM transaction or connection, or a sqlx \
+         connection or pool)"
+    ))
 }
 
 impl Executor for &DatabaseTransaction {
