@@ -119,8 +119,13 @@ impl<'a> Drain<'a> {
     /// Drains as if the clock read `when`: events dispatched for later
     /// (`kit::dispatch_at`, `kit::dispatch_in`) due at or before `when`
     /// are delivered too, in due order, as the worker delivers them once
-    /// their time comes (a listener's own clock is not moved). Without
-    /// it, the drain delivers those due now.
+    /// their time comes. Without it, the drain delivers those due now.
+    ///
+    /// Only the outbox's clock moves: an event a listener dispatches
+    /// `dispatch_in` an hour is due an hour from the real now, so within
+    /// `when` it is delivered in the same drain (a listener that
+    /// reschedules itself without end meets the generations' bound,
+    /// [`Drain::max_generations`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
