@@ -942,6 +942,7 @@ fn the_code_is_read_as_the_upgrade_leaves_it() {
 const KIT_DOCS: &[&str] = &[
     "kit/README.md",
     "kit/docs/worker.md",
+    "kit/docs/outbox.md",
     "kit/docs/ordering.md",
     "kit/docs/limits.md",
     "kit/docs/schedules.md",

@@ -64,9 +64,9 @@ pub mod trace_context;
 pub mod worker;
 
 pub use database::Transactor;
-pub use outbox::dispatch;
 #[cfg(feature = "worker")]
 pub use outbox::wake::transactor;
+pub use outbox::{dispatch, dispatch_at, dispatch_in, dispatch_unique};
 
 #[cfg(test)]
 mod tests;

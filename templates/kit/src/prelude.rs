@@ -102,8 +102,8 @@ schedules.job(NightlyReport);
 )]
 
 pub use crate::database::Transactor;
-pub use crate::outbox::dispatch;
-pub use crate::outbox::{DispatchError, Event};
+pub use crate::outbox::{DispatchError, Event, Unique};
+pub use crate::outbox::{dispatch, dispatch_at, dispatch_in, dispatch_unique};
 #[cfg(feature = "worker")]
 pub use crate::scheduler::Schedules;
 #[cfg(all(feature = "worker", feature = "seaorm"))]

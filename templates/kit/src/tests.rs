@@ -7,6 +7,7 @@
 mod config;
 mod database;
 mod inbox;
+mod later;
 mod limits;
 mod migrate;
 mod ordering;
@@ -27,3 +28,4 @@ mod scheduler;
 mod script_keys;
 mod support;
 mod testing;
+mod unique;

@@ -37,6 +37,7 @@
 //! - `queues`: each queue's tasks by state, to pause or resume;
 //! - `schedules`: each schedule's last and next tick, and the replica that
 //!   leads;
+//! - `later`: the events dispatched for later that wait, and for when;
 //! - `traces`: under `gpkit dev`, one trace as a waterfall, from the
 //!   request to every listener (the spans gpkit dev keeps);
 //! - `guard`: the token, the CSRF check and the read-only mode;
@@ -51,6 +52,7 @@ mod events;
 mod failed_tasks;
 mod failures;
 mod guard;
+mod later;
 mod overview;
 mod page;
 mod queues;
@@ -198,6 +200,7 @@ impl Console {
             .route("/traces/{id}", get(traces::page))
             .route("/queues", get(queues::page))
             .route("/schedules", get(schedules::page))
+            .route("/later", get(later::page))
             .route("/queues/pause", axum::routing::post(queues::pause))
             .route("/assets/console.css", get(page::stylesheet))
             .route("/assets/console.js", get(page::script))

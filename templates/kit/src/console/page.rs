@@ -18,7 +18,7 @@ const SCRIPT: &str = include_str!("assets/console.js");
 /// relative, so that the console works nested under any path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Depth {
-    /// `/`, `/events`, `/failures`, `/queues`, `/schedules`.
+    /// `/`, `/events`, `/failures`, `/queues`, `/schedules`, `/later`.
     Top,
     /// `/events/<id>`.
     Nested,
@@ -42,14 +42,16 @@ pub(crate) enum Section {
     Failures,
     Queues,
     Schedules,
+    Later,
 }
 
-const SECTIONS: [(Section, &str, &str); 5] = [
+const SECTIONS: [(Section, &str, &str); 6] = [
     (Section::Overview, "", "Overview"),
     (Section::Events, "events", "Events"),
     (Section::Failures, "failures", "Failures"),
     (Section::Queues, "queues", "Queues"),
     (Section::Schedules, "schedules", "Schedules"),
+    (Section::Later, "later", "Later"),
 ];
 
 /// A whole page: `body` under the navigation, with `title` as its heading.

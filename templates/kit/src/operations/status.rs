@@ -1,6 +1,7 @@
 //! `outbox status`: the relay's lag (unpublished events and the age of the
 //! oldest), events published in the last minute and hour, rows due for
-//! cleanup, the table's size, each queue's tasks by state, and what the
+//! cleanup, the table's size, the events waiting to be delivered later
+//! (how many, the next due), each queue's tasks by state, and what the
 //! order of ordered listeners holds back (blocked keys, waiting runs). With
 //! `--max-lag 30s` it exits 2 when the lag is larger, for cron jobs and
 //! probes.
@@ -14,6 +15,8 @@ use super::LAG_EXCEEDED;
 use super::output::{self, Format};
 use crate::follow::rows::{self, TableStats};
 use crate::follow::{Context, time};
+use crate::outbox::Store;
+use crate::outbox::later::Waiting;
 use crate::queue::QueueCounts;
 use crate::worker::ordering::Held;
 
@@ -39,6 +42,8 @@ pub(crate) struct Status {
     pub(crate) outbox: TableStats,
     /// `OUTBOX_RETENTION`, which `due_for_cleanup` counts against.
     pub(crate) retention_seconds: u64,
+    /// Events dispatched for later that are not due yet (`outbox_later`).
+    pub(crate) later: Waiting,
     pub(crate) queues: Vec<QueueStatus>,
     /// What ordered listeners hold back.
     pub(crate) ordering: Held,
@@ -50,6 +55,7 @@ pub(crate) struct Status {
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
     let retention = context.config.outbox.retention;
     let outbox = rows::stats(&context.pool, retention).await?;
+    let later = Store.waiting(&context.pool).await?;
     let client = context.queue().await?;
     let mut queues = Vec::new();
     for queue in context.all_queues() {
@@ -62,6 +68,7 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     let status = Status {
         outbox,
         retention_seconds: retention.as_secs(),
+        later,
         queues,
         ordering,
         max_lag_seconds: args.max_lag.map(|max| max.as_secs_f64()),
@@ -95,6 +102,16 @@ fn print_text(status: &Status) {
         output::age(Duration::from_secs(status.retention_seconds))
     );
     println!("  table size             {} bytes", outbox.table_bytes);
+    println!();
+    println!("outbox_later");
+    println!(
+        "  waiting                {} (dispatched for later, not due yet)",
+        status.later.events
+    );
+    match status.later.next_due {
+        Some(due) => println!("  next due               {}", due.to_rfc3339()),
+        None => println!("  next due               none"),
+    }
     println!();
     println!(
         "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",

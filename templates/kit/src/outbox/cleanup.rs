@@ -1,6 +1,7 @@
 //! Deletes published outbox rows once they are older than `OUTBOX_RETENTION`,
 //! every `OUTBOX_CLEANUP_INTERVAL`, in bounded batches of short transactions.
-//! Safe in every replica: rows another cleaner holds are skipped.
+//! Safe in every replica: rows another cleaner holds are skipped. Keys of
+//! `kit::dispatch_unique` whose window is over go at the same interval.
 //!
 //! `in_batches` and [`every`] are the shape of any such cleanup; the
 //! inbox's (`worker::inbox`) uses them too.
@@ -30,10 +31,25 @@ pub(crate) async fn run(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    every("published outbox events", interval, shutdown, || {
-        delete_expired(&pool, retention)
-    })
-    .await;
+    tokio::join!(
+        every(
+            "published outbox events",
+            interval,
+            shutdown.clone(),
+            || { delete_expired(&pool, retention) }
+        ),
+        every("expired unique keys", interval, shutdown, || {
+            delete_expired_keys(&pool)
+        }),
+    );
+}
+
+/// Deletes every key of `kit::dispatch_unique` whose window is over, batch
+/// by batch, and returns how many it deleted (a dispatch after the window
+/// would take the key over anyway: this keeps keys used once from piling
+/// up).
+pub(crate) async fn delete_expired_keys(pool: &PgPool) -> Result<u64, sqlx::Error> {
+    in_batches(|| Store.delete_expired_keys(pool, CLEANUP_BATCH)).await
 }
 
 /// Calls `delete_batch` (which deletes at most [`CLEANUP_BATCH`] rows and

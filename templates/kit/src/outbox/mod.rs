@@ -6,7 +6,11 @@
 //! - `Store`: the SQL on `outbox_events` (the relay's side: `claims`).
 //! - [`Event`] and [`Dispatcher`]: the contract for publishing events.
 //! - [`dispatch()`]: stores an event through the kit's `Dispatcher`
-//!   (`dispatcher::OutboxDispatcher`), backed by the store.
+//!   (`dispatcher::OutboxDispatcher`), backed by the store;
+//!   [`dispatch_at()`] and [`dispatch_in()`] store one for later
+//!   (`later`: `outbox_later`, and the worker's move of due events);
+//!   [`dispatch_unique()`] stores one unless its key is held ([`Unique`],
+//!   `unique`: `outbox_unique`).
 //! - `Executor` (feature `seaorm`): what an event can be stored on: a
 //!   SeaORM transaction or connection, or a sqlx connection or pool.
 //! - `relay` (feature `worker`): moves committed rows to the queue.
@@ -24,10 +28,12 @@ pub(crate) mod dispatcher;
 mod envelope;
 #[cfg(feature = "seaorm")]
 mod executor;
+pub(crate) mod later;
 pub(crate) mod order;
 #[cfg(feature = "worker")]
 pub(crate) mod relay;
 mod store;
+mod unique;
 // Public only for the older path `kit::outbox::wake::transactor`: the
 // service's transactor is `kit::transactor`.
 #[cfg(feature = "worker")]
@@ -37,11 +43,12 @@ pub mod wake;
 #[cfg(feature = "worker")]
 pub(crate) use claims::{ClaimedEvent, NOT_HELD};
 pub use contract::{DispatchError, Dispatcher, Event, StoreError};
-pub use dispatcher::dispatch;
+pub use dispatcher::{dispatch, dispatch_at, dispatch_in, dispatch_unique};
 pub use envelope::{Envelope, Metadata};
 #[cfg(feature = "seaorm")]
 pub use executor::Executor;
 pub(crate) use store::Store;
+pub use unique::Unique;
 
 /// The schema the outbox needs: the Up statements of
 /// `migrations/20200101000100_outbox.sql`, separated by blank lines. A test

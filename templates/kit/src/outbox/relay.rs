@@ -32,6 +32,10 @@
 //! anything is followed by the next no sooner than [`GATHER`] after its
 //! start (an idle relay's wake-up starts a round at once); a failed round
 //! backs off exponentially with jitter, up to 30 seconds.
+//!
+//! Delayed events (`kit::dispatch_at`) are not in `outbox_events` until
+//! they are due: the relay's mover (`super::later::mover`), on a task of
+//! its own, moves them in and wakes the relay.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -443,7 +447,16 @@ impl Relay {
     /// the queue then is dropped, which rolls it back (its events go out in
     /// the next round, the queue reporting any it already has as
     /// duplicates). No transaction is held while it waits.
+    ///
+    /// Beside it, on a task of its own, the mover of delayed events
+    /// (`super::later::mover`) moves due events into the outbox every
+    /// second and wakes the relay: the claim never reads a waiting event.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let mover = tokio::spawn(super::later::mover::run(
+            self.pool.clone(),
+            self.waker(),
+            shutdown.clone(),
+        ));
         let mut backoff = Backoff::new(self.poll_interval, MAX_BACKOFF);
         // The batch claimed while the previous one was enqueued, if any.
         let mut next = None;
@@ -496,6 +509,9 @@ impl Relay {
                     () = tokio::time::sleep_until((started + GATHER).into()) => {}
                 }
             }
+        }
+        if let Err(err) = mover.await {
+            tracing::error!(error = %err, "the mover of delayed events panicked");
         }
         tracing::info!("outbox relay stopped");
     }

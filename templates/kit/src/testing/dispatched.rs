@@ -12,7 +12,9 @@ use crate::outbox::{Envelope, Metadata};
 /// dispatched (the outbox's row id: in a test, whose transactions run one
 /// after another, the order they committed in). Read once, by
 /// [`super::TestDatabase::dispatched`] or [`Dispatched::read`]; each
-/// assertion names the events it saw when it fails.
+/// assertion names the events it saw when it fails. Events dispatched for
+/// later (`kit::dispatch_in`) that still wait are apart:
+/// [`Dispatched::later`], [`Dispatched::assert_dispatched_later`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -48,6 +50,7 @@ use crate::outbox::{Envelope, Metadata};
 #[derive(Debug, Clone, Default)]
 pub struct Dispatched {
     envelopes: Vec<Envelope>,
+    later: Vec<(Envelope, chrono::DateTime<chrono::Utc>)>,
 }
 
 type Row = (
@@ -68,12 +71,72 @@ impl Dispatched {
         let envelopes = read_after(pool, 0)
             .await
             .unwrap_or_else(|err| panic!("failed to read the outbox (outbox_events): {err}"));
-        Self { envelopes }
+        let later = read_later(pool)
+            .await
+            .unwrap_or_else(|err| panic!("failed to read the outbox (outbox_later): {err}"));
+        Self { envelopes, later }
     }
 
     /// Every event, as it travels.
     pub fn envelopes(&self) -> &[Envelope] {
         &self.envelopes
+    }
+
+    /// Every event dispatched for later that is not due yet (not in
+    /// [`Self::envelopes`]), with its due time, earliest first.
+    pub fn later(&self) -> &[(Envelope, chrono::DateTime<chrono::Utc>)] {
+        &self.later
+    }
+
+    /// Asserts that an `E` matching `matches` waits to be delivered later,
+    /// and returns the first (earliest due) with its due time.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// # if !kit::testing::example_has_a_database() { return; }
+    /// use std::time::Duration;
+    /// use kit::prelude::*;
+    ///
+    /// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    /// struct Reminder {
+    ///     user_id: i64,
+    /// }
+    /// impl Event for Reminder {
+    ///     const NAME: &'static str = "reminder";
+    /// }
+    ///
+    /// let db = kit::testing::TestDatabase::new().await;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// db.transactor()
+    ///     .run(async |tx| Ok(dispatch_in(&mut *tx, &Reminder { user_id: 7 }, day).await?))
+    ///     .await
+    ///     .unwrap();
+    ///
+    /// let outbox = db.dispatched().await;
+    /// let (reminder, due) = outbox.assert_dispatched_later::<Reminder>(|r| r.user_id == 7);
+    /// assert!(due > chrono::Utc::now() + chrono::Duration::hours(23));
+    /// outbox.assert_not_dispatched::<Reminder>(|_| true); // not due yet
+    /// # let _ = reminder;
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn assert_dispatched_later<E: Event + DeserializeOwned>(
+        &self,
+        matches: impl Fn(&E) -> bool,
+    ) -> (E, chrono::DateTime<chrono::Utc>) {
+        self.later
+            .iter()
+            .filter(|(envelope, _)| envelope.name == E::NAME)
+            .map(|(envelope, due)| (decode::<E>(envelope), *due))
+            .find(|(event, _)| matches(event))
+            .unwrap_or_else(|| {
+                panic!(
+                    "expected a `{}` dispatched for later matching the predicate, and none                      waits\n{}",
+                    E::NAME,
+                    self.listing()
+                )
+            })
     }
 
     /// Every event of type `E`, decoded, in order.
@@ -154,13 +217,26 @@ impl Dispatched {
 
     /// What the outbox holds, a line per event, for failure messages.
     fn listing(&self) -> String {
-        if self.envelopes.is_empty() {
-            return "the outbox is empty".to_string();
-        }
-        let mut text = format!("the outbox holds {} events:", self.envelopes.len());
+        let mut text = if self.envelopes.is_empty() {
+            "the outbox is empty".to_string()
+        } else {
+            format!("the outbox holds {} events:", self.envelopes.len())
+        };
         for envelope in &self.envelopes {
             text.push_str(&format!(
                 "\n  {} {} {}",
+                envelope.name, envelope.id, envelope.payload
+            ));
+        }
+        if !self.later.is_empty() {
+            text.push_str(&format!(
+                "\nand {} wait to be delivered later:",
+                self.later.len()
+            ));
+        }
+        for (envelope, due) in &self.later {
+            text.push_str(&format!(
+                "\n  {} {} {} due {due}",
                 envelope.name, envelope.id, envelope.payload
             ));
         }
@@ -205,6 +281,46 @@ pub(crate) async fn read_after(pool: &PgPool, after: i64) -> Result<Vec<Envelope
                 payload,
                 metadata,
                 occurred_at,
+            },
+        )
+        .collect())
+}
+
+/// A row of `outbox_later`: a [`Row`] and its due time.
+type LaterRow = (
+    uuid::Uuid,
+    String,
+    Json<serde_json::Value>,
+    Json<Metadata>,
+    chrono::DateTime<chrono::Utc>,
+    chrono::DateTime<chrono::Utc>,
+);
+
+/// The events that wait in `outbox_later`, with their due times, earliest
+/// first.
+async fn read_later(
+    pool: &PgPool,
+) -> Result<Vec<(Envelope, chrono::DateTime<chrono::Utc>)>, sqlx::Error> {
+    let rows: Vec<LaterRow> = sqlx::query_as(
+        "SELECT event_id, event_name, payload, metadata, created_at, due_at \
+         FROM outbox_later ORDER BY due_at, id",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, name, Json(payload), Json(metadata), occurred_at, due)| {
+                (
+                    Envelope {
+                        id,
+                        name,
+                        payload,
+                        metadata,
+                        occurred_at,
+                    },
+                    due,
+                )
             },
         )
         .collect())

@@ -9,11 +9,18 @@
 //! trace the consumer would run it in. Only the queue is left out, and
 //! with it the retries: a failure is reported, not retried, and a
 //! `SkipRetry` is reported as archived.
+//!
+//! Events dispatched for later (`kit::dispatch_in`) are delivered once
+//! they are due, as the worker's mover would move them: by the clock, or
+//! "as of" a time the test gives ([`Drain::as_of`],
+//! [`TestDatabase::drain_as_of`]), so a test of a 24-hour reminder does
+//! not wait 24 hours.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -93,6 +100,7 @@ pub struct Drain<'a> {
     deliveries: u32,
     max_generations: usize,
     timeout: Duration,
+    as_of: Option<DateTime<Utc>>,
 }
 
 impl<'a> Drain<'a> {
@@ -104,7 +112,68 @@ impl<'a> Drain<'a> {
             deliveries: 1,
             max_generations: MAX_GENERATIONS,
             timeout: DELIVERY_TIMEOUT,
+            as_of: None,
         }
+    }
+
+    /// Drains as if the clock read `when`: events dispatched for later
+    /// (`kit::dispatch_at`, `kit::dispatch_in`) due at or before `when`
+    /// are delivered too, in due order, as the worker delivers them once
+    /// their time comes. Without it, the drain delivers those due now.
+    ///
+    /// Only the outbox's clock moves: an event a listener dispatches
+    /// `dispatch_in` an hour is due an hour from the real now, so within
+    /// `when` it is delivered in the same drain (a listener that
+    /// reschedules itself without end meets the generations' bound,
+    /// [`Drain::max_generations`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// # if !kit::testing::example_has_a_database() { return; }
+    /// use std::time::Duration;
+    /// use kit::prelude::*;
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Debug, Serialize, Deserialize)]
+    /// struct Reminder {
+    ///     user_id: i64,
+    /// }
+    /// impl Event for Reminder {
+    ///     const NAME: &'static str = "reminder";
+    /// }
+    ///
+    /// async fn remind(event: Reminder, ctx: ListenerContext) -> Result<(), ListenerError> {
+    ///     ctx.once(async |tx| {
+    ///         sqlx::query("SELECT $1").bind(event.user_id).execute(&mut *tx).await?;
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    ///     Ok(())
+    /// }
+    /// let listeners = kit::testing::listeners(|l| {
+    ///     l.listen("remind", remind);
+    /// });
+    ///
+    /// let db = kit::testing::TestDatabase::new().await;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// db.transactor()
+    ///     .run(async |tx| Ok(dispatch_in(&mut *tx, &Reminder { user_id: 7 }, day).await?))
+    ///     .await
+    ///     .unwrap();
+    ///
+    /// // Not yet: the reminder is due tomorrow.
+    /// assert!(db.drain(&listeners).await.of("reminder", "remind").is_empty());
+    /// // Tomorrow, as far as the outbox knows.
+    /// let tomorrow = chrono::Utc::now() + chrono::Duration::hours(24);
+    /// db.drain_as_of(&listeners, tomorrow)
+    ///     .await
+    ///     .assert_succeeded("reminder", "remind");
+    /// # }
+    /// ```
+    pub fn as_of(mut self, when: DateTime<Utc>) -> Self {
+        self.as_of = Some(when);
+        self
     }
 
     /// Delivers every event twice to each listener, one right after the
@@ -148,7 +217,7 @@ impl<'a> Drain<'a> {
         let mut report = DrainReport::default();
         let mut lineages: HashMap<Uuid, Lineage> = HashMap::new();
         loop {
-            let claimed = claim_all(pool).await?;
+            let claimed = claim_all(pool, self.as_of).await?;
             if claimed.is_empty() {
                 return Ok(report);
             }
@@ -194,6 +263,13 @@ impl TestDatabase {
     /// delivered twice ([`Drain::twice`]).
     pub async fn drain_twice(&self, listeners: &Listeners) -> DrainReport {
         Drain::new(listeners).twice().run(self.pool()).await
+    }
+
+    /// [`Drain::run`] of this database through `listeners` as if the clock
+    /// read `when` ([`Drain::as_of`]): events dispatched for later and due
+    /// by then are delivered too.
+    pub async fn drain_as_of(&self, listeners: &Listeners, when: DateTime<Utc>) -> DrainReport {
+        Drain::new(listeners).as_of(when).run(self.pool()).await
     }
 }
 
@@ -256,8 +332,11 @@ pub fn listener_context(pool: &PgPool, listener: &str, event_id: Uuid) -> Listen
     )
 }
 
-/// Every unpublished event, marked published, in id order.
-async fn claim_all(pool: &PgPool) -> anyhow::Result<Vec<Envelope>> {
+/// Every unpublished event, marked published, in id order, after the
+/// events for later due by `as_of` (now, when `None`) were moved into the
+/// outbox, as the worker's mover moves them.
+async fn claim_all(pool: &PgPool, as_of: Option<DateTime<Utc>>) -> anyhow::Result<Vec<Envelope>> {
+    while Store.move_due(pool, CLAIM_BATCH, as_of).await? == u64::from(CLAIM_BATCH) {}
     let mut all = Vec::new();
     loop {
         let mut tx = pool.begin().await?;

@@ -102,14 +102,19 @@ impl TestWorker {
     }
 
     /// Waits until every event in the outbox is published and each of its
-    /// listeners' tasks has completed, at most `timeout`. An archived
+    /// listeners' tasks has completed, at most `timeout`; events
+    /// dispatched for later and due within `timeout` are waited for too
+    /// (those due after it are not: they are not late). An archived
     /// listener task ends the wait with its error; at the timeout, the
     /// error names every event and listener still pending and the state
     /// of its task.
     pub async fn wait_until_delivered(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let due_by = chrono::Utc::now()
+            + chrono::Duration::from_std(timeout).unwrap_or(chrono::Duration::MAX);
         loop {
-            let pending = self.pending().await?;
+            let mut pending = self.waiting_due_by(due_by).await?;
+            pending.extend(self.pending().await?);
             if pending.is_empty() {
                 return Ok(());
             }
@@ -122,6 +127,28 @@ impl TestWorker {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// The events dispatched for later and due by `due_by` that still
+    /// wait, a line each.
+    async fn waiting_due_by(
+        &self,
+        due_by: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<Vec<String>> {
+        let waiting: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+            "SELECT event_id, event_name, due_at FROM outbox_later WHERE due_at <= $1 \
+             ORDER BY due_at, id",
+        )
+        .bind(due_by)
+        .fetch_all(&self.pool)
+        .await
+        .context("failed to read the events for later")?;
+        Ok(waiting
+            .into_iter()
+            .map(|(event_id, name, due_at)| {
+                format!("`{name}` {event_id}: due at {due_at}, not in the outbox yet")
+            })
+            .collect())
     }
 
     /// What is not delivered yet, a line each; an error for an archived
