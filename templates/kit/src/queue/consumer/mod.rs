@@ -40,7 +40,9 @@
 //!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
 //!   `Inspector.CancelProcessing`); the handler of the task id received is
 //!   dropped and the task fails with `context canceled` (retried, or
-//!   archived once its retries are spent).
+//!   archived once its retries are spent). With a hook given
+//!   ([`Consumer::on_cancel`], as the kit's worker gives one), a cancelled
+//!   run is not retried: the hook is called, then the task deleted.
 //! - Server state: the heartbeat also writes this worker's `ServerInfo` and
 //!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
 //!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
@@ -128,6 +130,11 @@ pub(crate) type ArchiveHook = Arc<
         + Sync,
 >;
 
+/// Called with a task whose run was cancelled, before the task is deleted
+/// (see [`Consumer::on_cancel`]).
+pub(crate) type CancelHook =
+    Arc<dyn Fn(Arc<TaskMessage>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Runs handlers for the tasks of its queues until shut down:
 ///
 /// ```text
@@ -147,6 +154,7 @@ pub(crate) struct Consumer {
     options: ConsumerOptions,
     handlers: HashMap<String, BoxedHandler>,
     before_archive: Option<ArchiveHook>,
+    on_cancel: Option<CancelHook>,
 }
 
 impl Consumer {
@@ -158,7 +166,17 @@ impl Consumer {
             options,
             handlers: HashMap::new(),
             before_archive: None,
+            on_cancel: None,
         }
+    }
+
+    /// Makes a run cancelled through `asynq:cancel` final: `hook` is
+    /// called with its task (the worker records the cancellation), then the
+    /// task is deleted, neither retried nor archived. Without a hook, a
+    /// cancelled run fails as in Go asynq (retried).
+    pub(crate) fn on_cancel(&mut self, hook: CancelHook) -> &mut Self {
+        self.on_cancel = Some(hook);
+        self
     }
 
     /// Calls `hook` with each task about to be archived (its retries
@@ -196,6 +214,7 @@ struct RunningConsumer {
     completions: Completions,
     handlers: HashMap<String, BoxedHandler>,
     before_archive: Option<ArchiveHook>,
+    on_cancel: Option<CancelHook>,
     options: ConsumerOptions,
     active: ActiveTasks,
     /// The tasks this consumer deferred, to move back to pending when due.

@@ -53,6 +53,7 @@ impl Consumer {
             client: self.client,
             handlers: self.handlers,
             before_archive: self.before_archive,
+            on_cancel: self.on_cancel,
             options: self.options,
             active: ActiveTasks::default(),
             wakeups: Wakeups::default(),

@@ -38,6 +38,8 @@ pub(super) enum Settlement {
         until: DateTime<Utc>,
     },
     Requeue,
+    /// A cancelled run (`Consumer::on_cancel`): the task is deleted.
+    Delete,
 }
 
 impl RunningConsumer {
@@ -73,6 +75,13 @@ impl RunningConsumer {
             Outcome::Deferred { until } => {
                 tracing::debug!(%id, %task_type, %until, "task deferred");
                 Settlement::Defer { until }
+            }
+            Outcome::Cancelled => {
+                if let Some(hook) = &self.on_cancel {
+                    hook(Arc::clone(message)).await;
+                }
+                tracing::info!(%id, %task_type, "task cancelled; deleted, not retried");
+                Settlement::Delete
             }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
@@ -186,6 +195,7 @@ impl RunningConsumer {
                 Err(err) => Err(err),
             },
             Settlement::Requeue => self.client.requeue(message).await,
+            Settlement::Delete => self.client.delete_active(message).await,
         };
         match written {
             Ok(()) => Ok(true),
