@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, header};
@@ -352,25 +352,30 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
     service.started(2).await;
     let context = service.context();
 
-    // Act: `--listener a` (again until the worker's subscription, on its
-    // way at start-up, hears it).
-    let (mut asked, deadline) = (Vec::new(), Instant::now() + Duration::from_secs(4));
-    while service.state(&id("a")).await.is_some() {
-        assert!(Instant::now() < deadline, "a's task was not cancelled");
-        let done = crate::operations::cancel::cancel(&context, event.id, Some("a"))
-            .await
-            .unwrap();
-        asked.extend(done.asked_to_stop);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Act: `--listener a`, then its ask again, as the command publishes
+    // it, until the worker's subscription (on its way at start-up) hears it.
+    let done = crate::operations::cancel::cancel(&context, event.id, Some("a"))
+        .await
+        .unwrap();
+    let (service, a) = (&service, &id("a"));
+    eventually(Duration::from_secs(4), "a's task to be cancelled", || async move {
+        service.queue.client.publish_cancel(a).await.unwrap();
+        service.state(a).await.is_none()
+    })
+    .await;
     let b_after = service.state(&id("b")).await;
     worker.stop().await;
 
     // Assert: a's run stopped and its task is gone (not retried, not
     // pending), its `ctx.once` work rolled back, recorded as cancelled;
     // b's run went on.
-    assert_eq!(asked[0].listener, "a");
-    assert_eq!(asked[0].state, "active");
+    let asked: Vec<(&str, &str)> = done
+        .asked_to_stop
+        .iter()
+        .map(|task| (task.listener.as_str(), task.state.as_str()))
+        .collect();
+    assert_eq!(asked, [("a", "active")]);
+    assert!(done.deleted.is_empty());
     assert_eq!(b_after.as_deref(), Some("active"));
     let counts = service
         .queue
@@ -441,14 +446,13 @@ async fn a_cancelled_ordered_run_moves_its_key_on() {
     let (context, service) = (&service.context(), &service);
 
     // Act
+    let done = crate::operations::cancel::cancel(context, first.id, None)
+        .await
+        .unwrap();
+    let head = &listener_task_id(first.id, "ledger").to_string();
     eventually(Duration::from_secs(4), "step 1 to be cancelled", || async move {
-        crate::operations::cancel::cancel(context, first.id, None)
-            .await
-            .unwrap();
-        service
-            .state(&listener_task_id(first.id, "ledger").to_string())
-            .await
-            .is_none()
+        service.queue.client.publish_cancel(head).await.unwrap();
+        service.state(head).await.is_none()
     })
     .await;
     eventually(Duration::from_secs(4), "step 2 to run", || async move {
@@ -457,9 +461,14 @@ async fn a_cancelled_ordered_run_moves_its_key_on() {
     .await;
     worker.stop().await;
 
-    // Assert: step 1's work rolled back, step 2 ran after it.
+    // Assert: step 1 was asked to stop; the worker stopped it, recorded
+    // it, and moved the key on: its work rolled back, step 2 ran after it.
+    assert_eq!(done.asked_to_stop.len(), 1);
     assert_eq!(service.done().await, [("ledger".to_string(), 2)]);
-    assert_eq!(service.recorded().await.len(), 1);
+    assert_eq!(
+        service.recorded().await,
+        [(head.clone(), "ledger".to_string(), "active".to_string())]
+    );
 }
 
 /// The console of `service`, with the token `t`, read-only when asked.
