@@ -32,14 +32,7 @@ pub(crate) struct Recorded {
     pub(crate) cancelled_at: DateTime<Utc>,
 }
 
-type Row = (
-    String,
-    Option<Uuid>,
-    String,
-    String,
-    String,
-    DateTime<Utc>,
-);
+type Row = (String, Option<Uuid>, String, String, String, DateTime<Utc>);
 
 fn recorded(rows: Vec<Row>) -> Vec<Recorded> {
     rows.into_iter()

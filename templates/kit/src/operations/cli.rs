@@ -6,9 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use super::output::Format;
-use super::{
-    USAGE, cancel, console, list, purge, replay, retry_archived, show, skip, status,
-};
+use super::{USAGE, cancel, console, list, purge, replay, retry_archived, show, skip, status};
 
 /// Operates the outbox: follow an event from its commit to every listener,
 /// replay it, run archived listener tasks again, cancel its listener

@@ -201,20 +201,30 @@ async fn recorded_again(
     Ok((queued, past_retention))
 }
 
+/// A cancellation recorded: task id, queue, event id, event name,
+/// listener, when.
+type Cancellation = (
+    String,
+    String,
+    Option<uuid::Uuid>,
+    String,
+    String,
+    DateTime<Utc>,
+);
+
 /// Queues again the cancelled tasks recorded (`listener_cancellations`)
 /// of `args`' listener and time whose task the queue does not have, each
 /// under its task id with its event from the outbox, and forgets their
 /// records; what it queued, and how many events the outbox no longer has.
 async fn cancelled_again(context: &Context, args: &Args) -> anyhow::Result<(Vec<Retried>, usize)> {
-    let records: Vec<(String, String, Option<uuid::Uuid>, String, String, DateTime<Utc>)> =
-        sqlx::query_as(
-            "SELECT task_id, queue, event_id, event_name, listener, cancelled_at \
+    let records: Vec<Cancellation> = sqlx::query_as(
+        "SELECT task_id, queue, event_id, event_name, listener, cancelled_at \
              FROM listener_cancellations WHERE cancelled_at >= coalesce($1, '-infinity') \
              ORDER BY cancelled_at",
-        )
-        .bind(args.since)
-        .fetch_all(&context.pool)
-        .await?;
+    )
+    .bind(args.since)
+    .fetch_all(&context.pool)
+    .await?;
     let client = context.queue().await?;
     let ids: Vec<uuid::Uuid> = records.iter().filter_map(|record| record.2).collect();
     let events = rows::by_ids(&context.pool, &ids).await?;

@@ -368,7 +368,11 @@ impl Client {
             let outcome: i64 = scripts::DELETE_WAITING
                 .key(&task)
                 .key(waits_in)
-                .key(if unique_key.is_empty() { &task } else { &unique_key })
+                .key(if unique_key.is_empty() {
+                    &task
+                } else {
+                    &unique_key
+                })
                 .arg(id)
                 .arg(&state)
                 .arg(&unique_key)

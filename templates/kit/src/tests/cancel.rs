@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
+#[cfg(feature = "testing")]
 use axum::body::Body;
+#[cfg(feature = "testing")]
 use axum::http::{Request, header};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -228,9 +230,11 @@ impl Service {
     /// Waits until `n` listener runs began.
     async fn started(&self, n: usize) {
         let started = &self.started;
-        eventually(Duration::from_secs(4), "the listeners to start", || async move {
-            started.load(AtomicOrdering::SeqCst) >= n
-        })
+        eventually(
+            Duration::from_secs(4),
+            "the listeners to start",
+            || async move { started.load(AtomicOrdering::SeqCst) >= n },
+        )
         .await;
     }
 }
@@ -301,8 +305,11 @@ async fn outbox_cancel_deletes_pending_scheduled_and_retrying_tasks_and_records_
     );
     assert_eq!(
         service.recorded().await,
-        [("a", "pending"), ("b", "scheduled"), ("c", "retry")]
-            .map(|(l, s)| (id(l), l.to_string(), s.to_string()))
+        [("a", "pending"), ("b", "scheduled"), ("c", "retry")].map(|(l, s)| (
+            id(l),
+            l.to_string(),
+            s.to_string()
+        ))
     );
 }
 
@@ -358,10 +365,14 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
         .await
         .unwrap();
     let (service, a) = (&service, &id("a"));
-    eventually(Duration::from_secs(4), "a's task to be cancelled", || async move {
-        service.queue.client.publish_cancel(a).await.unwrap();
-        service.state(a).await.is_none()
-    })
+    eventually(
+        Duration::from_secs(4),
+        "a's task to be cancelled",
+        || async move {
+            service.queue.client.publish_cancel(a).await.unwrap();
+            service.state(a).await.is_none()
+        },
+    )
     .await;
     let b_after = service.state(&id("b")).await;
     worker.stop().await;
@@ -422,7 +433,10 @@ async fn send_back_leaves_a_cancelled_task_unless_asked() {
     // Assert
     assert_eq!(after_send_back, None, "sent back without being asked");
     assert_eq!(service.state(&id).await.as_deref(), Some("pending"));
-    assert!(service.recorded().await.is_empty(), "its record is forgotten");
+    assert!(
+        service.recorded().await.is_empty(),
+        "its record is forgotten"
+    );
 }
 
 #[tokio::test]
@@ -450,10 +464,14 @@ async fn a_cancelled_ordered_run_moves_its_key_on() {
         .await
         .unwrap();
     let head = &listener_task_id(first.id, "ledger").to_string();
-    eventually(Duration::from_secs(4), "step 1 to be cancelled", || async move {
-        service.queue.client.publish_cancel(head).await.unwrap();
-        service.state(head).await.is_none()
-    })
+    eventually(
+        Duration::from_secs(4),
+        "step 1 to be cancelled",
+        || async move {
+            service.queue.client.publish_cancel(head).await.unwrap();
+            service.state(head).await.is_none()
+        },
+    )
     .await;
     eventually(Duration::from_secs(4), "step 2 to run", || async move {
         service.done().await.len() == 1
@@ -472,9 +490,10 @@ async fn a_cancelled_ordered_run_moves_its_key_on() {
 }
 
 /// The console of `service`, with the token `t`, read-only when asked.
+#[cfg(feature = "testing")]
 fn console(service: &Service, read_only: bool) -> crate::testing::TestClient {
-    let mut console = crate::console::Console::new(service.config(), service.listeners.clone())
-        .token("t");
+    let mut console =
+        crate::console::Console::new(service.config(), service.listeners.clone()).token("t");
     if read_only {
         console = console.read_only();
     }
@@ -482,6 +501,7 @@ fn console(service: &Service, read_only: bool) -> crate::testing::TestClient {
 }
 
 /// A POST of `form` to `path`, with the token when `token`.
+#[cfg(feature = "testing")]
 fn post(path: &str, form: &str, token: bool) -> Request<Body> {
     let mut request = Request::post(path)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
@@ -493,6 +513,7 @@ fn post(path: &str, form: &str, token: bool) -> Request<Body> {
 }
 
 /// The CSRF secret in a page's form.
+#[cfg(feature = "testing")]
 fn csrf_in(page: &str) -> String {
     page.split_once(r#"name="csrf" value=""#)
         .and_then(|(_, rest)| rest.split_once('"'))
@@ -500,6 +521,7 @@ fn csrf_in(page: &str) -> String {
         .unwrap_or_else(|| panic!("no CSRF field in {page}"))
 }
 
+#[cfg(feature = "testing")]
 #[tokio::test]
 async fn the_consoles_cancel_is_refused_without_its_token_csrf_or_when_read_only() {
     // Arrange
@@ -522,12 +544,18 @@ async fn the_consoles_cancel_is_refused_without_its_token_csrf_or_when_read_only
     let path = format!("/events/{}/cancel", event.id);
 
     // Act
-    let without_token = console.request(post(&path, &format!("csrf={secret}"), false)).await;
+    let without_token = console
+        .request(post(&path, &format!("csrf={secret}"), false))
+        .await;
     let without_csrf = console.request(post(&path, "", true)).await;
     let wrong_csrf = console.request(post(&path, "csrf=0123", true)).await;
-    let when_read_only = read_only.request(post(&path, &format!("csrf={secret}"), true)).await;
+    let when_read_only = read_only
+        .request(post(&path, &format!("csrf={secret}"), true))
+        .await;
     let still_pending = service.state(&id).await;
-    let allowed = console.request(post(&path, &format!("csrf={secret}"), true)).await;
+    let allowed = console
+        .request(post(&path, &format!("csrf={secret}"), true))
+        .await;
 
     // Assert
     assert_eq!(without_token.status(), 401);

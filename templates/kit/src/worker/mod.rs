@@ -420,11 +420,7 @@ fn consumer(
         Some(ordered_failures(&listeners, ordering)),
     );
     // A cancelled listener run is recorded, not retried.
-    cancellations::record_on_cancel(
-        &mut consumer,
-        transactor.pool().clone(),
-        ordering.clone(),
-    );
+    cancellations::record_on_cancel(&mut consumer, transactor.pool().clone(), ordering.clone());
     handle_events(
         &mut consumer,
         ordering,
