@@ -118,7 +118,7 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
                 );
             }
             println!(
-                "{} archived (or recorded) listener task(s) put back to pending",
+                "{} archived listener task(s) put back to pending",
                 retried.len()
             );
         }
