@@ -2,8 +2,10 @@
 //! `POST events/<id>/cancel`, what `outbox cancel` does: see
 //! `crate::operations::cancel`), and the cancelled tasks recorded in
 //! Postgres (`listener_cancellations`), shown on the event's page and the
-//! failures page, marked cancelled. "Send back" never sends them back:
-//! `outbox retry-archived --include-cancelled` does, when asked.
+//! failures page, marked cancelled. "Send back" never sends them back;
+//! they go back only when asked: the failures page's own form for them,
+//! with its box ticked (`POST failures/send-back-cancelled`), or `outbox
+//! retry-archived --include-cancelled`.
 
 use std::sync::Arc;
 
@@ -73,16 +75,31 @@ pub(crate) async fn of_event(console: &Console, id: Uuid) -> Result<Vec<Recorded
     Ok(recorded(rows))
 }
 
+/// The field the send-back of cancelled tasks must carry ticked.
+const INCLUDE_CANCELLED: &str = "include_cancelled";
+
 /// The failures page's section: the cancelled tasks, apart from the
-/// failures, with no Send back.
-pub(crate) fn section(cancelled: &[Recorded]) -> Markup {
+/// failures, which Send back leaves; their own send-back asks for a box
+/// to be ticked.
+pub(crate) fn section(console: &Console, cancelled: &[Recorded]) -> Markup {
     html! {
         @if !cancelled.is_empty() {
             h2 { "Cancelled" }
             p {
                 "Listener tasks cancelled (" code { "outbox cancel" } ", an event's Cancel) are not "
                 "failures: Send back leaves them. " code { "outbox retry-archived --include-cancelled" }
-                " sends them back."
+                " sends them back, and so does this form, with its box ticked."
+            }
+            @if !console.options.read_only {
+                form.send-back-cancelled method="post" action="failures/send-back-cancelled" {
+                    input type="hidden" name=(CSRF_FIELD) value=(console.csrf);
+                    label {
+                        input type="checkbox" name=(INCLUDE_CANCELLED) value="yes";
+                        " Send the cancelled tasks back to their queue (they run again)"
+                    }
+                    " "
+                    button type="submit" { "Send back cancelled" }
+                }
             }
             table.cancelled {
                 thead { tr { th { "state" } th { "cancelled" } th { "listener" } th { "event" } th { "task" } } }
@@ -206,5 +223,53 @@ pub(crate) async fn cancel(
                 .into_response()
         }
         Err(err) => page::unavailable(Depth::Nested, Section::Events, &err),
+    }
+}
+
+/// The send-back form of cancelled tasks.
+#[derive(Debug, Deserialize)]
+pub(crate) struct SendBack {
+    #[serde(default)]
+    csrf: Option<String>,
+    #[serde(default)]
+    include_cancelled: Option<String>,
+}
+
+/// `POST failures/send-back-cancelled`: with its box ticked, queues the
+/// cancelled tasks recorded again, each under its own id with its event
+/// from the outbox (`outbox retry-archived --include-cancelled`), forgets
+/// their records, logs what it did, and goes back to the failures page.
+pub(crate) async fn send_back(
+    State(console): State<Arc<Console>>,
+    Form(form): Form<SendBack>,
+) -> Response {
+    if !guard::csrf_ok(&console, form.csrf.as_deref()) {
+        return guard::csrf_refused();
+    }
+    if form.include_cancelled.as_deref() != Some("yes") {
+        return (
+            StatusCode::BAD_REQUEST,
+            page::plain(
+                "Nothing was sent back",
+                "Cancelled tasks are sent back only when the form's box is ticked.",
+            ),
+        )
+            .into_response();
+    }
+    match crate::operations::retry_archived::cancelled_again(&console.context, None, None).await {
+        Ok((sent, past_retention)) => {
+            tracing::info!(
+                action = "send back cancelled",
+                sent = sent.len(),
+                past_retention,
+                "console: send back cancelled listener tasks"
+            );
+            Redirect::to(&format!(
+                "../failures?sent={}&past_retention={past_retention}",
+                sent.len()
+            ))
+            .into_response()
+        }
+        Err(err) => page::unavailable(Depth::Nested, Section::Failures, &err),
     }
 }

@@ -130,7 +130,7 @@ pub(crate) async fn page(
             Err(err) => p.error role="alert" { "Postgres: the recorded failures cannot be read: " (err) },
         }
         @match &cancelled {
-            Ok(cancelled) => (super::cancelled::section(cancelled)),
+            Ok(cancelled) => (super::cancelled::section(&console, cancelled)),
             Err(err) => p.error role="alert" { "Postgres: the cancelled tasks cannot be read: " (err) },
         }
         @if actions {

@@ -188,6 +188,10 @@ impl Console {
                 "/events/{id}/cancel",
                 axum::routing::post(cancelled::cancel),
             )
+            .route(
+                "/failures/send-back-cancelled",
+                axum::routing::post(cancelled::send_back),
+            )
             .route("/failures", get(failures::page))
             .route(
                 "/failures/replay",

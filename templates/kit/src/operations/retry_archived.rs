@@ -90,7 +90,8 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
     let (again, mut past_retention) = recorded_again(context, args, &retried).await?;
     retried.extend(again);
     if args.include_cancelled {
-        let (cancelled, past) = cancelled_again(context, args).await?;
+        let (cancelled, past) =
+            cancelled_again(context, args.listener.as_deref(), args.since).await?;
         past_retention += past;
         retried.extend(cancelled);
     }
@@ -213,16 +214,20 @@ type Cancellation = (
 );
 
 /// Queues again the cancelled tasks recorded (`listener_cancellations`)
-/// of `args`' listener and time whose task the queue does not have, each
+/// of the listener `only` names (all when `None`) cancelled at or after `since`, whose task the queue does not have, each
 /// under its task id with its event from the outbox, and forgets their
 /// records; what it queued, and how many events the outbox no longer has.
-async fn cancelled_again(context: &Context, args: &Args) -> anyhow::Result<(Vec<Retried>, usize)> {
+pub(crate) async fn cancelled_again(
+    context: &Context,
+    only: Option<&str>,
+    since: Option<DateTime<Utc>>,
+) -> anyhow::Result<(Vec<Retried>, usize)> {
     let records: Vec<Cancellation> = sqlx::query_as(
         "SELECT task_id, queue, event_id, event_name, listener, cancelled_at \
              FROM listener_cancellations WHERE cancelled_at >= coalesce($1, '-infinity') \
              ORDER BY cancelled_at",
     )
-    .bind(args.since)
+    .bind(since)
     .fetch_all(&context.pool)
     .await?;
     let client = context.queue().await?;
@@ -232,9 +237,7 @@ async fn cancelled_again(context: &Context, args: &Args) -> anyhow::Result<(Vec<
     let (mut tasks, mut sent, mut past_retention) = (Vec::new(), Vec::new(), 0);
     for (task_id, queue, event_id, event_name, listener, cancelled_at) in records {
         let task_type = listener_task_type(&event_name, &listener);
-        if !matches(&task_type, args.listener.as_deref())
-            || client.task_exists(&queue, &task_id).await?
-        {
+        if !matches(&task_type, only) || client.task_exists(&queue, &task_id).await? {
             continue;
         }
         let Some(event) = events.iter().find(|event| Some(event.id) == event_id) else {

@@ -524,6 +524,7 @@ fn csrf_in(page: &str) -> String {
 #[cfg(feature = "testing")]
 #[tokio::test]
 async fn the_consoles_cancel_is_refused_without_its_token_csrf_or_when_read_only() {
+    // (and its cancelled task goes back only with the send-back's box ticked)
     // Arrange
     let service = Service::new(false).await;
     let event = service.event(1).await;
@@ -579,16 +580,6 @@ async fn the_consoles_cancel_is_refused_without_its_token_csrf_or_when_read_only
         shown.contains(r#"<p class="cancelled" data-listener="a"><span class="state state-cancelled">cancelled</span>"#),
         "{shown}"
     );
-    let read_only_page = read_only
-        .request(
-            Request::get(format!("/events/{}", event.id))
-                .header(header::AUTHORIZATION, "Bearer t")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .text();
-    assert!(!read_only_page.contains("Cancel its listener tasks"));
     let failures = console
         .request(
             Request::get("/failures")
@@ -602,4 +593,29 @@ async fn the_consoles_cancel_is_refused_without_its_token_csrf_or_when_read_only
         failures.contains(&format!(r#"<tr data-task="{id}"><td><span class="state state-cancelled">cancelled</span> (was pending)"#)),
         "{failures}"
     );
+    assert!(
+        failures.contains(r#"name="include_cancelled""#),
+        "{failures}"
+    );
+    let send_back = "/failures/send-back-cancelled";
+    let unticked = console
+        .request(post(send_back, &format!("csrf={secret}"), true))
+        .await;
+    let not_sent = service.state(&id).await;
+    let ticked_form = format!("csrf={secret}&include_cancelled=yes");
+    let ticked = console.request(post(send_back, &ticked_form, true)).await;
+    assert_eq!(unticked.status(), 400, "{}", unticked.text());
+    assert_eq!(not_sent, None, "sent back without its box ticked");
+    assert_eq!(ticked.status(), 303, "{}", ticked.text());
+    assert_eq!(service.state(&id).await.as_deref(), Some("pending"));
+    let read_only_page = read_only
+        .request(
+            Request::get(format!("/events/{}", event.id))
+                .header(header::AUTHORIZATION, "Bearer t")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .text();
+    assert!(!read_only_page.contains("Cancel its listener tasks"));
 }
