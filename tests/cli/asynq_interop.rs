@@ -597,7 +597,8 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
     project();
     let valkey = valkey();
     let db = database();
-    let mut go_server = GoServer::start(&peer, &valkey, &["-handle", "event:"]);
+    // `listener:` for the cancel at the end, which nothing else queues.
+    let mut go_server = GoServer::start(&peer, &valkey, &["-handle", "event:,listener:"]);
     // The worker relays only: its consumer serves another queue.
     let mut worker = start_worker(
         &db,
@@ -669,8 +670,84 @@ fn relayed_events_reach_a_go_asynq_server_as_go_kit_envelopes_on_valkey() {
     assert_counters(&go_queue(&peer, &valkey, "default"), since, 20, 0);
     // All completed, so nothing can run again: still one run each.
     assert_eq!(go_server.lines("done").len(), 20);
+    go_retries_a_run_that_outbox_cancel_stops(&peer, &valkey, &db, &go_server, &envelopes[0]);
     stop_worker(&mut worker, Duration::from_secs(35));
     go_server.stop(Duration::from_secs(15));
+}
+
+/// `outbox cancel` of a listener task that a Go server runs: Go asynq
+/// treats the cancelled handler as failed and retries it (a kit worker
+/// would not); a second `outbox cancel` deletes it from `retry`.
+fn go_retries_a_run_that_outbox_cancel_stops(
+    peer: &Path,
+    valkey: &RedisServer,
+    db: &Database,
+    go_server: &GoServer,
+    event: &Value,
+) {
+    // Arrange: the event's `audit` task, run by the Go server until cancelled.
+    let event_id = str_of(&event["id"]);
+    let shown = outbox_json(db, valkey, &["show", event_id]);
+    let audit = shown["listener_tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["listener"] == "audit")
+        .unwrap_or_else(|| panic!("no audit task in {shown}"));
+    let task_id = str_of(&audit["id"]).to_string();
+    let line = json!({"id": task_id, "payload": {"order_id": 1, "note": "sleep:60000"}});
+    go_enqueue(
+        peer,
+        valkey,
+        &["-type", "listener:orderPlaced:audit"],
+        &[line],
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the Go server runs the task",
+        || go_server.ids("start").contains(&task_id),
+    );
+
+    // Act
+    let cancel = ["cancel", event_id, "--listener", "audit", "--yes"];
+    let asked = outbox_json(db, valkey, &cancel);
+    let info = wait_for_state(peer, valkey, "default", &task_id, "retry");
+    let deleted = outbox_json(db, valkey, &cancel);
+
+    // Assert
+    assert_eq!(
+        asked["asked_to_stop"][0]["task_id"],
+        task_id.as_str(),
+        "{asked}"
+    );
+    assert!(asked["workers_listening"].as_i64().unwrap() >= 1, "{asked}");
+    assert_eq!(
+        (&info["last_err"], &info["retried"]),
+        (&json!("context canceled"), &json!(1)),
+        "{info}"
+    );
+    assert_eq!(deleted["deleted"][0]["state"], "retry", "{deleted}");
+    let key = format!("asynq:{{default}}:t:{task_id}");
+    assert_eq!(valkey.cli(&["EXISTS", &key]).as_deref(), Some("0"));
+}
+
+/// Runs the project's `outbox` command with `--format json`; its output.
+fn outbox_json(db: &Database, valkey: &RedisServer, args: &[&str]) -> Value {
+    let output = Command::new(project().join(".bin/outbox"))
+        .args(args)
+        .args(["--format", "json"])
+        .env("DATABASE_URL", db.url())
+        .env("VALKEY_ADDR", valkey.addr())
+        .env("WORKER_QUEUES", "idle=1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "outbox {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// Separate services on separate queues: the Rust `shop` service publishes

@@ -4,6 +4,7 @@
 //! `cargo test -p <kit> --all-features --lib` runs them in one binary. The
 //! binaries' test program, which runs as the binaries, is `tests/binaries.rs`.
 
+mod cancel;
 mod config;
 mod database;
 mod inbox;

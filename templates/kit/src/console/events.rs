@@ -282,7 +282,11 @@ async fn inbox(console: &Console, id: Uuid) -> Result<Vec<(String, DateTime<Utc>
 }
 
 /// `GET events/<id>`: one event, from its commit to every listener.
-pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<String>) -> Response {
+pub(crate) async fn one(
+    State(console): State<Arc<Console>>,
+    Path(id): Path<String>,
+    Query(done): Query<super::cancelled::Done>,
+) -> Response {
     let nested = |status, message: String| {
         let body = html! {
             p.error role="alert" { (message) }
@@ -316,6 +320,13 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
             return page::unavailable(Depth::Nested, Section::Events, &err);
         }
     };
+    let cancelled = match super::cancelled::of_event(&console, id).await {
+        Ok(cancelled) => cancelled,
+        Err(err) => {
+            let err = anyhow::anyhow!("Postgres: {err}");
+            return page::unavailable(Depth::Nested, Section::Events, &err);
+        }
+    };
     let (queued, ordered) = match tasks::of_event(context, &event).await {
         // Ordered runs wait in Valkey, beside the queue.
         Ok(tasks) => match context.ordered_runs(&event).await {
@@ -333,6 +344,7 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
         (trace_id.to_string(), link)
     });
     let body = html! {
+        (super::cancelled::done(&done))
         dl.facts {
             dt { "Event id" } dd { code { (event.id) } }
             dt { "Name" } dd { (event.name) }
@@ -386,6 +398,7 @@ pub(crate) async fn one(State(console): State<Arc<Console>>, Path(id): Path<Stri
                         }
                     }
                 }
+                (super::cancelled::on_event_page(&console, event.id, &cancelled))
                 h2 { "In the queue" }
                 ul {
                     @for task in &tasks.event_tasks {

@@ -61,6 +61,7 @@ pub(crate) async fn page(
     let total = failed.len();
     let ids: Vec<String> = failed.iter().map(|task| task.id.clone()).collect();
     let recorded = super::recorded::groups(&console, &ids).await;
+    let cancelled = super::cancelled::latest(&console, 100).await;
     let groups = groups(failed);
     let actions = !console.options.read_only;
     let body = html! {
@@ -127,6 +128,10 @@ pub(crate) async fn page(
         @match &recorded {
             Ok(recorded) => (super::recorded::section(&console, recorded)),
             Err(err) => p.error role="alert" { "Postgres: the recorded failures cannot be read: " (err) },
+        }
+        @match &cancelled {
+            Ok(cancelled) => (super::cancelled::section(&console, cancelled)),
+            Err(err) => p.error role="alert" { "Postgres: the cancelled tasks cannot be read: " (err) },
         }
         @if actions {
             h2 { "Replay events" }

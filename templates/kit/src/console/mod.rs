@@ -26,7 +26,8 @@
 //!   queue's size and latency, over the last minutes;
 //! - `events`: events by id, name and time, or by a payload field within
 //!   a time range, newest first, in pages; one event with its task in the
-//!   queue and each listener's task and inbox record;
+//!   queue and each listener's task and inbox record; (`cancelled`) its
+//!   Cancel button, and the cancelled tasks recorded;
 //! - `failures`: listener tasks waiting for a retry or archived, grouped
 //!   by listener and error, to run again one by one or a group at a time;
 //!   and (`replay`) the events matching a filter, delivered again; and
@@ -48,6 +49,7 @@
 //! ([`crate::operations`]) and writes only when asked to act: each action
 //! is a POST, logged with what it matched.
 
+mod cancelled;
 mod events;
 mod failed_tasks;
 mod failures;
@@ -184,6 +186,14 @@ impl Console {
             .route("/overview.json", get(overview::figures_json))
             .route("/events", get(events::list))
             .route("/events/{id}", get(events::one))
+            .route(
+                "/events/{id}/cancel",
+                axum::routing::post(cancelled::cancel),
+            )
+            .route(
+                "/failures/send-back-cancelled",
+                axum::routing::post(cancelled::send_back),
+            )
             .route("/failures", get(failures::page))
             .route(
                 "/failures/replay",

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use super::output::Format;
-use super::{USAGE, console, list, purge, replay, retry_archived, show, skip, status};
+use super::{USAGE, cancel, console, list, purge, replay, retry_archived, show, skip, status};
 
 /// Operates the outbox: follow an event from its commit to every listener,
-/// replay it, run archived listener tasks again, purge published rows.
+/// replay it, run archived listener tasks again, cancel its listener
+/// tasks, purge published rows.
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version)]
 pub struct Cli {
@@ -38,6 +39,10 @@ pub(crate) enum Command {
     /// Moves an ordered listener's key past its first run, which failed for
     /// good: the key's next event runs; the failed task stays archived
     Skip(skip::Args),
+    /// Cancels an event's listener tasks: deletes those that wait (pending,
+    /// scheduled, retry) and asks those that run to stop; recorded as
+    /// cancelled, not failed
+    Cancel(cancel::Args),
     /// Deletes published rows in bounded batches
     Purge(purge::Args),
     /// Serves the web console: the outbox at work, one event from its

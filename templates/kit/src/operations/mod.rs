@@ -1,14 +1,16 @@
 //! The `outbox` command (`src/bin/outbox.rs`): operating the outbox and its
 //! queue together. It follows one event from its row in `outbox_events` to
 //! its `event:` task and each listener's task in the queue, replays
-//! published events, runs archived listener tasks again and purges
-//! published rows. It reads the same configuration as the worker.
+//! published events, runs archived listener tasks again, cancels an
+//! event's listener tasks and purges published rows. It reads the same configuration as the worker.
 //!
 //! - [`cli`]: the arguments, and [`run`], which connects and runs one
 //!   subcommand;
 //! - one module per subcommand (internal to the kit): `status`, `show`,
-//!   `list`, `replay`, `retry_archived`, `skip`, `purge`, and `console`, which
-//!   serves [`crate::console`];
+//!   `list`, `replay`, `retry_archived`, `skip`, `cancel`, `purge`, and
+//!   `console`, which serves [`crate::console`];
+//! - [`cancel_event`]: `outbox cancel` as a call, for a service's own
+//!   endpoints or jobs;
 //! - `output`: text for people, JSON (`--format json`) for scripts.
 //!
 //! What they read (an event's row and its tasks, through one `Context`)
@@ -18,6 +20,7 @@
 //! error), 2 `status --max-lag` exceeded, 64 invalid arguments. A command
 //! that fails on its input changes nothing.
 
+pub(crate) mod cancel;
 pub mod cli;
 pub(crate) mod console;
 pub(crate) mod list;
@@ -30,6 +33,8 @@ pub(crate) mod skip;
 pub(crate) mod status;
 
 use std::process::ExitCode;
+
+pub use self::cancel::{Cancellation, ListenerTask, cancel_event};
 
 use self::cli::{Cli, Command};
 use self::output::Format;
@@ -75,6 +80,7 @@ async fn dispatch(context: Context, command: Command, format: Format) -> anyhow:
         Command::Replay(args) => replay::run(&context, &args, format).await,
         Command::RetryArchived(args) => retry_archived::run(&context, &args, format).await,
         Command::Skip(args) => skip::run(&context, &args, format).await,
+        Command::Cancel(args) => cancel::run(&context, &args, format).await,
         Command::Purge(args) => purge::run(&context, &args, format).await,
     };
     context.pool.close().await;

@@ -6,7 +6,9 @@
 //! has (it keeps 10,000 archived tasks a queue, and Valkey may have lost
 //! data) are queued again under their task id, with their event from the
 //! outbox, as the console's "Send back" does; one whose event the outbox
-//! no longer has is reported and kept.
+//! no longer has is reported and kept. Cancelled tasks
+//! (`listener_cancellations`, `outbox cancel`) are not failures: they are
+//! sent back only with `--include-cancelled`, the same way.
 
 use std::process::ExitCode;
 
@@ -29,6 +31,10 @@ pub(crate) struct Args {
     /// 2026-11-30T08:00:00Z)
     #[arg(long, value_parser = time::parse_time)]
     pub(crate) since: Option<DateTime<Utc>>,
+    /// Also send back the cancelled tasks (`outbox cancel`), which are
+    /// otherwise left
+    #[arg(long)]
+    pub(crate) include_cancelled: bool,
 }
 
 /// One task put back (`--format json`: `{"retried": [...]}`).
@@ -81,8 +87,14 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             }
         }
     }
-    let (again, past_retention) = recorded_again(context, args, &retried).await?;
+    let (again, mut past_retention) = recorded_again(context, args, &retried).await?;
     retried.extend(again);
+    if args.include_cancelled {
+        let (cancelled, past) =
+            cancelled_again(context, args.listener.as_deref(), args.since).await?;
+        past_retention += past;
+        retried.extend(cancelled);
+    }
     // Back in the queue: their failures are no longer kept.
     let ids: Vec<String> = retried.iter().map(|task| task.id.clone()).collect();
     // A task that failed again since has a record of its new failure.
@@ -188,6 +200,78 @@ async fn recorded_again(
             queued.push(task);
         }
     }
+    Ok((queued, past_retention))
+}
+
+/// A cancellation recorded: task id, queue, event id, event name,
+/// listener, when.
+type Cancellation = (
+    String,
+    String,
+    Option<uuid::Uuid>,
+    String,
+    String,
+    DateTime<Utc>,
+);
+
+/// Queues again the cancelled tasks recorded (`listener_cancellations`)
+/// of the listener `only` names (all when `None`) cancelled at or after `since`, whose task the queue does not have, each
+/// under its task id with its event from the outbox, and forgets their
+/// records; what it queued, and how many events the outbox no longer has.
+pub(crate) async fn cancelled_again(
+    context: &Context,
+    only: Option<&str>,
+    since: Option<DateTime<Utc>>,
+) -> anyhow::Result<(Vec<Retried>, usize)> {
+    let records: Vec<Cancellation> = sqlx::query_as(
+        "SELECT task_id, queue, event_id, event_name, listener, cancelled_at \
+             FROM listener_cancellations WHERE cancelled_at >= coalesce($1, '-infinity') \
+             ORDER BY cancelled_at",
+    )
+    .bind(since)
+    .fetch_all(&context.pool)
+    .await?;
+    let client = context.queue().await?;
+    let ids: Vec<uuid::Uuid> = records.iter().filter_map(|record| record.2).collect();
+    let events = rows::by_ids(&context.pool, &ids).await?;
+    let retention = context.config.outbox.task_retention;
+    let (mut tasks, mut sent, mut past_retention) = (Vec::new(), Vec::new(), 0);
+    for (task_id, queue, event_id, event_name, listener, cancelled_at) in records {
+        let task_type = listener_task_type(&event_name, &listener);
+        if !matches(&task_type, only) || client.task_exists(&queue, &task_id).await? {
+            continue;
+        }
+        let Some(event) = events.iter().find(|event| Some(event.id) == event_id) else {
+            past_retention += 1;
+            continue;
+        };
+        tasks.push(failures::sent_back_task(
+            &event.envelope(),
+            task_type.clone(),
+            task_id.clone(),
+            &queue,
+            retention,
+            context.listeners.policy_of(&event_name, &listener),
+        ));
+        sent.push(Retried {
+            queue,
+            id: task_id,
+            task_type,
+            archived_at: cancelled_at,
+            last_error: "cancelled".to_string(),
+        });
+    }
+    if tasks.is_empty() {
+        return Ok((Vec::new(), past_retention));
+    }
+    let mut queued = Vec::new();
+    for (task, outcome) in sent.into_iter().zip(client.enqueue(&tasks).await?) {
+        if outcome? == EnqueueOutcome::Enqueued {
+            queued.push(task);
+        }
+    }
+    let ids: Vec<String> = queued.iter().map(|task| task.id.clone()).collect();
+    crate::worker::cancellations::forget(&context.pool, &ids).await?;
     Ok((queued, past_retention))
 }
 

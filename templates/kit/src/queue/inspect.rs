@@ -95,6 +95,21 @@ pub(crate) enum RunOutcome {
     AlreadyQueued,
 }
 
+/// What [`Client::delete_waiting`] did to a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DeleteOutcome {
+    /// Deleted from the state it waited in (`pending`, `scheduled`,
+    /// `retry`).
+    Deleted(String),
+    /// No such task.
+    Missing,
+    /// Running: left to its worker.
+    Active,
+    /// In another state (`archived`, `completed`, `aggregating`): left as
+    /// it is.
+    Left(String),
+}
+
 /// The task hash's `msg` and `state`, and the task's scores in `:retry`,
 /// `:scheduled` and `:archived`.
 type TaskReply = (
@@ -318,6 +333,78 @@ impl Client {
         Err(QueueError::UnexpectedReply(format!(
             "task {id} kept changing state; try again"
         )))
+    }
+
+    /// Go asynq's delete (`scripts::DELETE_WAITING`) of the task `id` of
+    /// `queue`, for a task waiting in pending, `:scheduled` or `:retry`;
+    /// one in any other state is left. Reads the task's state first, for
+    /// the key of the list or set it waits in; the script checks it did
+    /// not change meanwhile, else it tries again.
+    pub(crate) async fn delete_waiting(
+        &self,
+        queue: &str,
+        id: &str,
+    ) -> Result<DeleteOutcome, QueueError> {
+        let mut conn = self.conn();
+        let task = keys::task(queue, id);
+        for _ in 0..RUN_ATTEMPTS {
+            let (state, unique_key): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(&task)
+                .arg("state")
+                .arg("unique_key")
+                .query_async(&mut conn)
+                .await?;
+            let Some(state) = state else {
+                return Ok(DeleteOutcome::Missing);
+            };
+            let waits_in = match state.as_str() {
+                "pending" => keys::pending(queue),
+                "scheduled" => keys::scheduled(queue),
+                "retry" => keys::retry(queue),
+                "active" => return Ok(DeleteOutcome::Active),
+                _ => return Ok(DeleteOutcome::Left(state)),
+            };
+            let unique_key = unique_key.unwrap_or_default();
+            let outcome: i64 = scripts::DELETE_WAITING
+                .key(&task)
+                .key(waits_in)
+                .key(if unique_key.is_empty() {
+                    &task
+                } else {
+                    &unique_key
+                })
+                .arg(id)
+                .arg(&state)
+                .arg(&unique_key)
+                .invoke_async(&mut conn)
+                .await?;
+            match outcome {
+                1 => return Ok(DeleteOutcome::Deleted(state)),
+                0 => return Ok(DeleteOutcome::Missing),
+                -1 => return Ok(DeleteOutcome::Active),
+                -3 => continue,
+                other => {
+                    return Err(QueueError::UnexpectedReply(format!(
+                        "the delete script returned {other}"
+                    )));
+                }
+            }
+        }
+        Err(QueueError::UnexpectedReply(format!(
+            "task {id} kept changing state; try again"
+        )))
+    }
+
+    /// Asks the worker that runs the task `id` to stop it: its id on
+    /// `asynq:cancel`, as asynqmon's Cancel and Go's
+    /// `Inspector.CancelProcessing` publish it. How many subscribers (the
+    /// workers listening) received it.
+    pub(crate) async fn publish_cancel(&self, id: &str) -> Result<i64, QueueError> {
+        Ok(redis::cmd("PUBLISH")
+            .arg(keys::CANCEL_CHANNEL)
+            .arg(id)
+            .query_async(&mut self.conn())
+            .await?)
     }
 }
 

@@ -58,7 +58,7 @@ pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
 pub(crate) use connection::{Connection, Target};
 pub use consumer::SkipRetry;
 pub(crate) use consumer::{Consumer, ConsumerOptions, HandlerError, SNOOZES_HEADER, Task};
-pub(crate) use inspect::{QueueCounts, QueueStats, RunOutcome, TaskInfo};
+pub(crate) use inspect::{DeleteOutcome, QueueCounts, QueueStats, RunOutcome, TaskInfo};
 
 /// Why a queue operation failed. Never contains the Valkey password.
 #[derive(Debug, thiserror::Error)]

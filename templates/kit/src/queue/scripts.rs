@@ -453,6 +453,62 @@ return 1
     )
 });
 
+/// Go asynq's `DeleteTask` (asynqmon's and the CLI's "delete") for a task
+/// waiting in pending, `:scheduled` or `:retry`, provided its state is
+/// still the one read before (it names `KEYS[2]`): the task leaves that
+/// list or set, its uniqueness lock (if it still holds it) is released and
+/// its hash deleted. Returns 1 when deleted, 0 when the task does not
+/// exist, -1 when it is active, -3 when its state changed since it was
+/// read.
+///
+/// KEYS: task hash, the list or set it waits in, its unique key (its hash
+/// again when it has none). ARGV: task id, state, unique key ("" for none).
+pub(crate) static DELETE_WAITING: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local state = redis.call("HGET", KEYS[1], "state")
+if not state then
+    return 0
+elseif state == "active" then
+    return -1
+elseif state ~= ARGV[2] then
+    return -3
+end
+local removed
+if state == "pending" then
+    removed = redis.call("LREM", KEYS[2], 0, ARGV[1])
+else
+    removed = redis.call("ZREM", KEYS[2], ARGV[1])
+end
+if removed == 0 then
+    return redis.error_reply("internal error: task id not found in " .. tostring(KEYS[2]))
+end
+if ARGV[3] ~= "" and redis.call("GET", KEYS[3]) == ARGV[1] then
+    redis.call("DEL", KEYS[3])
+end
+return redis.call("DEL", KEYS[1])
+"#,
+    )
+});
+
+/// The kit's own: deletes an active task whose run was cancelled (a kit
+/// worker does not retry it): off active and its lease, its hash deleted.
+/// Nothing is counted: the run neither succeeded nor failed.
+///
+/// KEYS: active, lease, task hash. ARGV: task id.
+pub(crate) static DELETE_ACTIVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+  return redis.error_reply("NOT FOUND")
+end
+redis.call("ZREM", KEYS[2], ARGV[1])
+redis.call("DEL", KEYS[3])
+return redis.status_reply("OK")
+"#,
+    )
+});
+
 /// Moves the given tasks of `:scheduled` or `:retry` that are due to
 /// pending (or to their group, when they have one: Go asynq's task
 /// aggregation), skipping any no longer there or whose group is not the
@@ -558,6 +614,8 @@ pub(crate) fn all() -> Vec<(&'static str, &'static Script)> {
         ("DEFER", &DEFER),
         ("PROMOTE", &PROMOTE),
         ("RUN_TASK", &RUN_TASK),
+        ("DELETE_WAITING", &DELETE_WAITING),
+        ("DELETE_ACTIVE", &DELETE_ACTIVE),
         ("FORWARD", &FORWARD),
         ("DELETE_EXPIRED", &DELETE_EXPIRED),
         ("WRITE_SERVER_STATE", &WRITE_SERVER_STATE),

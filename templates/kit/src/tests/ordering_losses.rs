@@ -271,6 +271,7 @@ async fn after_valkey_loses_the_chains_alone_the_recovery_runs_the_runs_that_wai
     let args = crate::operations::retry_archived::Args {
         listener: None,
         since: None,
+        include_cancelled: false,
     };
     crate::operations::retry_archived::run(
         &context,

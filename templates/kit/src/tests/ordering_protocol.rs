@@ -406,6 +406,7 @@ impl Case {
                 let args = crate::operations::retry_archived::Args {
                     listener: None,
                     since: None,
+                    include_cancelled: false,
                 };
                 crate::operations::retry_archived::run(
                     &self.context(),

@@ -66,6 +66,7 @@ async fn retry_archived(context: &crate::follow::Context) {
     let args = crate::operations::retry_archived::Args {
         listener: Some("ledger".into()),
         since: None,
+        include_cancelled: false,
     };
     crate::operations::retry_archived::run(context, &args, crate::operations::output::Format::Text)
         .await

@@ -230,6 +230,22 @@ fn monitored(line: &str) -> Option<(String, Vec<Vec<u8>>)> {
     Some((client, words))
 }
 
+/// The scripts of a cancel (`outbox cancel`) on the server at `addr`: a
+/// waiting task deleted, a run taken out of its chain.
+async fn cancel_steps_on(addr: &str) {
+    let client = crate::queue::Client::connect(addr, None, 0).await.unwrap();
+    let task = crate::queue::NewTask::new("listener:e:l", "cancelled", Vec::new()).queue("cancel");
+    client.enqueue(&[task]).await.unwrap();
+    client.delete_waiting("cancel", "cancelled").await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy("postgres://unused/unused")
+        .unwrap();
+    crate::worker::ordering::Ordering::new(pool, client, vec!["cancel".into()], Default::default())
+        .take_out("cancel", "l", "k", "cancelled")
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_a_script_touched_on_a_server_was_one_of_its_keys() {
     // Arrange: a server of the test's own, and MONITOR on it.
@@ -254,6 +270,7 @@ async fn every_key_a_script_touched_on_a_server_was_one_of_its_keys() {
 
     // Act: everything the protocol test does, on that server.
     super::ordering_protocol::run_every_step_on(&server.addr()).await;
+    cancel_steps_on(&server.addr()).await;
     monitor.kill().unwrap();
     monitor.wait().unwrap();
     let lines = reading.join().unwrap();

@@ -23,6 +23,7 @@
 //! Valkey call is dropped within a second.
 
 pub(crate) mod before_archive;
+pub(crate) mod cancellations;
 pub(crate) mod failures;
 pub(crate) mod health;
 pub(crate) mod inbox;
@@ -357,7 +358,10 @@ fn spawn_cleanups(
             stop.clone(),
             move || {
                 let pool = pool.clone();
-                async move { failures::delete_expired(&pool, retention).await }
+                async move {
+                    let failures = failures::delete_expired(&pool, retention).await?;
+                    Ok(failures + cancellations::delete_expired(&pool, retention).await?)
+                }
             },
         )
     });
@@ -421,6 +425,8 @@ fn consumer(
         listeners.failure_hook(),
         Some(ordered_failures(&listeners, ordering)),
     );
+    // A cancelled listener run is recorded, not retried.
+    cancellations::record_on_cancel(&mut consumer, transactor.pool().clone(), ordering.clone());
     handle_events(
         &mut consumer,
         ordering,

@@ -389,6 +389,20 @@ impl Client {
         Ok(deleted)
     }
 
+    /// A run cancelled on a kit worker: the task is deleted, neither
+    /// retried nor archived (`scripts::DELETE_ACTIVE`).
+    pub(super) async fn delete_active(&self, message: &TaskMessage) -> Result<(), QueueError> {
+        let queue = &message.queue;
+        scripts::DELETE_ACTIVE
+            .key(keys::active(queue))
+            .key(keys::lease(queue))
+            .key(keys::task(queue, &message.id))
+            .arg(&message.id)
+            .invoke_async::<()>(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
     /// Puts an interrupted task back at the head of pending, unchanged (no
     /// retry counted), so that it runs again as soon as a worker is free.
     pub(super) async fn requeue(&self, message: &TaskMessage) -> Result<(), QueueError> {

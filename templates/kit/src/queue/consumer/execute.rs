@@ -29,6 +29,9 @@ pub(super) enum Outcome {
         error: String,
         skip_retry: bool,
     },
+    /// Cancelled through `asynq:cancel`, on a consumer that makes a
+    /// cancellation final (`Consumer::on_cancel`).
+    Cancelled,
     /// The handler deferred the task to `until` (not a failure); a snooze
     /// counts in the task's `SNOOZES_HEADER`.
     Deferred {
@@ -104,7 +107,11 @@ impl RunningConsumer {
             },
             () = cancel.cancelled() => {
                 tracing::info!(id = %message.id, task_type = %message.r#type, "task cancelled");
-                Outcome::Failed { error: CANCELED.into(), skip_retry: false }
+                if self.on_cancel.is_some() {
+                    Outcome::Cancelled
+                } else {
+                    Outcome::Failed { error: CANCELED.into(), skip_retry: false }
+                }
             }
             () = lease_lost(lease.clone()) => Outcome::LeaseLost,
             () = self.abort.cancelled() => Outcome::Interrupted,
@@ -115,6 +122,7 @@ impl RunningConsumer {
             Outcome::Succeeded => spans::record_outcome(&span, "succeeded", None),
             Outcome::Failed { error, .. } => spans::record_outcome(&span, "failed", Some(error)),
             Outcome::Deferred { .. } => spans::record_outcome(&span, "deferred", None),
+            Outcome::Cancelled => spans::record_outcome(&span, "cancelled", Some(CANCELED)),
             Outcome::LeaseLost => spans::record_outcome(&span, "lease_lost", Some("lease lost")),
             Outcome::Superseded { error } => {
                 spans::record_outcome(&span, "superseded", Some(error));

@@ -40,7 +40,9 @@
 //!   channel `asynq:cancel` (asynqmon's Cancel button, Go's
 //!   `Inspector.CancelProcessing`); the handler of the task id received is
 //!   dropped and the task fails with `context canceled` (retried, or
-//!   archived once its retries are spent).
+//!   archived once its retries are spent). With a hook given
+//!   ([`Consumer::on_cancel`], as the kit's worker gives one), a cancelled
+//!   run is not retried: the hook is called, then the task deleted.
 //! - Server state: the heartbeat also writes this worker's `ServerInfo` and
 //!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
 //!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
@@ -130,6 +132,11 @@ pub(crate) type ArchiveHook = Arc<
         + Sync,
 >;
 
+/// Called with a task whose run was cancelled, before the task is deleted
+/// (see [`Consumer::on_cancel`]).
+pub(crate) type CancelHook =
+    Arc<dyn Fn(Arc<TaskMessage>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Runs handlers for the tasks of its queues until shut down:
 ///
 /// ```text
@@ -150,6 +157,7 @@ pub(crate) struct Consumer {
     handlers: HashMap<String, BoxedHandler>,
     before_archive: Option<ArchiveHook>,
     retry_delays: HashMap<String, RetryDelay>,
+    on_cancel: Option<CancelHook>,
 }
 
 impl RunningConsumer {
@@ -175,7 +183,17 @@ impl Consumer {
             handlers: HashMap::new(),
             before_archive: None,
             retry_delays: HashMap::new(),
+            on_cancel: None,
         }
+    }
+
+    /// Makes a run cancelled through `asynq:cancel` final: `hook` is
+    /// called with its task (the worker records the cancellation), then the
+    /// task is deleted, neither retried nor archived. Without a hook, a
+    /// cancelled run fails as in Go asynq (retried).
+    pub(crate) fn on_cancel(&mut self, hook: CancelHook) -> &mut Self {
+        self.on_cancel = Some(hook);
+        self
     }
 
     /// Calls `hook` with each task about to be archived (its retries
@@ -229,6 +247,7 @@ struct RunningConsumer {
     /// The retry delays of task types of their own
     /// ([`Consumer::retry_delay_of`]).
     retry_delays: HashMap<String, RetryDelay>,
+    on_cancel: Option<CancelHook>,
     options: ConsumerOptions,
     active: ActiveTasks,
     /// The tasks this consumer deferred, to move back to pending when due.

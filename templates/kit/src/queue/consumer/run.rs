@@ -54,6 +54,7 @@ impl Consumer {
             handlers: self.handlers,
             before_archive: self.before_archive,
             retry_delays: self.retry_delays,
+            on_cancel: self.on_cancel,
             options: self.options,
             active: ActiveTasks::default(),
             wakeups: Wakeups::default(),

@@ -40,6 +40,8 @@ pub(super) enum Settlement {
         snooze: bool,
     },
     Requeue,
+    /// A cancelled run (`Consumer::on_cancel`): the task is deleted.
+    Delete,
 }
 
 impl RunningConsumer {
@@ -73,6 +75,13 @@ impl RunningConsumer {
             Outcome::Deferred { until, snooze } => {
                 tracing::debug!(%id, %task_type, %until, snooze, "task deferred");
                 Settlement::Defer { until, snooze }
+            }
+            Outcome::Cancelled => {
+                if let Some(hook) = &self.on_cancel {
+                    hook(Arc::clone(message)).await;
+                }
+                tracing::info!(%id, %task_type, "task cancelled; deleted, not retried");
+                Settlement::Delete
             }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
@@ -188,6 +197,7 @@ impl RunningConsumer {
                 }
             }
             Settlement::Requeue => self.client.requeue(message).await,
+            Settlement::Delete => self.client.delete_active(message).await,
         };
         match written {
             Ok(()) => Ok(true),

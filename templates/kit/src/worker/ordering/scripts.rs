@@ -428,6 +428,27 @@ return woke()
     )
 });
 
+/// Takes a cancelled run that waits behind its chain's head out of the
+/// chain (`outbox cancel`): it leaves the chain and the runs, and the runs
+/// behind it keep their order. KEYS: its chain, runs. ARGV: its task id.
+/// Returns 1 when taken out, 0 when it is in no chain, -1 when it is the
+/// head (whose end is [`MOVE_ON`]'s).
+pub(super) static TAKE_OUT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local chain, runs, id = KEYS[1], KEYS[2], ARGV[1]
+if redis.call('LINDEX', chain, 0) == id then
+  return -1
+end
+if redis.call('LREM', chain, 0, id) == 0 then
+  return 0
+end
+redis.call('HDEL', runs, id)
+return 1
+",
+    )
+});
+
 /// Every script, by name (the checks that each one passes every key it
 /// touches in KEYS).
 #[cfg(test)]
@@ -444,5 +465,6 @@ pub(crate) fn all() -> Vec<(&'static str, &'static Script)> {
         ("RELEASE", &RELEASE),
         ("OWN", &OWN),
         ("TAKE_WAIT", &TAKE_WAIT),
+        ("TAKE_OUT", &TAKE_OUT),
     ]
 }

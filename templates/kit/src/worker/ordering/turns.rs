@@ -1,14 +1,15 @@
 //! One run at a time: where a run of a chain stands as its task starts
 //! ([`Turn`], taken by [`TURN`], or by [`REJOIN`] for a run in no chain),
 //! and its chain moving on when it is over ([`End`], [`MOVE_ON`]), which
-//! puts the next run in the queue.
+//! puts the next run in the queue; a cancelled run that waits behind
+//! the head taken out of its chain ([`TAKE_OUT`]).
 
 use prost::Message as _;
 
 use crate::queue::{HandlerError, NewTask, QueueError, Task};
 
 use super::keys::Namespace;
-use super::scripts::{DELIVER_HEAD, MOVE_ON, REJOIN, TURN};
+use super::scripts::{DELIVER_HEAD, MOVE_ON, REJOIN, TAKE_OUT, TURN};
 use super::{End, Moved, Ordering, Turn, now_millis, parse};
 
 impl Ordering {
@@ -127,6 +128,27 @@ impl Ordering {
                 .await?;
         }
         Ok(Moved::On)
+    }
+
+    /// Takes the cancelled run `task_id`, which waits behind the head of
+    /// `listener`'s chain for `key` in `queue`, out of the chain
+    /// ([`TAKE_OUT`]): true when it did; false when the run is the head
+    /// (ended with [`Ordering::move_on`]) or in no chain.
+    pub(crate) async fn take_out(
+        &self,
+        queue: &str,
+        listener: &str,
+        key: &str,
+        task_id: &str,
+    ) -> Result<bool, QueueError> {
+        let keys = Namespace::of_queue(queue);
+        let taken: i64 = TAKE_OUT
+            .key(keys.chain(listener, key))
+            .key(keys.runs())
+            .arg(task_id)
+            .invoke_async(&mut self.queue.connection())
+            .await?;
+        Ok(taken == 1)
     }
 
     /// Delivers the head `task_id` of `listener`'s chain for `key`

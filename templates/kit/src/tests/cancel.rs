@@ -1,0 +1,621 @@
+//! Cancelling an event's listener tasks (`outbox cancel`, the kit call,
+//! the console's Cancel) against real Postgres and Valkey: the tasks that
+//! wait are deleted, those that run are stopped by a kit worker and not
+//! retried, each is recorded as cancelled, "Send back" leaves them unless
+//! asked, and the console's button is behind its token, CSRF and
+//! read-only rules.
+
+#![cfg(feature = "worker")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+#[cfg(feature = "testing")]
+use axum::body::Body;
+#[cfg(feature = "testing")]
+use axum::http::{Request, header};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::support::{TestDatabase, TestQueue, eventually, valkey_addr};
+use crate::follow::Context;
+use crate::outbox::{Envelope, Event, dispatch};
+use crate::queue::{ConsumerOptions, NewTask, keys};
+use crate::worker::listeners::{ListenerContext, ListenerError, ListenerOptions, Listeners};
+use crate::worker::task_names::listener_task_id;
+
+/// The event of these tests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Reminded {
+    n: i32,
+}
+
+impl Event for Reminded {
+    const NAME: &'static str = "testCancelReminded";
+}
+
+/// An ordered event: its runs of an ordered listener come one at a time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Stepped {
+    n: i32,
+}
+
+impl Event for Stepped {
+    const NAME: &'static str = "testCancelStepped";
+
+    fn order_key(&self) -> Option<String> {
+        Some("cart:1".into())
+    }
+}
+
+/// What the listeners commit in `ctx.once`: (listener, n).
+const DONE: &str = "CREATE TABLE done (listener text NOT NULL, n int NOT NULL)";
+
+/// A listener that commits `(name, n)` in `ctx.once`, after waiting for
+/// ever inside its transaction when `blocks` is true (counting in
+/// `started` that it did begin).
+async fn commit(
+    context: &ListenerContext,
+    name: &'static str,
+    n: i32,
+    blocks: bool,
+    started: Arc<AtomicUsize>,
+) -> Result<(), ListenerError> {
+    context
+        .once(async |tx| {
+            sqlx::query("INSERT INTO done (listener, n) VALUES ($1, $2)")
+                .bind(name)
+                .bind(n)
+                .execute(&mut *tx)
+                .await?;
+            started.fetch_add(1, AtomicOrdering::SeqCst);
+            if blocks {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// A service of its own: a database, a queue, and listeners `a`, `b` and
+/// `c` of [`Reminded`] (each blocks when `blocking`) and `ledger`, ordered,
+/// of [`Stepped`] (its run of step 1 blocks).
+struct Service {
+    db: TestDatabase,
+    queue: TestQueue,
+    listeners: Listeners,
+    started: Arc<AtomicUsize>,
+}
+
+impl Service {
+    async fn new(blocking: bool) -> Self {
+        let db = TestDatabase::migrated().await;
+        sqlx::query(DONE).execute(&db.pool).await.unwrap();
+        let started = Arc::new(AtomicUsize::new(0));
+        let mut listeners = Listeners::new();
+        for name in ["a", "b", "c"] {
+            let started = started.clone();
+            listeners.listen(name, move |event: Reminded, context: ListenerContext| {
+                let started = started.clone();
+                async move { commit(&context, name, event.n, blocking, started).await }
+            });
+        }
+        let counted = started.clone();
+        listeners.listen_with(
+            "ledger",
+            ListenerOptions::new().ordered(),
+            move |event: Stepped, context: ListenerContext| {
+                let started = counted.clone();
+                async move { commit(&context, "ledger", event.n, event.n == 1, started).await }
+            },
+        );
+        Self {
+            db,
+            queue: TestQueue::new().await,
+            listeners,
+            started,
+        }
+    }
+
+    fn config(&self) -> crate::config::Config {
+        let mut config = crate::testing::config(&self.db.url());
+        config.valkey.addr = Some(valkey_addr());
+        config.outbox.queues = self.queue.name.parse().unwrap();
+        config.worker.queues = self.queue.name.parse().unwrap();
+        config
+    }
+
+    fn context(&self) -> Context {
+        Context::new(self.config(), self.listeners.clone())
+    }
+
+    /// Stores a [`Reminded`] in the outbox.
+    async fn event(&self, n: i32) -> Envelope {
+        dispatch(&self.db.pool, &Reminded { n }).await.unwrap()
+    }
+
+    /// The task of `listener` for `event`, as the fan-out queues it.
+    fn task(&self, event: &Envelope, listener: &str) -> NewTask {
+        NewTask::new(
+            format!("listener:{}:{listener}", event.name),
+            listener_task_id(event.id, listener).to_string(),
+            serde_json::to_vec(event).unwrap(),
+        )
+        .queue(&self.queue.name)
+        .max_retry(25)
+    }
+
+    async fn enqueue(&self, tasks: &[NewTask]) {
+        for outcome in self.queue.client.enqueue(tasks).await.unwrap() {
+            outcome.unwrap();
+        }
+    }
+
+    /// Moves the pending task `id` to `state` (`scheduled` or `retry`),
+    /// due in an hour, as asynq leaves a task there.
+    async fn move_to(&self, id: &str, state: &str) {
+        let mut conn = self.queue.connection().await;
+        let set = format!("{}{state}", keys::queue_prefix(&self.queue.name));
+        let due = chrono::Utc::now().timestamp() + 3600;
+        redis::pipe()
+            .lrem(keys::pending(&self.queue.name), 0, id)
+            .zadd(set, id, due)
+            .hset(keys::task(&self.queue.name, id), "state", state)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// The state of the task `id`, or `None` when the queue does not have it.
+    async fn state(&self, id: &str) -> Option<String> {
+        let mut conn = self.queue.connection().await;
+        redis::cmd("HGET")
+            .arg(keys::task(&self.queue.name, id))
+            .arg("state")
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    /// The cancellations recorded: (task id, listener, state), by listener.
+    async fn recorded(&self) -> Vec<(String, String, String)> {
+        sqlx::query_as(
+            "SELECT task_id, listener, state FROM listener_cancellations ORDER BY listener",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// The work committed: (listener, n).
+    async fn done(&self) -> Vec<(String, i32)> {
+        sqlx::query_as("SELECT listener, n FROM done ORDER BY listener, n")
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// A kit worker of the queue, as `crate::worker::run` wires it
+    /// (failures recorded before the archive, cancellations on cancel).
+    fn run_worker(&self) -> Worker {
+        let options = ConsumerOptions {
+            queues: self.queue.name.parse().unwrap(),
+            concurrency: 10,
+            shutdown_timeout: Duration::from_millis(100),
+            poll_interval: Duration::from_millis(50),
+            forward_interval: Duration::from_millis(50),
+            retry_delay: |_| Duration::from_millis(20),
+            ..ConsumerOptions::default()
+        };
+        let mut consumer = super::ordering::worker_with(
+            self.queue.client.clone(),
+            &self.queue.name,
+            &self.db.pool,
+            self.listeners.clone(),
+            options,
+        );
+        crate::worker::cancellations::record_on_cancel(
+            &mut consumer,
+            self.db.pool.clone(),
+            super::ordering::chains(&self.db.pool, &self.queue),
+        );
+        let stop = CancellationToken::new();
+        let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
+        Worker { stop, running }
+    }
+
+    /// Waits until `n` listener runs began.
+    async fn started(&self, n: usize) {
+        let started = &self.started;
+        eventually(
+            Duration::from_secs(4),
+            "the listeners to start",
+            || async move { started.load(AtomicOrdering::SeqCst) >= n },
+        )
+        .await;
+    }
+}
+
+struct Worker {
+    stop: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), crate::queue::QueueError>>,
+}
+
+impl Worker {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.running.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn outbox_cancel_deletes_pending_scheduled_and_retrying_tasks_and_records_them() {
+    // Arrange: the event's task of `a` pending, of `b` scheduled, of `c`
+    // waiting for a retry; another event's task of `a` pending.
+    let service = Service::new(false).await;
+    let (event, other) = (service.event(1).await, service.event(2).await);
+    let id = |listener| listener_task_id(event.id, listener).to_string();
+    service
+        .enqueue(&[
+            service.task(&event, "a"),
+            service.task(&event, "b"),
+            service.task(&event, "c"),
+            service.task(&other, "a"),
+        ])
+        .await;
+    service.move_to(&id("b"), "scheduled").await;
+    service.move_to(&id("c"), "retry").await;
+    let context = service.context();
+
+    // Act
+    let done = crate::operations::cancel::cancel(&context, event.id, None)
+        .await
+        .unwrap();
+
+    // Assert: each deleted from where it waited, recorded as cancelled;
+    // the other event's task is untouched.
+    let mut deleted: Vec<(String, String)> = done
+        .deleted
+        .iter()
+        .map(|task| (task.listener.clone(), task.state.clone()))
+        .collect();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        [("a", "pending"), ("b", "scheduled"), ("c", "retry")]
+            .map(|(l, s)| (l.to_string(), s.to_string()))
+    );
+    assert!(done.asked_to_stop.is_empty() && done.left.is_empty() && done.not_found.is_empty());
+    for listener in ["a", "b", "c"] {
+        assert_eq!(service.state(&id(listener)).await, None, "{listener}");
+    }
+    let counts = service
+        .queue
+        .client
+        .queue_counts(&service.queue.name)
+        .await
+        .unwrap();
+    assert_eq!((counts.scheduled, counts.retry), (0, 0));
+    assert_eq!(
+        service.queue.pending_ids().await,
+        [listener_task_id(other.id, "a").to_string()]
+    );
+    assert_eq!(
+        service.recorded().await,
+        [("a", "pending"), ("b", "scheduled"), ("c", "retry")].map(|(l, s)| (
+            id(l),
+            l.to_string(),
+            s.to_string()
+        ))
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_event_or_listener_is_a_clear_error_and_changes_nothing() {
+    // Arrange
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    service.enqueue(&[service.task(&event, "a")]).await;
+    let context = service.context();
+    let unknown = Uuid::now_v7();
+
+    // Act
+    let no_event = crate::operations::cancel::cancel(&context, unknown, None).await;
+    let no_listener = crate::operations::cancel::cancel(&context, event.id, Some("nope")).await;
+
+    // Assert
+    let no_event = format!("{:#}", no_event.unwrap_err());
+    assert!(
+        no_event.contains(&format!("no event {unknown} in outbox_events"))
+            && no_event.contains("nothing was cancelled"),
+        "{no_event}"
+    );
+    let no_listener = format!("{:#}", no_listener.unwrap_err());
+    assert!(
+        no_listener.contains(
+            "`nope` is not a listener of `testCancelReminded` in this service (its listeners: a, b, c); \
+             nothing was cancelled"
+        ),
+        "{no_listener}"
+    );
+    let id = listener_task_id(event.id, "a").to_string();
+    assert_eq!(service.state(&id).await.as_deref(), Some("pending"));
+    assert!(service.recorded().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_listener() {
+    // Arrange: `a` and `b` both running, each inside its `ctx.once`.
+    let service = Service::new(true).await;
+    let event = service.event(1).await;
+    let id = |listener| listener_task_id(event.id, listener).to_string();
+    service
+        .enqueue(&[service.task(&event, "a"), service.task(&event, "b")])
+        .await;
+    let worker = service.run_worker();
+    service.started(2).await;
+    let context = service.context();
+
+    // Act: `--listener a`, then its ask again, as the command publishes
+    // it, until the worker's subscription (on its way at start-up) hears it.
+    let done = crate::operations::cancel::cancel(&context, event.id, Some("a"))
+        .await
+        .unwrap();
+    let (service, a) = (&service, &id("a"));
+    eventually(
+        Duration::from_secs(4),
+        "a's task to be cancelled",
+        || async move {
+            service.queue.client.publish_cancel(a).await.unwrap();
+            service.state(a).await.is_none()
+        },
+    )
+    .await;
+    let b_after = service.state(&id("b")).await;
+    worker.stop().await;
+
+    // Assert: a's run stopped and its task is gone (not retried, not
+    // pending), its `ctx.once` work rolled back, recorded as cancelled;
+    // b's run went on.
+    let asked: Vec<(&str, &str)> = done
+        .asked_to_stop
+        .iter()
+        .map(|task| (task.listener.as_str(), task.state.as_str()))
+        .collect();
+    assert_eq!(asked, [("a", "active")]);
+    assert!(done.deleted.is_empty());
+    assert_eq!(b_after.as_deref(), Some("active"));
+    let counts = service
+        .queue
+        .client
+        .queue_counts(&service.queue.name)
+        .await
+        .unwrap();
+    assert_eq!((counts.retry, counts.archived), (0, 0));
+    assert!(!service.queue.pending_ids().await.contains(&id("a")));
+    assert!(service.done().await.is_empty());
+    assert_eq!(
+        service.recorded().await,
+        [(id("a"), "a".to_string(), "active".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn send_back_leaves_a_cancelled_task_unless_asked() {
+    // Arrange: `a`'s task cancelled while pending.
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    let id = listener_task_id(event.id, "a").to_string();
+    service.enqueue(&[service.task(&event, "a")]).await;
+    let context = service.context();
+    crate::operations::cancel::cancel(&context, event.id, None)
+        .await
+        .unwrap();
+    let args = |include_cancelled| crate::operations::retry_archived::Args {
+        listener: None,
+        since: None,
+        include_cancelled,
+    };
+    let json = crate::operations::output::Format::Json;
+
+    // Act
+    crate::operations::retry_archived::run(&context, &args(false), json)
+        .await
+        .unwrap();
+    let after_send_back = service.state(&id).await;
+    crate::operations::retry_archived::run(&context, &args(true), json)
+        .await
+        .unwrap();
+
+    // Assert
+    assert_eq!(after_send_back, None, "sent back without being asked");
+    assert_eq!(service.state(&id).await.as_deref(), Some("pending"));
+    assert!(
+        service.recorded().await.is_empty(),
+        "its record is forgotten"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_ordered_run_moves_its_key_on() {
+    // Arrange: two steps of key cart:1 for the ordered `ledger`; step 1
+    // runs (and blocks), step 2 waits behind it in the key's order.
+    let service = Service::new(false).await;
+    let first = dispatch(&service.db.pool, &Stepped { n: 1 }).await.unwrap();
+    let second = dispatch(&service.db.pool, &Stepped { n: 2 }).await.unwrap();
+    for step in [&first, &second] {
+        let task = NewTask::new(
+            format!("event:{}", step.name),
+            step.id.to_string(),
+            serde_json::to_vec(step).unwrap(),
+        )
+        .queue(&service.queue.name);
+        service.enqueue(&[task]).await;
+    }
+    let worker = service.run_worker();
+    service.started(1).await;
+    let (context, service) = (&service.context(), &service);
+
+    // Act
+    let done = crate::operations::cancel::cancel(context, first.id, None)
+        .await
+        .unwrap();
+    let head = &listener_task_id(first.id, "ledger").to_string();
+    eventually(
+        Duration::from_secs(4),
+        "step 1 to be cancelled",
+        || async move {
+            service.queue.client.publish_cancel(head).await.unwrap();
+            service.state(head).await.is_none()
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(4), "step 2 to run", || async move {
+        service.done().await.len() == 1
+    })
+    .await;
+    worker.stop().await;
+
+    // Assert: step 1 was asked to stop; the worker stopped it, recorded
+    // it, and moved the key on: its work rolled back, step 2 ran after it.
+    assert_eq!(done.asked_to_stop.len(), 1);
+    assert_eq!(service.done().await, [("ledger".to_string(), 2)]);
+    assert_eq!(
+        service.recorded().await,
+        [(head.clone(), "ledger".to_string(), "active".to_string())]
+    );
+}
+
+/// The console of `service`, with the token `t`, read-only when asked.
+#[cfg(feature = "testing")]
+fn console(service: &Service, read_only: bool) -> crate::testing::TestClient {
+    let mut console =
+        crate::console::Console::new(service.config(), service.listeners.clone()).token("t");
+    if read_only {
+        console = console.read_only();
+    }
+    crate::testing::TestClient::new(console.router())
+}
+
+/// A POST of `form` to `path`, with the token when `token`.
+#[cfg(feature = "testing")]
+fn post(path: &str, form: &str, token: bool) -> Request<Body> {
+    let mut request = Request::post(path)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header("sec-fetch-site", "same-origin");
+    if token {
+        request = request.header(header::AUTHORIZATION, "Bearer t");
+    }
+    request.body(Body::from(form.to_string())).unwrap()
+}
+
+/// The CSRF secret in a page's form.
+#[cfg(feature = "testing")]
+fn csrf_in(page: &str) -> String {
+    page.split_once(r#"name="csrf" value=""#)
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(secret, _)| secret.to_string())
+        .unwrap_or_else(|| panic!("no CSRF field in {page}"))
+}
+
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn the_consoles_cancel_is_refused_without_its_token_csrf_or_when_read_only() {
+    // (and its cancelled task goes back only with the send-back's box ticked)
+    // Arrange
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    let id = listener_task_id(event.id, "a").to_string();
+    service.enqueue(&[service.task(&event, "a")]).await;
+    let (console, read_only) = (console(&service, false), console(&service, true));
+    let page = console
+        .request(
+            Request::get(format!("/events/{}", event.id))
+                .header(header::AUTHORIZATION, "Bearer t")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(page.status(), 200, "{}", page.text());
+    assert!(page.text().contains("Cancel its listener tasks"));
+    let secret = csrf_in(&page.text());
+    let path = format!("/events/{}/cancel", event.id);
+
+    // Act
+    let without_token = console
+        .request(post(&path, &format!("csrf={secret}"), false))
+        .await;
+    let without_csrf = console.request(post(&path, "", true)).await;
+    let wrong_csrf = console.request(post(&path, "csrf=0123", true)).await;
+    let when_read_only = read_only
+        .request(post(&path, &format!("csrf={secret}"), true))
+        .await;
+    let still_pending = service.state(&id).await;
+    let allowed = console
+        .request(post(&path, &format!("csrf={secret}"), true))
+        .await;
+
+    // Assert
+    assert_eq!(without_token.status(), 401);
+    assert_eq!(without_csrf.status(), 403);
+    assert_eq!(wrong_csrf.status(), 403);
+    assert_eq!(when_read_only.status(), 403);
+    assert_eq!(still_pending.as_deref(), Some("pending"));
+    assert_eq!(allowed.status(), 303, "{}", allowed.text());
+    assert_eq!(service.state(&id).await, None);
+    let shown = console
+        .request(
+            Request::get(format!("/events/{}?cancelled=3&stopping=0", event.id))
+                .header(header::AUTHORIZATION, "Bearer t")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .text();
+    assert!(shown.contains("3 listener task(s) cancelled"), "{shown}");
+    assert!(
+        shown.contains(r#"<p class="cancelled" data-listener="a"><span class="state state-cancelled">cancelled</span>"#),
+        "{shown}"
+    );
+    let failures = console
+        .request(
+            Request::get("/failures")
+                .header(header::AUTHORIZATION, "Bearer t")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .text();
+    assert!(
+        failures.contains(&format!(r#"<tr data-task="{id}"><td><span class="state state-cancelled">cancelled</span> (was pending)"#)),
+        "{failures}"
+    );
+    assert!(
+        failures.contains(r#"name="include_cancelled""#),
+        "{failures}"
+    );
+    let send_back = "/failures/send-back-cancelled";
+    let unticked = console
+        .request(post(send_back, &format!("csrf={secret}"), true))
+        .await;
+    let not_sent = service.state(&id).await;
+    let ticked_form = format!("csrf={secret}&include_cancelled=yes");
+    let ticked = console.request(post(send_back, &ticked_form, true)).await;
+    assert_eq!(unticked.status(), 400, "{}", unticked.text());
+    assert_eq!(not_sent, None, "sent back without its box ticked");
+    assert_eq!(ticked.status(), 303, "{}", ticked.text());
+    assert_eq!(service.state(&id).await.as_deref(), Some("pending"));
+    let read_only_page = read_only
+        .request(
+            Request::get(format!("/events/{}", event.id))
+                .header(header::AUTHORIZATION, "Bearer t")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .text();
+    assert!(!read_only_page.contains("Cancel its listener tasks"));
+}
