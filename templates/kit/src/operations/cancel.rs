@@ -17,6 +17,11 @@
 //!   `waiting`). An archived head that holds its key is left: `outbox skip`
 //!   moves past it.
 //!
+//! An event dispatched for later (`kit::dispatch_at`) that is not due yet
+//! has no task: its row in `outbox_later` is deleted, so none of its
+//! listeners ever runs (reported as `later` for each). It is cancelled
+//! whole: `--listener` on it is refused.
+//!
 //! A replay's tasks (`outbox replay`) have new ids and are not found here.
 
 use std::process::ExitCode;
@@ -56,7 +61,9 @@ pub struct Cancellation {
     pub event_name: String,
     /// Tasks deleted before they ran again, with the state each was in
     /// (`pending`, `scheduled`, `retry`; `waiting` for an ordered run taken
-    /// out of its key's order), recorded as cancelled.
+    /// out of its key's order), recorded as cancelled; `later` for each
+    /// listener of an event not due yet, whose row was deleted (nothing is
+    /// recorded: no task existed).
     pub deleted: Vec<ListenerTask>,
     /// Running tasks asked to stop through `asynq:cancel` (state
     /// `active`).
@@ -139,12 +146,92 @@ pub(crate) fn chosen(
     }
 }
 
+/// The name and due time of `event_id` if it waits in `outbox_later` (it
+/// has no task yet).
+async fn waiting(
+    context: &Context,
+    event_id: Uuid,
+) -> anyhow::Result<Option<(String, chrono::DateTime<chrono::Utc>)>> {
+    Ok(
+        sqlx::query_as("SELECT event_name, due_at FROM outbox_later WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_optional(&context.pool)
+            .await?,
+    )
+}
+
+/// Cancels the waiting event `event_id` (`waiting`'s): deletes its row, so
+/// that none of its listeners runs; refused for one listener alone.
+async fn cancel_waiting(
+    context: &Context,
+    event_id: Uuid,
+    (event_name, due_at): (String, chrono::DateTime<chrono::Utc>),
+    listener: Option<&str>,
+) -> anyhow::Result<Cancellation> {
+    let names = chosen(context, &event_name, listener)?;
+    if let Some(listener) = listener {
+        return Err(one_listener_of_a_waiting_event(
+            event_id,
+            &event_name,
+            due_at,
+            listener,
+        ));
+    }
+    let deleted = sqlx::query("DELETE FROM outbox_later WHERE event_id = $1")
+        .bind(event_id)
+        .execute(&context.pool)
+        .await?
+        .rows_affected();
+    let queue = context.outbox_queues().join(",");
+    let reported = |name: &String| ListenerTask {
+        listener: name.clone(),
+        queue: queue.clone(),
+        task_id: listener_task_id(event_id, name).to_string(),
+        state: "later".to_string(),
+    };
+    let mut done = Cancellation {
+        event_id,
+        event_name,
+        deleted: Vec::new(),
+        asked_to_stop: Vec::new(),
+        workers_listening: 0,
+        left: Vec::new(),
+        not_found: Vec::new(),
+    };
+    // Moved into the outbox meanwhile (it fell due): its tasks are not
+    // queued yet, or just so; reported as not found.
+    if deleted == 0 {
+        done.not_found = names.iter().map(reported).collect();
+    } else {
+        done.deleted = names.iter().map(reported).collect();
+    }
+    Ok(done)
+}
+
+/// Why `--listener` is refused on an event that waits for its time.
+fn one_listener_of_a_waiting_event(
+    event_id: Uuid,
+    event_name: &str,
+    due_at: chrono::DateTime<chrono::Utc>,
+    listener: &str,
+) -> anyhow::Error {
+    anyhow::anyhow!(
+        "event {event_id} ({event_name}) waits until {due_at} (dispatched for later) and is \
+         cancelled whole; nothing was cancelled\n\
+         help: leave out `--listener` to cancel the event, or cancel `{listener}`'s task once \
+         the event is due"
+    )
+}
+
 /// [`cancel_event`] through `context`.
 pub(crate) async fn cancel(
     context: &Context,
     event_id: Uuid,
     listener: Option<&str>,
 ) -> anyhow::Result<Cancellation> {
+    if let Some(waiting) = waiting(context, event_id).await? {
+        return cancel_waiting(context, event_id, waiting, listener).await;
+    }
     let event = context
         .event(event_id)
         .await
@@ -294,18 +381,32 @@ impl Found<'_> {
 }
 
 pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Result<ExitCode> {
-    let event = context
-        .event(args.id)
-        .await
-        .map_err(|err| err.context("nothing was cancelled"))?;
-    chosen(context, &event.name, args.listener.as_deref())?;
+    let name = match waiting(context, args.id).await? {
+        Some((name, due_at)) => {
+            chosen(context, &name, args.listener.as_deref())?;
+            if let Some(listener) = &args.listener {
+                return Err(one_listener_of_a_waiting_event(
+                    args.id, &name, due_at, listener,
+                ));
+            }
+            format!("{name}, waiting until {due_at}")
+        }
+        None => {
+            let event = context
+                .event(args.id)
+                .await
+                .map_err(|err| err.context("nothing was cancelled"))?;
+            chosen(context, &event.name, args.listener.as_deref())?;
+            event.name
+        }
+    };
     let target = args
         .listener
         .as_ref()
         .map_or_else(String::new, |l| format!(" of listener `{l}` only"));
     let question = format!(
-        "cancel the listener tasks{target} of event {} ({})",
-        event.id, event.name
+        "cancel the listener tasks{target} of event {} ({name})",
+        args.id
     );
     if !output::confirm(&question, args.yes)? {
         eprintln!("nothing cancelled");
@@ -321,10 +422,10 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
 
 fn print_text(done: &Cancellation) {
     for task in &done.deleted {
-        let how = if task.state == "waiting" {
-            "taken out of its key's order".to_string()
-        } else {
-            format!("deleted from {}", task.state)
+        let how = match task.state.as_str() {
+            "waiting" => "taken out of its key's order".to_string(),
+            "later" => "will not run: the event, not due yet, was deleted".to_string(),
+            state => format!("deleted from {state}"),
         };
         println!(
             "cancelled {}: task {} {how} (queue {})",

@@ -347,6 +347,63 @@ async fn an_unknown_event_or_listener_is_a_clear_error_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn an_event_not_due_yet_is_cancelled_whole_and_never_runs() {
+    // Arrange: an event dispatched for an hour from now, and one for later
+    // still, which stays.
+    let service = Service::new(false).await;
+    let later = |n: i32| {
+        let pool = service.db.pool.clone();
+        async move {
+            crate::outbox::dispatch_in(&pool, &Reminded { n }, Duration::from_secs(3600))
+                .await
+                .unwrap()
+        }
+    };
+    let (cancelled, kept) = (later(1).await, later(2).await);
+    let context = service.context();
+
+    // Act: one listener alone is refused; the whole event is cancelled.
+    let one = crate::operations::cancel::cancel(&context, cancelled.id, Some("a")).await;
+    let waiting_before: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_later")
+        .fetch_one(&service.db.pool)
+        .await
+        .unwrap();
+    let done = crate::operations::cancel::cancel(&context, cancelled.id, None)
+        .await
+        .unwrap();
+
+    // Assert
+    let one = format!("{:#}", one.unwrap_err());
+    assert!(
+        one.contains("(dispatched for later) and is cancelled whole; nothing was cancelled"),
+        "{one}"
+    );
+    assert_eq!(waiting_before, 2, "the refused cancel deleted a row");
+    let reported: Vec<(&str, &str)> = done
+        .deleted
+        .iter()
+        .map(|t| (t.listener.as_str(), t.state.as_str()))
+        .collect();
+    assert_eq!(reported, [("a", "later"), ("b", "later"), ("c", "later")]);
+    let waiting: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox_later")
+        .fetch_all(&service.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(waiting, [kept.id], "only the cancelled event's row goes");
+    // Even once it would be due, nothing of it reaches the outbox.
+    let as_of = chrono::Utc::now() + chrono::TimeDelta::hours(2);
+    crate::outbox::Store
+        .move_due_and_look_ahead(&service.db.pool, 100, Some(as_of))
+        .await
+        .unwrap();
+    let moved: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox_events")
+        .fetch_all(&service.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(moved, [kept.id]);
+}
+
+#[tokio::test]
 async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_listener() {
     // Arrange: `a` and `b` both running, each inside its `ctx.once`.
     let service = Service::new(true).await;
