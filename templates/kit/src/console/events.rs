@@ -376,7 +376,7 @@ pub(crate) async fn one(
                     p { "No listener is registered for " code { (event.name) } "." }
                 } @else {
                     table.listeners {
-                        thead { tr { th { "listener" } th { "task" } th { "attempts" } th { "last error" } th { "inbox" } th { "from commit" } } }
+                        thead { tr { th { "listener" } th { "task" } th { "attempts" } th { "last error" } th { "inbox" } th { "from commit" } th { "policy" } } }
                         tbody {
                             @for listener in &tasks.listener_tasks {
                                 @let record = records.iter().find(|(name, _)| *name == listener.listener);
@@ -393,6 +393,7 @@ pub(crate) async fn one(
                                     td { @if let Some(error) = &listener.task.last_error { code.error { (error) } } @else { "-" } }
                                     td { @match record { Some((_, at)) => { "recorded " (page::time(*at)) }, None => "-" } }
                                     td { @match record { Some((_, at)) => (page::between(event.created_at, *at)), None => "-" } }
+                                    td.policy { code { (listener.policy) } }
                                 }
                             }
                         }
