@@ -370,7 +370,10 @@ fn the_outbox_command_follows_replays_retries_and_purges_events() {
     // `WORKER_RETRIES` says where the command runs.
     assert_eq!(audit["policy"], "retries:25,timeout:30m,backoff:asynq");
     let overridden = ops.run_with(
-        &[("WORKER_RETRIES", "orderPlaced.email=retries:3,backoff:fixed:20s")],
+        &[(
+            "WORKER_RETRIES",
+            "orderPlaced.email=retries:3,backoff:fixed:20s",
+        )],
         &["show", &one, "--format", "json"],
     );
     assert!(overridden.status.success(), "{overridden:?}");
