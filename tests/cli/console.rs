@@ -202,6 +202,12 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     for expected in ["audit\tcompleted", "email\tcompleted"] {
         assert!(event.contains(expected), "{expected}: {event}");
     }
+    // Each listener's retry policy, the kit's default here.
+    assert_eq!(
+        event.matches("retries:25,timeout:30m,backoff:asynq").count(),
+        2,
+        "{event}"
+    );
     // The payload's script is text on the page, and never ran.
     assert!(
         event.contains("<script>window.marker = 1</script>"),
