@@ -204,7 +204,9 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     }
     // Each listener's retry policy, the kit's default here.
     assert_eq!(
-        event.matches("retries:25,timeout:30m,backoff:asynq").count(),
+        event
+            .matches("retries:25,timeout:30m,backoff:asynq")
+            .count(),
         2,
         "{event}"
     );
