@@ -945,6 +945,7 @@ const KIT_DOCS: &[&str] = &[
     "kit/docs/outbox.md",
     "kit/docs/ordering.md",
     "kit/docs/limits.md",
+    "kit/docs/retries.md",
     "kit/docs/schedules.md",
     "kit/docs/valkey.md",
     "kit/docs/metrics.md",
