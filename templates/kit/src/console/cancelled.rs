@@ -205,12 +205,19 @@ pub(crate) async fn cancel(
                 not_found = done.not_found.len(),
                 "console: cancel an event's listener tasks"
             );
-            Redirect::to(&format!(
-                "../{id}?cancelled={}&stopping={}",
-                done.deleted.len(),
-                done.asked_to_stop.len()
-            ))
-            .into_response()
+            // An event not due yet is gone whole: back to the Later page.
+            let waited =
+                !done.deleted.is_empty() && done.deleted.iter().all(|t| t.state == "later");
+            let to = if waited {
+                format!("../../later?cancelled={id}")
+            } else {
+                format!(
+                    "../{id}?cancelled={}&stopping={}",
+                    done.deleted.len(),
+                    done.asked_to_stop.len()
+                )
+            };
+            Redirect::to(&to).into_response()
         }
         Err(err)
             if err.downcast_ref::<sqlx::Error>().is_none()

@@ -1,25 +1,38 @@
 //! The later page: the events dispatched for later (`kit::dispatch_at`,
 //! `kit::dispatch_in`) that wait in `outbox_later`: how many, the next
 //! due, and the first [`SHOWN`] by due time, each with its key, when it
-//! was dispatched and when it is due. Read-only: a waiting event is not in
-//! the queue yet (asynqmon shows it once it is due).
+//! was dispatched and when it is due, and (unless the console is
+//! read-only) a Cancel button, as `outbox cancel` (`POST
+//! events/<id>/cancel`, behind the console's CSRF secret). A waiting event
+//! is not in the queue yet (asynqmon shows it once it is due).
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use maud::html;
 
 use super::State as Console;
+use super::guard::CSRF_FIELD;
 use super::page::{self, Depth, Section};
 use crate::outbox::Store;
 
 /// How many waiting events the page lists.
 pub(crate) const SHOWN: u32 = 100;
 
+/// What the page was sent back with after a Cancel.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct Cancelled {
+    #[serde(default)]
+    cancelled: Option<uuid::Uuid>,
+}
+
 /// `GET later`.
-pub(crate) async fn page(State(console): State<Arc<Console>>) -> Response {
+pub(crate) async fn page(
+    State(console): State<Arc<Console>>,
+    Query(done): Query<Cancelled>,
+) -> Response {
     let pool = &console.context.pool;
     let read = async {
         let waiting = Store.waiting(pool).await?;
@@ -35,6 +48,9 @@ pub(crate) async fn page(State(console): State<Arc<Console>>) -> Response {
     };
     let now = Utc::now();
     let body = html! {
+        @if let Some(id) = done.cancelled {
+            p.done role="status" { "Cancelled " code { (id) } ": none of its listeners will run." }
+        }
         p.summary data-waiting=(waiting.events) {
             @match waiting.next_due {
                 Some(due) => {
@@ -48,7 +64,7 @@ pub(crate) async fn page(State(console): State<Arc<Console>>) -> Response {
         }
         @if !next.is_empty() {
             table.later {
-                thead { tr { th { "due" } th { "in" } th { "event" } th { "id" } th { "order key" } th { "dispatched" } } }
+                thead { tr { th { "due" } th { "in" } th { "event" } th { "id" } th { "order key" } th { "dispatched" } @if !console.options.read_only { th { "" } } } }
                 tbody {
                     @for event in &next {
                         tr data-event=(event.event_id) {
@@ -58,6 +74,14 @@ pub(crate) async fn page(State(console): State<Arc<Console>>) -> Response {
                             td { code { (event.event_id) } }
                             td { @match &event.order_key { Some(key) => code { (key) }, None => "-" } }
                             td { (page::time(event.dispatched_at)) }
+                            @if !console.options.read_only {
+                                td {
+                                    form.cancel method="post" action={ "events/" (event.event_id) "/cancel" } {
+                                        input type="hidden" name=(CSRF_FIELD) value=(console.csrf);
+                                        button type="submit" { "Cancel" }
+                                    }
+                                }
+                            }
                         }
                     }
                 }

@@ -92,12 +92,25 @@ impl Context {
         queues
     }
 
-    /// The event `id`, or an error that says it is not in the table.
+    /// The event `id`, or an error that says it is not in the table: one
+    /// dispatched for later that is not due yet says so, and when it is
+    /// due.
     pub(crate) async fn event(&self, id: Uuid) -> anyhow::Result<EventRow> {
-        rows::by_ids(&self.pool, &[id])
-            .await?
-            .pop()
-            .ok_or_else(|| unknown(&[id]))
+        if let Some(event) = rows::by_ids(&self.pool, &[id]).await?.pop() {
+            return Ok(event);
+        }
+        let waiting: Option<(String, chrono::DateTime<chrono::Utc>)> =
+            sqlx::query_as("SELECT event_name, due_at FROM outbox_later WHERE event_id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Err(match waiting {
+            Some((name, due_at)) => anyhow::anyhow!(
+                "event {id} ({name}) waits until {due_at}: dispatched for later, it enters \
+                 outbox_events when it is due (`outbox cancel {id}` cancels it)"
+            ),
+            None => unknown(&[id]),
+        })
     }
 }
 

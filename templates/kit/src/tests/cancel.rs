@@ -403,6 +403,58 @@ async fn an_event_not_due_yet_is_cancelled_whole_and_never_runs() {
     assert_eq!(moved, [kept.id]);
 }
 
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn an_event_not_due_yet_is_named_as_waiting_and_the_later_pages_cancel_deletes_it() {
+    // Arrange: an event an hour away, and the console (one read-only).
+    let service = Service::new(false).await;
+    let waiting = crate::outbox::dispatch_in(
+        &service.db.pool,
+        &Reminded { n: 1 },
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    let (console, read_only) = (console(&service, false), console(&service, true));
+    let get = |path: String| {
+        Request::get(path)
+            .header(header::AUTHORIZATION, "Bearer t")
+            .body(Body::empty())
+            .unwrap()
+    };
+
+    // Act
+    let shown = service.context().event(waiting.id).await;
+    let later = console.request(get("/later".into())).await.text();
+    let later_read_only = read_only.request(get("/later".into())).await.text();
+    let path = format!("/events/{}/cancel", waiting.id);
+    let cancelled = console
+        .request(post(&path, &format!("csrf={}", csrf_in(&later)), true))
+        .await;
+    let after = console
+        .request(get(format!("/later?cancelled={}", waiting.id)))
+        .await
+        .text();
+
+    // Assert: `outbox show` and the event page say it waits, not "never
+    // stored"; the Later page's Cancel deletes it (the read-only one has
+    // none).
+    let shown = format!("{:#}", shown.unwrap_err());
+    assert!(
+        shown.contains("waits until") && shown.contains(&format!("`outbox cancel {}`", waiting.id)),
+        "{shown}"
+    );
+    let form = format!("action=\"events/{}/cancel\"", waiting.id);
+    assert!(later.contains(&form), "{later}");
+    assert!(!later_read_only.contains(&form), "{later_read_only}");
+    assert_eq!(cancelled.status(), 303, "{}", cancelled.text());
+    assert!(
+        after.contains(&format!("Cancelled <code>{}</code>", waiting.id))
+            && after.contains("No event waits to be delivered later."),
+        "{after}"
+    );
+}
+
 #[tokio::test]
 async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_listener() {
     // Arrange: `a` and `b` both running, each inside its `ctx.once`.
