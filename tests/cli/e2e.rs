@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::SystemTime;
 
+use crate::kit_migrations::{KIT, file_name, kit_files, kit_versions, newest_kit_version};
 use crate::support::{gpkit, repo};
 
 /// The Postgres server the tests use (any database on it; tests create their own).
@@ -997,73 +998,31 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         &db.url(),
         "SELECT version_id, is_applied FROM goose_db_version ORDER BY id",
     );
-    assert_eq!(
-        versions,
-        "0|t\n20200101000100|t\n20261130000000|t\n20261205130000|t\n20261205140000|t\n20261205180000|t\n20261206120000|t\n20261207120000|t"
-    );
+    let applied: Vec<String> = std::iter::once(0)
+        .chain(kit_versions())
+        .map(|version| format!("{version}|t"))
+        .collect();
+    assert_eq!(versions, applied.join("\n"));
     let status = String::from_utf8(migrate(project, &db, &["status"]).stderr).unwrap();
-    assert!(status.contains("-- 20200101000100_outbox.sql"), "{status}");
-    assert!(status.contains("-- 20261130000000_inbox.sql"), "{status}");
-    assert!(
-        status.contains("-- 20261205130000_listener_failures.sql"),
-        "{status}"
-    );
+    for file in kit_files() {
+        assert!(status.contains(&format!("-- {file}")), "{file}: {status}");
+    }
     let version = String::from_utf8(migrate(project, &db, &["version"]).stderr).unwrap();
     assert!(
-        version.contains("goose: version 20261207120000"),
+        version.contains(&format!("goose: version {}", newest_kit_version())),
         "{version}"
     );
 
-    // migrate down, seven times, removes the service's id (and the holds of
-    // failures), the keys' epochs, the ordering tables, the time index, the
-    // failures, the inbox and the outbox again and keeps the version-0 row.
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(
-            &db.url(),
-            "SELECT (to_regclass('outbox_service') IS NULL) AND NOT EXISTS (SELECT 1 \
-             FROM information_schema.columns WHERE table_name = 'listener_failures' \
-             AND column_name = 'holds_key')"
-        ),
-        "t"
-    );
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(
-            &db.url(),
-            "SELECT count(*) FROM information_schema.columns \
-             WHERE table_name = 'outbox_keys' AND column_name = 'epoch'"
-        ),
-        "0"
-    );
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(&db.url(), "SELECT to_regclass('ordered_runs') IS NULL"),
-        "t"
-    );
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(
-            &db.url(),
-            "SELECT to_regclass('outbox_events_created_at_idx') IS NULL"
-        ),
-        "t"
-    );
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(&db.url(), "SELECT to_regclass('listener_failures') IS NULL"),
-        "t"
-    );
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(&db.url(), "SELECT to_regclass('inbox_processed') IS NULL"),
-        "t"
-    );
-    migrate(project, &db, &["down"]);
-    assert_eq!(
-        psql(&db.url(), "SELECT to_regclass('outbox_events') IS NULL"),
-        "t"
-    );
+    // migrate down, once per kit migration, newest first, rolls back that
+    // migration and removes what it made, and keeps the version-0 row.
+    for &(version, stem) in KIT.iter().rev() {
+        let file = file_name(version, stem);
+        let gone = rolled_back_check(stem);
+        assert_eq!(psql(&db.url(), gone), "f", "{file} before its rollback");
+        let log = String::from_utf8(migrate(project, &db, &["down"]).stderr).unwrap();
+        assert!(log.contains(&file), "not {file} rolled back:\n{log}");
+        assert_eq!(psql(&db.url(), gone), "t", "{file} after its rollback");
+    }
     assert_eq!(
         psql(
             &db.url(),
@@ -1071,6 +1030,63 @@ fn a_generated_project_builds_cleanly_passes_its_tests_and_migrates() {
         ),
         "0"
     );
+}
+
+/// Per kit migration (by its file stem, in [`KIT`]'s order), a query that
+/// is `t` once its `down` ran and `f` while it is applied: what its rollback
+/// removes.
+const ROLLED_BACK: &[(&str, &str)] = &[
+    ("outbox", "SELECT to_regclass('outbox_events') IS NULL"),
+    ("inbox", "SELECT to_regclass('inbox_processed') IS NULL"),
+    (
+        "listener_failures",
+        "SELECT to_regclass('listener_failures') IS NULL",
+    ),
+    (
+        "outbox_created_at",
+        "SELECT to_regclass('outbox_events_created_at_idx') IS NULL",
+    ),
+    (
+        "ordered_listeners",
+        "SELECT to_regclass('ordered_runs') IS NULL",
+    ),
+    (
+        "ordered_chains_in_valkey",
+        "SELECT NOT EXISTS (SELECT 1 FROM information_schema.columns \
+         WHERE table_name = 'outbox_keys' AND column_name = 'epoch')",
+    ),
+    (
+        "ordered_chains_beside_their_queue",
+        "SELECT (to_regclass('outbox_service') IS NULL) AND NOT EXISTS (SELECT 1 \
+         FROM information_schema.columns WHERE table_name = 'listener_failures' \
+         AND column_name = 'holds_key')",
+    ),
+    (
+        "listener_cancellations",
+        "SELECT to_regclass('listener_cancellations') IS NULL",
+    ),
+    ("outbox_later", "SELECT to_regclass('outbox_later') IS NULL"),
+    (
+        "outbox_unique",
+        "SELECT to_regclass('outbox_unique') IS NULL",
+    ),
+];
+
+/// The [`ROLLED_BACK`] query of the kit migration `stem`.
+fn rolled_back_check(stem: &str) -> &'static str {
+    ROLLED_BACK
+        .iter()
+        .find(|(of, _)| *of == stem)
+        .unwrap_or_else(|| panic!("no ROLLED_BACK check in tests/cli/e2e.rs for {stem}"))
+        .1
+}
+
+/// Every kit migration has its rollback checked, in [`KIT`]'s order.
+#[test]
+fn every_kit_migration_has_a_rollback_check() {
+    let checked: Vec<&str> = ROLLED_BACK.iter().map(|(stem, _)| *stem).collect();
+    let kit: Vec<&str> = KIT.iter().map(|(_, stem)| *stem).collect();
+    assert_eq!(checked, kit, "ROLLED_BACK in tests/cli/e2e.rs vs KIT");
 }
 
 /// rustfmt's line breaks depend on line length, so the crate name must not

@@ -22,26 +22,35 @@ use serde::Deserialize;
 
 use crate::e2e::{Database, binary, psql};
 use crate::go_peers::go_peer;
+use crate::kit_migrations::{
+    KIT, assert_migration_files, file_name, kit_files, kit_versions, newest_kit_version,
+};
 use crate::support::{gpkit, new_project};
 
-/// The version of the outbox migration every generated project has.
-const OUTBOX: i64 = 20200101000100;
-/// The kit's inbox migration, in every project since template set 3.
-const INBOX: i64 = 20261130000000;
-/// The kit's record of listener failures, in every project since template
-/// set 18.
-const FAILURES: i64 = 20261205130000;
-/// The kit's index on the outbox's creation time (set 18).
-const CREATED_AT: i64 = 20261205140000;
-/// The kit's tables of ordered listeners (set 19).
-const ORDERING: i64 = 20261205180000;
-/// The kit's epoch of a key's numbering, the chains moved to Valkey (set 22).
-const CHAINS: i64 = 20261206120000;
-/// The kit's service id and failures that hold their key, the chains beside
-/// their queue (set 23).
-const BESIDE: i64 = 20261207120000;
 /// The version `gpkit new migration` gives at `SOURCE_DATE_EPOCH=1800000000`.
 const ORDERS: i64 = 20270115080000;
+
+/// The file of the project's own migration, [`ORDERS`].
+fn orders_file() -> String {
+    file_name(ORDERS, "add_orders_table")
+}
+
+/// The migration files of [`project_migrations`], in version order: the
+/// kit's and `orders`.
+fn project_files() -> Vec<String> {
+    [kit_files(), vec![orders_file()]].concat()
+}
+
+/// The versions of [`project_files`], in version order.
+fn project_versions() -> Vec<i64> {
+    [kit_versions(), vec![ORDERS]].concat()
+}
+
+/// The `version_id`s of a version table after `applied` were applied in
+/// that order: the version-0 row, then each.
+fn rows(applied: &[i64]) -> Vec<i64> {
+    std::iter::once(0).chain(applied.iter().copied()).collect()
+}
 
 /// One migration run by goose (`goosepeer up`, `down`, ...).
 #[derive(Debug, Deserialize)]
@@ -184,12 +193,12 @@ impl<'a> Tools<'a> {
 
     /// Checks that goose and `migrate` both report `applied` as the applied
     /// files (all others pending), and the same current version `current`.
-    fn assert_both_report(&self, applied: &[&str], current: i64) {
+    fn assert_both_report<S: AsRef<str>>(&self, applied: &[S], current: i64) {
         let expected: Vec<(String, bool)> = self
             .files()
             .into_iter()
             .map(|file| {
-                let is_applied = applied.contains(&file.as_str());
+                let is_applied = applied.iter().any(|a| a.as_ref() == file);
                 (file, is_applied)
             })
             .collect();
@@ -201,15 +210,20 @@ impl<'a> Tools<'a> {
 
     /// The migration files of the directory, in version order.
     fn files(&self) -> Vec<String> {
-        let mut files: Vec<(i64, String)> = std::fs::read_dir(self.dir)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .filter(|name| name.ends_with(".sql"))
-            .map(|name| (version_of(&name), name))
-            .collect();
-        files.sort();
-        files.into_iter().map(|(_, name)| name).collect()
+        migration_files(self.dir)
     }
+}
+
+/// The migration files of `dir`, in version order.
+fn migration_files(dir: &Path) -> Vec<String> {
+    let mut files: Vec<(i64, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".sql"))
+        .map(|name| (version_of(&name), name))
+        .collect();
+    files.sort();
+    files.into_iter().map(|(_, name)| name).collect()
 }
 
 /// Panics with the tool's stderr unless it exited successfully.
@@ -288,13 +302,18 @@ fn project_migrations(parent: &Path) -> PathBuf {
     let dir = project.join("migrations");
     // What a developer would write into the new file.
     std::fs::write(
-        dir.join(format!("{ORDERS}_add_orders_table.sql")),
+        dir.join(orders_file()),
         "-- +goose Up\n\
          CREATE TABLE orders (id bigint PRIMARY KEY, total_cents bigint NOT NULL);\n\n\
          -- +goose Down\n\
          DROP TABLE orders;\n",
     )
     .unwrap();
+    assert_migration_files(
+        &migration_files(&dir),
+        &project_files(),
+        "the generated project's migrations",
+    );
     dir
 }
 
@@ -309,27 +328,8 @@ fn migrate_agrees_with_what_goose_applied() {
     let Some(tools) = Tools::new(&dir, &db) else {
         return;
     };
-    let outbox = format!("{OUTBOX}_outbox.sql");
-    let inbox = format!("{INBOX}_inbox.sql");
-    let failures = format!("{FAILURES}_listener_failures.sql");
-    let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
-    let ordering = format!("{ORDERING}_ordered_listeners.sql");
-    let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
-    let beside = format!("{BESIDE}_ordered_chains_beside_their_queue.sql");
-    let orders = format!("{ORDERS}_add_orders_table.sql");
-    assert_eq!(
-        tools.files(),
-        [
-            outbox.as_str(),
-            inbox.as_str(),
-            failures.as_str(),
-            created_at.as_str(),
-            ordering.as_str(),
-            chains.as_str(),
-            beside.as_str(),
-            orders.as_str()
-        ]
-    );
+    let files = project_files();
+    assert_migration_files(&tools.files(), &files, "the directory");
 
     let applied: Vec<GooseResult> = tools.goose(&["up"]);
 
@@ -337,41 +337,16 @@ fn migrate_agrees_with_what_goose_applied() {
         .iter()
         .map(|r| (r.version, r.direction.as_str()))
         .collect();
-    assert_eq!(
-        applied,
-        [
-            (OUTBOX, "up"),
-            (INBOX, "up"),
-            (FAILURES, "up"),
-            (CREATED_AT, "up"),
-            (ORDERING, "up"),
-            (CHAINS, "up"),
-            (BESIDE, "up"),
-            (ORDERS, "up")
-        ]
-    );
+    let every_one_up: Vec<(i64, &str)> = project_versions()
+        .into_iter()
+        .map(|version| (version, "up"))
+        .collect();
+    assert_eq!(applied, every_one_up);
     assert!(
         exists(&db, "outbox_events") && exists(&db, "inbox_processed") && exists(&db, "orders")
     );
-    assert_eq!(
-        version_rows(&db),
-        [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
-        ]
-    );
-    tools.assert_both_report(
-        &[
-            &outbox,
-            &inbox,
-            &failures,
-            &created_at,
-            &ordering,
-            &chains,
-            &beside,
-            &orders,
-        ],
-        ORDERS,
-    );
+    assert_eq!(version_rows(&db), rows(&project_versions()));
+    tools.assert_both_report(&files, ORDERS);
     // Nothing left for migrate to do.
     let log = tools.migrate(&["up"]);
     assert!(
@@ -380,12 +355,7 @@ fn migrate_agrees_with_what_goose_applied() {
         )),
         "{log}"
     );
-    assert_eq!(
-        version_rows(&db),
-        [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
-        ]
-    );
+    assert_eq!(version_rows(&db), rows(&project_versions()));
 }
 
 /// `migrate down` and `migrate up` on a database goose migrated: goose sees
@@ -399,96 +369,45 @@ fn goose_agrees_with_migrate_down_and_up() {
     let Some(tools) = Tools::new(&dir, &db) else {
         return;
     };
-    let outbox = format!("{OUTBOX}_outbox.sql");
-    let inbox = format!("{INBOX}_inbox.sql");
-    let failures = format!("{FAILURES}_listener_failures.sql");
-    let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
-    let ordering = format!("{ORDERING}_ordered_listeners.sql");
-    let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
-    let beside = format!("{BESIDE}_ordered_chains_beside_their_queue.sql");
-    let orders = format!("{ORDERS}_add_orders_table.sql");
+    let kit = kit_files();
+    let orders = orders_file();
     let _: Vec<GooseResult> = tools.goose(&["up"]);
 
     let log = tools.migrate(&["down"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(!exists(&db, "orders") && exists(&db, "outbox_events"));
-    assert_eq!(
-        version_rows(&db),
-        [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE
-        ]
-    );
-    tools.assert_both_report(
-        &[
-            &outbox,
-            &inbox,
-            &failures,
-            &created_at,
-            &ordering,
-            &chains,
-            &beside,
-        ],
-        BESIDE,
-    );
+    assert_eq!(version_rows(&db), rows(&kit_versions()));
+    tools.assert_both_report(&kit, newest_kit_version());
 
     let log = tools.migrate(&["up"]);
     assert_eq!(migrate_ran(&log), [orders.as_str()]);
     assert!(exists(&db, "orders"));
-    assert_eq!(
-        version_rows(&db),
-        [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
-        ]
-    );
-    tools.assert_both_report(
-        &[
-            &outbox,
-            &inbox,
-            &failures,
-            &created_at,
-            &ordering,
-            &chains,
-            &beside,
-            &orders,
-        ],
-        ORDERS,
-    );
+    assert_eq!(version_rows(&db), rows(&project_versions()));
+    tools.assert_both_report(&project_files(), ORDERS);
 
     // The other way round: goose rolls back what migrate applied.
     let rolled_back: Vec<GooseResult> = tools.goose(&["down"]);
     assert_eq!(rolled_back[0].file, orders);
     assert_eq!(rolled_back[0].direction, "down");
-    tools.assert_both_report(
-        &[
-            &outbox,
-            &inbox,
-            &failures,
-            &created_at,
-            &ordering,
-            &chains,
-            &beside,
-        ],
-        BESIDE,
-    );
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [beside.as_str()]);
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [chains.as_str()]);
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [ordering.as_str()]);
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [created_at.as_str()]);
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [failures.as_str()]);
-    assert!(!exists(&db, "listener_failures") && exists(&db, "inbox_processed"));
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [inbox.as_str()]);
-    assert!(!exists(&db, "inbox_processed") && exists(&db, "outbox_events"));
-    let log = tools.migrate(&["down"]);
-    assert_eq!(migrate_ran(&log), [outbox.as_str()]);
-    assert!(!exists(&db, "outbox_events"));
+    tools.assert_both_report(&kit, newest_kit_version());
+    // Then migrate rolls back the kit's migrations one at a time, the newest
+    // first.
+    let versions = kit_versions();
+    for (i, file) in kit.iter().enumerate().rev() {
+        let log = tools.migrate(&["down"]);
+        assert_eq!(migrate_ran(&log), [file.as_str()]);
+        assert_eq!(version_rows(&db), rows(&versions[..i]), "after {file}");
+        match KIT[i].1 {
+            "listener_failures" => {
+                assert!(!exists(&db, "listener_failures") && exists(&db, "inbox_processed"))
+            }
+            "inbox" => assert!(!exists(&db, "inbox_processed") && exists(&db, "outbox_events")),
+            "outbox" => assert!(!exists(&db, "outbox_events")),
+            _ => {}
+        }
+    }
     assert_eq!(version_rows(&db), [0]);
-    tools.assert_both_report(&[], 0);
+    tools.assert_both_report::<&str>(&[], 0);
 }
 
 /// Both tools show the same applied-at time: the row's `tstamp`, which
@@ -507,8 +426,13 @@ fn both_report_the_applied_at_time_of_the_row() {
 
     let goose: Vec<GooseStatus> = tools.goose(&["status"]);
     let migrate = migrate_status_lines(&tools.migrate(&["status"]));
-    assert!(goose.len() == 8 && migrate.len() == 8);
-    for (i, version) in [OUTBOX, INBOX].into_iter().enumerate() {
+    let files = project_files();
+    let goose_files: Vec<String> = goose.iter().map(|line| line.file.clone()).collect();
+    let migrate_files: Vec<String> = migrate.iter().map(|(_, file)| file.clone()).collect();
+    assert_migration_files(&goose_files, &files, "goose status");
+    assert_migration_files(&migrate_files, &files, "migrate status");
+    // The first, applied by migrate, and the second, by goose.
+    for (i, version) in kit_versions()[..2].iter().copied().enumerate() {
         // goose: RFC 3339 of the row read as UTC; migrate: Go's ANSIC layout.
         let (rfc3339, ansic) = row_time(&db, version);
         let goose_at = goose[i].applied_at.as_deref().unwrap();
@@ -695,10 +619,7 @@ fn goose_and_migrate_started_together_apply_each_migration_once() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS, SLOW,
-                CONCURRENT
-            ],
+            rows(&[project_versions(), vec![SLOW, CONCURRENT]].concat()),
             "round {round}"
         );
         for relation in ["outbox_events", "orders", "order_audit", "orders_total_idx"] {
@@ -731,7 +652,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
             return;
         };
         tools.migrate(&["up"]);
-        let last_two = tools.files().split_off(8);
+        let last_two = tools.files().split_off(project_files().len());
 
         let started = Instant::now();
         let goose = spawn(tools.goose_command(&[], &["down"]));
@@ -760,9 +681,7 @@ fn goose_down_and_migrate_down_started_together_roll_back_one_each() {
         assert_second_waited(round, first, &goose_log, &migrate_log);
         assert_eq!(
             version_rows(&db),
-            [
-                0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
-            ],
+            rows(&project_versions()),
             "round {round}"
         );
         assert!(!exists(&db, "order_audit") && !exists(&db, "orders_total_idx"));
@@ -815,11 +734,13 @@ fn either_tool_creates_the_same_version_table_for_the_other() {
     }
 
     // Each tool migrates on the table the other made.
-    // The project's eight: the kit's seven and `orders`.
+    // The project's: the kit's and `orders`.
+    let files = project_files();
     let applied: Vec<GooseResult> = on_migrate_table.goose(&["up"]);
-    assert_eq!(applied.len(), 8);
+    let applied: Vec<String> = applied.into_iter().map(|r| r.file).collect();
+    assert_migration_files(&applied, &files, "goose up");
     let log = on_goose_table.migrate(&["up"]);
-    assert_eq!(migrate_ran(&log).len(), 8);
+    assert_migration_files(&migrate_ran(&log), &files, "migrate up");
     let all: Vec<String> = on_migrate_table.files();
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
     on_migrate_table.assert_both_report(&all, ORDERS);
@@ -990,47 +911,12 @@ fn a_schema_qualified_version_table_is_shared() {
     psql(&db.url(), "CREATE SCHEMA ops");
 
     let applied: Vec<GooseResult> = tools.goose(&["up-by-one"]);
-    assert_eq!(applied[0].version, OUTBOX);
+    assert_eq!(applied[0].version, KIT[0].0);
     let log = tools.migrate(&["up"]);
-    let inbox = format!("{INBOX}_inbox.sql");
-    let failures = format!("{FAILURES}_listener_failures.sql");
-    let created_at = format!("{CREATED_AT}_outbox_created_at.sql");
-    let ordering = format!("{ORDERING}_ordered_listeners.sql");
-    let chains = format!("{CHAINS}_ordered_chains_in_valkey.sql");
-    let beside = format!("{BESIDE}_ordered_chains_beside_their_queue.sql");
-    let orders = format!("{ORDERS}_add_orders_table.sql");
-    assert_eq!(
-        migrate_ran(&log),
-        [
-            inbox.as_str(),
-            failures.as_str(),
-            created_at.as_str(),
-            ordering.as_str(),
-            chains.as_str(),
-            beside.as_str(),
-            orders.as_str()
-        ]
-    );
+    let files = project_files();
+    assert_eq!(migrate_ran(&log), files[1..]);
 
-    assert_eq!(
-        version_rows_of(&db, table),
-        [
-            0, OUTBOX, INBOX, FAILURES, CREATED_AT, ORDERING, CHAINS, BESIDE, ORDERS
-        ]
-    );
+    assert_eq!(version_rows_of(&db, table), rows(&project_versions()));
     assert!(!exists(&db, "goose_db_version"));
-    let outbox = format!("{OUTBOX}_outbox.sql");
-    tools.assert_both_report(
-        &[
-            &outbox,
-            &inbox,
-            &failures,
-            &created_at,
-            &ordering,
-            &chains,
-            &beside,
-            &orders,
-        ],
-        ORDERS,
-    );
+    tools.assert_both_report(&files, ORDERS);
 }

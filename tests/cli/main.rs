@@ -20,6 +20,7 @@ mod guarantees;
 mod help;
 mod inbox_e2e;
 mod interrupted;
+mod kit_migrations;
 mod line_endings;
 mod metrics;
 mod new_migration;

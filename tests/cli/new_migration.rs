@@ -3,6 +3,7 @@
 
 use predicates::str::contains;
 
+use crate::kit_migrations::{kit_files, newest_kit_version};
 use crate::support::{disk_state, gpkit, read_tree};
 
 /// A project without the worker, generated into a temp dir.
@@ -55,32 +56,32 @@ fn a_second_migration_in_the_same_second_gets_a_later_version() {
             .assert()
             .success();
     }
-    assert_eq!(
-        migrations(&dir),
-        [
-            "20200101000100_outbox.sql",
-            "20261130000000_inbox.sql",
-            "20261205130000_listener_failures.sql",
-            "20261205140000_outbox_created_at.sql",
-            "20261205180000_ordered_listeners.sql",
-            "20261206120000_ordered_chains_in_valkey.sql",
-            "20261207120000_ordered_chains_beside_their_queue.sql",
-            "20270115080000_first.sql",
-            "20270115080001_second.sql"
-        ]
-    );
+    let expected = [
+        kit_files(),
+        vec![
+            "20270115080000_first.sql".to_string(),
+            "20270115080001_second.sql".to_string(),
+        ],
+    ]
+    .concat();
+    assert_eq!(migrations(&dir), expected);
 }
 
 #[test]
 fn a_clock_behind_the_newest_migration_still_gets_a_later_version() {
     let dir = project();
-    // 2023-11-14, before the kit's newest migration, of 2026-12-07.
+    // 2023-11-14, before the kit's newest migration: one second after it.
+    let newest = newest_kit_version();
+    assert!(newest > 20231114221320 && newest % 100 < 59, "{newest}");
     gpkit(&dir.path().join("shop"))
         .env("SOURCE_DATE_EPOCH", "1700000000")
         .args(["new", "migration", "late"])
         .assert()
         .success()
-        .stderr(contains("Created migrations/20261207120001_late.sql"));
+        .stderr(contains(format!(
+            "Created migrations/{}_late.sql",
+            newest + 1
+        )));
 }
 
 #[test]
@@ -92,20 +93,12 @@ fn sequential_numbering_counts_up() {
             .assert()
             .success();
     }
-    assert_eq!(
-        migrations(&dir),
-        [
-            "00001_a.sql",
-            "00002_b.sql",
-            "20200101000100_outbox.sql",
-            "20261130000000_inbox.sql",
-            "20261205130000_listener_failures.sql",
-            "20261205140000_outbox_created_at.sql",
-            "20261205180000_ordered_listeners.sql",
-            "20261206120000_ordered_chains_in_valkey.sql",
-            "20261207120000_ordered_chains_beside_their_queue.sql"
-        ]
-    );
+    let expected = [
+        vec!["00001_a.sql".to_string(), "00002_b.sql".to_string()],
+        kit_files(),
+    ]
+    .concat();
+    assert_eq!(migrations(&dir), expected);
 }
 
 #[test]
