@@ -46,7 +46,7 @@ impl FlagDuration {
     /// As code: `Duration::from_secs(90)`, or `from_millis` below a whole
     /// second.
     fn code(self) -> String {
-        if self.millis % 1_000 == 0 {
+        if self.millis.is_multiple_of(1_000) {
             format!("Duration::from_secs({})", self.millis / 1_000)
         } else {
             format!("Duration::from_millis({})", self.millis)
@@ -57,9 +57,9 @@ impl FlagDuration {
     fn words(self) -> String {
         let plural = |n: u64, unit: &str| format!("{n} {unit}{}", if n == 1 { "" } else { "s" });
         match self.millis {
-            ms if ms % 3_600_000 == 0 => plural(ms / 3_600_000, "hour"),
-            ms if ms % 60_000 == 0 => plural(ms / 60_000, "minute"),
-            ms if ms % 1_000 == 0 => plural(ms / 1_000, "second"),
+            ms if ms.is_multiple_of(3_600_000) => plural(ms / 3_600_000, "hour"),
+            ms if ms.is_multiple_of(60_000) => plural(ms / 60_000, "minute"),
+            ms if ms.is_multiple_of(1_000) => plural(ms / 1_000, "second"),
             ms => format!("{ms} ms"),
         }
     }
