@@ -71,7 +71,7 @@ pub(crate) fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
         && prompt::choice(
             example_flag,
             ctx.no_input,
-            "Add the example (orders: POST /orders, GET /orders/{id}, an event and its listener)?",
+            "Add the example (orders: POST /orders, GET /orders/{id}, two events and their listeners)?",
             false,
         )?;
     let deploy = prompt::choice(
@@ -87,7 +87,7 @@ pub(crate) fn run(ctx: &Context, args: NewProjectArgs) -> Result<ExitCode> {
     };
     let components = Components {
         events: if example {
-            vec![example::event()?]
+            example::events()?
         } else {
             Vec::new()
         },

@@ -1,6 +1,7 @@
 //! `gpkit new project --example`: the orders slice works end to end (an
-//! order posted over HTTP is stored with its event, the worker relays it,
-//! and the `confirm` listener's confirmation shows in `GET /orders/{id}`),
+//! order posted over HTTP is stored with its event and its reminder for a
+//! day later, the worker relays the event, and the `confirm` listener's
+//! confirmation shows in `GET /orders/{id}`),
 //! bad input gets a 400 with a JSON error, and the project is what the
 //! commands make, so an upgrade finds nothing to do.
 
@@ -133,10 +134,12 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
 
     // What `add event` records, and nothing for an upgrade to do.
     let manifest = std::fs::read_to_string(project.join("gpkit.toml")).unwrap();
-    assert!(
-        manifest.contains("name = \"orderPlaced\"\nlisteners = [\"confirm\"]"),
-        "{manifest}"
-    );
+    for event in [
+        "name = \"orderPlaced\"\nlisteners = [\"confirm\"]",
+        "name = \"orderReminderDue\"\nlisteners = [\"remind\"]",
+    ] {
+        assert!(manifest.contains(event), "{manifest}");
+    }
     gpkit(&project)
         .args(["upgrade", "templates", "--check"])
         .assert()
@@ -196,6 +199,16 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
         ),
         format!("orderPlaced {id}")
     );
+    // Its reminder waits for a day, where the relay does not look.
+    assert_eq!(
+        psql(
+            &db.url(),
+            "SELECT event_name || ' ' || (payload->>'order_id') || ' ' || \
+             (due_at - created_at BETWEEN interval '23:59' AND interval '24:00:01') \
+             FROM outbox_later"
+        ),
+        format!("orderReminderDue {id} true")
+    );
 
     // The listener's effect: the order is confirmed, once, on the envelope id.
     wait_until(Duration::from_secs(60), "the order is confirmed", || {
@@ -226,8 +239,10 @@ fn the_example_places_an_order_and_its_listener_confirms_it() {
 }
 
 /// The generated tests test something: a listener that fails fails the
-/// example's flow test and the new listener's own test, and a route that no
-/// longer dispatches its event fails the flow test. Each break is undone.
+/// example's flow test and the new listener's own test, a route that no
+/// longer dispatches its event fails the flow test, and one that dispatches
+/// the reminder at once instead of a day later fails the reminder's test.
+/// Each break is undone.
 fn the_tests_fail_when_the_slice_breaks(project: &std::path::Path) {
     let tests = [
         "test",
@@ -239,6 +254,7 @@ fn the_tests_fail_when_the_slice_breaks(project: &std::path::Path) {
     ];
     let listeners = [
         "src/listeners/order_placed/confirm.rs",
+        "src/listeners/order_reminder_due/remind.rs",
         "src/listeners/order_shipped/notify.rs",
     ];
     let originals: Vec<String> = listeners
@@ -259,6 +275,8 @@ fn the_tests_fail_when_the_slice_breaks(project: &std::path::Path) {
     let output = cargo_failing(project, &tests);
     for test in [
         "an_order_placed_is_confirmed_by_its_listener ... FAILED",
+        "an_orders_reminder_runs_a_day_later_and_not_before ... FAILED",
+        "order_reminder_due_remind::remind_handles_an_order_reminder_due ... FAILED",
         "order_shipped_notify::notify_handles_an_order_shipped ... FAILED",
     ] {
         assert!(output.contains(test), "{test} is not in:\n{output}");
@@ -277,6 +295,21 @@ fn the_tests_fail_when_the_slice_breaks(project: &std::path::Path) {
         output.contains("an_order_placed_is_confirmed_by_its_listener ... FAILED"),
         "{output}"
     );
+
+    let later = "kit::dispatch_in(&mut *tx, &reminder, Duration::from_secs(24 * 60 * 60))";
+    assert!(original.contains(later), "{original}");
+    // At once, and without the import only the delay used.
+    let at_once = original
+        .replace(later, "kit::dispatch(&mut *tx, &reminder)")
+        .replace("use std::time::Duration;\n\n", "");
+    std::fs::write(&route, at_once).unwrap();
+    let output = cargo_failing(project, &tests);
+    for failure in [
+        "an_orders_reminder_runs_a_day_later_and_not_before ... FAILED",
+        "expected a `orderReminderDue` dispatched for later matching the predicate",
+    ] {
+        assert!(output.contains(failure), "{failure} is not in:\n{output}");
+    }
     std::fs::write(&route, original).unwrap();
 }
 

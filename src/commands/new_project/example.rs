@@ -1,12 +1,15 @@
 //! `gpkit new project --example`: a working slice, made only of what the
-//! other commands make. The event and its listener are what `gpkit add
+//! other commands make. The events and their listeners are what `gpkit add
 //! event orderPlaced --field order_id:uuid --field sku:string --field
-//! quantity:i32 --listener confirm` records and renders; the migration is
-//! named as `gpkit new migration orders` names it; the rest are a user's
-//! edits: the listener's body and its test (which inserts the order its
-//! event confirms), `src/routes/orders.rs` and two routes, the slice's
-//! test, `tests/orders.rs`, and `serde_json` in `Cargo.toml`. The
-//! manifest records the event, and the bases hold the files as the commands
+//! quantity:i32 --listener confirm` and `gpkit add event orderReminderDue
+//! --field order_id:uuid --listener remind` record and render; the
+//! migration is named as `gpkit new migration orders` names it; the rest
+//! are a user's edits: the listeners' bodies and their tests (which insert
+//! the order each event is about; the reminder's drains "as of" a day
+//! later), `src/routes/orders.rs` (which dispatches the reminder for 24
+//! hours later) and two routes, the slice's test, `tests/orders.rs`, and
+//! `serde_json` (and chrono, for the tests) in `Cargo.toml`. The manifest
+//! records the events, and the bases hold the files as the commands
 //! rendered them, so the project upgrades like any other.
 
 use std::collections::BTreeMap;
@@ -19,34 +22,58 @@ use crate::engine::blueprint::Tree;
 use crate::engine::manifest::{DataLayer, EventSpec};
 use crate::engine::templates::{Renderer, template_set};
 
-/// The dependency the example's code adds to the service's `Cargo.toml`
-/// (`serde_json::json!` in its route and its test), as a user would, at the
-/// kit's version (`blueprint`'s tests check it).
-pub(crate) const SERDE_JSON: &str = "serde_json = \"1\"\n";
+/// The dependencies the example's code adds to the service's `Cargo.toml`,
+/// as a user would, each at the kit's version and features (the tests
+/// below check them), and after the lines it follows: `serde_json`
+/// (`serde_json::json!` in its route and its test) after serde, and chrono
+/// (the reminder's test drains "as of" a day later) after the testing kit,
+/// for the tests only.
+const ADDED_DEPENDENCIES: [(&[&str], &str); 2] = [
+    (&["\nserde = "], "serde_json = \"1\"\n"),
+    (
+        &["\n[dev-dependencies]\n", "\nkit = "],
+        "chrono = { version = \"0.4\", default-features = false, features = [\"clock\", \"serde\", \"std\"] }\n",
+    ),
+];
 
 /// How to try the example once the next steps run.
-pub(crate) const TRY_IT: &str = "\nTry the example (the worker confirms each order):
+pub(crate) const TRY_IT: &str = "\nTry the example (the worker confirms each order; its reminder runs a day later):
   curl -si localhost:8080/orders -H 'content-type: application/json' -d '{\"sku\": \"tea\", \"quantity\": 2}'
   curl -s localhost:8080/orders/<id from the answer>
 ";
 
-/// The example's event, as `gpkit add event` records it.
-pub(crate) fn event() -> Result<EventSpec> {
-    Ok(EventSpec {
-        name: "orderPlaced".to_string(),
-        fields: ["order_id:uuid", "sku:string", "quantity:i32"]
-            .into_iter()
-            .map(events::parse_field)
-            .collect::<Result<_>>()?,
-        listeners: vec!["confirm".to_string()],
-        ordered_by: None,
-        listener_options: Default::default(),
+/// The example's events, as `gpkit add event` records them: the order
+/// placed, confirmed by `confirm`, and its reminder, dispatched for a day
+/// later and run by `remind`.
+pub(crate) fn events() -> Result<Vec<EventSpec>> {
+    [
+        (
+            "orderPlaced",
+            &["order_id:uuid", "sku:string", "quantity:i32"][..],
+            "confirm",
+        ),
+        ("orderReminderDue", &["order_id:uuid"][..], "remind"),
+    ]
+    .into_iter()
+    .map(|(name, fields, listener)| {
+        Ok(EventSpec {
+            name: name.to_string(),
+            fields: fields
+                .iter()
+                .copied()
+                .map(events::parse_field)
+                .collect::<Result<_>>()?,
+            listeners: vec![listener.to_string()],
+            ordered_by: None,
+            listener_options: Default::default(),
+        })
     })
+    .collect()
 }
 
 /// The example's files by path: edits of files in `tree` (the blueprint
-/// with [`event`]) and new files of the user's. With SeaORM, the route and
-/// the listener are written with SeaORM entities (`example-seaorm`, over
+/// with [`events`]) and new files of the user's. With SeaORM, the route and
+/// the listeners are written with SeaORM entities (`example-seaorm`, over
 /// the `example` set), declared in `src/lib.rs` as `entities`. The tests
 /// (`tests/`) name the service's crate, `crate_name`.
 pub(crate) fn files(
@@ -81,18 +108,22 @@ pub(crate) fn files(
     }
 
     let manifest = "Cargo.toml";
-    let text = blueprint_text(tree, manifest)?;
-    let serde = "\nserde = ";
-    let at = text
-        .find(serde)
-        .and_then(|at| Some(at + 1 + text[at + 1..].find('\n')? + 1))
-        .with_context(|| {
-            format!("the example does not fit `{manifest}`: no serde (this is a bug in gpkit)")
-        })?;
-    files.insert(
-        manifest.to_string(),
-        format!("{}{SERDE_JSON}{}", &text[..at], &text[at..]).into_bytes(),
-    );
+    let mut text = blueprint_text(tree, manifest)?;
+    for (after, line) in ADDED_DEPENDENCIES {
+        let at = after
+            .iter()
+            .try_fold(0, |from, marker| {
+                Some(from + text[from..].find(marker)? + 1)
+            })
+            .and_then(|at| Some(at + text[at..].find('\n')? + 1))
+            .with_context(|| {
+                format!(
+                    "the example does not fit `{manifest}`: no {after:?} (this is a bug in gpkit)"
+                )
+            })?;
+        text.insert_str(at, line);
+    }
+    files.insert(manifest.to_string(), text.into_bytes());
 
     let routes = "src/routes/mod.rs";
     let mut edited = blueprint_text(tree, routes)?;
@@ -123,6 +154,8 @@ pub(crate) fn files(
     for listener in [
         "src/listeners/order_placed/confirm.rs",
         "tests/listeners/order_placed_confirm.rs",
+        "src/listeners/order_reminder_due/remind.rs",
+        "tests/listeners/order_reminder_due_remind.rs",
     ] {
         ensure!(
             tree.contains_key(listener) && files.contains_key(listener),
@@ -173,14 +206,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_examples_serde_json_is_the_kits() {
+    fn the_examples_dependencies_are_the_kits() {
         let kit: toml_edit::DocumentMut = include_str!("../../../templates/kit/Cargo.toml")
             .parse()
             .unwrap();
-        let ours: toml_edit::DocumentMut = SERDE_JSON.parse().unwrap();
-        assert_eq!(
-            ours["serde_json"].as_str(),
-            kit["dependencies"]["serde_json"].as_str()
-        );
+        for (_, line) in ADDED_DEPENDENCIES {
+            let ours: toml_edit::DocumentMut = line.parse().unwrap();
+            let (name, ours) = ours.iter().next().unwrap();
+            assert_eq!(
+                ours.to_string().trim(),
+                kit["dependencies"][name].to_string().trim(),
+                "{name}"
+            );
+        }
     }
 }

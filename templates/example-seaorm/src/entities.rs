@@ -39,3 +39,22 @@ pub mod confirmation {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+/// The `order_reminders` table: one row per reminded order's event.
+pub mod reminder {
+    use sea_orm::entity::prelude::*;
+
+    /// One reminder, keyed by the event that caused it.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "order_reminders")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub event_id: Uuid,
+        pub order_id: Uuid,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -1,6 +1,9 @@
-//! The example slice's orders: `POST /orders` stores an order and its
-//! `orderPlaced` event in one SeaORM transaction; `GET /orders/{id}` shows
-//! the order, and whether the `confirm` listener has confirmed it yet.
+//! The example slice's orders: `POST /orders` stores an order, its
+//! `orderPlaced` event and its `orderReminderDue` for a day later in one
+//! SeaORM transaction; `GET /orders/{id}` shows the order, and whether the
+//! `confirm` listener has confirmed it yet.
+
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -13,6 +16,7 @@ use uuid::Uuid;
 
 use crate::entities::{confirmation, order};
 use crate::events::order_placed::OrderPlaced;
+use crate::events::order_reminder_due::OrderReminderDue;
 use crate::startup::AppState;
 
 /// The body of `POST /orders`.
@@ -62,6 +66,11 @@ pub async fn place(
             .insert(tx)
             .await?;
             kit::dispatch(tx, &event).await?;
+            // Its reminder: stored now, its listeners run in 24 hours.
+            let reminder = OrderReminderDue {
+                order_id: event.order_id,
+            };
+            kit::dispatch_in(tx, &reminder, Duration::from_secs(24 * 60 * 60)).await?;
             Ok(())
         })
         .await
