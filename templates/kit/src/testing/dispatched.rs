@@ -125,18 +125,21 @@ impl Dispatched {
         &self,
         matches: impl Fn(&E) -> bool,
     ) -> (E, chrono::DateTime<chrono::Utc>) {
-        self.later
+        let found = self
+            .later
             .iter()
             .filter(|(envelope, _)| envelope.name == E::NAME)
             .map(|(envelope, due)| (decode::<E>(envelope), *due))
-            .find(|(event, _)| matches(event))
-            .unwrap_or_else(|| {
-                panic!(
-                    "expected a `{}` dispatched for later matching the predicate, and none                      waits\n{}",
-                    E::NAME,
-                    self.listing()
-                )
-            })
+            .find(|(event, _)| matches(event));
+        // Not in a closure, so that the panic points at the caller.
+        match found {
+            Some(found) => found,
+            None => panic!(
+                "expected a `{}` dispatched for later matching the predicate, and none waits\n{}",
+                E::NAME,
+                self.listing()
+            ),
+        }
     }
 
     /// Every event of type `E`, decoded, in order.
