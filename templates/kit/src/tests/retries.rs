@@ -502,6 +502,123 @@ async fn a_snooze_past_its_bound_spends_an_attempt() {
     assert_eq!(metrics.failed.get_or_create(&labels()).get(), 2);
 }
 
+/// The listeners of the send-back test: `payment`, with `options`, whose
+/// first three runs snooze and whose fourth succeeds.
+fn snoozing_three_times(runs: &Runs, options: ListenerOptions<Charged>) -> Listeners {
+    let mut listeners = Listeners::new();
+    listeners.listen_with("payment", options, {
+        let runs = runs.clone();
+        move |_: Charged, _: ListenerContext| {
+            let run = runs.start();
+            let runs = runs.clone();
+            async move {
+                runs.end(run);
+                if run <= 3 {
+                    return Err(Snooze::after(SNOOZE).into());
+                }
+                Ok(())
+            }
+        }
+    });
+    listeners
+}
+
+#[tokio::test]
+async fn a_task_sent_back_snoozes_afresh_with_its_listeners_policy_now() {
+    // Arrange: a listener allowed one snooze and no retry, whose task is
+    // archived by its second snooze; then its policy raised (as a new
+    // build or WORKER_RETRIES would), as `outbox retry-archived` sees it.
+    let (db, queue) = (TestDatabase::migrated().await, TestQueue::new().await);
+    let runs = Runs::default();
+    let before = ListenerOptions::new()
+        .retries(0)
+        .max_snoozes(1)
+        .backoff(Backoff::fixed(Duration::ZERO));
+    let metrics = ListenerMetrics::default();
+    let (stop, worker) = start_worker(
+        &queue,
+        &db.pool,
+        snoozing_three_times(&runs, before),
+        &metrics,
+    );
+    let (event_id, event) = event_task(&queue);
+    let id = listener_task_id(event_id, "payment").to_string();
+    enqueue(&queue.client, event).await;
+    eventually(WAIT, "the listener task archived", || {
+        is_in(&queue, keys::archived(&queue.name), &id)
+    })
+    .await;
+    stop.cancel();
+    worker.await.unwrap();
+    assert_eq!(runs.count(), 2, "a snooze, then one past the bound");
+    let now = || {
+        ListenerOptions::new()
+            .retries(2)
+            .timeout(Duration::from_secs(7))
+            .max_snoozes(1)
+            .backoff(Backoff::fixed(Duration::ZERO))
+    };
+    let mut config = crate::testing::config(&db.url());
+    config.valkey.addr = Some(super::support::valkey_addr());
+    config.outbox.queues = queue.name.parse().unwrap();
+    config.worker.queues = queue.name.parse().unwrap();
+    let context = crate::follow::Context::new(config, snoozing_three_times(&runs, now()));
+    let args = crate::operations::retry_archived::Args {
+        listener: None,
+        since: None,
+        include_cancelled: false,
+    };
+
+    // Act: sent back, then run by a worker of the listener as it is now.
+    crate::operations::retry_archived::run(
+        &context,
+        &args,
+        crate::operations::output::Format::Json,
+    )
+    .await
+    .unwrap();
+    let sent_back = message(&queue, &id).await.expect("the task sent back");
+    let (stop, worker) = start_worker(
+        &queue,
+        &db.pool,
+        snoozing_three_times(&runs, now()),
+        &metrics,
+    );
+    eventually(WAIT, "the task sent back completed", || async {
+        is_in(&queue, keys::completed(&queue.name), &id).await
+            || is_in(&queue, keys::archived(&queue.name), &id).await
+    })
+    .await;
+    stop.cancel();
+    worker.await.unwrap();
+
+    // Assert: its snooze after the send-back spent no attempt; it ran
+    // again after the snooze and succeeded.
+    let stored = message(&queue, &id).await.unwrap();
+    assert_eq!(
+        stored.retried, 0,
+        "the snooze after the send-back spent an attempt"
+    );
+    assert!(
+        is_in(&queue, keys::completed(&queue.name), &id).await,
+        "{}",
+        stored.error_msg
+    );
+    let all = runs.all();
+    assert_eq!(all.len(), 4, "two runs, sent back, a snooze and a success");
+    assert!(
+        all[3].0 >= all[2].1.unwrap() + SNOOZE,
+        "ran again before its snooze was over"
+    );
+    assert_eq!(
+        (sent_back.retry, sent_back.timeout, sent_back.retried),
+        (2, 7, 0),
+        "the task sent back takes its listener's policy now"
+    );
+    assert_eq!(sent_back.headers.get(crate::queue::SNOOZES_HEADER), None);
+    assert_eq!(metrics.snoozes.get_or_create(&labels()).get(), 2);
+}
+
 #[tokio::test]
 async fn an_ordered_listener_that_snoozes_keeps_its_keys_turn_and_its_policy() {
     // Arrange: an ordered listener with a policy of its own, whose run of
