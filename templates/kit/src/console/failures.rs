@@ -3,7 +3,9 @@
 //! ServicePulse and Wolverine group dead letters), each with its event.
 //! One task, or a whole group after a page that says how many, runs again
 //! with asynq's "run": the task moves to pending with its id, message and
-//! retry count, as `outbox retry-archived` and asynqmon do.
+//! count of failed runs, as `outbox retry-archived` and asynqmon do; as
+//! `outbox retry-archived`, its count of snoozes starts again at 0 and it
+//! takes its listener's retries and timeout now.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -259,7 +261,7 @@ async fn retry_task(console: &Console, queue: &str, id: &str) -> anyhow::Result<
         anyhow::bail!("`{queue}` is not one of the service's queues");
     }
     let client = console.context.queue().await?;
-    let outcome = client.run_task(queue, id).await?;
+    let outcome = failures::run_again(client, &console.context.listeners, queue, id).await?;
     let retried = usize::from(outcome == RunOutcome::Queued);
     if retried > 0 {
         failures::forget(&console.context.pool, &[id.to_string()]).await?;
@@ -281,7 +283,10 @@ async fn retry_group(console: &Console, task_type: &str, error: &str) -> anyhow:
     for task in failed(console).await? {
         if task.task_type == task_type && task.error == error {
             matched += 1;
-            if client.run_task(&task.queue, &task.id).await? == RunOutcome::Queued {
+            let outcome =
+                failures::run_again(client, &console.context.listeners, &task.queue, &task.id)
+                    .await?;
+            if outcome == RunOutcome::Queued {
                 retried += 1;
                 failures::forget(&console.context.pool, std::slice::from_ref(&task.id)).await?;
             }

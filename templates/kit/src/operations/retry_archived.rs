@@ -1,6 +1,9 @@
 //! `outbox retry-archived`: puts archived listener tasks back to pending,
 //! as asynq's "run" (asynqmon, the asynq CLI) does: same task id, message
-//! and retry count, so a task that fails again is archived again at once.
+//! and count of failed runs, so a task that fails again is archived again
+//! at once (unless its listener's retries were raised since); its count of
+//! snoozes starts again at 0, and it takes its listener's retries and
+//! timeout now ([`failures::run_again`]).
 //! Only `listener:` tasks of the service's queues are touched. Then the
 //! failures recorded in `listener_failures` whose task the queue no longer
 //! has (it keeps 10,000 archived tasks a queue, and Valkey may have lost
@@ -76,7 +79,9 @@ pub async fn run(context: &Context, args: &Args, format: Format) -> anyhow::Resu
             if !matches(&message.r#type, args.listener.as_deref()) {
                 continue;
             }
-            if client.run_task(&queue, &message.id).await? == RunOutcome::Queued {
+            let outcome =
+                failures::run_again(client, &context.listeners, &queue, &message.id).await?;
+            if outcome == RunOutcome::Queued {
                 retried.push(Retried {
                     queue: queue.clone(),
                     id: message.id,

@@ -287,22 +287,49 @@ impl Client {
     }
 
     /// asynq's "run" (`scripts::RUN_TASK`): moves the waiting task `id` of
-    /// `queue` to pending, with its message (and retry count) unchanged.
-    /// Reads the task's state and group first, for the key of the set it
-    /// waits in; the script checks they did not change meanwhile, else it
-    /// tries again.
+    /// `queue` to pending, with its message (and retry count) unchanged, as
+    /// asynqmon does (the tests' asynqmon; the kit sends a listener task
+    /// back with `worker::failures::run_again`).
+    #[cfg(test)]
     pub(crate) async fn run_task(&self, queue: &str, id: &str) -> Result<RunOutcome, QueueError> {
+        self.run_task_rewritten(queue, id, |_| {}).await
+    }
+
+    /// asynq's "run" (`scripts::RUN_TASK`) of the waiting task `id` of
+    /// `queue`, its message changed by `rewrite` in the same step as the
+    /// move to pending (replaced only if the stored one is still the one
+    /// read, and only when `rewrite` changed it). Reads the task's state,
+    /// group and message first, for the key of the set it waits in; the
+    /// script checks they did not change meanwhile, else it tries again.
+    pub(crate) async fn run_task_rewritten(
+        &self,
+        queue: &str,
+        id: &str,
+        rewrite: impl Fn(&mut TaskMessage),
+    ) -> Result<RunOutcome, QueueError> {
         let mut conn = self.conn();
         let task = keys::task(queue, id);
         for _ in 0..RUN_ATTEMPTS {
-            let (state, group): (Option<String>, Option<String>) = redis::cmd("HMGET")
-                .arg(&task)
-                .arg("state")
-                .arg("group")
-                .query_async(&mut conn)
-                .await?;
+            let (state, group, read): (Option<String>, Option<String>, Option<Vec<u8>>) =
+                redis::cmd("HMGET")
+                    .arg(&task)
+                    .arg("state")
+                    .arg("group")
+                    .arg("msg")
+                    .query_async(&mut conn)
+                    .await?;
             let state = state.unwrap_or_default();
             let group = group.unwrap_or_default();
+            // Unchanged (or not a message at all): moved as it is, and
+            // the script is given neither.
+            let (rewritten, read) = read
+                .and_then(|read| {
+                    let stored = TaskMessage::decode(read.as_slice()).ok()?;
+                    let mut message = stored.clone();
+                    rewrite(&mut message);
+                    (message != stored).then(|| (message.encode_to_vec(), read))
+                })
+                .unwrap_or_default();
             let waiting_in = if state == "aggregating" {
                 keys::group(queue, &group)
             } else {
@@ -316,6 +343,8 @@ impl Client {
                 .arg(id)
                 .arg(&state)
                 .arg(&group)
+                .arg(&rewritten)
+                .arg(&read)
                 .invoke_async(&mut conn)
                 .await?;
             match outcome {

@@ -420,24 +420,32 @@ return results
 /// Go asynq's `RunTask` (asynqmon's and the CLI's "run"): moves a task
 /// waiting in `:scheduled`, `:retry`, `:archived` (or a group) to pending,
 /// keeping its message (so its retry count) as it is, provided its state
-/// and group are still the ones read before (they name `KEYS[4]`). Returns 1
-/// when moved, 0 when the task does not exist, -1 when it is active, -2
-/// when already pending, -3 when its state changed since it was read.
+/// and group are still the ones read before (they name `KEYS[4]`). The
+/// kit's own addition: given a new message, the task's message is replaced
+/// by it in the same step, provided the stored one is still the one it was
+/// made from (the kit's send-back, which resets the count of snoozes and
+/// writes the listener's current policy). Returns 1 when moved, 0 when the
+/// task does not exist, -1 when it is active, -2 when already pending, -3
+/// when its state (or its message, when replaced) changed since it was
+/// read.
 ///
 /// KEYS: task hash, pending, groups, the sorted set the task waits in (its
-/// state's, or its group's when aggregating). ARGV: task id, state, group.
+/// state's, or its group's when aggregating). ARGV: task id, state, group,
+/// the new message or "", the message read.
 pub(crate) static RUN_TASK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 if redis.call("EXISTS", KEYS[1]) == 0 then
 	return 0
 end
-local state, group = unpack(redis.call("HMGET", KEYS[1], "state", "group"))
+local state, group, msg = unpack(redis.call("HMGET", KEYS[1], "state", "group", "msg"))
 if state == "active" then
 	return -1
 elseif state == "pending" then
 	return -2
 elseif state ~= ARGV[2] or (group or "") ~= ARGV[3] then
+	return -3
+elseif ARGV[4] ~= "" and msg ~= ARGV[5] then
 	return -3
 end
 if redis.call("ZREM", KEYS[4], ARGV[1]) == 0 then
@@ -445,6 +453,9 @@ if redis.call("ZREM", KEYS[4], ARGV[1]) == 0 then
 end
 if state == "aggregating" and redis.call("ZCARD", KEYS[4]) == 0 then
 	redis.call("SREM", KEYS[3], group)
+end
+if ARGV[4] ~= "" then
+	redis.call("HSET", KEYS[1], "msg", ARGV[4])
 end
 redis.call("LPUSH", KEYS[2], ARGV[1])
 redis.call("HSET", KEYS[1], "state", "pending")

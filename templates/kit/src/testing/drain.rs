@@ -6,9 +6,10 @@
 //! the rows published, each event becomes the task the fan-out would queue
 //! for each listener (its payload, headers and id), and the worker's
 //! listener handler runs it, `ctx.once` and its inbox included, in the
-//! trace the consumer would run it in. Only the queue is left out, and
-//! with it the retries: a failure is reported, not retried, and a
-//! `SkipRetry` is reported as archived.
+//! trace the consumer would run it in, stopped at its listener's timeout
+//! as the worker stops it (a failure). Only the queue is left out, and
+//! with it the retries: a failure is reported, not retried, a `SkipRetry`
+//! is reported as archived, and a `Snooze` as snoozed, not run again.
 //!
 //! Events dispatched for later (`kit::dispatch_in`) are delivered once
 //! they are due, as the worker's mover would move them: by the clock, or
@@ -190,7 +191,9 @@ impl<'a> Drain<'a> {
         self
     }
 
-    /// Reports a delivery that runs longer than `timeout` as timed out.
+    /// Reports a delivery that runs longer than `timeout` as timed out
+    /// (one whose listener's own timeout is shorter fails at that one, as
+    /// on the worker).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -393,15 +396,28 @@ async fn deliver(
         context,
         tracing::Instrument::instrument(run, span),
     ));
-    let outcome = match tokio::time::timeout(timeout, &mut run).await {
+    // The worker stops a run at its listener's timeout (a failure, the
+    // task retried); the drain's own bound reports a run that hangs.
+    let listener_timeout = listener.policy().run_timeout();
+    let outcome = match tokio::time::timeout(listener_timeout.min(timeout), &mut run).await {
         Err(_) => {
             run.abort();
-            Outcome::TimedOut(timeout)
+            if listener_timeout < timeout {
+                Outcome::Failed(format!(
+                    "context deadline exceeded: ran past its listener's timeout of \
+                     {listener_timeout:?}"
+                ))
+            } else {
+                Outcome::TimedOut(timeout)
+            }
         }
         Ok(Err(join)) => Outcome::Panicked(panic_message(join)),
         Ok(Ok(Ok(()))) => Outcome::Succeeded,
         Ok(Ok(Err(err))) if err.skips_retry() => Outcome::Archived(err.to_string()),
-        Ok(Ok(Err(err))) => Outcome::Failed(err.to_string()),
+        Ok(Ok(Err(err))) => match err.deferred_until() {
+            Some(until) if err.is_snooze() => Outcome::Snoozed(until),
+            _ => Outcome::Failed(err.to_string()),
+        },
     };
     let once = if duplicates.get() > 0 {
         Once::Skipped
@@ -520,7 +536,8 @@ impl Lineage {
 pub enum Outcome {
     /// The listener returned `Ok`.
     Succeeded,
-    /// The listener returned an error: the worker would retry it.
+    /// The listener returned an error, or ran past its listener's timeout:
+    /// the worker would retry it.
     Failed(String),
     /// The listener returned a `SkipRetry` (or its event is no envelope):
     /// the worker would archive the task at once.
@@ -529,6 +546,10 @@ pub enum Outcome {
     Panicked(String),
     /// The listener ran past the drain's timeout and was stopped.
     TimedOut(Duration),
+    /// The listener returned a [`Snooze`](crate::worker::listeners::Snooze):
+    /// the worker would run it again at this time, without spending an
+    /// attempt. The drain does not.
+    Snoozed(DateTime<Utc>),
 }
 
 /// What `ctx.once` did in one delivery.
@@ -594,6 +615,7 @@ impl fmt::Display for Delivery {
             Outcome::Archived(error) => write!(f, "archived (not retried): {error}")?,
             Outcome::Panicked(message) => write!(f, "panicked: {message}")?,
             Outcome::TimedOut(after) => write!(f, "still running after {after:?}, stopped")?,
+            Outcome::Snoozed(until) => write!(f, "snoozed until {}", until.to_rfc3339())?,
         }
         match self.once {
             Once::Ran => write!(f, "; ctx.once ran")?,
@@ -617,6 +639,10 @@ fn help(outcome: &Outcome) -> &'static str {
         }
         Outcome::TimedOut(_) => {
             "\nhelp: a listener must not wait on something the test never provides"
+        }
+        Outcome::Snoozed(_) => {
+            "\nhelp: the worker runs a snoozed listener again at that time, without \
+             spending an attempt; the drain does not"
         }
         _ => "",
     }

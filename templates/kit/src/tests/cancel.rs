@@ -53,8 +53,13 @@ impl Event for Stepped {
 /// What the listeners commit in `ctx.once`: (listener, n).
 const DONE: &str = "CREATE TABLE done (listener text NOT NULL, n int NOT NULL)";
 
-/// A listener that commits `(name, n)` in `ctx.once`, after waiting for
-/// ever inside its transaction when `blocks` is true (counting in
+/// How long a blocking listener holds its `ctx.once` transaction open
+/// before it commits: past the time a test takes to cancel it, so only a
+/// run that is stopped leaves nothing committed.
+const HOLD: Duration = Duration::from_secs(3);
+
+/// A listener that commits `(name, n)` in `ctx.once`, after holding its
+/// transaction open for [`HOLD`] when `blocks` is true (counting in
 /// `started` that it did begin).
 async fn commit(
     context: &ListenerContext,
@@ -72,7 +77,7 @@ async fn commit(
                 .await?;
             started.fetch_add(1, AtomicOrdering::SeqCst);
             if blocks {
-                std::future::pending::<()>().await;
+                tokio::time::sleep(HOLD).await;
             }
             Ok(())
         })
@@ -466,6 +471,7 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
         .await;
     let worker = service.run_worker();
     service.started(2).await;
+    let running_since = std::time::Instant::now();
     let context = service.context();
 
     // Act: `--listener a`, then its ask again, as the command publishes
@@ -484,11 +490,22 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
     )
     .await;
     let b_after = service.state(&id("b")).await;
+    // Past a's hold: had its run gone on, its work would have committed by
+    // now, as b's does.
+    eventually(
+        Duration::from_secs(5),
+        "b's work committed and a's hold over",
+        || async move {
+            running_since.elapsed() > HOLD + Duration::from_millis(300)
+                && !service.done().await.is_empty()
+        },
+    )
+    .await;
     worker.stop().await;
 
     // Assert: a's run stopped and its task is gone (not retried, not
     // pending), its `ctx.once` work rolled back, recorded as cancelled;
-    // b's run went on.
+    // b's run went on and committed.
     let asked: Vec<(&str, &str)> = done
         .asked_to_stop
         .iter()
@@ -505,7 +522,7 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
         .unwrap();
     assert_eq!((counts.retry, counts.archived), (0, 0));
     assert!(!service.queue.pending_ids().await.contains(&id("a")));
-    assert!(service.done().await.is_empty());
+    assert_eq!(service.done().await, [("b".to_string(), 1)]);
     assert_eq!(
         service.recorded().await,
         [(id("a"), "a".to_string(), "active".to_string())]

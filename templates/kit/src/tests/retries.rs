@@ -277,10 +277,16 @@ async fn a_listener_with_two_retries_is_archived_after_exactly_three_runs() {
     assert_eq!(metrics.failed.get_or_create(&labels()).get(), 3);
 }
 
+/// How long the listener of the timeout test holds its `ctx.once`
+/// transaction open before it returns `Ok`: past its 1 s timeout, so only
+/// a run that is stopped there leaves nothing committed.
+const HELD: Duration = Duration::from_millis(2500);
+
 #[tokio::test]
 async fn a_listener_past_its_timeout_is_stopped_its_once_work_rolled_back() {
     // Arrange: a listener with a 1 s timeout and 1 retry that writes
-    // through `ctx.once`, then sleeps inside it, past the timeout.
+    // through `ctx.once`, holds the transaction open past the timeout,
+    // then returns Ok (so its work commits unless the run is stopped).
     let (db, queue) = (TestDatabase::migrated().await, TestQueue::new().await);
     sqlx::query("CREATE TABLE charges (event_id uuid NOT NULL, run int NOT NULL)")
         .execute(&db.pool)
@@ -298,6 +304,7 @@ async fn a_listener_past_its_timeout_is_stopped_its_once_work_rolled_back() {
             let runs = runs.clone();
             move |_: Charged, ctx: ListenerContext| {
                 let run = runs.start();
+                let runs = runs.clone();
                 async move {
                     let event_id = ctx.event_id();
                     ctx.once(async move |conn| {
@@ -306,10 +313,11 @@ async fn a_listener_past_its_timeout_is_stopped_its_once_work_rolled_back() {
                             .bind(i32::try_from(run).unwrap())
                             .execute(&mut *conn)
                             .await?;
-                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        tokio::time::sleep(HELD).await;
                         Ok(())
                     })
                     .await?;
+                    runs.end(run);
                     Ok(())
                 }
             }
@@ -321,30 +329,25 @@ async fn a_listener_past_its_timeout_is_stopped_its_once_work_rolled_back() {
     let id = listener_task_id(event_id, "payment").to_string();
     let started = Instant::now();
 
-    // Act
+    // Act: wait until the task is done with (archived, or completed by a
+    // run that was not stopped), then until every run would have
+    // committed had it gone on (its `HELD` past, with a margin).
     enqueue(&queue.client, event).await;
-    eventually(WAIT, "the listener task archived", || {
-        is_in(&queue, keys::archived(&queue.name), &id)
+    eventually(WAIT, "the listener task archived or completed", || async {
+        is_in(&queue, keys::archived(&queue.name), &id).await
+            || is_in(&queue, keys::completed(&queue.name), &id).await
     })
     .await;
-    stop.cancel();
-    worker.await.unwrap();
-
-    // Assert: two runs, each stopped at about its timeout, nothing of
-    // either committed.
-    assert_eq!(runs.count(), 2, "runs: the first and its one retry");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "stopped at the timeout: {:?}",
-        started.elapsed()
-    );
-    let stored = message(&queue, &id).await.unwrap();
-    assert_eq!((stored.retry, stored.retried, stored.timeout), (1, 1, 1));
-    assert!(
-        stored.error_msg.contains("deadline exceeded"),
-        "{}",
-        stored.error_msg
-    );
+    let settled = started.elapsed();
+    let runs_would_have_ended = || {
+        runs.all()
+            .iter()
+            .all(|(start, _)| start.elapsed() > HELD + Duration::from_millis(300))
+    };
+    eventually(WAIT, "every run's hold past", || async {
+        runs_would_have_ended()
+    })
+    .await;
     let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM charges")
         .fetch_one(&db.pool)
         .await
@@ -355,7 +358,32 @@ async fn a_listener_past_its_timeout_is_stopped_its_once_work_rolled_back() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
+    stop.cancel();
+    worker.await.unwrap();
+
+    // Assert: two runs, each stopped at its timeout (before its hold was
+    // over), the task archived; nothing of either committed.
+    assert!(
+        is_in(&queue, keys::archived(&queue.name), &id).await,
+        "archived, not completed"
+    );
+    assert_eq!(runs.count(), 2, "runs: the first and its one retry");
     assert_eq!((charges, recorded), (0, 0), "rows and inbox records kept");
+    assert!(
+        runs.all().iter().all(|(_, ended)| ended.is_none()),
+        "a run went on past its timeout"
+    );
+    assert!(
+        settled < HELD * 2,
+        "stopped at the timeout: archived after {settled:?}"
+    );
+    let stored = message(&queue, &id).await.unwrap();
+    assert_eq!((stored.retry, stored.retried, stored.timeout), (1, 1, 1));
+    assert!(
+        stored.error_msg.contains("deadline exceeded"),
+        "{}",
+        stored.error_msg
+    );
 }
 
 /// How long the snoozing listeners put themselves off.
@@ -472,6 +500,123 @@ async fn a_snooze_past_its_bound_spends_an_attempt() {
     );
     assert_eq!(metrics.snoozes.get_or_create(&labels()).get(), 1);
     assert_eq!(metrics.failed.get_or_create(&labels()).get(), 2);
+}
+
+/// The listeners of the send-back test: `payment`, with `options`, whose
+/// first three runs snooze and whose fourth succeeds.
+fn snoozing_three_times(runs: &Runs, options: ListenerOptions<Charged>) -> Listeners {
+    let mut listeners = Listeners::new();
+    listeners.listen_with("payment", options, {
+        let runs = runs.clone();
+        move |_: Charged, _: ListenerContext| {
+            let run = runs.start();
+            let runs = runs.clone();
+            async move {
+                runs.end(run);
+                if run <= 3 {
+                    return Err(Snooze::after(SNOOZE).into());
+                }
+                Ok(())
+            }
+        }
+    });
+    listeners
+}
+
+#[tokio::test]
+async fn a_task_sent_back_snoozes_afresh_with_its_listeners_policy_now() {
+    // Arrange: a listener allowed one snooze and no retry, whose task is
+    // archived by its second snooze; then its policy raised (as a new
+    // build or WORKER_RETRIES would), as `outbox retry-archived` sees it.
+    let (db, queue) = (TestDatabase::migrated().await, TestQueue::new().await);
+    let runs = Runs::default();
+    let before = ListenerOptions::new()
+        .retries(0)
+        .max_snoozes(1)
+        .backoff(Backoff::fixed(Duration::ZERO));
+    let metrics = ListenerMetrics::default();
+    let (stop, worker) = start_worker(
+        &queue,
+        &db.pool,
+        snoozing_three_times(&runs, before),
+        &metrics,
+    );
+    let (event_id, event) = event_task(&queue);
+    let id = listener_task_id(event_id, "payment").to_string();
+    enqueue(&queue.client, event).await;
+    eventually(WAIT, "the listener task archived", || {
+        is_in(&queue, keys::archived(&queue.name), &id)
+    })
+    .await;
+    stop.cancel();
+    worker.await.unwrap();
+    assert_eq!(runs.count(), 2, "a snooze, then one past the bound");
+    let now = || {
+        ListenerOptions::new()
+            .retries(2)
+            .timeout(Duration::from_secs(7))
+            .max_snoozes(1)
+            .backoff(Backoff::fixed(Duration::ZERO))
+    };
+    let mut config = crate::testing::config(&db.url());
+    config.valkey.addr = Some(super::support::valkey_addr());
+    config.outbox.queues = queue.name.parse().unwrap();
+    config.worker.queues = queue.name.parse().unwrap();
+    let context = crate::follow::Context::new(config, snoozing_three_times(&runs, now()));
+    let args = crate::operations::retry_archived::Args {
+        listener: None,
+        since: None,
+        include_cancelled: false,
+    };
+
+    // Act: sent back, then run by a worker of the listener as it is now.
+    crate::operations::retry_archived::run(
+        &context,
+        &args,
+        crate::operations::output::Format::Json,
+    )
+    .await
+    .unwrap();
+    let sent_back = message(&queue, &id).await.expect("the task sent back");
+    let (stop, worker) = start_worker(
+        &queue,
+        &db.pool,
+        snoozing_three_times(&runs, now()),
+        &metrics,
+    );
+    eventually(WAIT, "the task sent back completed", || async {
+        is_in(&queue, keys::completed(&queue.name), &id).await
+            || is_in(&queue, keys::archived(&queue.name), &id).await
+    })
+    .await;
+    stop.cancel();
+    worker.await.unwrap();
+
+    // Assert: its snooze after the send-back spent no attempt; it ran
+    // again after the snooze and succeeded.
+    let stored = message(&queue, &id).await.unwrap();
+    assert_eq!(
+        stored.retried, 0,
+        "the snooze after the send-back spent an attempt"
+    );
+    assert!(
+        is_in(&queue, keys::completed(&queue.name), &id).await,
+        "{}",
+        stored.error_msg
+    );
+    let all = runs.all();
+    assert_eq!(all.len(), 4, "two runs, sent back, a snooze and a success");
+    assert!(
+        all[3].0 >= all[2].1.unwrap() + SNOOZE,
+        "ran again before its snooze was over"
+    );
+    assert_eq!(
+        (sent_back.retry, sent_back.timeout, sent_back.retried),
+        (2, 7, 0),
+        "the task sent back takes its listener's policy now"
+    );
+    assert_eq!(sent_back.headers.get(crate::queue::SNOOZES_HEADER), None);
+    assert_eq!(metrics.snoozes.get_or_create(&labels()).get(), 2);
 }
 
 #[tokio::test]

@@ -222,6 +222,57 @@ async fn echo(event: Ping, ctx: ListenerContext) -> Result<(), ListenerError> {
     Ok(())
 }
 
+/// Puts itself off for 90 s, as a partner's "429, Retry-After: 90" asks.
+async fn snoozes(_: OrderPlaced, _: ListenerContext) -> Result<(), ListenerError> {
+    Err(Snooze::after(Duration::from_secs(90)).into())
+}
+
+#[tokio::test]
+async fn a_snooze_is_reported_as_snoozed_and_a_run_past_its_listeners_timeout_fails() {
+    // Arrange: a listener that snoozes, and one with a 1 s timeout that
+    // hangs, drained with a bound of its own far above that timeout.
+    let db = TestDatabase::new().await;
+    dispatch_one(&db, &placed(1)).await;
+    let listeners = crate::testing::listeners(|l| {
+        l.listen("snoozes", snoozes).listen_with(
+            "slow",
+            ListenerOptions::new().timeout(Duration::from_secs(1)),
+            hangs,
+        );
+    });
+    let before = chrono::Utc::now();
+    let started = std::time::Instant::now();
+
+    // Act
+    let report = Drain::new(&listeners)
+        .timeout(Duration::from_secs(4))
+        .run(db.pool())
+        .await;
+    let took = started.elapsed();
+
+    // Assert: the snooze is its own outcome, with its time; the slow run
+    // failed at its listener's timeout, as on the worker.
+    let snoozed = report.assert_failed("orderPlaced", "snoozes");
+    let Outcome::Snoozed(until) = snoozed.outcome else {
+        panic!("not reported as a snooze: {snoozed}");
+    };
+    let wait = until - before;
+    assert!(
+        wait >= chrono::TimeDelta::seconds(90) && wait < chrono::TimeDelta::seconds(92),
+        "snoozed for {wait}"
+    );
+    assert!(snoozed.to_string().contains("snoozed until"), "{snoozed}");
+    let slow = report.assert_failed("orderPlaced", "slow");
+    assert!(
+        matches!(&slow.outcome, Outcome::Failed(error) if error.contains("context deadline exceeded")),
+        "{slow}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the slow run was stopped after {took:?}, not at its 1 s timeout"
+    );
+}
+
 #[tokio::test]
 async fn a_listener_that_dispatches_its_own_event_forever_stops_at_the_bound_naming_the_cycle() {
     let db = TestDatabase::new().await;

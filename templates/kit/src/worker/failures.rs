@@ -180,6 +180,39 @@ pub(crate) fn sent_back_task(
     policy.unwrap_or_default().apply(task)
 }
 
+/// asynq's "run" of the task `id` of `queue` as the kit sends a listener
+/// task back (`outbox retry-archived`, the console's Retry): moved to
+/// pending with its id and its count of failed runs, and, in the same step,
+/// its count of snoozes reset and the retries and timeout of its
+/// listener's policy now, in `listeners` (code and `WORKER_RETRIES`); a
+/// listener the service no longer has keeps the task's own. Any other
+/// task moves as it is.
+pub(crate) async fn run_again(
+    client: &crate::queue::Client,
+    listeners: &super::listeners::Listeners,
+    queue: &str,
+    id: &str,
+) -> Result<crate::queue::RunOutcome, crate::queue::QueueError> {
+    client
+        .run_task_rewritten(queue, id, |message| {
+            let Some((event, listener)) = listener_of(&message.r#type) else {
+                return;
+            };
+            message.headers.remove(crate::queue::SNOOZES_HEADER);
+            if let Some(policy) = listeners.policy_of(event, listener) {
+                with_policy(message, policy);
+            }
+        })
+        .await
+}
+
+/// `message` with the retries and timeout of `policy`, as a new task of
+/// it stores them (asynq's `retry`, and `timeout` in whole seconds).
+fn with_policy(message: &mut TaskMessage, policy: super::retry_policy::RetryPolicy) {
+    message.retry = i32::try_from(policy.retries).unwrap_or(i32::MAX);
+    message.timeout = i64::try_from(policy.run_timeout().as_secs()).unwrap_or(i64::MAX);
+}
+
 /// Forgets the records of `task_ids` written before `before` (sent back
 /// to the queue at `before`: a record written since is of a run that failed
 /// again since); how many there were.

@@ -1,7 +1,8 @@
 //! The handler of one listener's tasks ([`ListenerHandler`]), step by
 //! step: the turn of an ordered listener's run in its key's chain, the
 //! listener's limits, the run itself ([`run_listener`], which the test
-//! drain uses too, where a [`Snooze`] becomes a deferral), and what follows
+//! drain uses too; it turns a [`Snooze`] into a deferral, which the drain
+//! reports as snoozed), and what follows
 //! it (the failure it no longer has, the metrics, the chain moved on).
 
 use std::time::Duration;

@@ -210,6 +210,14 @@ impl RetryPolicy {
     pub(crate) fn apply(&self, task: NewTask) -> NewTask {
         task.max_retry(self.retries).timeout(self.timeout)
     }
+
+    /// How long the worker lets one run take: the timeout as a task stores
+    /// it, in whole seconds rounded up, at least 1 s.
+    pub(crate) fn run_timeout(&self) -> Duration {
+        let timeout = self.timeout;
+        let seconds = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+        Duration::from_secs(seconds.max(1))
+    }
 }
 
 /// `retries:25,timeout:30m,backoff:asynq`: the form of a `WORKER_RETRIES`
@@ -327,5 +335,18 @@ mod tests {
             (25, Duration::from_secs(1800), 100)
         );
         assert_eq!(policy.to_string(), "retries:25,timeout:30m,backoff:asynq");
+    }
+
+    #[test]
+    fn a_runs_timeout_is_the_one_its_task_stores() {
+        for (timeout, seconds) in [(1500, 2), (1000, 1), (0, 1), (7000, 7)] {
+            let policy = RetryPolicy {
+                timeout: Duration::from_millis(timeout),
+                ..RetryPolicy::default()
+            };
+            let task = policy.apply(NewTask::new("listener:a:b", "id", Vec::new()));
+            assert_eq!(policy.run_timeout(), Duration::from_secs(seconds));
+            assert_eq!(task.to_message().unwrap().timeout, seconds as i64);
+        }
     }
 }
