@@ -48,7 +48,7 @@ async fn dispatch_once(pool: &sqlx::PgPool, key: &str, window: Duration) -> Uniq
 #[tokio::test]
 async fn a_hundred_concurrent_dispatches_of_one_key_commit_exactly_one_event() {
     const RACERS: usize = 100;
-    const RACE_DEADLINE: Duration = Duration::from_secs(20);
+    const RACE_DEADLINE: Duration = Duration::from_secs(10);
     let db = TestDatabase::new().await;
     let started = Instant::now();
     let pool = PgPoolOptions::new()
