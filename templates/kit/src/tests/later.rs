@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::outbox::later::mover::MOVE_INTERVAL;
 use crate::outbox::order::Place;
 use crate::outbox::relay::Relay;
 use crate::outbox::{Envelope, Store};
@@ -43,9 +44,10 @@ fn reminder(account: &str, n: u32) -> Reminder {
 /// How late after its due time a delayed event's listener may start when
 /// it was dispatched at least the mover's interval before it: the mover
 /// sleeps until the due time it saw, then the relay (woken by the move)
-/// and the consumer (woken by the enqueue) take milliseconds. The docs
-/// state "within a few tens of milliseconds" (and within the mover's
-/// interval, a second, for an event dispatched closer to its time).
+/// and the consumer (woken by the enqueue) take milliseconds (typically
+/// 20 to 40 ms). The docs state this bound: within half a second; and
+/// within a second and a half (the mover's interval, [`MOVE_INTERVAL`],
+/// plus this) for an event dispatched closer to its time.
 const BOUND: Duration = Duration::from_millis(500);
 
 async fn commit_in(db: &TestDatabase, event: &Reminder, after: Duration) -> Envelope {
@@ -339,11 +341,23 @@ async fn the_drain_delivers_a_delayed_event_as_of_a_later_time() {
     assert!(db.dispatched().await.later().is_empty());
 }
 
+/// The due times of the events that wait, by event `n`.
+async fn waiting_due_times(db: &TestDatabase) -> std::collections::HashMap<u32, DateTime<Utc>> {
+    db.dispatched()
+        .await
+        .later()
+        .iter()
+        .map(|(envelope, due)| (envelope.payload["n"].as_u64().unwrap() as u32, *due))
+        .collect()
+}
+
 /// Through the real worker: delayed events run no earlier than their
 /// time and within [`BOUND`] after it, five of them due 200 ms apart (a
 /// mover that only polled every second would start one of them 800 ms
-/// late or more); and an ordered listener runs a delayed event after the
-/// event of its key committed before it was due.
+/// late or more); one dispatched 300 ms before its time while the mover
+/// sleeps its interval, within that interval and [`BOUND`] of it; and an
+/// ordered listener runs a
+/// delayed event after the event of its key committed before it was due.
 #[tokio::test]
 async fn a_delayed_event_runs_no_earlier_than_its_time_and_within_the_bound() {
     let db = TestDatabase::new().await;
@@ -386,15 +400,17 @@ async fn a_delayed_event_runs_no_earlier_than_its_time_and_within_the_bound() {
     }
     commit_in(&db, &reminder("e", 10), Duration::from_millis(1_500)).await;
     commit_now(&db, &reminder("e", 11)).await;
-    let due: std::collections::HashMap<u32, DateTime<Utc>> = db
-        .dispatched()
-        .await
-        .later()
-        .iter()
-        .map(|(envelope, due)| (envelope.payload["n"].as_u64().unwrap() as u32, *due))
-        .collect();
+    let mut due = waiting_due_times(&db).await;
     worker
         .wait_until_delivered(Duration::from_secs(4))
+        .await
+        .unwrap();
+    // 20, dispatched 300 ms before its time once nothing else waits, while
+    // the mover sleeps its interval: within the interval (and BOUND) of it.
+    commit_in(&db, &reminder("close", 20), Duration::from_millis(300)).await;
+    due.extend(waiting_due_times(&db).await);
+    worker
+        .wait_until_delivered(Duration::from_secs(3))
         .await
         .unwrap();
     worker.stop().await.unwrap();
@@ -403,7 +419,7 @@ async fn a_delayed_event_runs_no_earlier_than_its_time_and_within_the_bound() {
         .fetch_all(db.pool())
         .await
         .unwrap();
-    assert_eq!(ran.len(), 7, "{ran:?}");
+    assert_eq!(ran.len(), 8, "{ran:?}");
     let position = |n: i32| ran.iter().position(|(each, _)| *each == n).unwrap();
     assert!(
         position(11) < position(10),
@@ -419,14 +435,18 @@ async fn a_delayed_event_runs_no_earlier_than_its_time_and_within_the_bound() {
             late >= chrono::Duration::zero(),
             "{n} ran {late} before its time"
         );
+        let bound = match n {
+            20 => MOVE_INTERVAL + BOUND,
+            _ => BOUND,
+        };
         assert!(
-            late.to_std().unwrap() <= BOUND,
-            "{n} ran {late} after its time, more than {BOUND:?}: {ran:?}"
+            late.to_std().unwrap() <= bound,
+            "{n} ran {late} after its time, more than {bound:?}: {ran:?}"
         );
         latest = latest.max(late);
     }
     eprintln!(
-        "six delayed events ran at most {} ms after their due times; the test took {:?}",
+        "seven delayed events ran at most {} ms after their due times; the test took {:?}",
         latest.num_milliseconds(),
         started.elapsed()
     );
