@@ -3,9 +3,9 @@
 --
 -- A delayed event waits here, not in `outbox_events`, so that the relay's
 -- claim never reads it: once it is due, the worker moves it into
--- `outbox_events` (in one statement, `FOR UPDATE SKIP LOCKED`, safe in
--- every replica), where it takes its key's next number
--- (`outbox_keys`) and is published like any other event. `created_at` is
+-- `outbox_events` (one mover at a time across replicas, under an advisory
+-- lock), where it takes its key's next number (`outbox_keys`) and is
+-- published like any other event. `created_at` is
 -- the time it was dispatched; in `outbox_events` its time is `due_at`.
 CREATE TABLE outbox_later (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

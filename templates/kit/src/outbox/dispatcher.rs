@@ -147,15 +147,16 @@ fn store_error<E: Event>(source: impl Into<StoreError>) -> DispatchError {
 }
 
 /// Stores `event` in the outbox on `executor`, to be delivered at `when`
-/// and not before: its listeners run at `when` or up to about a second
-/// after it (while a worker runs). A `when` now or in the past dispatches
-/// it at once, as [`dispatch`] does. On a transaction, the event commits
-/// or rolls back with it.
+/// and not before: while a worker runs, its listeners start within half a
+/// second after `when` (a second and a half for an event dispatched less
+/// than a second before it). A `when` at or before the service's clock
+/// (`Utc::now()`) dispatches it at once, as [`dispatch`] does. On a
+/// transaction, the event commits or rolls back with it.
 ///
 /// A delayed event waits in `outbox_later` until it is due, then enters
 /// the outbox and takes its place in its key's order
 /// ([`Event::order_key`]) then: after every event of its key committed
-/// before that. `when` is compared with the database's clock. The returned
+/// before that. It is due once the database's clock reaches `when`. The returned
 /// envelope is the event as dispatched; once due, its time (`occurred_at`)
 /// is `when`. See `docs/outbox.md`, "Events delivered later".
 ///
@@ -282,15 +283,16 @@ where
 
 /// Stores `event` in the outbox on `executor` (a SeaORM transaction or
 /// connection, or a sqlx connection or pool), to be delivered at `when`
-/// and not before: its listeners run at `when` or up to about a second
-/// after it (while a worker runs). A `when` now or in the past dispatches
-/// it at once, as [`dispatch`] does. On a transaction, the event commits
-/// or rolls back with it.
+/// and not before: while a worker runs, its listeners start within half a
+/// second after `when` (a second and a half for an event dispatched less
+/// than a second before it). A `when` at or before the service's clock
+/// (`Utc::now()`) dispatches it at once, as [`dispatch`] does. On a
+/// transaction, the event commits or rolls back with it.
 ///
 /// A delayed event waits in `outbox_later` until it is due, then enters
 /// the outbox and takes its place in its key's order
 /// ([`Event::order_key`]) then: after every event of its key committed
-/// before that. `when` is compared with the database's clock. The returned
+/// before that. It is due once the database's clock reaches `when`. The returned
 /// envelope is the event as dispatched; once due, its time (`occurred_at`)
 /// is `when`. See `docs/outbox.md`, "Events delivered later".
 ///

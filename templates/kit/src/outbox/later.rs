@@ -8,7 +8,11 @@
 //! next numbers under the lock of its `outbox_keys` row, as a dispatch
 //! does, so it comes after every event of its key that committed before
 //! the move, and delayed events of one key follow their due times (then
-//! their dispatch order). In `outbox_events` the event's time
+//! their dispatch order): one mover moves at a time, across replicas
+//! (an advisory lock, [`MOVER_LOCK`]). The mover never waits on a user's
+//! transaction: the events of a key whose row such a transaction holds
+//! are left for the next round, and the others move. In `outbox_events`
+//! the event's time
 //! (`created_at`, the envelope's `occurred_at`) is its due time, so the
 //! relay's lag counts from when it was due.
 
@@ -25,30 +29,74 @@ pub(super) const INSERT_LATER: &str = "\
 INSERT INTO outbox_later (event_id, event_name, payload, metadata, created_at, due_at) \
 VALUES ($1, $2, $3, $4, $5, $6)";
 
+/// The key of the advisory lock a mover holds while it moves a batch
+/// (`pg_try_advisory_xact_lock`): one mover at a time, in every replica,
+/// so that the delayed events of one key are numbered in the order of
+/// their due times. A mover that finds it held skips its round.
+#[cfg(feature = "worker")]
+pub(crate) const MOVER_LOCK: i64 = 0x6770_6b69_745f_6d76;
+
+/// How long a mover waits at most to make the `outbox_keys` row of a key
+/// that has none while a transaction that is not committed yet makes it
+/// too: past it, that key's events are left for the next round. Set for
+/// the batch's transaction, it also bounds any other wait a batch would
+/// make (it takes its locks with `SKIP LOCKED`, so none is expected): the
+/// batch fails then, and the mover backs off.
+#[cfg(feature = "worker")]
+const KEY_ROW_WAIT: &str = "SET LOCAL lock_timeout = '50ms'";
+
+/// The keys, among the next `$1` events due at or before `$2` (the
+/// database's `now()` when null) whose key is not in `$3`, that have no
+/// row in `outbox_keys` (their first event, or an idle key's row was
+/// deleted).
+#[cfg(feature = "worker")]
+const KEYS_WITHOUT_A_ROW: &str = "\
+SELECT DISTINCT d.key FROM ( \
+  SELECT metadata ->> 'order_key' AS key FROM outbox_later \
+  WHERE due_at <= coalesce($2::timestamptz, now()) \
+    AND NOT coalesce(metadata ->> 'order_key' = ANY ($3::text[]), false) \
+  ORDER BY due_at, id LIMIT $1) d \
+WHERE d.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox_keys k WHERE k.key = d.key)";
+
+/// Makes the `outbox_keys` rows of the keys `$1`, numbered from 0.
+#[cfg(feature = "worker")]
+const INSERT_KEY_ROWS: &str = "\
+INSERT INTO outbox_keys (key, seq) SELECT unnest($1::text[]), 0 ON CONFLICT (key) DO NOTHING";
+
 /// The statement that moves up to `$1` events due at or before `$2` (the
-/// database's `now()` when null) from `outbox_later` into
-/// `outbox_events`, in due order, skipping rows another mover holds: a
-/// keyed event takes its key's next number there (one upsert per key, in
-/// key order, so that two movers lock keys in the same order). Returns how
-/// many it moved, and in how many seconds the next event not yet due is
-/// (by the database's clock; null when none waits).
+/// database's `now()` when null) whose key is not in `$3`, from
+/// `outbox_later` into `outbox_events`, in due order. It never waits: it
+/// skips the rows of `outbox_later` another transaction holds, and the
+/// keys whose `outbox_keys` row another transaction holds (a user's
+/// transaction that dispatched an event of the key and is still open):
+/// those keys' events stay for the next round, every other event moves. A
+/// keyed event takes its key's next number. Returns how many it moved, how
+/// many it looked at, the keys it left, and in how many seconds the next
+/// event not yet due is (by the database's clock; null when none waits).
 #[cfg(feature = "worker")]
 pub(crate) const MOVE_DUE: &str = "\
-WITH due AS ( \
-  DELETE FROM outbox_later WHERE id IN ( \
-    SELECT id FROM outbox_later WHERE due_at <= coalesce($2::timestamptz, now()) \
-    ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-  RETURNING id, event_id, event_name, payload, metadata, due_at), \
+WITH candidates AS ( \
+  SELECT id, metadata ->> 'order_key' AS key FROM outbox_later \
+  WHERE due_at <= coalesce($2::timestamptz, now()) \
+    AND NOT coalesce(metadata ->> 'order_key' = ANY ($3::text[]), false) \
+  ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+locked AS ( \
+  SELECT k.key FROM outbox_keys k WHERE k.key IN (SELECT key FROM candidates) \
+  ORDER BY k.key FOR UPDATE SKIP LOCKED), \
+due AS ( \
+  DELETE FROM outbox_later l USING candidates c \
+  WHERE l.id = c.id AND (c.key IS NULL OR c.key IN (SELECT key FROM locked)) \
+  RETURNING l.id, l.event_id, l.event_name, l.payload, l.metadata, l.due_at), \
 ranked AS ( \
   SELECT due.*, metadata ->> 'order_key' AS key, \
     row_number() OVER (PARTITION BY metadata ->> 'order_key' ORDER BY due_at, id) AS rank, \
     count(*) OVER (PARTITION BY metadata ->> 'order_key') AS taken \
   FROM due), \
 numbered AS ( \
-  INSERT INTO outbox_keys AS k (key, seq) \
-  SELECT key, max(taken) FROM ranked WHERE key IS NOT NULL GROUP BY key ORDER BY key \
-  ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq, updated_at = now() \
-  RETURNING key, seq, epoch), \
+  UPDATE outbox_keys k SET seq = k.seq + t.taken, updated_at = now() \
+  FROM (SELECT key, max(taken) AS taken FROM ranked WHERE key IS NOT NULL GROUP BY key) t \
+  WHERE k.key = t.key \
+  RETURNING k.key, k.seq, k.epoch), \
 moved AS ( \
   INSERT INTO outbox_events (event_id, event_name, payload, metadata, created_at) \
   SELECT r.event_id, r.event_name, r.payload, \
@@ -58,9 +106,38 @@ moved AS ( \
   FROM ranked r LEFT JOIN numbered n ON n.key = r.key \
   ORDER BY r.due_at, r.id \
   RETURNING 1) \
-SELECT (SELECT count(*) FROM moved), \
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM candidates), \
+  (SELECT coalesce(array_agg(DISTINCT key), '{}') FROM candidates \
+   WHERE key IS NOT NULL AND key NOT IN (SELECT key FROM locked)), \
   (SELECT extract(epoch FROM min(due_at) - clock_timestamp())::float8 FROM outbox_later \
    WHERE due_at > coalesce($2::timestamptz, now()))";
+
+/// What a mover's round did ([`Store::move_due_and_look_ahead`]).
+#[cfg(feature = "worker")]
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Round {
+    /// Events moved into `outbox_events`.
+    pub(crate) moved: u64,
+    /// Keys whose due events were left for the next round: another
+    /// transaction held their `outbox_keys` row.
+    pub(crate) left: Vec<String>,
+    /// How long until the next event that is not due yet (`None` when
+    /// none waits, or the round was skipped).
+    pub(crate) next_in: Option<std::time::Duration>,
+    /// Whether another mover held [`MOVER_LOCK`], so that this round
+    /// stopped there.
+    pub(crate) skipped: bool,
+}
+
+/// What one batch of a round did: moved, looked at, left, next in.
+#[cfg(feature = "worker")]
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Batch {
+    pub(crate) moved: u64,
+    pub(crate) seen: u64,
+    pub(crate) left: Vec<String>,
+    pub(crate) next_in: Option<std::time::Duration>,
+}
 
 /// How many events wait, and when the next is due.
 #[cfg(feature = "worker")]
@@ -115,38 +192,113 @@ impl Store {
         Ok(())
     }
 
-    /// Moves up to `limit` events due at or before `as_of` (the
-    /// database's clock when `None`) into `outbox_events`, in one
-    /// statement ([`MOVE_DUE`]); returns how many it moved.
+    /// Moves every event due at or before `as_of` (the database's clock
+    /// when `None`) into `outbox_events`, as the worker's mover does,
+    /// waiting for another mover's batch to end rather than skipping;
+    /// returns how many it moved.
     #[cfg(all(feature = "worker", feature = "testing"))]
-    pub(crate) async fn move_due<'e>(
+    pub(crate) async fn move_due(
         &self,
-        executor: impl PgExecutor<'e>,
+        pool: &sqlx::PgPool,
         limit: u32,
         as_of: Option<DateTime<Utc>>,
     ) -> Result<u64, sqlx::Error> {
-        Ok(self
-            .move_due_and_look_ahead(executor, limit, as_of)
-            .await?
-            .0)
+        let mut moved = 0;
+        loop {
+            let round = self.move_due_and_look_ahead(pool, limit, as_of).await?;
+            moved += round.moved;
+            if !round.skipped {
+                return Ok(moved);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
-    /// [`Store::move_due`], and how long until the next event that is not
-    /// due yet is (`None` when none waits).
+    /// One round of the mover: batch after batch of up to `limit` events
+    /// due at or before `as_of` (the database's clock when `None`), each
+    /// in a transaction of its own that holds [`MOVER_LOCK`], until none
+    /// is left but those of keys another transaction holds. Another mover
+    /// holding the lock ends the round (`skipped`).
     #[cfg(feature = "worker")]
-    pub(crate) async fn move_due_and_look_ahead<'e>(
+    pub(crate) async fn move_due_and_look_ahead(
         &self,
-        executor: impl PgExecutor<'e>,
+        pool: &sqlx::PgPool,
         limit: u32,
         as_of: Option<DateTime<Utc>>,
-    ) -> Result<(u64, Option<std::time::Duration>), sqlx::Error> {
-        let (moved, next_in): (i64, Option<f64>) = sqlx::query_as(MOVE_DUE)
+    ) -> Result<Round, sqlx::Error> {
+        let mut round = Round::default();
+        loop {
+            let mut tx = pool.begin().await?;
+            if !self.take_mover_lock(&mut tx).await? {
+                tx.rollback().await?;
+                round.skipped = true;
+                return Ok(round);
+            }
+            let batch = self
+                .move_due_batch(&mut tx, limit, as_of, &round.left)
+                .await?;
+            tx.commit().await?;
+            round.moved += batch.moved;
+            round.left.extend(batch.left);
+            round.next_in = batch.next_in;
+            if batch.seen < u64::from(limit) {
+                return Ok(round);
+            }
+        }
+    }
+
+    /// Takes [`MOVER_LOCK`] in the transaction on `conn`, if no other
+    /// mover holds it; whether it got it.
+    #[cfg(feature = "worker")]
+    pub(crate) async fn take_mover_lock(
+        &self,
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(MOVER_LOCK)
+            .fetch_one(conn)
+            .await
+    }
+
+    /// One batch ([`MOVE_DUE`]) in the transaction on `conn`, which holds
+    /// [`MOVER_LOCK`], leaving out the events of the keys in `left`: makes
+    /// the missing `outbox_keys` rows first, waiting at most
+    /// [`KEY_ROW_WAIT`] for each.
+    #[cfg(feature = "worker")]
+    pub(crate) async fn move_due_batch(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        limit: u32,
+        as_of: Option<DateTime<Utc>>,
+        left: &[String],
+    ) -> Result<Batch, sqlx::Error> {
+        sqlx::query(KEY_ROW_WAIT).execute(&mut *conn).await?;
+        let missing: Vec<String> = sqlx::query_scalar(KEYS_WITHOUT_A_ROW)
             .bind(i64::from(limit))
             .bind(as_of)
-            .fetch_one(executor)
+            .bind(left)
+            .fetch_all(&mut *conn)
             .await?;
-        let next_in = next_in.map(|seconds| std::time::Duration::from_secs_f64(seconds.max(0.0)));
-        Ok((moved.max(0) as u64, next_in))
+        // One statement for all; if a key's row is being made by a
+        // transaction still open, one per key, so that only that one waits.
+        if !missing.is_empty() && !insert_key_rows(conn, &missing).await? && missing.len() > 1 {
+            for key in &missing {
+                insert_key_rows(conn, std::slice::from_ref(key)).await?;
+            }
+        }
+        let (moved, seen, left, next_in): (i64, i64, Vec<String>, Option<f64>) =
+            sqlx::query_as(MOVE_DUE)
+                .bind(i64::from(limit))
+                .bind(as_of)
+                .bind(left)
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(Batch {
+            moved: moved.max(0) as u64,
+            seen: seen.max(0) as u64,
+            left,
+            next_in: next_in.map(|seconds| std::time::Duration::from_secs_f64(seconds.max(0.0))),
+        })
     }
 
     /// How many events wait, and when the next is due.
@@ -190,6 +342,34 @@ impl Store {
     }
 }
 
+/// Makes the `outbox_keys` rows of `keys` in a savepoint of the
+/// transaction on `conn`; `false`, the savepoint rolled back, when one of
+/// them is being made by another transaction that did not end within
+/// [`KEY_ROW_WAIT`] (lock timeout).
+#[cfg(feature = "worker")]
+async fn insert_key_rows(
+    conn: &mut sqlx::PgConnection,
+    keys: &[String],
+) -> Result<bool, sqlx::Error> {
+    use sqlx::Connection as _;
+    let mut savepoint = conn.begin().await?;
+    match sqlx::query(INSERT_KEY_ROWS)
+        .bind(keys)
+        .execute(&mut *savepoint)
+        .await
+    {
+        Ok(_) => {
+            savepoint.commit().await?;
+            Ok(true)
+        }
+        Err(sqlx::Error::Database(err)) if err.code().as_deref() == Some("55P03") => {
+            savepoint.rollback().await?;
+            Ok(false)
+        }
+        Err(err) => Err(err),
+    }
+}
+
 /// The mover, in the worker beside the relay (feature `worker`).
 #[cfg(feature = "worker")]
 pub(crate) mod mover {
@@ -215,23 +395,6 @@ pub(crate) mod mover {
     /// Events moved per statement.
     pub(crate) const MOVE_BATCH: u32 = 1_000;
 
-    /// Moves every event due now, batch by batch; the total moved, and
-    /// how long until the next event not due yet.
-    pub(crate) async fn move_all_due(
-        pool: &PgPool,
-    ) -> Result<(u64, Option<Duration>), sqlx::Error> {
-        let mut total = 0;
-        loop {
-            let (moved, next_in) = Store
-                .move_due_and_look_ahead(pool, MOVE_BATCH, None)
-                .await?;
-            total += moved;
-            if moved < u64::from(MOVE_BATCH) {
-                return Ok((total, next_in));
-            }
-        }
-    }
-
     /// Moves due events until `shutdown`: every [`MOVE_INTERVAL`], or at
     /// the next due time when that is sooner; wakes the relay (`relay`)
     /// after a move; a failure backs off as the relay's rounds do. On its
@@ -240,18 +403,23 @@ pub(crate) mod mover {
     pub(crate) async fn run(pool: PgPool, relay: Arc<Notify>, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(MOVE_INTERVAL, MAX_BACKOFF);
         while !shutdown.is_cancelled() {
-            let moved = tokio::select! {
+            let round = tokio::select! {
                 () = shutdown.cancelled() => break,
-                moved = move_all_due(&pool) => moved,
+                round = Store.move_due_and_look_ahead(&pool, MOVE_BATCH, None) => round,
             };
-            let wait = match moved {
-                Ok((moved, next_in)) => {
+            let wait = match round {
+                Ok(round) => {
                     backoff.reset();
-                    if moved > 0 {
-                        tracing::debug!(moved, "due events moved into the outbox");
+                    if round.moved > 0 {
+                        tracing::debug!(moved = round.moved, "due events moved into the outbox");
                         relay.notify_one();
                     }
-                    next_in.map_or(MOVE_INTERVAL, |next_in| next_in.min(MOVE_INTERVAL))
+                    if !round.left.is_empty() {
+                        tracing::debug!(keys = ?round.left, "due events of keys another transaction holds left for the next round");
+                    }
+                    round
+                        .next_in
+                        .map_or(MOVE_INTERVAL, |next_in| next_in.min(MOVE_INTERVAL))
                 }
                 Err(err) => {
                     let wait = backoff.next_delay();

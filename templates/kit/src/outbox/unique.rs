@@ -2,12 +2,13 @@
 //! statement that takes the key in `outbox_unique` and stores the event
 //! only if it got it, and [`Unique`], what it reports.
 //!
-//! The key is taken in the caller's transaction by one `INSERT ... ON
-//! CONFLICT (key) DO UPDATE`, which locks the key's row: a concurrent
-//! dispatch of the same key waits for the transaction that holds it, then
-//! finds the key held (that transaction committed) or free (it rolled
-//! back). A key whose window is over is taken over by the next dispatch;
-//! the worker's cleanup deletes expired keys.
+//! The key is taken in the caller's transaction (the migration's
+//! `outbox_unique_take`): a concurrent dispatch of the same key waits for
+//! the transaction that is taking it, then finds the key held (that
+//! transaction committed) or free (it rolled back). A dispatch that finds
+//! the key held writes nothing, so it holds no lock until its own
+//! transaction ends. A key whose window is over is taken over by the next
+//! dispatch; the worker's cleanup deletes expired keys.
 
 use std::time::Duration;
 
@@ -31,7 +32,8 @@ pub enum Unique {
     Duplicate {
         /// The id of the event that holds the key.
         existing: Uuid,
-        /// When its window ends: a dispatch from then on is stored.
+        /// When its window ends, a time still to come when it is
+        /// reported: a dispatch from then on is stored.
         until: DateTime<Utc>,
     },
 }
@@ -45,19 +47,16 @@ impl Unique {
 
 /// The part of the statement that takes the key: binds `$1` the event id,
 /// `$6` the unique key, `$7` the window in seconds. The row's `stored`
-/// says whether this event got the key. A held key's row is rewritten with
-/// its own values, which locks it as `DO NOTHING` would not, and returns
-/// it: the holder is known in the same statement.
+/// says whether this event got the key; else `event_id` and `until` name
+/// the event that holds it and when its window ends (a time to come).
+/// `outbox_unique_take` (the migration's) inserts the key with `ON
+/// CONFLICT DO NOTHING`, reads the holder, and takes over a key whose
+/// window is over with an `UPDATE ... WHERE until <= clock_timestamp()`:
+/// a dispatch that finds the key held writes nothing and holds no lock.
 const TAKE_KEY: &str = "\
 WITH taken AS ( \
-  INSERT INTO outbox_unique AS u (key, event_id, until) \
-  VALUES ($6, $1, clock_timestamp() + make_interval(secs => $7::float8)) \
-  ON CONFLICT (key) DO UPDATE SET \
-    event_id = CASE WHEN u.until <= excluded.until - make_interval(secs => $7::float8) \
-      THEN excluded.event_id ELSE u.event_id END, \
-    until = CASE WHEN u.until <= excluded.until - make_interval(secs => $7::float8) \
-      THEN excluded.until ELSE u.until END \
-  RETURNING event_id, until, event_id = $1 AS stored)";
+  SELECT t.taken AS stored, t.holder AS event_id, t.held_until AS until \
+  FROM outbox_unique_take($6, $1, $7::float8) t)";
 
 /// The statement that takes the key and, if it got it, stores an event
 /// without an order key. Binds: event id, name, payload, metadata, time,

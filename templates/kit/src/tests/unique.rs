@@ -43,13 +43,17 @@ async fn dispatch_once(pool: &sqlx::PgPool, key: &str, window: Duration) -> Uniq
 
 /// 100 transactions, all open at once, dispatch one key: exactly one
 /// event commits, and the 99 others name it as the one that holds the key.
+/// Every wait is bounded ([`RACE_DEADLINE`]): a racer that cannot open its
+/// transaction fails the test instead of leaving the others at the barrier.
 #[tokio::test]
 async fn a_hundred_concurrent_dispatches_of_one_key_commit_exactly_one_event() {
     const RACERS: usize = 100;
+    const RACE_DEADLINE: Duration = Duration::from_secs(10);
     let db = TestDatabase::new().await;
     let started = Instant::now();
     let pool = PgPoolOptions::new()
         .max_connections(RACERS as u32)
+        .acquire_timeout(RACE_DEADLINE)
         .connect_with(db.pool().connect_options().as_ref().clone())
         .await
         .unwrap();
@@ -58,20 +62,34 @@ async fn a_hundred_concurrent_dispatches_of_one_key_commit_exactly_one_event() {
     for account in 0..RACERS as u32 {
         let (pool, barrier) = (pool.clone(), barrier.clone());
         racers.spawn(async move {
-            let mut tx = pool.begin().await.unwrap();
+            let mut tx = pool
+                .begin()
+                .await
+                .map_err(|err| format!("racer {account} could not open its transaction: {err}"))?;
             // Every transaction is open before any dispatches.
-            barrier.wait().await;
+            tokio::time::timeout(RACE_DEADLINE, barrier.wait())
+                .await
+                .map_err(|_| {
+                    format!(
+                        "racer {account}: not every racer reached the barrier within \
+                         {RACE_DEADLINE:?} (one could not open its transaction?)"
+                    )
+                })?;
             let outcome =
-                crate::dispatch_unique(&mut *tx, &SyncRequested { account }, "sync:1", HOUR).await;
-            tx.commit().await.unwrap();
-            outcome
+                crate::dispatch_unique(&mut *tx, &SyncRequested { account }, "sync:1", HOUR)
+                    .await
+                    .map_err(|err| format!("racer {account}'s dispatch failed: {err}"))?;
+            tx.commit()
+                .await
+                .map_err(|err| format!("racer {account}'s commit failed: {err}"))?;
+            Ok::<Unique, String>(outcome)
         });
     }
-    let outcomes: Vec<Unique> = racers
-        .join_all()
+    let outcomes: Vec<Unique> = tokio::time::timeout(2 * RACE_DEADLINE, racers.join_all())
         .await
+        .unwrap_or_else(|_| panic!("the race did not end within {:?}", 2 * RACE_DEADLINE))
         .into_iter()
-        .map(|outcome| outcome.expect("every dispatch succeeds, stored or not"))
+        .map(|outcome| outcome.unwrap_or_else(|err| panic!("{err}")))
         .collect();
     let stored: Vec<&Envelope> = outcomes
         .iter()
@@ -126,6 +144,96 @@ async fn after_its_window_a_key_takes_a_new_event() {
             == 1
     })
     .await;
+}
+
+/// A dispatch that finds the key held takes no lock: while one such
+/// dispatch's transaction stays open, another dispatch of the key answers
+/// at once (within [`ANSWER_BOUND`]) that the first event holds it.
+#[tokio::test]
+async fn a_duplicate_holds_no_lock_on_the_key() {
+    const ANSWER_BOUND: Duration = Duration::from_secs(2);
+    let db = TestDatabase::new().await;
+    let Unique::Stored(first) = dispatch_once(db.pool(), "sync:5", HOUR).await else {
+        panic!("the first dispatch of a key is stored");
+    };
+    let mut open = db.pool().begin().await.unwrap();
+    let duplicate =
+        crate::dispatch_unique(&mut *open, &SyncRequested { account: 5 }, "sync:5", HOUR)
+            .await
+            .unwrap();
+    assert!(!duplicate.is_stored(), "{duplicate:?}");
+
+    let answer = tokio::time::timeout(ANSWER_BOUND, dispatch_once(db.pool(), "sync:5", HOUR))
+        .await
+        .unwrap_or_else(|_| {
+            panic!("a dispatch waited {ANSWER_BOUND:?} on another duplicate's open transaction")
+        });
+    open.commit().await.unwrap();
+    let Unique::Duplicate { existing, until } = answer else {
+        panic!("the key is held: {answer:?}");
+    };
+    assert_eq!(existing, first.id);
+    assert!(until > chrono::Utc::now(), "{until}");
+    assert_eq!(events(db.pool()).await, 1);
+}
+
+/// A dispatch that waited on the transaction taking the key until that
+/// key's window was over is stored (the window ended before it got its
+/// answer), never told `Duplicate` with an `until` already past.
+#[tokio::test]
+async fn a_dispatch_that_waited_past_the_window_takes_the_key() {
+    let db = TestDatabase::new().await;
+    let window = Duration::from_millis(200);
+    let mut holder = db.pool().begin().await.unwrap();
+    let taken = crate::dispatch_unique(
+        &mut *holder,
+        &SyncRequested { account: 6 },
+        "sync:6",
+        window,
+    )
+    .await
+    .unwrap();
+    assert!(taken.is_stored());
+    let until: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT until FROM outbox_unique WHERE key = 'sync:6'")
+            .fetch_one(&mut *holder)
+            .await
+            .unwrap();
+    let pool = db.pool().clone();
+    let waiting = tokio::spawn(async move { dispatch_once(&pool, "sync:6", window).await });
+    support::eventually(
+        Duration::from_secs(3),
+        "the second to wait on the key",
+        || async { waiting_on_a_lock(db.pool()).await == 1 },
+    )
+    .await;
+    // The holder commits once its window is over.
+    support::eventually(Duration::from_secs(3), "the window to end", || async {
+        chrono::Utc::now() > until
+    })
+    .await;
+    holder.commit().await.unwrap();
+
+    let answer = waiting.await.unwrap();
+    let answered_at = chrono::Utc::now();
+    match answer {
+        Unique::Stored(_) => {}
+        Unique::Duplicate { until, .. } => {
+            panic!("told Duplicate until {until}, at {answered_at}: the window was over")
+        }
+    }
+    assert_eq!(events(db.pool()).await, 2);
+}
+
+/// How many sessions of the test's database wait on a lock.
+async fn waiting_on_a_lock(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 /// A transaction that took the key and rolled back leaves it free: the
