@@ -201,6 +201,12 @@ impl Service {
     /// A kit worker of the queue, as `crate::worker::run` wires it
     /// (failures recorded before the archive, cancellations on cancel).
     fn run_worker(&self) -> Worker {
+        self.run_worker_with(|_| {})
+    }
+
+    /// [`Self::run_worker`], its consumer given to `more` first (handlers
+    /// of other task types).
+    fn run_worker_with(&self, more: impl FnOnce(&mut crate::queue::Consumer)) -> Worker {
         let options = ConsumerOptions {
             queues: self.queue.name.parse().unwrap(),
             concurrency: 10,
@@ -222,6 +228,7 @@ impl Service {
             self.db.pool.clone(),
             super::ordering::chains(&self.db.pool, &self.queue),
         );
+        more(&mut consumer);
         let stop = CancellationToken::new();
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
         Worker { stop, running }
@@ -458,6 +465,68 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
         service.recorded().await,
         [(id("a"), "a".to_string(), "active".to_string())]
     );
+}
+
+#[tokio::test]
+async fn a_cancelled_fan_out_or_schedule_task_is_retried_as_in_go_asynq() {
+    // Arrange: an `event:` (fan-out) and a `job:` (schedule) task running
+    // on a kit worker, each until cancelled, counting its runs.
+    let service = Service::new(false).await;
+    let tasks = [
+        ("event:testCancelSlowFanOut", "fan-out-1"),
+        ("job:testCancelSlowJob", "job-1"),
+    ];
+    let runs: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let worker = service.run_worker_with(|consumer| {
+        for (i, (task_type, _)) in tasks.into_iter().enumerate() {
+            let runs = runs.clone();
+            consumer.handle(task_type, move |_| {
+                runs[i].fetch_add(1, AtomicOrdering::SeqCst);
+                std::future::pending()
+            });
+        }
+    });
+    service
+        .enqueue(&tasks.map(|(task_type, id)| {
+            NewTask::new(task_type, id, b"{}".to_vec())
+                .queue(&service.queue.name)
+                .max_retry(25)
+        }))
+        .await;
+
+    // Act: asynqmon's Cancel on each, until the worker's subscription
+    // hears it and the task is either gone or run again.
+    let (service, runs) = (&service, &runs);
+    for (i, (_, id)) in tasks.into_iter().enumerate() {
+        eventually(
+            Duration::from_secs(4),
+            "the cancelled task to settle",
+            || async move {
+                if runs[i].load(AtomicOrdering::SeqCst) == 0 {
+                    return false;
+                }
+                service.queue.client.publish_cancel(id).await.unwrap();
+                service.state(id).await.is_none() || runs[i].load(AtomicOrdering::SeqCst) >= 2
+            },
+        )
+        .await;
+    }
+    let states = [
+        service.state(tasks[0].1).await,
+        service.state(tasks[1].1).await,
+    ];
+    worker.stop().await;
+
+    // Assert: each failed as in Go asynq and was retried (run again), not
+    // deleted; nothing recorded as a listener's cancellation.
+    for (i, (_, id)) in tasks.into_iter().enumerate() {
+        assert!(states[i].is_some(), "{id} was deleted");
+        assert!(
+            runs[i].load(AtomicOrdering::SeqCst) >= 2,
+            "{id} not retried"
+        );
+    }
+    assert!(service.recorded().await.is_empty());
 }
 
 #[tokio::test]

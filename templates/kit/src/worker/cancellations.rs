@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use super::ordering::{End, ORDERED_HEADER, Ordering};
 use super::task_names::listener_of;
-use crate::queue::Consumer;
 use crate::queue::message::TaskMessage;
+use crate::queue::{CancelVerdict, Consumer};
 
 /// One cancellation to record.
 #[derive(Debug, Clone)]
@@ -87,17 +87,18 @@ pub(crate) async fn record(pool: &PgPool, cancelled: &[Cancelled]) -> Result<(),
     Ok(())
 }
 
-/// Makes `consumer` treat a cancelled run as final: a listener's run is
+/// Makes `consumer` treat a cancelled listener run as final: it is
 /// recorded in `pool`'s `listener_cancellations` and, for a run of an
 /// ordered listener, its key moved on (`ordering`); then the consumer
 /// deletes the task. A record or a move that fails is logged: the
-/// cancellation stands.
+/// cancellation stands. Any other task (`event:` fan-out, `job:`
+/// schedule) fails as in Go asynq: retried.
 pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: Ordering) {
     consumer.on_cancel(Arc::new(move |message| {
         let (pool, ordering) = (pool.clone(), ordering.clone());
         Box::pin(async move {
             let Some(cancelled) = Cancelled::of_message(&message, "active") else {
-                return;
+                return CancelVerdict::Failed;
             };
             if let Some(key) = message.headers.get(ORDERED_HEADER) {
                 let moved = ordering
@@ -118,6 +119,7 @@ pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: 
             if let Err(err) = record(&pool, &[cancelled]).await {
                 tracing::error!(task = %message.id, error = %err, "could not record a cancelled listener run in listener_cancellations");
             }
+            CancelVerdict::Final
         })
     }));
 }
