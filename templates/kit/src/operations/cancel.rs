@@ -333,9 +333,16 @@ impl Found<'_> {
                 .await?
         {
             // It waited behind its key's earlier runs; a task of it that
-            // waits for its turn in the queue goes too.
-            client.delete_waiting(self.queue, self.task_id).await?;
-            done.deleted.push(self.reported("waiting"));
+            // waits for its turn in the queue goes too. One a worker has
+            // (looking at its turn) is asked to stop; marked taken out, it
+            // never runs or rejoins the key's order either way.
+            if client.delete_waiting(self.queue, self.task_id).await? == DeleteOutcome::Active {
+                let listening = client.publish_cancel(self.task_id).await?;
+                done.workers_listening = done.workers_listening.max(listening);
+                done.asked_to_stop.push(self.reported("waiting"));
+            } else {
+                done.deleted.push(self.reported("waiting"));
+            }
             return Ok(Some(self.record("waiting", retried)));
         }
         let outcome = client.delete_waiting(self.queue, self.task_id).await?;

@@ -24,7 +24,7 @@ use crate::follow::Context;
 use crate::outbox::{Envelope, Event, dispatch};
 use crate::queue::{ConsumerOptions, NewTask, keys};
 use crate::worker::listeners::{ListenerContext, ListenerError, ListenerOptions, Listeners};
-use crate::worker::task_names::listener_task_id;
+use crate::worker::task_names::{ORDERED_HEADER, listener_task_id};
 
 /// The event of these tests.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -612,6 +612,77 @@ async fn a_cancelled_ordered_run_moves_its_key_on() {
     assert_eq!(
         service.recorded().await,
         [(head.clone(), "ledger".to_string(), "active".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_run_taken_out_while_a_worker_has_it_never_rejoins_its_key() {
+    // Arrange: step 1 of key cart:1 runs (and blocks); step 2 waits behind
+    // it in the key's order, and its task is active on a worker that looks
+    // at its turn (sent back earlier, its deferral not written yet).
+    let service = Service::new(false).await;
+    let first = dispatch(&service.db.pool, &Stepped { n: 1 }).await.unwrap();
+    let second = dispatch(&service.db.pool, &Stepped { n: 2 }).await.unwrap();
+    for step in [&first, &second] {
+        let task = NewTask::new(
+            format!("event:{}", step.name),
+            step.id.to_string(),
+            serde_json::to_vec(step).unwrap(),
+        )
+        .queue(&service.queue.name);
+        service.enqueue(&[task]).await;
+    }
+    let worker = service.run_worker();
+    service.started(1).await;
+    let waiting = listener_task_id(second.id, "ledger").to_string();
+    let mut conn = service.queue.connection().await;
+    redis::cmd("HSET")
+        .arg(keys::task(&service.queue.name, &waiting))
+        .arg("state")
+        .arg("active")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let context = service.context();
+
+    // Act: step 2 cancelled; then its run looks at its turn.
+    let done = crate::operations::cancel::cancel(&context, second.id, None)
+        .await
+        .unwrap();
+    let chains = super::ordering::chains(&service.db.pool, &service.queue);
+    let run = crate::queue::Task {
+        task_type: format!("listener:{}:ledger", second.name),
+        id: waiting.clone(),
+        payload: serde_json::to_vec(&second).unwrap(),
+        headers: [(ORDERED_HEADER.to_string(), "cart:1".to_string())].into(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let turn = chains.turn("ledger", "cart:1", &run).await.unwrap();
+    let in_chain = chains.run_of(&waiting).await.unwrap();
+    worker.stop().await;
+
+    // Assert: asked to stop, recorded as cancelled while waiting; its run
+    // is over (not run), and it did not rejoin the key's order.
+    let asked: Vec<(&str, &str)> = done
+        .asked_to_stop
+        .iter()
+        .map(|task| (task.listener.as_str(), task.state.as_str()))
+        .collect();
+    assert_eq!(asked, [("ledger", "waiting")]);
+    assert!(
+        matches!(turn, crate::worker::ordering::Turn::Done),
+        "{turn:?}"
+    );
+    assert!(
+        in_chain.is_none(),
+        "the cancelled run rejoined its key's order"
+    );
+    assert_eq!(
+        service.recorded().await,
+        [(waiting, "ledger".to_string(), "waiting".to_string())]
     );
 }
 
