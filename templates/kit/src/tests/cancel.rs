@@ -566,6 +566,59 @@ async fn send_back_leaves_a_cancelled_task_unless_asked() {
 }
 
 #[tokio::test]
+async fn a_cancelled_task_with_a_failure_recorded_is_not_sent_back() {
+    // Arrange: `a`'s task archived earlier (its failure recorded), run
+    // again from asynqmon (pending, the failure row stays), then cancelled.
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    let id = listener_task_id(event.id, "a").to_string();
+    service.enqueue(&[service.task(&event, "a")]).await;
+    sqlx::query(
+        "INSERT INTO listener_failures \
+           (task_id, queue, event_id, event_name, listener, error, attempts, holds_key) \
+         VALUES ($1, $2, $3, $4, 'a', 'boom', 26, false)",
+    )
+    .bind(&id)
+    .bind(&service.queue.name)
+    .bind(event.id)
+    .bind(&event.name)
+    .execute(&service.db.pool)
+    .await
+    .unwrap();
+    let context = service.context();
+    crate::operations::cancel::cancel(&context, event.id, None)
+        .await
+        .unwrap();
+
+    // Act: a plain Send back.
+    let args = crate::operations::retry_archived::Args {
+        listener: None,
+        since: None,
+        include_cancelled: false,
+    };
+    crate::operations::retry_archived::run(
+        &context,
+        &args,
+        crate::operations::output::Format::Json,
+    )
+    .await
+    .unwrap();
+
+    // Assert: not queued again; recorded as cancelled, not as failed.
+    assert_eq!(
+        service.state(&id).await,
+        None,
+        "sent back without being asked"
+    );
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM listener_failures")
+        .fetch_one(&service.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(failures, 0);
+    assert_eq!(service.recorded().await.len(), 1);
+}
+
+#[tokio::test]
 async fn a_cancelled_ordered_run_moves_its_key_on() {
     // Arrange: two steps of key cart:1 for the ordered `ledger`; step 1
     // runs (and blocks), step 2 waits behind it in the key's order.

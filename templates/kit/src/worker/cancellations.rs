@@ -64,9 +64,17 @@ impl Cancelled {
     }
 }
 
-/// Records `cancelled` (a task cancelled again replaces its record).
+/// Records `cancelled` (a task cancelled again replaces its record), each
+/// with its failure forgotten: a failure recorded earlier (archived, then
+/// run again from asynqmon) would make a plain "Send back" queue the
+/// cancelled task again.
 pub(crate) async fn record(pool: &PgPool, cancelled: &[Cancelled]) -> Result<(), sqlx::Error> {
     for one in cancelled {
+        let mut tx = pool.begin().await?;
+        sqlx::query("DELETE FROM listener_failures WHERE task_id = $1")
+            .bind(&one.task_id)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO listener_cancellations \
                (task_id, queue, event_id, event_name, listener, state, retried) \
@@ -81,8 +89,9 @@ pub(crate) async fn record(pool: &PgPool, cancelled: &[Cancelled]) -> Result<(),
         .bind(&one.listener)
         .bind(&one.state)
         .bind(one.retried)
-        .execute(pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
     }
     Ok(())
 }
