@@ -34,6 +34,7 @@ use crate::config::Config;
 use crate::follow::Context;
 use crate::queue::{Client, DeleteOutcome};
 use crate::worker::cancellations::{self, Cancelled};
+use crate::worker::limits::{self, Limiter};
 use crate::worker::listeners::Listeners;
 use crate::worker::ordering::{End, Ordering};
 use crate::worker::task_names::listener_task_id;
@@ -249,8 +250,10 @@ pub(crate) async fn cancel(
         not_found: Vec::new(),
     };
     let mut records = Vec::new();
+    let payload = serde_json::to_vec(&event.envelope())?;
     for name in &names {
         let task_id = listener_task_id(event_id, name).to_string();
+        let slots = slots_of(context, client, &event.name, name, &payload);
         let mut found = false;
         for queue in context.all_queues() {
             let task = Found {
@@ -259,6 +262,7 @@ pub(crate) async fn cancel(
                 task_id: &task_id,
                 event_name: &event.name,
                 event_id,
+                slots: slots.as_ref(),
             };
             if let Some(record) = task.cancel(client, &ordering, &mut done).await? {
                 records.push(record);
@@ -280,6 +284,32 @@ pub(crate) async fn cancel(
     Ok(done)
 }
 
+/// The concurrency limit of `listener` of `event_name` (`WORKER_LIMITS`
+/// over its own, as the worker reads them) and the partition of the event
+/// (`payload`, its envelope) in it; `None` without a concurrency limit.
+fn slots_of(
+    context: &Context,
+    client: &Client,
+    event_name: &str,
+    listener: &str,
+    payload: &[u8],
+) -> Option<(Limiter, String)> {
+    let definition = context
+        .listeners
+        .of(event_name)
+        .iter()
+        .find(|l| l.name() == listener)?;
+    let overridden = limits::overrides_from_env().ok().and_then(|overrides| {
+        overrides
+            .get(&(event_name.to_string(), listener.to_string()))
+            .copied()
+    });
+    let limits = overridden.unwrap_or_else(|| definition.limits());
+    limits.concurrency?;
+    let limiter = Limiter::new(client.clone(), event_name, listener, limits);
+    Some((limiter, definition.partition_of(payload)))
+}
+
 /// One listener's task id in one queue.
 struct Found<'a> {
     listener: &'a str,
@@ -287,6 +317,8 @@ struct Found<'a> {
     task_id: &'a str,
     event_name: &'a str,
     event_id: Uuid,
+    /// Its listener's concurrency limit and the event's partition in it.
+    slots: Option<&'a (Limiter, String)>,
 }
 
 impl Found<'_> {
@@ -296,6 +328,19 @@ impl Found<'_> {
             queue: self.queue.to_string(),
             task_id: self.task_id.to_string(),
             state: state.to_string(),
+        }
+    }
+
+    /// Frees the concurrency slot the deleted task held (a waiter handed
+    /// one, woken but not run yet). A failure is logged: the slot frees
+    /// itself after its lease.
+    async fn free_slot(&self) {
+        if let Some((limiter, partition)) = self.slots
+            && let Err(err) = limiter
+                .free_deleted(partition, self.queue, self.task_id)
+                .await
+        {
+            tracing::warn!(task = %self.task_id, error = %err, "could not free the concurrency slot of a cancelled task; it frees itself after its lease");
         }
     }
 
@@ -341,6 +386,7 @@ impl Found<'_> {
                 done.workers_listening = done.workers_listening.max(listening);
                 done.asked_to_stop.push(self.reported("waiting"));
             } else {
+                self.free_slot().await;
                 done.deleted.push(self.reported("waiting"));
             }
             return Ok(Some(self.record("waiting", retried)));
@@ -348,6 +394,7 @@ impl Found<'_> {
         let outcome = client.delete_waiting(self.queue, self.task_id).await?;
         let record = match outcome {
             DeleteOutcome::Deleted(state) => {
+                self.free_slot().await;
                 done.deleted.push(self.reported(&state));
                 Some(self.record(&state, retried))
             }

@@ -619,6 +619,70 @@ async fn a_cancelled_task_with_a_failure_recorded_is_not_sent_back() {
 }
 
 #[tokio::test]
+async fn cancelling_a_woken_waiter_frees_its_concurrency_slot_at_once() {
+    use crate::worker::limits::{Acquired, Limiter, Limits};
+    // Arrange: `capped` runs one at a time (slots leased for 30 s). Run 1
+    // holds the slot; run 2 waits for it in scheduled; run 1 ends and the
+    // slot is handed to run 2, whose task is woken (pending).
+    let mut service = Service::new(false).await;
+    service.listeners.listen_with(
+        "capped",
+        ListenerOptions::new().concurrency(1),
+        |_: Reminded, _: ListenerContext| async { Ok(()) },
+    );
+    let limits = Limits {
+        concurrency: Some(1),
+        rate: None,
+    };
+    let limiter = Limiter::new(
+        service.queue.client.clone(),
+        Reminded::NAME,
+        "capped",
+        limits,
+    );
+    let events = [
+        service.event(1).await,
+        service.event(2).await,
+        service.event(3).await,
+    ];
+    let id = |i: usize| listener_task_id(events[i].id, "capped").to_string();
+    let run = |i: usize| crate::queue::Task {
+        task_type: format!("listener:{}:capped", Reminded::NAME),
+        id: id(i),
+        payload: serde_json::to_vec(&events[i]).unwrap(),
+        headers: Default::default(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let Acquired::Granted(first) = limiter.acquire("", &run(0)).await.unwrap() else {
+        panic!("run 1 takes the free slot");
+    };
+    service.enqueue(&[service.task(&events[1], "capped")]).await;
+    service.move_to(&id(1), "scheduled").await;
+    let waits = limiter.acquire("", &run(1)).await.unwrap();
+    assert!(matches!(waits, Acquired::Wait { .. }), "{waits:?}");
+    first.release().await;
+    assert_eq!(service.state(&id(1)).await.as_deref(), Some("pending"));
+    let context = service.context();
+
+    // Act: run 2 cancelled before it ran; then run 3 asks.
+    let done = crate::operations::cancel::cancel(&context, events[1].id, Some("capped"))
+        .await
+        .unwrap();
+    let third = limiter.acquire("", &run(2)).await.unwrap();
+
+    // Assert: run 2 deleted; its slot is free for run 3 now, not after
+    // its lease.
+    assert_eq!(done.deleted.len(), 1);
+    assert!(
+        matches!(third, Acquired::Granted(_)),
+        "the cancelled waiter still holds the slot: {third:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_cancelled_ordered_run_moves_its_key_on() {
     // Arrange: two steps of key cart:1 for the ordered `ledger`; step 1
     // runs (and blocks), step 2 waits behind it in the key's order.
