@@ -249,7 +249,6 @@ pub(crate) async fn cancel(
         left: Vec::new(),
         not_found: Vec::new(),
     };
-    let mut records = Vec::new();
     let payload = serde_json::to_vec(&event.envelope())?;
     for name in &names {
         let task_id = listener_task_id(event_id, name).to_string();
@@ -264,8 +263,10 @@ pub(crate) async fn cancel(
                 event_id,
                 slots: slots.as_ref(),
             };
+            // Recorded as soon as done: an error on a later one leaves
+            // this one recorded.
             if let Some(record) = task.cancel(client, &ordering, &mut done).await? {
-                records.push(record);
+                cancellations::record(&context.pool, &[record]).await?;
             }
             found |= [&done.deleted, &done.asked_to_stop, &done.left]
                 .iter()
@@ -280,7 +281,6 @@ pub(crate) async fn cancel(
             });
         }
     }
-    cancellations::record(&context.pool, &records).await?;
     Ok(done)
 }
 

@@ -530,6 +530,38 @@ async fn a_cancelled_fan_out_or_schedule_task_is_retried_as_in_go_asynq() {
 }
 
 #[tokio::test]
+async fn a_cancelled_run_whose_record_fails_is_kept_and_retried() {
+    // Arrange: `a` running on a kit worker; its cancellation cannot be
+    // recorded (the table is away).
+    let service = Service::new(true).await;
+    let event = service.event(1).await;
+    let id = listener_task_id(event.id, "a").to_string();
+    service.enqueue(&[service.task(&event, "a")]).await;
+    let worker = service.run_worker();
+    service.started(1).await;
+    sqlx::query("ALTER TABLE listener_cancellations RENAME TO listener_cancellations_away")
+        .execute(&service.db.pool)
+        .await
+        .unwrap();
+
+    // Act: asynqmon's Cancel, until the worker hears it.
+    let (service, a) = (&service, &id);
+    eventually(
+        Duration::from_secs(4),
+        "a's run to be settled",
+        || async move {
+            service.queue.client.publish_cancel(a).await.unwrap();
+            service.state(a).await.as_deref() != Some("active")
+        },
+    )
+    .await;
+    worker.stop().await;
+
+    // Assert: kept, waiting for a retry, as a failure whose record failed.
+    assert_eq!(service.state(&id).await.as_deref(), Some("retry"));
+}
+
+#[tokio::test]
 async fn send_back_leaves_a_cancelled_task_unless_asked() {
     // Arrange: `a`'s task cancelled while pending.
     let service = Service::new(false).await;

@@ -99,9 +99,10 @@ pub(crate) async fn record(pool: &PgPool, cancelled: &[Cancelled]) -> Result<(),
 /// Makes `consumer` treat a cancelled listener run as final: it is
 /// recorded in `pool`'s `listener_cancellations` and, for a run of an
 /// ordered listener, its key moved on (`ordering`); then the consumer
-/// deletes the task. A record or a move that fails is logged: the
-/// cancellation stands. Any other task (`event:` fan-out, `job:`
-/// schedule) fails as in Go asynq: retried.
+/// deletes the task. A record that fails keeps the task, retried later
+/// as a failure whose record failed is; a move that fails is logged (the
+/// worker's look at old heads moves the key on). Any other task
+/// (`event:` fan-out, `job:` schedule) fails as in Go asynq: retried.
 pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: Ordering) {
     consumer.on_cancel(Arc::new(move |message| {
         let (pool, ordering) = (pool.clone(), ordering.clone());
@@ -109,11 +110,17 @@ pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: 
             let Some(cancelled) = Cancelled::of_message(&message, "active") else {
                 return CancelVerdict::Failed;
             };
+            let listener = cancelled.listener.clone();
+            if let Err(err) = record(&pool, &[cancelled]).await {
+                return CancelVerdict::Unrecorded(format!(
+                    "listener_cancellations could not be written: {err}"
+                ));
+            }
             if let Some(key) = message.headers.get(ORDERED_HEADER) {
                 let moved = ordering
                     .move_on(
                         &message.queue,
-                        &cancelled.listener,
+                        &listener,
                         key,
                         &message.id,
                         None,
@@ -124,9 +131,6 @@ pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: 
                 if let Err(err) = moved {
                     tracing::error!(task = %message.id, key, error = %err, "could not move the key of a cancelled ordered run on; the worker's look at old heads does");
                 }
-            }
-            if let Err(err) = record(&pool, &[cancelled]).await {
-                tracing::error!(task = %message.id, error = %err, "could not record a cancelled listener run in listener_cancellations");
             }
             CancelVerdict::Final
         })

@@ -148,6 +148,9 @@ pub(crate) enum CancelVerdict {
     /// Final and recorded: the task is deleted, neither retried nor
     /// archived.
     Final,
+    /// Final, but its record failed (why): the task is kept and retried
+    /// later, as a failure whose record failed is.
+    Unrecorded(String),
 }
 
 /// Runs handlers for the tasks of its queues until shut down:

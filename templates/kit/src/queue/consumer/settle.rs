@@ -79,6 +79,13 @@ impl RunningConsumer {
                         Settlement::Delete
                     }
                     CancelVerdict::Failed => self.failed(message, CANCELED.into(), false).await,
+                    CancelVerdict::Unrecorded(why) => {
+                        tracing::error!(%id, %task_type, reason = %why, retry_in = ?UNARCHIVED_RETRY, "task cancelled, but not deleted: its cancellation could not be recorded");
+                        Settlement::Retry {
+                            retry_at: Utc::now() + UNARCHIVED_RETRY,
+                            error: format!("{CANCELED} (not deleted: {why})"),
+                        }
+                    }
                 }
             }
             Outcome::LeaseLost => {
