@@ -8,9 +8,13 @@
 //! - A running one is asked to stop: its id is published on `asynq:cancel`.
 //!   A kit worker stops it, records it as cancelled and deletes its task
 //!   (not retried); a Go asynq server retries it as a failure.
+//! - A listener of an event not fanned out yet (not published, or its
+//!   `event:` task waits) is recorded with state `before`: the fan-out
+//!   leaves it out (`crate::worker::fan_out`), and it is looked for once
+//!   more, for a fan-out that made it meanwhile.
 //! - An archived or completed task is left as it is, and so is a task the
-//!   queue does not have (the relay or the fan-out has not queued it yet,
-//!   or it is gone): reported, not an error.
+//!   queue does not have once the fan-out ran (gone): reported, not an
+//!   error.
 //! - A run of an ordered listener: its key moves on, as `outbox skip`
 //!   moves it (the key's next run goes to the queue); one that waits behind
 //!   its key's earlier runs is taken out of its key's order (recorded as
@@ -64,7 +68,8 @@ pub struct Cancellation {
     /// (`pending`, `scheduled`, `retry`; `waiting` for an ordered run taken
     /// out of its key's order), recorded as cancelled; `later` for each
     /// listener of an event not due yet, whose row was deleted (nothing is
-    /// recorded: no task existed).
+    /// recorded: no task existed); `before` for a listener of an event not
+    /// fanned out yet, recorded so that the fan-out leaves it out.
     pub deleted: Vec<ListenerTask>,
     /// Running tasks asked to stop through `asynq:cancel` (state
     /// `active`).
@@ -250,27 +255,31 @@ pub(crate) async fn cancel(
         not_found: Vec::new(),
     };
     let payload = serde_json::to_vec(&event.envelope())?;
+    let before_fan_out = not_fanned_out(context, client, &event).await?;
+    let queues = context.all_queues();
     for name in &names {
         let task_id = listener_task_id(event_id, name).to_string();
         let slots = slots_of(context, client, &event.name, name, &payload);
-        let mut found = false;
-        for queue in context.all_queues() {
-            let task = Found {
-                listener: name,
-                queue: &queue,
-                task_id: &task_id,
-                event_name: &event.name,
-                event_id,
-                slots: slots.as_ref(),
-            };
-            // Recorded as soon as done: an error on a later one leaves
-            // this one recorded.
-            if let Some(record) = task.cancel(client, &ordering, &mut done).await? {
-                cancellations::record(&context.pool, &[record]).await?;
+        let task = |queue| Found {
+            listener: name,
+            queue,
+            task_id: &task_id,
+            event_name: &event.name,
+            event_id,
+            slots: slots.as_ref(),
+        };
+        let mut found = look(context, (client, &ordering), &queues, &task, &mut done).await?;
+        if !found && let Some(queue) = &before_fan_out {
+            // Its task is not made yet: a record the fan-out honours (it
+            // leaves the listener out); then a look again, for a fan-out
+            // that made it meanwhile.
+            let tombstone = task(queue.as_str()).record(BEFORE, 0);
+            cancellations::record(&context.pool, &[tombstone]).await?;
+            found = look(context, (client, &ordering), &queues, &task, &mut done).await?;
+            if !found {
+                done.deleted.push(task(queue.as_str()).reported(BEFORE));
+                continue;
             }
-            found |= [&done.deleted, &done.asked_to_stop, &done.left]
-                .iter()
-                .any(|tasks| tasks.iter().any(|t| t.task_id == task_id));
         }
         if !found {
             done.not_found.push(ListenerTask {
@@ -282,6 +291,55 @@ pub(crate) async fn cancel(
         }
     }
     Ok(done)
+}
+
+/// The queue of `event`'s fan-out when it has not run yet: the relay has
+/// not published the event, or its `event:` task waits (or runs) in an
+/// outbox queue; `None` once it ran.
+async fn not_fanned_out(
+    context: &Context,
+    client: &Client,
+    event: &crate::follow::rows::EventRow,
+) -> anyhow::Result<Option<String>> {
+    let queues = context.outbox_queues();
+    if event.published_at.is_none() {
+        return Ok(queues.first().cloned());
+    }
+    for queue in queues {
+        if let Some(info) = client.task_info(queue, &event.id.to_string()).await?
+            && info.state != "completed"
+        {
+            return Ok(Some(queue.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// The state recorded for a listener cancelled before the fan-out made
+/// its task.
+const BEFORE: &str = "before";
+
+/// Looks for the task of `task` in every queue and cancels it there; true
+/// when a queue had it. Each cancellation is recorded as soon as it is
+/// done: an error on a later one leaves it recorded.
+async fn look<'a>(
+    context: &Context,
+    (client, ordering): (&Client, &Ordering),
+    queues: &'a [String],
+    task: &impl Fn(&'a str) -> Found<'a>,
+    done: &mut Cancellation,
+) -> anyhow::Result<bool> {
+    let mut found = false;
+    for queue in queues {
+        let task = task(queue);
+        if let Some(record) = task.cancel(client, ordering, done).await? {
+            cancellations::record(&context.pool, &[record]).await?;
+        }
+        found |= [&done.deleted, &done.asked_to_stop, &done.left]
+            .iter()
+            .any(|tasks| tasks.iter().any(|t| t.task_id == task.task_id));
+    }
+    Ok(found)
 }
 
 /// The concurrency limit of `listener` of `event_name` (`WORKER_LIMITS`

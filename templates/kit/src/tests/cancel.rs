@@ -562,6 +562,53 @@ async fn a_cancelled_run_whose_record_fails_is_kept_and_retried() {
 }
 
 #[tokio::test]
+async fn a_listener_cancelled_before_the_fan_out_gets_no_task() {
+    // Arrange: an event committed, not published by the relay yet.
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    let context = service.context();
+
+    // Act: `a` cancelled; then the event is fanned out.
+    let done = crate::operations::cancel::cancel(&context, event.id, Some("a"))
+        .await
+        .unwrap();
+    let fan_out = crate::queue::Task {
+        task_type: format!("event:{}", event.name),
+        id: event.id.to_string(),
+        payload: serde_json::to_vec(&event).unwrap(),
+        headers: Default::default(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let chains = super::ordering::chains(&service.db.pool, &service.queue);
+    crate::worker::fan_out(&chains, &service.listeners, fan_out)
+        .await
+        .unwrap();
+
+    // Assert: reported cancelled before its task was made, recorded; the
+    // fan-out made the tasks of `b` and `c` alone.
+    let deleted: Vec<(&str, &str)> = done
+        .deleted
+        .iter()
+        .map(|t| (t.listener.as_str(), t.state.as_str()))
+        .collect();
+    assert_eq!(deleted, [("a", "before")]);
+    assert!(done.not_found.is_empty());
+    let mut pending = service.queue.pending_ids().await;
+    pending.sort();
+    let mut expected = ["b", "c"].map(|l| listener_task_id(event.id, l).to_string());
+    expected.sort();
+    assert_eq!(pending, expected);
+    let a = listener_task_id(event.id, "a").to_string();
+    assert_eq!(
+        service.recorded().await,
+        [(a, "a".to_string(), "before".to_string())]
+    );
+}
+
+#[tokio::test]
 async fn send_back_leaves_a_cancelled_task_unless_asked() {
     // Arrange: `a`'s task cancelled while pending.
     let service = Service::new(false).await;
@@ -618,7 +665,7 @@ async fn a_cancelled_task_with_a_failure_recorded_is_not_sent_back() {
     .await
     .unwrap();
     let context = service.context();
-    crate::operations::cancel::cancel(&context, event.id, None)
+    crate::operations::cancel::cancel(&context, event.id, Some("a"))
         .await
         .unwrap();
 

@@ -33,7 +33,9 @@ pub(crate) struct Cancelled {
     pub(crate) event_id: Option<Uuid>,
     pub(crate) event_name: String,
     pub(crate) listener: String,
-    /// `pending`, `scheduled`, `retry`, `active` or `waiting`.
+    /// `pending`, `scheduled`, `retry`, `active`, `waiting`, or `before`
+    /// (cancelled before the fan-out made its task, which it then does
+    /// not make).
     pub(crate) state: String,
     /// Its runs that failed before.
     pub(crate) retried: i32,
@@ -135,6 +137,21 @@ pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: 
             CancelVerdict::Final
         })
     }));
+}
+
+/// Those of `task_ids` cancelled before the fan-out made them (state
+/// `before`, recorded by `outbox cancel` on an event not fanned out yet):
+/// the fan-out leaves them out.
+pub(crate) async fn cancelled_before(
+    pool: &PgPool,
+    task_ids: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT task_id FROM listener_cancellations WHERE task_id = ANY($1) AND state = 'before'",
+    )
+    .bind(task_ids)
+    .fetch_all(pool)
+    .await
 }
 
 /// Forgets the records of `task_ids` (sent back to the queue); how many

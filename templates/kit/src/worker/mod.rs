@@ -558,10 +558,24 @@ pub(crate) async fn fan_out(
     // A recovery of an event the queue ran without it being fanned out
     // here takes the event's turn (`ordering`'s module `stale`).
     let recovered = task.headers.remove(ordering::RECOVERED_HEADER).is_some();
+    // Listeners cancelled before this fan-out (`outbox cancel`) get no task.
+    let ids: Vec<String> = listeners
+        .of(&envelope.name)
+        .iter()
+        .map(|listener| listener_task_id(namespace, listener.name()).to_string())
+        .collect();
+    let cancelled = cancellations::cancelled_before(ordering.pool(), &ids)
+        .await
+        .map_err(|err| HandlerError::from(anyhow::Error::from(err)))?;
+    let kept = |listener: &&Listener| {
+        let id = listener_task_id(namespace, listener.name()).to_string();
+        !cancelled.contains(&id)
+    };
     // The unordered listeners ran a recovered event already.
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
+        .filter(kept)
         .filter(|_| !recovered)
         .filter(|listener| place.is_none() || listener.ordered().is_none())
         .map(|listener| {
@@ -590,6 +604,7 @@ pub(crate) async fn fan_out(
     let runs = listeners
         .of(&envelope.name)
         .iter()
+        .filter(kept)
         .filter(|listener| listener.ordered().is_some())
         .map(|listener| ChainRun {
             listener: listener.name().to_string(),
