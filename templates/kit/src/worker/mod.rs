@@ -531,6 +531,10 @@ struct EnvelopeHead {
     metadata: crate::outbox::Metadata,
 }
 
+/// How long a fan-out waits for Postgres to say which listeners were
+/// cancelled before it, before it goes on without.
+const CANCELLED_BEFORE_WAIT: Duration = Duration::from_millis(500);
+
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event
 /// task's id, so a retried fan-out queues nothing twice (duplicates count as
@@ -559,14 +563,22 @@ pub(crate) async fn fan_out(
     // here takes the event's turn (`ordering`'s module `stale`).
     let recovered = task.headers.remove(ordering::RECOVERED_HEADER).is_some();
     // Listeners cancelled before this fan-out (`outbox cancel`) get no task.
+    // Postgres unreachable (no answer within `CANCELLED_BEFORE_WAIT`), the
+    // fan-out goes on without them (logged): it does not wait on Postgres.
     let ids: Vec<String> = listeners
         .of(&envelope.name)
         .iter()
         .map(|listener| listener_task_id(namespace, listener.name()).to_string())
         .collect();
-    let cancelled = cancellations::cancelled_before(ordering.pool(), &ids)
+    let read = cancellations::cancelled_before(ordering.pool(), &ids);
+    let cancelled = tokio::time::timeout(CANCELLED_BEFORE_WAIT, read)
         .await
-        .map_err(|err| HandlerError::from(anyhow::Error::from(err)))?;
+        .map_err(|_| sqlx::Error::PoolTimedOut)
+        .and_then(|read| read)
+        .unwrap_or_else(|err| {
+            tracing::warn!(event = %envelope.id, error = %err, "could not read the listeners cancelled before the fan-out; it makes every listener's task");
+            Vec::new()
+        });
     let kept = |listener: &&Listener| {
         let id = listener_task_id(namespace, listener.name()).to_string();
         !cancelled.contains(&id)
