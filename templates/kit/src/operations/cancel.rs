@@ -8,9 +8,13 @@
 //! - A running one is asked to stop: its id is published on `asynq:cancel`.
 //!   A kit worker stops it, records it as cancelled and deletes its task
 //!   (not retried); a Go asynq server retries it as a failure.
+//! - A listener of an event not fanned out yet (not published, or its
+//!   `event:` task waits) is recorded with state `before`: the fan-out
+//!   leaves it out (`crate::worker::fan_out`), and it is looked for once
+//!   more, for a fan-out that made it meanwhile.
 //! - An archived or completed task is left as it is, and so is a task the
-//!   queue does not have (the relay or the fan-out has not queued it yet,
-//!   or it is gone): reported, not an error.
+//!   queue does not have once the fan-out ran (gone): reported, not an
+//!   error.
 //! - A run of an ordered listener: its key moves on, as `outbox skip`
 //!   moves it (the key's next run goes to the queue); one that waits behind
 //!   its key's earlier runs is taken out of its key's order (recorded as
@@ -34,6 +38,7 @@ use crate::config::Config;
 use crate::follow::Context;
 use crate::queue::{Client, DeleteOutcome};
 use crate::worker::cancellations::{self, Cancelled};
+use crate::worker::limits::{self, Limiter};
 use crate::worker::listeners::Listeners;
 use crate::worker::ordering::{End, Ordering};
 use crate::worker::task_names::listener_task_id;
@@ -63,7 +68,8 @@ pub struct Cancellation {
     /// (`pending`, `scheduled`, `retry`; `waiting` for an ordered run taken
     /// out of its key's order), recorded as cancelled; `later` for each
     /// listener of an event not due yet, whose row was deleted (nothing is
-    /// recorded: no task existed).
+    /// recorded: no task existed); `before` for a listener of an event not
+    /// fanned out yet, recorded so that the fan-out leaves it out.
     pub deleted: Vec<ListenerTask>,
     /// Running tasks asked to stop through `asynq:cancel` (state
     /// `active`).
@@ -248,24 +254,32 @@ pub(crate) async fn cancel(
         left: Vec::new(),
         not_found: Vec::new(),
     };
-    let mut records = Vec::new();
+    let payload = serde_json::to_vec(&event.envelope())?;
+    let before_fan_out = not_fanned_out(context, client, &event).await?;
+    let queues = context.all_queues();
     for name in &names {
         let task_id = listener_task_id(event_id, name).to_string();
-        let mut found = false;
-        for queue in context.all_queues() {
-            let task = Found {
-                listener: name,
-                queue: &queue,
-                task_id: &task_id,
-                event_name: &event.name,
-                event_id,
-            };
-            if let Some(record) = task.cancel(client, &ordering, &mut done).await? {
-                records.push(record);
+        let slots = slots_of(context, client, &event.name, name, &payload);
+        let task = |queue| Found {
+            listener: name,
+            queue,
+            task_id: &task_id,
+            event_name: &event.name,
+            event_id,
+            slots: slots.as_ref(),
+        };
+        let mut found = look(context, (client, &ordering), &queues, &task, &mut done).await?;
+        if !found && let Some(queue) = &before_fan_out {
+            // Its task is not made yet: a record the fan-out honours (it
+            // leaves the listener out); then a look again, for a fan-out
+            // that made it meanwhile.
+            let tombstone = task(queue.as_str()).record(BEFORE, 0);
+            cancellations::record(&context.pool, &[tombstone]).await?;
+            found = look(context, (client, &ordering), &queues, &task, &mut done).await?;
+            if !found {
+                done.deleted.push(task(queue.as_str()).reported(BEFORE));
+                continue;
             }
-            found |= [&done.deleted, &done.asked_to_stop, &done.left]
-                .iter()
-                .any(|tasks| tasks.iter().any(|t| t.task_id == task_id));
         }
         if !found {
             done.not_found.push(ListenerTask {
@@ -276,8 +290,82 @@ pub(crate) async fn cancel(
             });
         }
     }
-    cancellations::record(&context.pool, &records).await?;
     Ok(done)
+}
+
+/// The queue of `event`'s fan-out when it has not run yet: the relay has
+/// not published the event, or its `event:` task waits (or runs) in an
+/// outbox queue; `None` once it ran.
+async fn not_fanned_out(
+    context: &Context,
+    client: &Client,
+    event: &crate::follow::rows::EventRow,
+) -> anyhow::Result<Option<String>> {
+    let queues = context.outbox_queues();
+    if event.published_at.is_none() {
+        return Ok(queues.first().cloned());
+    }
+    for queue in queues {
+        if let Some(info) = client.task_info(queue, &event.id.to_string()).await?
+            && info.state != "completed"
+        {
+            return Ok(Some(queue.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// The state recorded for a listener cancelled before the fan-out made
+/// its task.
+const BEFORE: &str = "before";
+
+/// Looks for the task of `task` in every queue and cancels it there; true
+/// when a queue had it. Each cancellation is recorded as soon as it is
+/// done: an error on a later one leaves it recorded.
+async fn look<'a>(
+    context: &Context,
+    (client, ordering): (&Client, &Ordering),
+    queues: &'a [String],
+    task: &impl Fn(&'a str) -> Found<'a>,
+    done: &mut Cancellation,
+) -> anyhow::Result<bool> {
+    let mut found = false;
+    for queue in queues {
+        let task = task(queue);
+        if let Some(record) = task.cancel(client, ordering, done).await? {
+            cancellations::record(&context.pool, &[record]).await?;
+        }
+        found |= [&done.deleted, &done.asked_to_stop, &done.left]
+            .iter()
+            .any(|tasks| tasks.iter().any(|t| t.task_id == task.task_id));
+    }
+    Ok(found)
+}
+
+/// The concurrency limit of `listener` of `event_name` (`WORKER_LIMITS`
+/// over its own, as the worker reads them) and the partition of the event
+/// (`payload`, its envelope) in it; `None` without a concurrency limit.
+fn slots_of(
+    context: &Context,
+    client: &Client,
+    event_name: &str,
+    listener: &str,
+    payload: &[u8],
+) -> Option<(Limiter, String)> {
+    let definition = context
+        .listeners
+        .of(event_name)
+        .iter()
+        .find(|l| l.name() == listener)?;
+    let overridden = limits::overrides_from_env().ok().and_then(|overrides| {
+        overrides
+            .get(&(event_name.to_string(), listener.to_string()))
+            .copied()
+    });
+    let limits = overridden.unwrap_or_else(|| definition.limits());
+    limits.concurrency?;
+    let limiter = Limiter::new(client.clone(), event_name, listener, limits);
+    Some((limiter, definition.partition_of(payload)))
 }
 
 /// One listener's task id in one queue.
@@ -287,6 +375,8 @@ struct Found<'a> {
     task_id: &'a str,
     event_name: &'a str,
     event_id: Uuid,
+    /// Its listener's concurrency limit and the event's partition in it.
+    slots: Option<&'a (Limiter, String)>,
 }
 
 impl Found<'_> {
@@ -296,6 +386,19 @@ impl Found<'_> {
             queue: self.queue.to_string(),
             task_id: self.task_id.to_string(),
             state: state.to_string(),
+        }
+    }
+
+    /// Frees the concurrency slot the deleted task held (a waiter handed
+    /// one, woken but not run yet). A failure is logged: the slot frees
+    /// itself after its lease.
+    async fn free_slot(&self) {
+        if let Some((limiter, partition)) = self.slots
+            && let Err(err) = limiter
+                .free_deleted(partition, self.queue, self.task_id)
+                .await
+        {
+            tracing::warn!(task = %self.task_id, error = %err, "could not free the concurrency slot of a cancelled task; it frees itself after its lease");
         }
     }
 
@@ -333,14 +436,23 @@ impl Found<'_> {
                 .await?
         {
             // It waited behind its key's earlier runs; a task of it that
-            // waits for its turn in the queue goes too.
-            client.delete_waiting(self.queue, self.task_id).await?;
-            done.deleted.push(self.reported("waiting"));
+            // waits for its turn in the queue goes too. One a worker has
+            // (looking at its turn) is asked to stop; marked taken out, it
+            // never runs or rejoins the key's order either way.
+            if client.delete_waiting(self.queue, self.task_id).await? == DeleteOutcome::Active {
+                let listening = client.publish_cancel(self.task_id).await?;
+                done.workers_listening = done.workers_listening.max(listening);
+                done.asked_to_stop.push(self.reported("waiting"));
+            } else {
+                self.free_slot().await;
+                done.deleted.push(self.reported("waiting"));
+            }
             return Ok(Some(self.record("waiting", retried)));
         }
         let outcome = client.delete_waiting(self.queue, self.task_id).await?;
         let record = match outcome {
             DeleteOutcome::Deleted(state) => {
+                self.free_slot().await;
                 done.deleted.push(self.reported(&state));
                 Some(self.record(&state, retried))
             }

@@ -57,7 +57,9 @@ pub(crate) use client::{Client, EnqueueOutcome, NewTask};
 pub(crate) use client::{DEFAULT_QUEUE, DEFAULT_TIMEOUT};
 pub(crate) use connection::{Connection, Target};
 pub use consumer::SkipRetry;
-pub(crate) use consumer::{Consumer, ConsumerOptions, HandlerError, SNOOZES_HEADER, Task};
+pub(crate) use consumer::{
+    CancelVerdict, Consumer, ConsumerOptions, HandlerError, SNOOZES_HEADER, Task,
+};
 pub(crate) use inspect::{DeleteOutcome, QueueCounts, QueueStats, RunOutcome, TaskInfo};
 
 /// Why a queue operation failed. Never contains the Valkey password.

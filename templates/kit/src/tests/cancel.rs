@@ -24,7 +24,7 @@ use crate::follow::Context;
 use crate::outbox::{Envelope, Event, dispatch};
 use crate::queue::{ConsumerOptions, NewTask, keys};
 use crate::worker::listeners::{ListenerContext, ListenerError, ListenerOptions, Listeners};
-use crate::worker::task_names::listener_task_id;
+use crate::worker::task_names::{ORDERED_HEADER, listener_task_id};
 
 /// The event of these tests.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -206,6 +206,12 @@ impl Service {
     /// A kit worker of the queue, as `crate::worker::run` wires it
     /// (failures recorded before the archive, cancellations on cancel).
     fn run_worker(&self) -> Worker {
+        self.run_worker_with(|_| {})
+    }
+
+    /// [`Self::run_worker`], its consumer given to `more` first (handlers
+    /// of other task types).
+    fn run_worker_with(&self, more: impl FnOnce(&mut crate::queue::Consumer)) -> Worker {
         let options = ConsumerOptions {
             queues: self.queue.name.parse().unwrap(),
             concurrency: 10,
@@ -227,6 +233,7 @@ impl Service {
             self.db.pool.clone(),
             super::ordering::chains(&self.db.pool, &self.queue),
         );
+        more(&mut consumer);
         let stop = CancellationToken::new();
         let running = tokio::spawn(consumer.run(stop.clone().cancelled_owned()));
         Worker { stop, running }
@@ -530,6 +537,147 @@ async fn a_running_task_stops_on_a_kit_worker_and_is_not_retried_and_only_its_li
 }
 
 #[tokio::test]
+async fn a_cancelled_fan_out_or_schedule_task_is_retried_as_in_go_asynq() {
+    // Arrange: an `event:` (fan-out) and a `job:` (schedule) task running
+    // on a kit worker, each until cancelled, counting its runs.
+    let service = Service::new(false).await;
+    let tasks = [
+        ("event:testCancelSlowFanOut", "fan-out-1"),
+        ("job:testCancelSlowJob", "job-1"),
+    ];
+    let runs: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let worker = service.run_worker_with(|consumer| {
+        for (i, (task_type, _)) in tasks.into_iter().enumerate() {
+            let runs = runs.clone();
+            consumer.handle(task_type, move |_| {
+                runs[i].fetch_add(1, AtomicOrdering::SeqCst);
+                std::future::pending()
+            });
+        }
+    });
+    service
+        .enqueue(&tasks.map(|(task_type, id)| {
+            NewTask::new(task_type, id, b"{}".to_vec())
+                .queue(&service.queue.name)
+                .max_retry(25)
+        }))
+        .await;
+
+    // Act: asynqmon's Cancel on each, until the worker's subscription
+    // hears it and the task is either gone or run again.
+    let (service, runs) = (&service, &runs);
+    for (i, (_, id)) in tasks.into_iter().enumerate() {
+        eventually(
+            Duration::from_secs(4),
+            "the cancelled task to settle",
+            || async move {
+                if runs[i].load(AtomicOrdering::SeqCst) == 0 {
+                    return false;
+                }
+                service.queue.client.publish_cancel(id).await.unwrap();
+                service.state(id).await.is_none() || runs[i].load(AtomicOrdering::SeqCst) >= 2
+            },
+        )
+        .await;
+    }
+    let states = [
+        service.state(tasks[0].1).await,
+        service.state(tasks[1].1).await,
+    ];
+    worker.stop().await;
+
+    // Assert: each failed as in Go asynq and was retried (run again), not
+    // deleted; nothing recorded as a listener's cancellation.
+    for (i, (_, id)) in tasks.into_iter().enumerate() {
+        assert!(states[i].is_some(), "{id} was deleted");
+        assert!(
+            runs[i].load(AtomicOrdering::SeqCst) >= 2,
+            "{id} not retried"
+        );
+    }
+    assert!(service.recorded().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_cancelled_run_whose_record_fails_is_kept_and_retried() {
+    // Arrange: `a` running on a kit worker; its cancellation cannot be
+    // recorded (the table is away).
+    let service = Service::new(true).await;
+    let event = service.event(1).await;
+    let id = listener_task_id(event.id, "a").to_string();
+    service.enqueue(&[service.task(&event, "a")]).await;
+    let worker = service.run_worker();
+    service.started(1).await;
+    sqlx::query("ALTER TABLE listener_cancellations RENAME TO listener_cancellations_away")
+        .execute(&service.db.pool)
+        .await
+        .unwrap();
+
+    // Act: asynqmon's Cancel, until the worker hears it.
+    let (service, a) = (&service, &id);
+    eventually(
+        Duration::from_secs(4),
+        "a's run to be settled",
+        || async move {
+            service.queue.client.publish_cancel(a).await.unwrap();
+            service.state(a).await.as_deref() != Some("active")
+        },
+    )
+    .await;
+    worker.stop().await;
+
+    // Assert: kept, waiting for a retry, as a failure whose record failed.
+    assert_eq!(service.state(&id).await.as_deref(), Some("retry"));
+}
+
+#[tokio::test]
+async fn a_listener_cancelled_before_the_fan_out_gets_no_task() {
+    // Arrange: an event committed, not published by the relay yet.
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    let context = service.context();
+
+    // Act: `a` cancelled; then the event is fanned out.
+    let done = crate::operations::cancel::cancel(&context, event.id, Some("a"))
+        .await
+        .unwrap();
+    let fan_out = crate::queue::Task {
+        task_type: format!("event:{}", event.name),
+        id: event.id.to_string(),
+        payload: serde_json::to_vec(&event).unwrap(),
+        headers: Default::default(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let chains = super::ordering::chains(&service.db.pool, &service.queue);
+    crate::worker::fan_out(&chains, &service.listeners, fan_out)
+        .await
+        .unwrap();
+
+    // Assert: reported cancelled before its task was made, recorded; the
+    // fan-out made the tasks of `b` and `c` alone.
+    let deleted: Vec<(&str, &str)> = done
+        .deleted
+        .iter()
+        .map(|t| (t.listener.as_str(), t.state.as_str()))
+        .collect();
+    assert_eq!(deleted, [("a", "before")]);
+    assert!(done.not_found.is_empty());
+    let mut pending = service.queue.pending_ids().await;
+    pending.sort();
+    let mut expected = ["b", "c"].map(|l| listener_task_id(event.id, l).to_string());
+    expected.sort();
+    assert_eq!(pending, expected);
+    let a = listener_task_id(event.id, "a").to_string();
+    assert_eq!(
+        service.recorded().await,
+        [(a, "a".to_string(), "before".to_string())]
+    );
+}
+
+#[tokio::test]
 async fn send_back_leaves_a_cancelled_task_unless_asked() {
     // Arrange: `a`'s task cancelled while pending.
     let service = Service::new(false).await;
@@ -562,6 +710,123 @@ async fn send_back_leaves_a_cancelled_task_unless_asked() {
     assert!(
         service.recorded().await.is_empty(),
         "its record is forgotten"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_task_with_a_failure_recorded_is_not_sent_back() {
+    // Arrange: `a`'s task archived earlier (its failure recorded), run
+    // again from asynqmon (pending, the failure row stays), then cancelled.
+    let service = Service::new(false).await;
+    let event = service.event(1).await;
+    let id = listener_task_id(event.id, "a").to_string();
+    service.enqueue(&[service.task(&event, "a")]).await;
+    sqlx::query(
+        "INSERT INTO listener_failures \
+           (task_id, queue, event_id, event_name, listener, error, attempts, holds_key) \
+         VALUES ($1, $2, $3, $4, 'a', 'boom', 26, false)",
+    )
+    .bind(&id)
+    .bind(&service.queue.name)
+    .bind(event.id)
+    .bind(&event.name)
+    .execute(&service.db.pool)
+    .await
+    .unwrap();
+    let context = service.context();
+    crate::operations::cancel::cancel(&context, event.id, Some("a"))
+        .await
+        .unwrap();
+
+    // Act: a plain Send back.
+    let args = crate::operations::retry_archived::Args {
+        listener: None,
+        since: None,
+        include_cancelled: false,
+    };
+    crate::operations::retry_archived::run(
+        &context,
+        &args,
+        crate::operations::output::Format::Json,
+    )
+    .await
+    .unwrap();
+
+    // Assert: not queued again; recorded as cancelled, not as failed.
+    assert_eq!(
+        service.state(&id).await,
+        None,
+        "sent back without being asked"
+    );
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM listener_failures")
+        .fetch_one(&service.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(failures, 0);
+    assert_eq!(service.recorded().await.len(), 1);
+}
+
+#[tokio::test]
+async fn cancelling_a_woken_waiter_frees_its_concurrency_slot_at_once() {
+    use crate::worker::limits::{Acquired, Limiter, Limits};
+    // Arrange: `capped` runs one at a time (slots leased for 30 s). Run 1
+    // holds the slot; run 2 waits for it in scheduled; run 1 ends and the
+    // slot is handed to run 2, whose task is woken (pending).
+    let mut service = Service::new(false).await;
+    service.listeners.listen_with(
+        "capped",
+        ListenerOptions::new().concurrency(1),
+        |_: Reminded, _: ListenerContext| async { Ok(()) },
+    );
+    let limits = Limits {
+        concurrency: Some(1),
+        rate: None,
+    };
+    let limiter = Limiter::new(
+        service.queue.client.clone(),
+        Reminded::NAME,
+        "capped",
+        limits,
+    );
+    let events = [
+        service.event(1).await,
+        service.event(2).await,
+        service.event(3).await,
+    ];
+    let id = |i: usize| listener_task_id(events[i].id, "capped").to_string();
+    let run = |i: usize| crate::queue::Task {
+        task_type: format!("listener:{}:capped", Reminded::NAME),
+        id: id(i),
+        payload: serde_json::to_vec(&events[i]).unwrap(),
+        headers: Default::default(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let Acquired::Granted(first) = limiter.acquire("", &run(0)).await.unwrap() else {
+        panic!("run 1 takes the free slot");
+    };
+    service.enqueue(&[service.task(&events[1], "capped")]).await;
+    service.move_to(&id(1), "scheduled").await;
+    let waits = limiter.acquire("", &run(1)).await.unwrap();
+    assert!(matches!(waits, Acquired::Wait { .. }), "{waits:?}");
+    first.release().await;
+    assert_eq!(service.state(&id(1)).await.as_deref(), Some("pending"));
+    let context = service.context();
+
+    // Act: run 2 cancelled before it ran; then run 3 asks.
+    let done = crate::operations::cancel::cancel(&context, events[1].id, Some("capped"))
+        .await
+        .unwrap();
+    let third = limiter.acquire("", &run(2)).await.unwrap();
+
+    // Assert: run 2 deleted; its slot is free for run 3 now, not after
+    // its lease.
+    assert_eq!(done.deleted.len(), 1);
+    assert!(
+        matches!(third, Acquired::Granted(_)),
+        "the cancelled waiter still holds the slot: {third:?}"
     );
 }
 
@@ -612,6 +877,77 @@ async fn a_cancelled_ordered_run_moves_its_key_on() {
     assert_eq!(
         service.recorded().await,
         [(head.clone(), "ledger".to_string(), "active".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_run_taken_out_while_a_worker_has_it_never_rejoins_its_key() {
+    // Arrange: step 1 of key cart:1 runs (and blocks); step 2 waits behind
+    // it in the key's order, and its task is active on a worker that looks
+    // at its turn (sent back earlier, its deferral not written yet).
+    let service = Service::new(false).await;
+    let first = dispatch(&service.db.pool, &Stepped { n: 1 }).await.unwrap();
+    let second = dispatch(&service.db.pool, &Stepped { n: 2 }).await.unwrap();
+    for step in [&first, &second] {
+        let task = NewTask::new(
+            format!("event:{}", step.name),
+            step.id.to_string(),
+            serde_json::to_vec(step).unwrap(),
+        )
+        .queue(&service.queue.name);
+        service.enqueue(&[task]).await;
+    }
+    let worker = service.run_worker();
+    service.started(1).await;
+    let waiting = listener_task_id(second.id, "ledger").to_string();
+    let mut conn = service.queue.connection().await;
+    redis::cmd("HSET")
+        .arg(keys::task(&service.queue.name, &waiting))
+        .arg("state")
+        .arg("active")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let context = service.context();
+
+    // Act: step 2 cancelled; then its run looks at its turn.
+    let done = crate::operations::cancel::cancel(&context, second.id, None)
+        .await
+        .unwrap();
+    let chains = super::ordering::chains(&service.db.pool, &service.queue);
+    let run = crate::queue::Task {
+        task_type: format!("listener:{}:ledger", second.name),
+        id: waiting.clone(),
+        payload: serde_json::to_vec(&second).unwrap(),
+        headers: [(ORDERED_HEADER.to_string(), "cart:1".to_string())].into(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let turn = chains.turn("ledger", "cart:1", &run).await.unwrap();
+    let in_chain = chains.run_of(&waiting).await.unwrap();
+    worker.stop().await;
+
+    // Assert: asked to stop, recorded as cancelled while waiting; its run
+    // is over (not run), and it did not rejoin the key's order.
+    let asked: Vec<(&str, &str)> = done
+        .asked_to_stop
+        .iter()
+        .map(|task| (task.listener.as_str(), task.state.as_str()))
+        .collect();
+    assert_eq!(asked, [("ledger", "waiting")]);
+    assert!(
+        matches!(turn, crate::worker::ordering::Turn::Done),
+        "{turn:?}"
+    );
+    assert!(
+        in_chain.is_none(),
+        "the cancelled run rejoined its key's order"
+    );
+    assert_eq!(
+        service.recorded().await,
+        [(waiting, "ledger".to_string(), "waiting".to_string())]
     );
 }
 

@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use super::ordering::{End, ORDERED_HEADER, Ordering};
 use super::task_names::listener_of;
-use crate::queue::Consumer;
 use crate::queue::message::TaskMessage;
+use crate::queue::{CancelVerdict, Consumer};
 
 /// One cancellation to record.
 #[derive(Debug, Clone)]
@@ -33,7 +33,9 @@ pub(crate) struct Cancelled {
     pub(crate) event_id: Option<Uuid>,
     pub(crate) event_name: String,
     pub(crate) listener: String,
-    /// `pending`, `scheduled`, `retry`, `active` or `waiting`.
+    /// `pending`, `scheduled`, `retry`, `active`, `waiting`, or `before`
+    /// (cancelled before the fan-out made its task, which it then does
+    /// not make).
     pub(crate) state: String,
     /// Its runs that failed before.
     pub(crate) retried: i32,
@@ -64,9 +66,17 @@ impl Cancelled {
     }
 }
 
-/// Records `cancelled` (a task cancelled again replaces its record).
+/// Records `cancelled` (a task cancelled again replaces its record), each
+/// with its failure forgotten: a failure recorded earlier (archived, then
+/// run again from asynqmon) would make a plain "Send back" queue the
+/// cancelled task again.
 pub(crate) async fn record(pool: &PgPool, cancelled: &[Cancelled]) -> Result<(), sqlx::Error> {
     for one in cancelled {
+        let mut tx = pool.begin().await?;
+        sqlx::query("DELETE FROM listener_failures WHERE task_id = $1")
+            .bind(&one.task_id)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO listener_cancellations \
                (task_id, queue, event_id, event_name, listener, state, retried) \
@@ -81,29 +91,38 @@ pub(crate) async fn record(pool: &PgPool, cancelled: &[Cancelled]) -> Result<(),
         .bind(&one.listener)
         .bind(&one.state)
         .bind(one.retried)
-        .execute(pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
     }
     Ok(())
 }
 
-/// Makes `consumer` treat a cancelled run as final: a listener's run is
+/// Makes `consumer` treat a cancelled listener run as final: it is
 /// recorded in `pool`'s `listener_cancellations` and, for a run of an
 /// ordered listener, its key moved on (`ordering`); then the consumer
-/// deletes the task. A record or a move that fails is logged: the
-/// cancellation stands.
+/// deletes the task. A record that fails keeps the task, retried later
+/// as a failure whose record failed is; a move that fails is logged (the
+/// worker's look at old heads moves the key on). Any other task
+/// (`event:` fan-out, `job:` schedule) fails as in Go asynq: retried.
 pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: Ordering) {
     consumer.on_cancel(Arc::new(move |message| {
         let (pool, ordering) = (pool.clone(), ordering.clone());
         Box::pin(async move {
             let Some(cancelled) = Cancelled::of_message(&message, "active") else {
-                return;
+                return CancelVerdict::Failed;
             };
+            let listener = cancelled.listener.clone();
+            if let Err(err) = record(&pool, &[cancelled]).await {
+                return CancelVerdict::Unrecorded(format!(
+                    "listener_cancellations could not be written: {err}"
+                ));
+            }
             if let Some(key) = message.headers.get(ORDERED_HEADER) {
                 let moved = ordering
                     .move_on(
                         &message.queue,
-                        &cancelled.listener,
+                        &listener,
                         key,
                         &message.id,
                         None,
@@ -115,11 +134,24 @@ pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: 
                     tracing::error!(task = %message.id, key, error = %err, "could not move the key of a cancelled ordered run on; the worker's look at old heads does");
                 }
             }
-            if let Err(err) = record(&pool, &[cancelled]).await {
-                tracing::error!(task = %message.id, error = %err, "could not record a cancelled listener run in listener_cancellations");
-            }
+            CancelVerdict::Final
         })
     }));
+}
+
+/// Those of `task_ids` cancelled before the fan-out made them (state
+/// `before`, recorded by `outbox cancel` on an event not fanned out yet):
+/// the fan-out leaves them out.
+pub(crate) async fn cancelled_before(
+    pool: &PgPool,
+    task_ids: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT task_id FROM listener_cancellations WHERE task_id = ANY($1) AND state = 'before'",
+    )
+    .bind(task_ids)
+    .fetch_all(pool)
+    .await
 }
 
 /// Forgets the records of `task_ids` (sent back to the queue); how many

@@ -20,7 +20,7 @@ use crate::trace_context::{self, TraceContext};
 const DEADLINE_EXCEEDED: &str = "context deadline exceeded";
 /// The error recorded on a task cancelled through `asynq:cancel` (Go's
 /// `context.Canceled`).
-const CANCELED: &str = "context canceled";
+pub(super) const CANCELED: &str = "context canceled";
 
 /// How one run of a task ended.
 pub(super) enum Outcome {
@@ -29,8 +29,8 @@ pub(super) enum Outcome {
         error: String,
         skip_retry: bool,
     },
-    /// Cancelled through `asynq:cancel`, on a consumer that makes a
-    /// cancellation final (`Consumer::on_cancel`).
+    /// Cancelled through `asynq:cancel`, on a consumer with a hook that
+    /// says whether the cancellation is final (`Consumer::on_cancel`).
     Cancelled,
     /// The handler deferred the task to `until` (not a failure); a snooze
     /// counts in the task's `SNOOZES_HEADER`.

@@ -41,8 +41,9 @@
 //!   `Inspector.CancelProcessing`); the handler of the task id received is
 //!   dropped and the task fails with `context canceled` (retried, or
 //!   archived once its retries are spent). With a hook given
-//!   ([`Consumer::on_cancel`], as the kit's worker gives one), a cancelled
-//!   run is not retried: the hook is called, then the task deleted.
+//!   ([`Consumer::on_cancel`], as the kit's worker gives one), the hook
+//!   says which cancelled runs are final (the kit's: a listener's run):
+//!   their tasks are deleted, not retried; the others fail as in Go.
 //! - Server state: the heartbeat also writes this worker's `ServerInfo` and
 //!   one `WorkerInfo` per running task (10 s TTL), which asynqmon's Servers
 //!   page and Go's `Inspector.Servers()` show; it is deleted at shutdown.
@@ -132,10 +133,25 @@ pub(crate) type ArchiveHook = Arc<
         + Sync,
 >;
 
-/// Called with a task whose run was cancelled, before the task is deleted
-/// (see [`Consumer::on_cancel`]).
-pub(crate) type CancelHook =
-    Arc<dyn Fn(Arc<TaskMessage>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+/// Called with a task whose run was cancelled (see
+/// [`Consumer::on_cancel`]); says what becomes of the task.
+pub(crate) type CancelHook = Arc<
+    dyn Fn(Arc<TaskMessage>) -> Pin<Box<dyn Future<Output = CancelVerdict> + Send>> + Send + Sync,
+>;
+
+/// What a [`CancelHook`] makes of a cancelled run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CancelVerdict {
+    /// The cancel is not final for this task: it fails as in Go asynq
+    /// (`context canceled`, retried or archived).
+    Failed,
+    /// Final and recorded: the task is deleted, neither retried nor
+    /// archived.
+    Final,
+    /// Final, but its record failed (why): the task is kept and retried
+    /// later, as a failure whose record failed is.
+    Unrecorded(String),
+}
 
 /// Runs handlers for the tasks of its queues until shut down:
 ///
@@ -187,10 +203,11 @@ impl Consumer {
         }
     }
 
-    /// Makes a run cancelled through `asynq:cancel` final: `hook` is
-    /// called with its task (the worker records the cancellation), then the
-    /// task is deleted, neither retried nor archived. Without a hook, a
-    /// cancelled run fails as in Go asynq (retried).
+    /// Lets `hook` make a run cancelled through `asynq:cancel` final: it
+    /// is called with the task (the worker records the cancellation of a
+    /// listener's run) and says what becomes of it: deleted
+    /// ([`CancelVerdict::Final`]) or failed as in Go asynq. Without a
+    /// hook, every cancelled run fails as in Go asynq (retried).
     pub(crate) fn on_cancel(&mut self, hook: CancelHook) -> &mut Self {
         self.on_cancel = Some(hook);
         self

@@ -9,9 +9,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
-use super::RunningConsumer;
-use super::execute::{Outcome, instant_at};
+use super::execute::{CANCELED, Outcome, instant_at};
 use super::wakeups::Wakeup;
+use super::{CancelVerdict, RunningConsumer};
 use crate::queue::QueueError;
 use crate::queue::broker::{due_score, is_not_found};
 use crate::queue::message::TaskMessage;
@@ -40,7 +40,8 @@ pub(super) enum Settlement {
         snooze: bool,
     },
     Requeue,
-    /// A cancelled run (`Consumer::on_cancel`): the task is deleted.
+    /// A run cancelled for good (`Consumer::on_cancel`): the task is
+    /// deleted.
     Delete,
 }
 
@@ -62,26 +63,30 @@ impl RunningConsumer {
                 tracing::debug!(%id, %task_type, "task succeeded");
                 Settlement::Complete
             }
-            Outcome::Failed { error, skip_retry } => {
-                if skip_retry || message.retried >= message.retry {
-                    self.archive_or_retry(message, error).await
-                } else {
-                    let delay = self.retry_delay(message);
-                    tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
-                    let retry_at = later_by(delay);
-                    Settlement::Retry { retry_at, error }
-                }
-            }
+            Outcome::Failed { error, skip_retry } => self.failed(message, error, skip_retry).await,
             Outcome::Deferred { until, snooze } => {
                 tracing::debug!(%id, %task_type, %until, snooze, "task deferred");
                 Settlement::Defer { until, snooze }
             }
             Outcome::Cancelled => {
-                if let Some(hook) = &self.on_cancel {
-                    hook(Arc::clone(message)).await;
+                let verdict = match &self.on_cancel {
+                    Some(hook) => hook(Arc::clone(message)).await,
+                    None => CancelVerdict::Failed,
+                };
+                match verdict {
+                    CancelVerdict::Final => {
+                        tracing::info!(%id, %task_type, "task cancelled; deleted, not retried");
+                        Settlement::Delete
+                    }
+                    CancelVerdict::Failed => self.failed(message, CANCELED.into(), false).await,
+                    CancelVerdict::Unrecorded(why) => {
+                        tracing::error!(%id, %task_type, reason = %why, retry_in = ?UNARCHIVED_RETRY, "task cancelled, but not deleted: its cancellation could not be recorded");
+                        Settlement::Retry {
+                            retry_at: Utc::now() + UNARCHIVED_RETRY,
+                            error: format!("{CANCELED} (not deleted: {why})"),
+                        }
+                    }
                 }
-                tracing::info!(%id, %task_type, "task cancelled; deleted, not retried");
-                Settlement::Delete
             }
             Outcome::LeaseLost => {
                 tracing::warn!(%id, %task_type, "lease lost; the recoverer will retry the task");
@@ -136,6 +141,26 @@ impl RunningConsumer {
                 () = self.abort.cancelled() => {}
             }
             backoff = (backoff * 2).min(MAX_SETTLE_BACKOFF);
+        }
+    }
+
+    /// A failed run of `message`: retried after its backoff, or archived
+    /// once its retries are spent or `skip_retry`.
+    async fn failed(
+        &self,
+        message: &Arc<TaskMessage>,
+        error: String,
+        skip_retry: bool,
+    ) -> Settlement {
+        if skip_retry || message.retried >= message.retry {
+            return self.archive_or_retry(message, error).await;
+        }
+        let delay = self.retry_delay(message);
+        let (id, task_type) = (&message.id, &message.r#type);
+        tracing::warn!(%id, %task_type, %error, retry_in = ?delay, "task failed");
+        Settlement::Retry {
+            retry_at: later_by(delay),
+            error,
         }
     }
 

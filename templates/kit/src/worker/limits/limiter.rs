@@ -141,6 +141,31 @@ impl Limiter {
         Ok(Acquired::Granted(Permit { slot }))
     }
 
+    /// Frees the concurrency slot of `partition` that the task `id` of
+    /// `queue` holds, and hands it to the oldest waiter: a waiter handed a
+    /// slot whose task is deleted before it runs (`outbox cancel`) would
+    /// otherwise hold it until its lease runs out. Nothing without a
+    /// concurrency limit, or when the task holds no slot.
+    pub(crate) async fn free_deleted(
+        &self,
+        partition: &str,
+        queue: &str,
+        id: &str,
+    ) -> Result<(), QueueError> {
+        let Some(limit) = self.inner.limits.concurrency else {
+            return Ok(());
+        };
+        let slots = SlotKeys {
+            limiter: self.clone(),
+            holders: self.key("slots", partition),
+            waiters: self.key("slot_waiters", partition),
+            limit,
+        };
+        let handed = slots.free(&member(queue, id)).await?;
+        slots.hand_over(handed).await;
+        Ok(())
+    }
+
     /// [`Acquired::Wait`], counted.
     fn wait(&self, limit: LimitKind, until: DateTime<Utc>) -> Acquired {
         if let Some(metrics) = &self.inner.metrics {

@@ -269,6 +269,11 @@ impl Ordering {
         &self.queues
     }
 
+    /// The database of the outbox.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// The queue's client.
     pub(crate) fn queue_client(&self) -> Client {
         self.queue.clone()

@@ -15,8 +15,10 @@
 //! two fields of the kit's besides asynq's: `gpkit_turn`, the number of
 //! times a worker began to run it as its chain's head (a fencing token:
 //! only the run that holds the last one moves the chain on or commits its
-//! work), and `gpkit_done`, set when its run moved the chain on (a redelivery
-//! of it then does not run the listener again).
+//! work), `gpkit_done`, set when its run moved the chain on (a redelivery
+//! of it then does not run the listener again), and `gpkit_cancelled`, set
+//! when `outbox cancel` took it out of its chain ([`TAKE_OUT`]): it then
+//! neither rejoins its chain nor runs, as a run that is done.
 
 use std::sync::LazyLock;
 
@@ -78,7 +80,8 @@ fn delivering(body: &str) -> Script {
 /// the head (a new fencing token, the run after it or "", and 1 when the
 /// worker made its task again from the chain, `REQUEUE_HEAD`), `{n}` for a
 /// run with n before it, `{-1}` for a run that moved its chain on already,
-/// `{-2}` for a run in no chain.
+/// `{-2}` for a run in no chain (`{-1}` too for one cancelled, taken out
+/// of its chain by [`TAKE_OUT`]).
 pub(super) static TURN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -95,7 +98,7 @@ local at = redis.call('LPOS', chain, id)
 if at then
   return {at}
 end
-if redis.call('HEXISTS', task, 'gpkit_done') == 1 then
+if redis.call('HEXISTS', task, 'gpkit_done') == 1 or redis.call('HEXISTS', task, 'gpkit_cancelled') == 1 then
   return {-1}
 end
 return {-2}
@@ -114,7 +117,7 @@ local chain, runs, heads, listeners, keys_of, task = KEYS[1], KEYS[2], KEYS[3], 
 local id, msg, now_ms, listener, key = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local at = redis.call('LPOS', chain, id)
 if not at then
-  if redis.call('HEXISTS', task, 'gpkit_done') == 1 then
+  if redis.call('HEXISTS', task, 'gpkit_done') == 1 or redis.call('HEXISTS', task, 'gpkit_cancelled') == 1 then
     return {-1}
   end
   redis.call('HSET', runs, id, msg)
@@ -430,13 +433,15 @@ return woke()
 
 /// Takes a cancelled run that waits behind its chain's head out of the
 /// chain (`outbox cancel`): it leaves the chain and the runs, and the runs
-/// behind it keep their order. KEYS: its chain, runs. ARGV: its task id.
+/// behind it keep their order; its task hash, if the queue has it, is
+/// marked `gpkit_cancelled` ([`TURN`] and [`REJOIN`] then never let it in
+/// again). KEYS: its chain, runs, its task hash. ARGV: its task id.
 /// Returns 1 when taken out, 0 when it is in no chain, -1 when it is the
 /// head (whose end is [`MOVE_ON`]'s).
 pub(super) static TAKE_OUT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local chain, runs, id = KEYS[1], KEYS[2], ARGV[1]
+local chain, runs, task, id = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 if redis.call('LINDEX', chain, 0) == id then
   return -1
 end
@@ -444,6 +449,9 @@ if redis.call('LREM', chain, 0, id) == 0 then
   return 0
 end
 redis.call('HDEL', runs, id)
+if redis.call('EXISTS', task) == 1 then
+  redis.call('HSET', task, 'gpkit_cancelled', '1')
+end
 return 1
 ",
     )

@@ -132,7 +132,8 @@ impl Ordering {
 
     /// Takes the cancelled run `task_id`, which waits behind the head of
     /// `listener`'s chain for `key` in `queue`, out of the chain
-    /// ([`TAKE_OUT`]): true when it did; false when the run is the head
+    /// ([`TAKE_OUT`]), its task marked so that it never runs: true when it
+    /// did; false when the run is the head
     /// (ended with [`Ordering::move_on`]) or in no chain.
     pub(crate) async fn take_out(
         &self,
@@ -145,6 +146,7 @@ impl Ordering {
         let taken: i64 = TAKE_OUT
             .key(keys.chain(listener, key))
             .key(keys.runs())
+            .key(keys.task(task_id))
             .arg(task_id)
             .invoke_async(&mut self.queue.connection())
             .await?;
