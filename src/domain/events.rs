@@ -281,20 +281,9 @@ impl OptionsView {
             }
             (false, false) => {}
         }
-        let calls = run.calls();
-        let body = if run.fits_one_line() {
-            vec![format!(
-                "    ListenerOptions::new(){}",
-                calls.iter().map(|c| format!(".{c}")).collect::<String>()
-            )]
-        } else {
-            std::iter::once("    ListenerOptions::new()".to_string())
-                .chain(calls.iter().map(|c| format!("        .{c}")))
-                .collect()
-        };
         Self {
             doc: wrap(&summary, 76),
-            body,
+            body: run.body(),
             duration: run.uses_duration(),
         }
     }

@@ -200,11 +200,44 @@ impl ListenerRun {
     /// Whether rustfmt keeps `ListenerOptions::new()` and [`Self::calls`]
     /// on one line: a chain of one call always (while the line fits), a
     /// longer one while it takes at most 60 columns.
+    /// A call of several lines (an exponential backoff, whose arguments
+    /// rustfmt puts one per line) keeps a chain of more calls on lines of
+    /// their own.
     pub(crate) fn fits_one_line(&self) -> bool {
         let calls = self.calls();
         let width =
             "ListenerOptions::new()".len() + calls.iter().map(|c| c.len() + 1).sum::<usize>();
-        calls.len() <= 1 || width <= 60
+        calls.len() <= 1 || (width <= 60 && !calls.iter().any(|c| c.contains('\n')))
+    }
+
+    /// The body of `options()`: lines indented as rustfmt leaves them. One
+    /// call stays on the first line, a call of several lines overflowing
+    /// from it; more calls, each on its own line.
+    pub(crate) fn body(&self) -> Vec<String> {
+        let calls = self.calls();
+        if self.fits_one_line() {
+            let chain: String = calls.iter().map(|c| format!(".{c}")).collect();
+            let mut lines = chain.lines();
+            let first = format!("    ListenerOptions::new(){}", lines.next().unwrap_or(""));
+            std::iter::once(first)
+                .chain(lines.map(|line| format!("    {line}")))
+                .collect()
+        } else {
+            std::iter::once("    ListenerOptions::new()".to_string())
+                .chain(calls.iter().flat_map(|call| {
+                    call.lines()
+                        .enumerate()
+                        .map(|(i, line)| {
+                            if i == 0 {
+                                format!("        .{line}")
+                            } else {
+                                format!("        {line}")
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                }))
+                .collect()
+        }
     }
 
     /// What it does, in words, for the doc comment of `options()`:
@@ -359,7 +392,7 @@ mod tests {
                 "concurrency(2)",
                 "retries(3)",
                 "timeout(Duration::from_secs(600))",
-                "backoff(Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)))"
+                "backoff(Backoff::exponential(\n    Duration::from_secs(1),\n    Duration::from_secs(60),\n))"
             ]
         );
         assert!(run.uses_duration() && run.has_retry_policy() && run.has_limits());
@@ -383,6 +416,41 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("`--timeout soon`"), "{err}");
+    }
+
+    #[test]
+    fn an_exponential_backoff_is_written_as_rustfmt_writes_it() {
+        // Checked against rustfmt (edition 2024): one call overflows from
+        // the first line, more calls go one per line.
+        let run = |timeout: Option<&str>| {
+            ListenerRun::from_flags(RunFlags {
+                timeout,
+                backoff: Some("exponential:1s:10m"),
+                ..RunFlags::default()
+            })
+            .unwrap()
+            .unwrap()
+        };
+        assert_eq!(
+            run(None).body(),
+            [
+                "    ListenerOptions::new().backoff(Backoff::exponential(",
+                "        Duration::from_secs(1),",
+                "        Duration::from_secs(600),",
+                "    ))"
+            ]
+        );
+        assert_eq!(
+            run(Some("90s")).body(),
+            [
+                "    ListenerOptions::new()",
+                "        .timeout(Duration::from_secs(90))",
+                "        .backoff(Backoff::exponential(",
+                "            Duration::from_secs(1),",
+                "            Duration::from_secs(600),",
+                "        ))"
+            ]
+        );
     }
 
     #[test]

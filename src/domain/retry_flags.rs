@@ -107,14 +107,18 @@ impl FlagBackoff {
         }
     }
 
-    /// As code: `Backoff::fixed(Duration::from_secs(30))`.
+    /// As code: `Backoff::fixed(Duration::from_secs(30))`. An exponential
+    /// one's two arguments, always wider together than rustfmt's 60
+    /// columns of arguments, go one per line, indented by four.
     fn code(self) -> String {
         match self {
             Self::Asynq => "Backoff::asynq()".to_string(),
             Self::Fixed(delay) => format!("Backoff::fixed({})", delay.code()),
-            Self::Exponential { first, most } => {
-                format!("Backoff::exponential({}, {})", first.code(), most.code())
-            }
+            Self::Exponential { first, most } => format!(
+                "Backoff::exponential(\n    {},\n    {},\n)",
+                first.code(),
+                most.code()
+            ),
         }
     }
 
@@ -255,7 +259,7 @@ mod tests {
         );
         assert_eq!(
             FlagBackoff::parse("exponential:1s:10m").unwrap().code(),
-            "Backoff::exponential(Duration::from_secs(1), Duration::from_secs(600))"
+            "Backoff::exponential(\n    Duration::from_secs(1),\n    Duration::from_secs(600),\n)"
         );
         for (bad, says) in [
             ("linear", "is not a backoff"),

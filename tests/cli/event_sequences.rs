@@ -87,6 +87,7 @@ const RUN_FLAGS: &[&[&str]] = &[
     &["--rate", "1000/m", "--burst", "20"],
     &["--retries", "3"],
     &["--timeout", "90s", "--backoff", "exponential:1s:10m"],
+    &["--backoff", "exponential:500ms:1h"],
     &[
         "--concurrency",
         "2",
