@@ -179,6 +179,27 @@ pub(crate) fn start(span: &Span, parent: Option<&TraceContext>) -> TraceContext 
     context
 }
 
+/// Spawns `run`, a task's processing, in the trace a consumer runs a task
+/// in: instrumented with `span` (its `process` span), which continues
+/// `parent` (the trace of the task's headers, as a Go producer's
+/// middleware writes them) or starts a new trace, and with that trace as
+/// the current context. The consumer and the testing kit's drain both run
+/// listeners this way, so that what a listener dispatches carries the same
+/// trace under either.
+#[cfg(feature = "worker")]
+pub(crate) fn spawn_in_task_trace<F>(
+    span: Span,
+    parent: Option<&TraceContext>,
+    run: F,
+) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let context = start(&span, parent);
+    tokio::spawn(within(context, run.instrument(span)))
+}
+
 /// Runs `future` with `context` as the current one (see [`current`]).
 #[cfg(feature = "worker")]
 pub(crate) fn within<F: Future>(

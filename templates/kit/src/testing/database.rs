@@ -27,7 +27,7 @@ use crate::database::Transactor;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The variables that name the test server, in the order they are read.
-const SERVER_VARIABLES: [&str; 2] = ["TEST_DATABASE_URL", "DATABASE_URL"];
+pub(super) const SERVER_VARIABLES: [&str; 2] = ["TEST_DATABASE_URL", "DATABASE_URL"];
 
 /// A database created for one test, with every migration applied, and
 /// dropped (`WITH (FORCE)`) when the value is dropped, also when the test

@@ -388,14 +388,11 @@ async fn deliver(
     // the trace they carry under the worker.
     let retried = i32::try_from(task.retried).unwrap_or(i32::MAX);
     let span = crate::spans::process(&task.id, &task.task_type, &task.queue, retried);
-    let context = trace_context::start(&span, TraceContext::from_metadata(&task.headers).as_ref());
+    let parent = TraceContext::from_metadata(&task.headers);
     let run = async move {
         crate::worker::listener_handler::run_listener(&owned, transactor, task, counted, None).await
     };
-    let mut run = tokio::spawn(trace_context::within(
-        context,
-        tracing::Instrument::instrument(run, span),
-    ));
+    let mut run = trace_context::spawn_in_task_trace(span, parent.as_ref(), run);
     // The worker stops a run at its listener's timeout (a failure, the
     // task retried); the drain's own bound reports a run that hangs.
     let listener_timeout = listener.policy().run_timeout();

@@ -1,9 +1,7 @@
 //! Whether a documentation example that needs Postgres may run
 //! ([`example_has_a_database`]): the one skip rule of the kit's examples.
 
-/// The variables that name the test server ([`super::TestDatabase`] reads
-/// the first one set).
-const SERVER_VARIABLES: [&str; 2] = ["TEST_DATABASE_URL", "DATABASE_URL"];
+use super::database::SERVER_VARIABLES;
 
 /// `true` when `TEST_DATABASE_URL` or `DATABASE_URL` names a Postgres
 /// server, for a documentation example that needs one:

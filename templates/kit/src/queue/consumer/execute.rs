@@ -72,22 +72,18 @@ impl RunningConsumer {
                 skip_retry: false,
             };
         };
-        // The run continues the trace of the task's headers (as a Go
-        // producer's middleware writes them), or starts one.
+        // The run continues the trace of the task's headers, or starts one.
         let span = spans::process(
             &message.id,
             &message.r#type,
             &message.queue,
             message.retried,
         );
-        let context = trace_context::start(
-            &span,
+        let mut run = trace_context::spawn_in_task_trace(
+            span.clone(),
             TraceContext::from_metadata(&message.headers).as_ref(),
+            handler(Task::from(message)),
         );
-        let mut run = tokio::spawn(trace_context::within(
-            context,
-            tracing::Instrument::instrument(handler(Task::from(message)), span.clone()),
-        ));
         let outcome = tokio::select! {
             joined = &mut run => match joined {
                 Ok(Ok(())) => Outcome::Succeeded,
