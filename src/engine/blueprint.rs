@@ -20,7 +20,7 @@ use crate::engine::templates::{Renderer, TemplateFile, template_set};
 
 /// The version of the template set. Bump it whenever any rendered output
 /// changes; a test compares the rendered snapshots against this number.
-pub const TEMPLATE_SET_VERSION: u32 = 26;
+pub const TEMPLATE_SET_VERSION: u32 = 27;
 
 /// The oldest Rust the generated projects build with: their Cargo.toml's
 /// `rust-version`, the newest that any of their dependencies declares.

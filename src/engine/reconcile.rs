@@ -608,9 +608,20 @@ impl ApiCarry {
             push_notes(change, &to_15.notes, api_changes::SET_15);
             carried = to_15.text;
         }
-        if let Some(newest) = self.declared.iter().map(|c| c.set).max() {
-            let declared = kit_api::carry(&carried, &self.declared, &self.roots);
-            push_notes(change, &declared.notes, newest);
+        // Set by set, oldest first, so that each note names the set that
+        // made its change.
+        let mut sets: Vec<u32> = self.declared.iter().map(|c| c.set).collect();
+        sets.sort_unstable();
+        sets.dedup();
+        for set in sets {
+            let of_set: Vec<_> = self
+                .declared
+                .iter()
+                .filter(|c| c.set == set)
+                .cloned()
+                .collect();
+            let declared = kit_api::carry(&carried, &of_set, &self.roots);
+            push_notes(change, &declared.notes, set);
             carried = declared.text;
         }
         if carried != text {
