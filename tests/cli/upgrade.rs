@@ -1067,3 +1067,145 @@ fn an_edited_module_that_became_a_folder_moves_into_its_mod_rs() {
     let conflicted = std::fs::read_to_string(project.join(NEW)).unwrap();
     assert!(conflicted.contains("<<<<<<<") && conflicted.contains("// ours"));
 }
+
+/// The files of fixture `v22-listeners` that hold its listeners and their
+/// registration.
+const SET_22_LISTENER_FILES: &[&str] = &[
+    "src/listeners/mod.rs",
+    "src/listeners/order_placed/mod.rs",
+    "src/listeners/order_placed/send_receipt.rs",
+    "src/listeners/order_placed/reserve_stock.rs",
+];
+
+/// The kit files that decide the policy of a listener registered without
+/// one: `listen` and `ListenerOptions::new()`, `RetryPolicy::default()`,
+/// and the constants it takes.
+const POLICY_KIT_FILES: &[&str] = &[
+    "kit/src/worker/listeners.rs",
+    "kit/src/worker/listener_options.rs",
+    "kit/src/worker/retry_policy.rs",
+    "kit/src/outbox/relay.rs",
+];
+
+/// The line of `text` that declares `name`, from the name on:
+/// `MAX_RETRY: u32 = 25;` whatever its visibility.
+fn declaration(text: &str, name: &str) -> String {
+    let pattern = format!("const {name}:");
+    let line = text
+        .lines()
+        .find(|line| line.contains(&pattern))
+        .unwrap_or_else(|| panic!("no `{pattern}` in:\n{text}"));
+    line[line.find(name).unwrap()..].to_string()
+}
+
+/// The `[components]` part of a `gpkit.toml`: the events and listeners it
+/// records, with any listener options their flags gave.
+fn components(manifest: &str) -> &str {
+    let start = manifest.find("\n[components]\n").unwrap();
+    let end = manifest[start..].find("\n[files.").unwrap();
+    &manifest[start..start + end]
+}
+
+/// A project of template set 22 with two listeners, as set 22's
+/// `gpkit add event` wrote them (fixture `v22-listeners`: fixture
+/// `v22-edited` after `add event orderPlaced --field order_id:i64
+/// --listener send_receipt`, then `add event orderPlaced --listener
+/// reserve_stock --concurrency 4`, both run by the gpkit of commit 9ca2d1b,
+/// where set 22 was last recorded). The upgrade to the current set leaves
+/// each listener and its registration byte for byte, gives neither
+/// retries, a timeout nor a backoff, and does not name them in its report.
+/// So they keep the old policy: `listen` and `ListenerOptions::new()` take
+/// `RetryPolicy::default()`, whose retries and timeout are the constants
+/// set 22 gave every listener task (checked here in both kits) and whose
+/// backoff is asynq's. The upgraded kit is byte for byte the kit whose
+/// tests run that default on real servers (`tests::retries::
+/// each_listener_task_carries_its_listeners_retries_and_timeout`: 25
+/// retries and 1800 s in a task of a listener without a policy) and unit
+/// by unit (`the_default_policy_is_the_one_every_listener_had`).
+#[test]
+fn a_set_22_projects_listeners_keep_their_registration_and_old_policy() {
+    let (_dir, project) = fixture("v22-listeners");
+    let read = |path: &str| std::fs::read_to_string(project.join(path)).unwrap();
+    let before: Vec<String> = SET_22_LISTENER_FILES.iter().map(|p| read(p)).collect();
+    let registrations = &before[0];
+    assert!(
+        registrations.contains(
+            "    listeners.listen(\"send_receipt\", order_placed::send_receipt::handle);\n"
+        ) && registrations.contains(
+            "    listeners.listen_with(\n        \"reserve_stock\",\n        \
+                 order_placed::reserve_stock::options(),\n"
+        ),
+        "the fixture registers its two listeners as set 22 did:\n{registrations}"
+    );
+    assert!(
+        before[3].contains("    ListenerOptions::new().concurrency(4)\n"),
+        "{}",
+        before[3]
+    );
+    let manifest_before = read("gpkit.toml");
+    assert!(manifest_before.contains("template_set = 22\n"));
+    let relay_before = read("kit/src/outbox/relay.rs");
+
+    let (code, report) = upgrade(&project, &[]);
+
+    assert_eq!(code, 0, "{report}");
+    for (path, was) in SET_22_LISTENER_FILES.iter().zip(&before) {
+        assert_eq!(&read(path), was, "{path} changed:\n{report}");
+        assert!(!report.contains(path), "{path} is in the report:\n{report}");
+    }
+    for (path, entry) in disk_state(&project.join("src"), &[]) {
+        let crate::support::Entry::File { contents, .. } = entry else {
+            continue;
+        };
+        let text = String::from_utf8(contents).unwrap();
+        for call in [".retries(", ".timeout(", ".backoff("] {
+            assert!(!text.contains(call), "src/{path} has `{call}`:\n{text}");
+        }
+    }
+    let manifest = read("gpkit.toml");
+    assert!(manifest.contains(&format!("template_set = {TEMPLATE_SET_VERSION}\n")));
+    assert_eq!(
+        components(&manifest),
+        components(&manifest_before),
+        "the listeners' record changed"
+    );
+    let (code, _) = upgrade(&project, &["--check"]);
+    assert_eq!(code, 0, "not up to date after the upgrade");
+
+    // The policy the upgraded project states for them: its kit is the one
+    // the kit's tests test, `listen` registers `ListenerOptions::new()`,
+    // whose policy is the default, made of set 22's numbers.
+    for path in POLICY_KIT_FILES {
+        assert_eq!(
+            read(path).as_bytes(),
+            std::fs::read(crate::support::repo().join("templates").join(path)).unwrap(),
+            "{path}"
+        );
+    }
+    assert!(
+        read("kit/src/worker/listeners.rs")
+            .contains("self.listen_with(name, ListenerOptions::new(), handler)")
+    );
+    let policy = read("kit/src/worker/retry_policy.rs");
+    let default = policy
+        .split("impl Default for RetryPolicy {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n}\n").next())
+        .expect("RetryPolicy's Default");
+    for field in [
+        "retries: MAX_RETRY,",
+        "timeout: TASK_TIMEOUT,",
+        "backoff: Backoff::asynq(),",
+    ] {
+        assert!(default.contains(field), "{field}:\n{default}");
+    }
+    assert!(read("kit/src/worker/listener_options.rs").contains("policy: RetryPolicy::default(),"));
+    let relay = read("kit/src/outbox/relay.rs");
+    for constant in ["MAX_RETRY", "TASK_TIMEOUT"] {
+        assert_eq!(
+            declaration(&relay, constant),
+            declaration(&relay_before, constant),
+            "set 22's {constant} is not the default's"
+        );
+    }
+}
