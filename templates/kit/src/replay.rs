@@ -115,6 +115,12 @@ pub(crate) async fn enqueue(
                 Ok(EnqueueOutcome::Duplicate) => {
                     anyhow::bail!("task id {} is taken (should not happen)", task.id)
                 }
+                Ok(EnqueueOutcome::Cancelled) => {
+                    anyhow::bail!(
+                        "task {} was left out as cancelled (should not happen)",
+                        task.id
+                    )
+                }
                 Err(err) => {
                     return Err(anyhow::Error::new(err).context(format!(
                         "cannot queue the replay of {event_id} ({} task(s) were queued before)",
@@ -159,6 +165,12 @@ pub(crate) async fn enqueue_lost(
                     event_id: *event_id,
                     queue: task.queue.clone(),
                 }),
+                EnqueueOutcome::Cancelled => {
+                    anyhow::bail!(
+                        "task {} was left out as cancelled (should not happen)",
+                        task.id
+                    )
+                }
             }
         }
     }

@@ -275,6 +275,11 @@ pub(crate) async fn cancel(
             // that made it meanwhile.
             let tombstone = task(queue.as_str()).record(BEFORE, 0);
             cancellations::record(&context.pool, &[tombstone]).await?;
+            let keep = context
+                .config
+                .worker
+                .failure_retention(&context.config.outbox);
+            cancellations::mark_before(client, context.outbox_queues(), &task_id, keep).await?;
             found = look(context, (client, &ordering), &queues, &task, &mut done).await?;
             if !found {
                 done.deleted.push(task(queue.as_str()).reported(BEFORE));

@@ -361,7 +361,9 @@ impl Relay {
             let mut reached_all = true;
             for result in results.by_ref().take(self.queue_names.len()) {
                 match result {
-                    Ok(EnqueueOutcome::Enqueued) => {}
+                    // Cancelled: only a task that asks is checked (the
+                    // fan-out's); the relay's are not.
+                    Ok(EnqueueOutcome::Enqueued | EnqueueOutcome::Cancelled) => {}
                     Ok(EnqueueOutcome::Duplicate) => duplicates += 1,
                     Err(err) => {
                         reached_all = false;

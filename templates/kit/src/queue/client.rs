@@ -63,6 +63,9 @@ pub(crate) struct NewTask {
     /// How long the task stays in `:completed` after success, deduplicating
     /// its id. Zero deletes it at once. Whole seconds.
     pub(crate) retention: Duration,
+    /// Whether the enqueue leaves the task out when its id was cancelled
+    /// before the fan-out made it ([`EnqueueOutcome::Cancelled`]).
+    pub(crate) unless_cancelled: bool,
 }
 
 /// What happened to one task of a batch that reached Valkey.
@@ -73,6 +76,9 @@ pub(crate) enum EnqueueOutcome {
     /// A task with this id is already in the queue; nothing was written.
     /// For the outbox relay and the fan-out this counts as delivered.
     Duplicate,
+    /// The task's id was cancelled before it was made (`outbox cancel`;
+    /// [`NewTask::unless_cancelled_before`]); nothing was written.
+    Cancelled,
 }
 
 impl NewTask {
@@ -92,6 +98,7 @@ impl NewTask {
             max_retry: DEFAULT_MAX_RETRY,
             timeout: DEFAULT_TIMEOUT,
             retention: Duration::ZERO,
+            unless_cancelled: false,
         }
     }
 
@@ -122,6 +129,13 @@ impl NewTask {
     /// Sets how long the task stays in `:completed` after success.
     pub(crate) fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// Leaves the task out when its id was cancelled before it was made
+    /// (the fan-out's listener tasks).
+    pub(crate) fn unless_cancelled_before(mut self) -> Self {
+        self.unless_cancelled = true;
         self
     }
 
@@ -232,7 +246,11 @@ impl Client {
     ) -> Result<Vec<Result<EnqueueOutcome, QueueError>>, QueueError> {
         let messages: Vec<Result<TaskMessage, QueueError>> =
             tasks.iter().map(NewTask::to_message).collect();
-        let valid: Vec<&TaskMessage> = messages.iter().filter_map(|m| m.as_ref().ok()).collect();
+        let valid: Vec<(&TaskMessage, bool)> = messages
+            .iter()
+            .zip(tasks)
+            .filter_map(|(m, task)| Some((m.as_ref().ok()?, task.unless_cancelled)))
+            .collect();
         let replies = if valid.is_empty() {
             Vec::new()
         } else {
@@ -249,6 +267,7 @@ impl Client {
                 match replies.next() {
                     Some(Ok(1)) => Ok(EnqueueOutcome::Enqueued),
                     Some(Ok(0)) => Ok(EnqueueOutcome::Duplicate),
+                    Some(Ok(-1)) => Ok(EnqueueOutcome::Cancelled),
                     Some(Ok(other)) => Err(QueueError::UnexpectedReply(format!(
                         "the enqueue script returned {other}"
                     ))),
@@ -261,22 +280,28 @@ impl Client {
             .collect())
     }
 
-    /// One pipeline: the enqueue script for each message, in order.
+    /// One pipeline: the enqueue script for each message, in order, each
+    /// with whether it is left out when cancelled before it was made.
     async fn run_enqueue_scripts(
         &self,
-        messages: &[&TaskMessage],
+        batch: &[(&TaskMessage, bool)],
     ) -> redis::RedisResult<Vec<redis::RedisResult<i64>>> {
         let now_ns = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+        let messages: Vec<&TaskMessage> = batch.iter().map(|(message, _)| *message).collect();
         let mut queues: Vec<&str> = messages.iter().map(|m| m.queue.as_str()).collect();
         queues.sort_unstable();
         queues.dedup();
-        let invocations: Vec<_> = messages
+        let invocations: Vec<_> = batch
             .iter()
-            .map(|message| {
+            .map(|(message, unless_cancelled)| {
                 let mut invocation = scripts::ENQUEUE.prepare_invoke();
                 invocation
                     .key(keys::task(&message.queue, &message.id))
-                    .key(keys::pending(&message.queue))
+                    .key(keys::pending(&message.queue));
+                if *unless_cancelled {
+                    invocation.key(keys::cancelled_before(&message.queue));
+                }
+                invocation
                     .arg(message.encode_to_vec())
                     .arg(&message.id)
                     .arg(now_ns);
@@ -289,7 +314,7 @@ impl Client {
         // always exactly one round trip.
         let mut conn = self.conn.clone();
         if conn.is_cluster() {
-            let replies = Self::run_per_queue(&mut conn, messages, &queues, &invocations).await?;
+            let replies = Self::run_per_queue(&mut conn, &messages, &queues, &invocations).await?;
             if self.enqueued.publish() {
                 // Best effort, like the wake-up itself: consumers poll anyway.
                 let published = redis::cmd("PUBLISH")

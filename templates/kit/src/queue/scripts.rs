@@ -28,11 +28,19 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Adds a pending task unless its id exists. Returns 1, or 0 on conflict.
+/// Given a third key, the sorted set of ids cancelled before the fan-out
+/// ([`keys::cancelled_before`](super::keys::cancelled_before)), it returns
+/// -1 and adds nothing when the id is in it: checked in the same step as
+/// the enqueue, so a cancel is either seen here or finds the task.
 ///
-/// KEYS: task hash, pending list. ARGV: encoded message, task id, now (ns).
+/// KEYS: task hash, pending list[, cancelled set]. ARGV: encoded message,
+/// task id, now (ns).
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
+if KEYS[3] and redis.call("ZSCORE", KEYS[3], ARGV[2]) then
+    return -1
+end
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
 end

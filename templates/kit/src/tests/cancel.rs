@@ -678,6 +678,48 @@ async fn a_listener_cancelled_before_the_fan_out_gets_no_task() {
 }
 
 #[tokio::test]
+async fn an_ordered_run_cancelled_before_the_fan_out_joins_no_chain_and_its_key_moves_on() {
+    // Arrange: two steps of key cart:1 for the ordered `ledger`, neither
+    // published; step 1's run of `ledger` cancelled.
+    let service = Service::new(false).await;
+    let first = dispatch(&service.db.pool, &Stepped { n: 1 }).await.unwrap();
+    let second = dispatch(&service.db.pool, &Stepped { n: 2 }).await.unwrap();
+    let done = crate::operations::cancel::cancel(&service.context(), first.id, Some("ledger"))
+        .await
+        .unwrap();
+    let fan_out = |step: &Envelope| crate::queue::Task {
+        task_type: format!("event:{}", step.name),
+        id: step.id.to_string(),
+        payload: serde_json::to_vec(step).unwrap(),
+        headers: Default::default(),
+        queue: service.queue.name.clone(),
+        retried: 0,
+        max_retry: 25,
+        failed_before: false,
+    };
+    let chains = super::ordering::chains(&service.db.pool, &service.queue);
+
+    // Act: both fanned out, in order.
+    for step in [&first, &second] {
+        crate::worker::fan_out(&chains, &service.listeners, fan_out(step))
+            .await
+            .unwrap();
+    }
+
+    // Assert: step 1's run was never made; step 2's is the key's turn now.
+    let deleted: Vec<(&str, &str)> = done
+        .deleted
+        .iter()
+        .map(|t| (t.listener.as_str(), t.state.as_str()))
+        .collect();
+    assert_eq!(deleted, [("ledger", "before")]);
+    assert_eq!(
+        service.queue.pending_ids().await,
+        [listener_task_id(second.id, "ledger").to_string()]
+    );
+}
+
+#[tokio::test]
 async fn send_back_leaves_a_cancelled_task_unless_asked() {
     // Arrange: `a`'s task cancelled while pending.
     let service = Service::new(false).await;

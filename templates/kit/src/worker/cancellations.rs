@@ -23,7 +23,7 @@ use uuid::Uuid;
 use super::ordering::{End, ORDERED_HEADER, Ordering};
 use super::task_names::listener_of;
 use crate::queue::message::TaskMessage;
-use crate::queue::{CancelVerdict, Consumer};
+use crate::queue::{CancelVerdict, Client, Consumer, keys};
 
 /// One cancellation to record.
 #[derive(Debug, Clone)]
@@ -139,19 +139,60 @@ pub(crate) fn record_on_cancel(consumer: &mut Consumer, pool: PgPool, ordering: 
     }));
 }
 
-/// Those of `task_ids` cancelled before the fan-out made them (state
-/// `before`, recorded by `outbox cancel` on an event not fanned out yet):
-/// the fan-out leaves them out.
+/// Marks `task_id` cancelled before the fan-out made it, in each of
+/// `queues` (the sorted set `keys::cancelled_before`, scored by the time of
+/// the cancel), where the fan-out's enqueue finds it in the same step as it
+/// would make the task, and leaves it out: a fan-out costs no read more,
+/// and a cancel either is seen there or finds the task the fan-out made.
+/// Marks older than `keep` are dropped on the way.
+pub(crate) async fn mark_before(
+    client: &Client,
+    queues: &[String],
+    task_id: &str,
+    keep: Duration,
+) -> redis::RedisResult<()> {
+    let now = chrono::Utc::now().timestamp();
+    let oldest = now.saturating_sub(i64::try_from(keep.as_secs()).unwrap_or(i64::MAX));
+    let mut conn = client.connection();
+    for queue in queues {
+        let key = keys::cancelled_before(queue);
+        redis::cmd("ZADD")
+            .arg(&key)
+            .arg(now)
+            .arg(task_id)
+            .query_async::<()>(&mut conn)
+            .await?;
+        redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(format!("({oldest}"))
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Those of `task_ids` marked cancelled before the fan-out in `queue`
+/// ([`mark_before`]): an ordered listener's runs join their chains, not
+/// the enqueue that checks the marks itself.
 pub(crate) async fn cancelled_before(
-    pool: &PgPool,
+    client: &Client,
+    queue: &str,
     task_ids: &[String],
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT task_id FROM listener_cancellations WHERE task_id = ANY($1) AND state = 'before'",
-    )
-    .bind(task_ids)
-    .fetch_all(pool)
-    .await
+) -> redis::RedisResult<Vec<String>> {
+    if task_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+        .arg(keys::cancelled_before(queue))
+        .arg(task_ids)
+        .query_async(&mut client.connection())
+        .await?;
+    Ok(task_ids
+        .iter()
+        .zip(scores)
+        .filter_map(|(id, score)| score.map(|_| id.clone()))
+        .collect())
 }
 
 /// Forgets the records of `task_ids` (sent back to the queue); how many

@@ -531,10 +531,6 @@ struct EnvelopeHead {
     metadata: crate::outbox::Metadata,
 }
 
-/// How long a fan-out waits for Postgres to say which listeners were
-/// cancelled before it, before it goes on without.
-const CANCELLED_BEFORE_WAIT: Duration = Duration::from_millis(500);
-
 /// The `event:<name>` handler: one `listener:<name>:<listener>` task per
 /// listener, in the event task's queue, with ids derived from the event
 /// task's id, so a retried fan-out queues nothing twice (duplicates count as
@@ -562,32 +558,13 @@ pub(crate) async fn fan_out(
     // A recovery of an event the queue ran without it being fanned out
     // here takes the event's turn (`ordering`'s module `stale`).
     let recovered = task.headers.remove(ordering::RECOVERED_HEADER).is_some();
-    // Listeners cancelled before this fan-out (`outbox cancel`) get no task.
-    // Postgres unreachable (no answer within `CANCELLED_BEFORE_WAIT`), the
-    // fan-out goes on without them (logged): it does not wait on Postgres.
-    let ids: Vec<String> = listeners
-        .of(&envelope.name)
-        .iter()
-        .map(|listener| listener_task_id(namespace, listener.name()).to_string())
-        .collect();
-    let read = cancellations::cancelled_before(ordering.pool(), &ids);
-    let cancelled = tokio::time::timeout(CANCELLED_BEFORE_WAIT, read)
-        .await
-        .map_err(|_| sqlx::Error::PoolTimedOut)
-        .and_then(|read| read)
-        .unwrap_or_else(|err| {
-            tracing::warn!(event = %envelope.id, error = %err, "could not read the listeners cancelled before the fan-out; it makes every listener's task");
-            Vec::new()
-        });
-    let kept = |listener: &&Listener| {
-        let id = listener_task_id(namespace, listener.name()).to_string();
-        !cancelled.contains(&id)
-    };
+    // Listeners cancelled before this fan-out (`outbox cancel`) get no
+    // task: the enqueue leaves out an id marked so (`cancellations::
+    // mark_before`), in the same step as it would make the task.
     // The unordered listeners ran a recovered event already.
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
-        .filter(kept)
         .filter(|_| !recovered)
         .filter(|listener| place.is_none() || listener.ordered().is_none())
         .map(|listener| {
@@ -602,6 +579,7 @@ pub(crate) async fn fan_out(
                 .queue(task.queue.as_str())
                 .headers(task.headers.clone())
                 .retention(ordering.retention())
+                .unless_cancelled_before()
         })
         .collect();
     for result in ordering.queue_client().enqueue(&tasks).await? {
@@ -613,11 +591,23 @@ pub(crate) async fn fan_out(
     // Every keyed event takes its turn, with ordered listeners or not, so
     // that the next event of its key does not wait for it.
     let replay = task.id != envelope.id.to_string() && !recovered;
+    // An ordered listener's run joins its chain: the marks are read first.
+    let ordered: Vec<String> = listeners
+        .of(&envelope.name)
+        .iter()
+        .filter(|listener| listener.ordered().is_some())
+        .map(|listener| listener_task_id(namespace, listener.name()).to_string())
+        .collect();
+    let cancelled =
+        cancellations::cancelled_before(&ordering.queue_client(), &task.queue, &ordered).await?;
     let runs = listeners
         .of(&envelope.name)
         .iter()
-        .filter(kept)
         .filter(|listener| listener.ordered().is_some())
+        .filter(|listener| {
+            let id = listener_task_id(namespace, listener.name()).to_string();
+            !cancelled.contains(&id)
+        })
         .map(|listener| ChainRun {
             listener: listener.name().to_string(),
             task_type: listener.task_type(),

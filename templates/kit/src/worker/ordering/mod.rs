@@ -269,11 +269,6 @@ impl Ordering {
         &self.queues
     }
 
-    /// The database of the outbox.
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
     /// The queue's client.
     pub(crate) fn queue_client(&self) -> Client {
         self.queue.clone()
