@@ -301,6 +301,23 @@ impl Store {
         })
     }
 
+    /// In how long the next waiting event is due (zero when one is due
+    /// now), by the database's clock; `None` when none waits. One read of
+    /// the due index, outside a transaction: the mover's look before it
+    /// takes its lock and moves.
+    #[cfg(feature = "worker")]
+    pub(crate) async fn next_due_in<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+    ) -> Result<Option<std::time::Duration>, sqlx::Error> {
+        let seconds: Option<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch FROM min(due_at) - clock_timestamp())::float8 FROM outbox_later",
+        )
+        .fetch_one(executor)
+        .await?;
+        Ok(seconds.map(|seconds| std::time::Duration::from_secs_f64(seconds.max(0.0))))
+    }
+
     /// How many events wait, and when the next is due.
     #[cfg(feature = "worker")]
     pub(crate) async fn waiting<'e>(
@@ -403,9 +420,24 @@ pub(crate) mod mover {
     pub(crate) async fn run(pool: PgPool, relay: Arc<Notify>, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(MOVE_INTERVAL, MAX_BACKOFF);
         while !shutdown.is_cancelled() {
-            let round = tokio::select! {
+            // A look first: while no event is due, the round is one read,
+            // with no transaction or lock (under load, a round each second
+            // that took them delayed the relay's rounds).
+            let look = tokio::select! {
                 () = shutdown.cancelled() => break,
-                round = Store.move_due_and_look_ahead(&pool, MOVE_BATCH, None) => round,
+                look = Store.next_due_in(&pool) => look,
+            };
+            let round = match look {
+                Ok(None) => Ok(super::Round::default()),
+                Ok(Some(next_in)) if !next_in.is_zero() => Ok(super::Round {
+                    next_in: Some(next_in),
+                    ..super::Round::default()
+                }),
+                Ok(Some(_)) => tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    round = Store.move_due_and_look_ahead(&pool, MOVE_BATCH, None) => round,
+                },
+                Err(err) => Err(err),
             };
             let wait = match round {
                 Ok(round) => {
