@@ -9,7 +9,6 @@
 //! project (`BENCH_SOURCES` in event_e2e.rs).
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Command;
 
 use gpkit::engine::blueprint::TEMPLATE_SET_VERSION;
@@ -207,27 +206,11 @@ fn kit_tests_run_by(script: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The kit's test `tests::<module>::<name>` is a function of its tests.
+/// The kit's test `tests::<module>::<name>` is a test of its suite (run
+/// by the script with `--ignored` when it is ignored).
 fn assert_kit_test_exists(script: &str, test: &str) {
-    let mut parts = test.split("::").skip(1);
-    let (module, name) = (parts.next().unwrap(), parts.next().unwrap());
-    let tests = repo().join("templates/kit/src/tests");
-    let file = [
-        tests.join(format!("{module}.rs")),
-        tests.join(module).join("mod.rs"),
-    ]
-    .into_iter()
-    .find(|file| file.is_file())
-    .unwrap_or_else(|| {
-        panic!(
-            "{script} runs {test}: no module {module} in {}",
-            tests.display()
-        )
-    });
-    let source = std::fs::read_to_string(&file).unwrap();
-    assert!(
-        source.contains(&format!("fn {name}(")),
-        "{script} runs {test}: no fn {name} in {}",
-        Path::new(&file).display()
-    );
+    let name = test.replacen("tests::", "kit::", 1);
+    if let Err(why) = crate::support::test_attributes(&name) {
+        panic!("{script} runs {test}: {why}");
+    }
 }

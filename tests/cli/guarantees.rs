@@ -113,55 +113,10 @@ fn exists(root: &Path, name: &str) -> Result<(), String> {
         }
         return ci_runs(root, &format!("--break {mode}"));
     }
-    let (modules, file, test) = match name.split("::").collect::<Vec<_>>()[..] {
-        ["kit", file, test] => (
-            "templates/kit/src/tests.rs",
-            format!("templates/kit/src/tests/{file}.rs"),
-            test,
-        ),
-        ["cli", file, test] => ("tests/cli/main.rs", format!("tests/cli/{file}.rs"), test),
-        _ => return Err("not a `kit::file::test`, `cli::file::test` or `chaos` name".into()),
-    };
-    let module = Path::new(&file).file_stem().unwrap().to_str().unwrap();
-    if !script(root, modules)?
-        .lines()
-        .any(|line| line.trim() == format!("mod {module};"))
-    {
-        return Err(format!("{modules} does not declare `mod {module};`"));
-    }
-    let source = std::fs::read_to_string(root.join(&file)).map_err(|_| format!("no {file}"))?;
-    let lines: Vec<&str> = source.lines().collect();
-    let at = lines
-        .iter()
-        .position(|line| {
-            let line = line.trim_start();
-            !line.starts_with("//") && line.contains(&format!("fn {test}("))
-        })
-        .ok_or_else(|| format!("no test {test} in {file}"))?;
-    // The attributes and doc comment just above the function.
-    let attributes: Vec<&str> = lines[..at]
-        .iter()
-        .rev()
-        .map(|line| line.trim())
-        .take_while(|line| line.starts_with("#[") || line.starts_with("///"))
-        .filter(|line| line.starts_with("#["))
-        .collect();
-    if !attributes.iter().any(|line| line.contains("test")) {
-        return Err(format!("{test} in {file} is not a test"));
-    }
-    // The kit's tests run with all its features; any other `cfg` may
-    // compile the test out.
-    if attributes
-        .iter()
-        .any(|line| line.starts_with("#[cfg(") && !line.starts_with("#[cfg(feature"))
-    {
-        return Err(format!("{test} in {file} is compiled only under a #[cfg]"));
-    }
+    let attributes = crate::support::test_attributes(name)?;
     // CI runs gpkit's ignored tests (`--include-ignored`), not the kit's.
-    if modules.starts_with("templates/kit")
-        && attributes.iter().any(|line| line.starts_with("#[ignore"))
-    {
-        return Err(format!("{test} in {file} is ignored: CI does not run it"));
+    if name.starts_with("kit::") && attributes.iter().any(|line| line.starts_with("#[ignore")) {
+        return Err(format!("{name} is ignored: CI does not run it"));
     }
     Ok(())
 }

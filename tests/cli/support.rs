@@ -168,6 +168,61 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The attributes of the test `name` (`kit::<file>::<test>`, a test of
+/// templates/kit/src/tests/<file>.rs, or `cli::<file>::<test>`, of
+/// tests/cli/<file>.rs), or why it is no test its suite runs: a module the
+/// suite does not declare, no such function (or one commented out), a
+/// function that is no test, or one compiled only under a `#[cfg]` other
+/// than a feature's (the kit's tests run with all its features).
+pub fn test_attributes(name: &str) -> Result<Vec<String>, String> {
+    let (modules, file, test) = match name.split("::").collect::<Vec<_>>()[..] {
+        ["kit", file, test] => (
+            "templates/kit/src/tests.rs",
+            format!("templates/kit/src/tests/{file}.rs"),
+            test,
+        ),
+        ["cli", file, test] => ("tests/cli/main.rs", format!("tests/cli/{file}.rs"), test),
+        _ => return Err("not a `kit::file::test` or `cli::file::test` name".into()),
+    };
+    let read =
+        |path: &str| std::fs::read_to_string(repo().join(path)).map_err(|_| format!("no {path}"));
+    let module = Path::new(&file).file_stem().unwrap().to_str().unwrap();
+    if !read(modules)?
+        .lines()
+        .any(|line| line.trim() == format!("mod {module};"))
+    {
+        return Err(format!("{modules} does not declare `mod {module};`"));
+    }
+    let source = read(&file)?;
+    let lines: Vec<&str> = source.lines().collect();
+    let at = lines
+        .iter()
+        .position(|line| {
+            let line = line.trim_start();
+            !line.starts_with("//") && line.contains(&format!("fn {test}("))
+        })
+        .ok_or_else(|| format!("no test {test} in {file}"))?;
+    // The attributes and doc comment just above the function.
+    let attributes: Vec<String> = lines[..at]
+        .iter()
+        .rev()
+        .map(|line| line.trim())
+        .take_while(|line| line.starts_with("#[") || line.starts_with("///"))
+        .filter(|line| line.starts_with("#["))
+        .map(str::to_string)
+        .collect();
+    if !attributes.iter().any(|line| line.contains("test")) {
+        return Err(format!("{test} in {file} is not a test"));
+    }
+    if attributes
+        .iter()
+        .any(|line| line.starts_with("#[cfg(") && !line.starts_with("#[cfg(feature"))
+    {
+        return Err(format!("{test} in {file} is compiled only under a #[cfg]"));
+    }
+    Ok(attributes)
+}
+
 /// Every file under `root` (relative path to bytes), skipping `skip`ped
 /// top-level entries; directories and links are left out.
 pub fn read_tree(root: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {

@@ -348,10 +348,7 @@ fn the_hyphenated_spelling_works_too() {
 /// and is pinned by a report snapshot.
 #[test]
 fn release_fixtures_upgrade_to_the_current_templates() {
-    let releases: Vec<String> = fixture_names()
-        .into_iter()
-        .filter(|n| n.starts_with('v') && n.ends_with("-edited"))
-        .collect();
+    let releases = crate::release_fixtures::release_fixtures();
     assert!(releases.contains(&"v1-edited".to_string()), "{releases:?}");
     // What tests/fixtures/upgrade/expectations.toml declares: the user's
     // edits kept, and exit 3 (conflicts) only where it declares conflicts.
