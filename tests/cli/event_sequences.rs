@@ -6,7 +6,7 @@
 //!
 //! Each case runs gpkit in-process (`gpkit::run`, the binary's own entry
 //! point) and rustfmt on the files the calls wrote, so that hundreds of
-//! cases stay cheap: 256 under CI (`CI=true`), fewer elsewhere. Every 4th
+//! cases stay cheap: 128 under CI (`CI=true`), fewer elsewhere. Every 4th
 //! sequence ends with a call that adds a listener to an event an earlier
 //! call created, a path random sequences rarely take. Once per run, the largest
 //! sequence is replayed and the project passes `cargo fmt --check` and
@@ -153,7 +153,8 @@ fn sequence(forced: bool) -> impl Strategy<Value = Sequence> {
     })
 }
 
-/// How many sequences: 256 under CI, 64 elsewhere; `PROPTEST_CASES=<n>`
+/// How many sequences: 128 under CI (each run draws new ones), 64
+/// elsewhere; `PROPTEST_CASES=<n>`
 /// sets it.
 fn cases() -> u32 {
     if let Some(n) = std::env::var("PROPTEST_CASES")
@@ -162,7 +163,7 @@ fn cases() -> u32 {
     {
         return n;
     }
-    if crate::support::in_ci() { 256 } else { 64 }
+    if crate::support::in_ci() { 128 } else { 64 }
 }
 
 /// Every this many sequences, one ends with an [`AddListener`] call.

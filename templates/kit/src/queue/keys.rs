@@ -37,11 +37,11 @@ pub(crate) fn queue_prefix(queue: &str) -> String {
     format!("asynq:{{{queue}}}:")
 }
 
-/// `gpkit:{<queue>}:cancelled-before`, the ids of listener tasks
+/// `asynq:{<queue>}:gpkit:cancelled-before`, the ids of listener tasks
 /// cancelled before the fan-out made them (`outbox cancel`), scored by the
 /// time of the cancel: the fan-out's enqueue leaves them out.
 pub(crate) fn cancelled_before(queue: &str) -> String {
-    format!("gpkit:{{{queue}}}:cancelled-before")
+    format!("asynq:{{{queue}}}:gpkit:cancelled-before")
 }
 
 /// `asynq:{<queue>}:t:<id>`, the hash holding a task's `msg` and `state`.
