@@ -558,10 +558,10 @@ pub(crate) async fn fan_out(
     // A recovery of an event the queue ran without it being fanned out
     // here takes the event's turn (`ordering`'s module `stale`).
     let recovered = task.headers.remove(ordering::RECOVERED_HEADER).is_some();
-    // Listeners cancelled before this fan-out (`outbox cancel`) get no
-    // task: the enqueue leaves out an id marked so (`cancellations::
-    // mark_before`), in the same step as it would make the task.
-    // The unordered listeners ran a recovered event already.
+    // The unordered listeners ran a recovered event already. Listeners
+    // cancelled before this fan-out (`outbox cancel`) get no task: the
+    // enqueue leaves out an id marked so (`cancellations::mark_before`),
+    // in the same step as it would make the task.
     let tasks: Vec<NewTask> = listeners
         .of(&envelope.name)
         .iter()
@@ -591,29 +591,22 @@ pub(crate) async fn fan_out(
     // Every keyed event takes its turn, with ordered listeners or not, so
     // that the next event of its key does not wait for it.
     let replay = task.id != envelope.id.to_string() && !recovered;
-    // An ordered listener's run joins its chain: the marks are read first.
-    let ordered: Vec<String> = listeners
+    let mut runs: Vec<ChainRun> = listeners
         .of(&envelope.name)
         .iter()
         .filter(|listener| listener.ordered().is_some())
-        .map(|listener| listener_task_id(namespace, listener.name()).to_string())
-        .collect();
-    let cancelled =
-        cancellations::cancelled_before(&ordering.queue_client(), &task.queue, &ordered).await?;
-    let runs = listeners
-        .of(&envelope.name)
-        .iter()
-        .filter(|listener| listener.ordered().is_some())
-        .filter(|listener| {
-            let id = listener_task_id(namespace, listener.name()).to_string();
-            !cancelled.contains(&id)
-        })
         .map(|listener| ChainRun {
             listener: listener.name().to_string(),
             task_type: listener.task_type(),
             task_id: listener_task_id(namespace, listener.name()).to_string(),
         })
         .collect();
+    // An ordered listener's run joins its chain, not the enqueue that
+    // checks the marks: they are read first.
+    let ids: Vec<String> = runs.iter().map(|run| run.task_id.clone()).collect();
+    let cancelled =
+        cancellations::cancelled_before(&ordering.queue_client(), &task.queue, &ids).await?;
+    runs.retain(|run| !cancelled.contains(&run.task_id));
     let event = EventRuns {
         event_id: envelope.id,
         queue: task.queue,
