@@ -147,9 +147,9 @@ fn store_error<E: Event>(source: impl Into<StoreError>) -> DispatchError {
 }
 
 /// Stores `event` in the outbox on `executor`, to be delivered at `when`
-/// and not before: while a worker runs, its listeners start within half a
-/// second after `when` (a second and a half for an event dispatched less
-/// than a second before it). A `when` at or before the service's clock
+/// and not before: while a worker runs, its listeners start within two
+/// seconds after `when`, typically milliseconds (three seconds for an
+/// event dispatched less than a second before it). A `when` at or before the service's clock
 /// (`Utc::now()`) dispatches it at once, as [`dispatch`] does. On a
 /// transaction, the event commits or rolls back with it.
 ///
@@ -283,9 +283,9 @@ where
 
 /// Stores `event` in the outbox on `executor` (a SeaORM transaction or
 /// connection, or a sqlx connection or pool), to be delivered at `when`
-/// and not before: while a worker runs, its listeners start within half a
-/// second after `when` (a second and a half for an event dispatched less
-/// than a second before it). A `when` at or before the service's clock
+/// and not before: while a worker runs, its listeners start within two
+/// seconds after `when`, typically milliseconds (three seconds for an
+/// event dispatched less than a second before it). A `when` at or before the service's clock
 /// (`Utc::now()`) dispatches it at once, as [`dispatch`] does. On a
 /// transaction, the event commits or rolls back with it.
 ///
