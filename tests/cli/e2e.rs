@@ -366,9 +366,18 @@ pub fn lint(project: &Path) {
     cargo(project, &["build", "--all-targets"]);
 }
 
-/// `cargo <args>` in `project`, with the shared target directory.
+/// `cargo <args>` in `project`, with the shared target directory. A
+/// `cargo test` runs its tests after the build lock is released (see
+/// [`test_after_the_lock`]).
 pub fn cargo(project: &Path, args: &[&str]) -> Output {
-    let _one_at_a_time = cargo_lock(project);
+    let one_at_a_time = cargo_lock(project);
+    if args.first() == Some(&"test") {
+        return succeeded(
+            project,
+            args,
+            test_after_the_lock(one_at_a_time, project, args),
+        );
+    }
     cargo_unlocked(project, args)
 }
 
@@ -390,11 +399,106 @@ pub fn build_binaries(project: &Path) -> PathBuf {
 /// same name built in between would make cargo compile this one again for
 /// its tests. Its binaries' directory and the output of its tests.
 pub fn build_and_test(project: &Path) -> (PathBuf, Output) {
-    let _one_at_a_time = cargo_lock(project);
+    let one_at_a_time = cargo_lock(project);
     let bins = build_binaries_locked(project);
     cargo_unlocked(project, &["fmt", "--check"]);
-    let tests = cargo_unlocked(project, &["test"]);
-    (bins, tests)
+    let tests = test_after_the_lock(one_at_a_time, project, &["test"]);
+    (bins, succeeded(project, &["test"], tests))
+}
+
+/// `cargo <args>` (`test` and its options) in `project`, the build lock
+/// `one_at_a_time` held for the build and released for the run: the tests
+/// are built (`--no-run`) and their binaries copied to `<project>/.bin/tests/`
+/// (another project of the same name built next would replace them in the
+/// shared target), and the doc tests run, under the lock; then the lock
+/// is dropped, and each binary runs as `cargo test` runs it (in the
+/// package's directory, with `CARGO_MANIFEST_DIR`), every one of them
+/// (`--no-fail-fast`). The chain of builds goes on meanwhile, where it
+/// waited for the tests before (about 50 s a run of the suite). Returns
+/// the build's output if it failed, else each binary's, one after the
+/// other, failed if one failed.
+fn test_after_the_lock(one_at_a_time: CargoLock, project: &Path, args: &[&str]) -> Output {
+    let options: Vec<&str> = args[1..]
+        .iter()
+        .copied()
+        .filter(|option| *option != "--no-fail-fast")
+        .collect();
+    let mut build = vec![
+        "test",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ];
+    build.extend(&options);
+    let built = run_cargo(project, &build);
+    if !built.status.success() {
+        return built;
+    }
+    let copies = project.join(".bin/tests");
+    std::fs::create_dir_all(&copies).unwrap();
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&built.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(executable) = message["executable"].as_str() else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+            continue;
+        }
+        let executable = Path::new(executable);
+        let copy = copies.join(executable.file_name().unwrap());
+        std::fs::copy(executable, &copy).unwrap();
+        binaries.push(copy);
+    }
+    // Doc tests where cargo would run them: a library, no target named.
+    let mut output = if options.is_empty() && project.join("src/lib.rs").is_file() {
+        run_cargo(project, &["test", "--doc"])
+    } else {
+        Output {
+            status: built.status,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        }
+    };
+    drop(one_at_a_time);
+    for binary in binaries {
+        let mut command = Command::new(&binary);
+        for (name, _) in std::env::vars_os() {
+            if set_by_cargo_for_this_package(&name.to_string_lossy()) {
+                command.env_remove(name);
+            }
+        }
+        let run = command
+            .current_dir(project)
+            .env("CARGO_MANIFEST_DIR", project)
+            .env("DATABASE_URL", server_url())
+            .env_remove("RUSTC_BOOTSTRAP")
+            .output()
+            .unwrap();
+        output
+            .stdout
+            .extend(format!("     Running {}\n", binary.display()).bytes());
+        output.stdout.extend(run.stdout);
+        output.stderr.extend(run.stderr);
+        if output.status.success() {
+            output.status = run.status;
+        }
+    }
+    output
+}
+
+/// `output`, of `cargo <args>` in `project`, checked to have succeeded.
+fn succeeded(project: &Path, args: &[&str], output: Output) -> Output {
+    assert!(
+        output.status.success(),
+        "`cargo {}` failed in {}:\n{}\n{}",
+        args.join(" "),
+        project.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
 }
 
 /// [`build_binaries`], the build lock held by the caller.
@@ -460,8 +564,12 @@ pub fn built_from(binary: &Path, project: &Path) -> bool {
 /// to fail (a test that should): its output, stdout then stderr.
 pub fn cargo_failing(project: &Path, args: &[&str]) -> String {
     let output = {
-        let _one_at_a_time = cargo_lock(project);
-        run_cargo(project, args)
+        let one_at_a_time = cargo_lock(project);
+        if args.first() == Some(&"test") {
+            test_after_the_lock(one_at_a_time, project, args)
+        } else {
+            run_cargo(project, args)
+        }
     };
     let text = format!(
         "{}\n{}",
@@ -478,16 +586,7 @@ pub fn cargo_failing(project: &Path, args: &[&str]) -> String {
 }
 
 fn cargo_unlocked(project: &Path, args: &[&str]) -> Output {
-    let output = run_cargo(project, args);
-    assert!(
-        output.status.success(),
-        "`cargo {}` failed in {}:\n{}\n{}",
-        args.join(" "),
-        project.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    succeeded(project, args, run_cargo(project, args))
 }
 
 fn run_cargo(project: &Path, args: &[&str]) -> Output {
