@@ -321,12 +321,7 @@ const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
 /// script would be compiled again here rather than shared with the kit's
 /// builds in `scripts/test`, which has none.
 pub fn shared_build(command: &mut Command) -> &mut Command {
-    for (name, _) in std::env::vars_os() {
-        if set_by_cargo_for_this_package(&name.to_string_lossy()) {
-            command.env_remove(name);
-        }
-    }
-    command
+    without_this_packages_cargo_env(command)
         .env("CARGO_TARGET_DIR", shared_target())
         .envs(BUILD_ENV)
         .env("RUSTC_WORKSPACE_WRAPPER", clippy_driver())
@@ -334,6 +329,18 @@ pub fn shared_build(command: &mut Command) -> &mut Command {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .env_remove("RUSTC_BOOTSTRAP")
+}
+
+/// `command` without the variables cargo set for gpkit's own tests (see
+/// [`set_by_cargo_for_this_package`]), which a generated project's build
+/// or tests would read as theirs.
+fn without_this_packages_cargo_env(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if set_by_cargo_for_this_package(&name.to_string_lossy()) {
+            command.env_remove(name);
+        }
+    }
+    command
 }
 
 /// Whether `name` is one of the variables cargo sets for a package's
@@ -463,13 +470,7 @@ fn test_after_the_lock(one_at_a_time: CargoLock, project: &Path, args: &[&str]) 
     };
     drop(one_at_a_time);
     for binary in binaries {
-        let mut command = Command::new(&binary);
-        for (name, _) in std::env::vars_os() {
-            if set_by_cargo_for_this_package(&name.to_string_lossy()) {
-                command.env_remove(name);
-            }
-        }
-        let run = command
+        let run = without_this_packages_cargo_env(&mut Command::new(&binary))
             .current_dir(project)
             .env("CARGO_MANIFEST_DIR", project)
             .env("DATABASE_URL", server_url())
