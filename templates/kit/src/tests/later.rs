@@ -395,11 +395,12 @@ async fn the_mover_moves_each_event_at_its_due_time_and_wakes_the_relay() {
         let after = Duration::from_millis(1_000 + 200 * u64::from(n));
         commit_in(&db, &reminder(&format!("m{n}"), n), after).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count(&db, "outbox_later").await > 0 {
-        assert!(Instant::now() < deadline, "the mover left events waiting");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::eventually(
+        Duration::from_secs(10),
+        "the mover to move every event",
+        || async { count(&db, "outbox_later").await == 0 },
+    )
+    .await;
     shutdown.cancel();
     mover.await.unwrap();
 
