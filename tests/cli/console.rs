@@ -223,13 +223,21 @@ fn the_console_follows_an_event_to_its_listeners_and_retries_a_failure() {
     browser.screenshot(&screenshot_path("console-event"));
 
     // A refused order: its audit task is archived and shows under Failures.
+    // Waited for as the queue's group (with its Retry button), not as the
+    // text: the worker records the failure in Postgres before the queue
+    // archives it, and the page shows that record meanwhile.
     psql(
         &db.url(),
         "INSERT INTO refused VALUES (1); \
          INSERT INTO outbox_events (event_id, event_name, payload) \
          VALUES (gen_random_uuid(), 'orderPlaced', '{\"order_id\": 2}')",
     );
-    let failures = wait_for_text(&browser, &console.url("failures"), "order 2 refused");
+    let failures = wait_for_text(
+        &browser,
+        &console.url("failures"),
+        "1 failed listener task(s) in 1 group(s)",
+    );
+    assert!(failures.contains("order 2 refused"), "{failures}");
     assert!(
         failures.contains("listener:orderPlaced:audit · 1 task(s)"),
         "{failures}"
